@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! SwiGLU activation.
+
+use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+
+use super::blocks_for;
+use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16};
+use crate::names;
+
+kernel_args!(
+    /// `out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i])`, gate and up halves of one row.
+    SiluMul => names::activation::SILU_MUL_BF16 {
+        /// bf16 `[tokens, inter]`.
+        out: DevicePtr,
+        /// bf16 `[tokens, 2 * inter]`, gate half first.
+        gate_up: DevicePtr,
+        /// Tokens.
+        tokens: u32,
+        /// Intermediate width.
+        inter: u32,
+    }
+);
+
+/// `x * sigmoid(x)`.
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+impl Kernel for SiluMul {
+    const NAME: KernelName = names::activation::SILU_MUL_BF16;
+
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(
+            blocks_for(u64::from(self.tokens) * u64::from(self.inter), 256),
+            256,
+        )
+    }
+    fn args(&self) -> Vec<KernelArg> {
+        self.encode()
+    }
+    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
+        Self::decode(args)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (t, n) = (self.tokens as usize, self.inter as usize);
+        let gu = host::load_bf16(mem, self.gate_up, t * 2 * n)?;
+        let mut out = Vec::with_capacity(t * n);
+        for row in gu.chunks_exact((2 * n).max(1)) {
+            let (gate, up) = row.split_at(n);
+            out.extend(gate.iter().zip(up).map(|(g, u)| round_bf16(silu(*g)) * u));
+        }
+        host::store_bf16(mem, self.out, &out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::*;
+
+    #[test]
+    fn silu_times_up() {
+        let mut m = FlatMemory::new();
+        let gu = m.put(&bf16s(&[0.0, 2.0, 5.0, 3.0]));
+        let out = m.put(&bf16s(&[9.0; 2]));
+        SiluMul {
+            out,
+            gate_up: gu,
+            tokens: 1,
+            inter: 2,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let want = vec![0.0, round_bf16(round_bf16(silu(2.0)) * 3.0)];
+        assert_eq!(f32s(&m.get(out, 2)), want);
+    }
+}

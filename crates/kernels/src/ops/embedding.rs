@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Token embedding gather.
+
+use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+
+use super::ROW_THREADS;
+use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
+use crate::names;
+
+kernel_args!(
+    /// `out[t, :] = table[ids[t], :]`; an id outside `[0, vocab)` gives a zero row.
+    Embedding => names::embedding::EMBEDDING_BF16 {
+        /// bf16 `[tokens, hidden]`.
+        out: DevicePtr,
+        /// bf16 `[vocab, hidden]`.
+        table: DevicePtr,
+        /// i32 `[tokens]`.
+        ids: DevicePtr,
+        /// Rows to gather.
+        tokens: u32,
+        /// Row width.
+        hidden: u32,
+        /// Rows in the table.
+        vocab: u32,
+    }
+);
+
+impl Kernel for Embedding {
+    const NAME: KernelName = names::embedding::EMBEDDING_BF16;
+
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(self.tokens, ROW_THREADS)
+    }
+    fn args(&self) -> Vec<KernelArg> {
+        self.encode()
+    }
+    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
+        Self::decode(args)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (t, h) = (self.tokens as usize, self.hidden as usize);
+        let ids = host::load::<i32>(mem, self.ids, t)?;
+        let row_bytes = h * 2;
+        let mut out = vec![0u8; t * row_bytes];
+        for (row, &id) in out.chunks_exact_mut(row_bytes.max(1)).zip(&ids) {
+            if id >= 0 && (id as u32) < self.vocab {
+                row.copy_from_slice(
+                    mem.bytes(self.table.offset(id as usize * row_bytes), row_bytes)?,
+                );
+            }
+        }
+        host::store(mem, self.out, &out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::*;
+
+    #[test]
+    fn gathers_rows_and_zeroes_bad_ids() {
+        let mut m = FlatMemory::new();
+        let table = m.put(&bf16s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        let ids = m.put(&[2i32, 0, 7, -1]);
+        let out = m.put(&bf16s(&[9.0; 8]));
+        Embedding {
+            out,
+            table,
+            ids,
+            tokens: 4,
+            hidden: 2,
+            vocab: 3,
+        }
+        .reference(&mut m)
+        .unwrap();
+        assert_eq!(
+            f32s(&m.get(out, 8)),
+            vec![5.0, 6.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0]
+        );
+    }
+}

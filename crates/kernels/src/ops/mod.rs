@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! One module per kernel family: the typed arguments, launch geometry and host reference of each
+//! entry point. All activations are bf16 with f32 arithmetic; rounding points follow the HF
+//! reference so that host and CUDA agree with `transformers` to bf16 precision.
+
+mod activation;
+mod argmax;
+mod elementwise;
+mod embedding;
+mod rmsnorm;
+mod rope;
+
+pub use activation::SiluMul;
+pub use argmax::{ArgmaxBf16, ArgmaxF32};
+pub use elementwise::Add;
+pub use embedding::Embedding;
+pub use rmsnorm::{AddRmsNorm, RmsNorm};
+pub use rope::RopeNeox;
+
+/// Threads per block of the row-wise kernels (a multiple of 32, at most 1024).
+pub const ROW_THREADS: u32 = 256;
+
+/// Blocks of `threads` threads covering `n` elements.
+pub(crate) fn blocks_for(n: u64, threads: u32) -> u32 {
+    u32::try_from(n.div_ceil(u64::from(threads))).expect("grid larger than u32::MAX blocks")
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A flat memory for reference tests: addresses are offsets from a fixed base into one buffer.
+    use crate::host::{HostError, HostMemory};
+    use metrale_core::DevicePtr;
+
+    pub const BASE: u64 = 0x10_0000;
+
+    pub struct FlatMemory {
+        pub bytes: Vec<u8>,
+    }
+
+    impl FlatMemory {
+        pub fn new() -> Self {
+            FlatMemory { bytes: Vec::new() }
+        }
+        /// Appends `data` (256-byte aligned) and returns its address.
+        pub fn put<T: bytemuck::Pod>(&mut self, data: &[T]) -> DevicePtr {
+            let at = self.bytes.len().next_multiple_of(256);
+            self.bytes.resize(at, 0);
+            self.bytes.extend_from_slice(bytemuck::cast_slice(data));
+            DevicePtr(BASE + at as u64)
+        }
+        pub fn get<T: bytemuck::Pod>(&self, ptr: DevicePtr, n: usize) -> Vec<T> {
+            crate::host::load(self, ptr, n).unwrap()
+        }
+    }
+
+    impl HostMemory for FlatMemory {
+        fn bytes(&self, ptr: DevicePtr, len: usize) -> Result<&[u8], HostError> {
+            let at = ptr
+                .0
+                .checked_sub(BASE)
+                .ok_or(HostError::OutOfBounds { ptr, len })? as usize;
+            self.bytes
+                .get(at..at + len)
+                .ok_or(HostError::OutOfBounds { ptr, len })
+        }
+        fn bytes_mut(&mut self, ptr: DevicePtr, len: usize) -> Result<&mut [u8], HostError> {
+            let at = ptr
+                .0
+                .checked_sub(BASE)
+                .ok_or(HostError::OutOfBounds { ptr, len })? as usize;
+            self.bytes
+                .get_mut(at..at + len)
+                .ok_or(HostError::OutOfBounds { ptr, len })
+        }
+    }
+
+    pub fn bf16s(v: &[f32]) -> Vec<half::bf16> {
+        v.iter().map(|&x| half::bf16::from_f32(x)).collect()
+    }
+
+    pub fn f32s(v: &[half::bf16]) -> Vec<f32> {
+        v.iter().map(|&x| f32::from(x)).collect()
+    }
+}

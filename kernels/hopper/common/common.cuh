@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// Helpers shared by the Hopper baseline kernels: bf16 conversion and block reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace metrale {
+
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Sum over the whole block; every thread gets the result. blockDim.x must be a multiple of 32
+// and at most 1024. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    v = (threadIdx.x < warps) ? scratch[threadIdx.x] : 0.0f;
+    if (warp == 0) v = warp_sum(v);
+    if (threadIdx.x == 0) scratch[0] = v;
+    __syncthreads();
+    v = scratch[0];
+    __syncthreads();
+    return v;
+}
+
+}  // namespace metrale
