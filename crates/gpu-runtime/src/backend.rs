@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The [`GpuBackend`] trait and the handles it deals in.
+
+use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_kernels::{HostError, Kernel};
+
+/// A stream: launches on one stream run in order. [`GpuBackend::default_stream`] always exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Stream(pub u32);
+
+/// An event recorded on a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Event(pub u32);
+
+/// A captured, instantiated graph of launches and copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Graph(pub u32);
+
+/// A kernel resolved once (at load time) and launched many times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelHandle(pub u32);
+
+/// Everything a backend call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The CUDA driver library is not installed or cannot be loaded.
+    #[error(
+        "the NVIDIA driver library (libcuda.so.1) cannot be loaded: no NVIDIA driver is installed, or it is not on the loader path"
+    )]
+    NoDriver,
+    /// The driver loads but reports no usable device.
+    #[error("no CUDA device is present (the driver reports {0})")]
+    NoDevice(String),
+    /// A device ordinal past the last device.
+    #[error("CUDA device {ordinal} does not exist; this machine has {count}")]
+    BadOrdinal {
+        /// Requested ordinal.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// A driver call failed.
+    #[error("{call} failed: {name} ({code})")]
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// The CUresult name.
+        name: String,
+        /// The CUresult value.
+        code: u32,
+    },
+    /// The kernel is not in the loaded target.
+    #[error("kernel {name} is not available: {reason}")]
+    UnknownKernel {
+        /// The entry point.
+        name: KernelName,
+        /// Why (missing module, missing function, no host reference).
+        reason: String,
+    },
+    /// A handle this backend never issued, or already released.
+    #[error("invalid {kind} handle {id}")]
+    InvalidHandle {
+        /// What kind of handle.
+        kind: &'static str,
+        /// Its value.
+        id: u64,
+    },
+    /// A memory operation outside every allocation, or on a freed pointer.
+    #[error("invalid memory operation: {0}")]
+    Memory(String),
+    /// The device or host pool is out of memory.
+    #[error("out of memory allocating {bytes} bytes ({detail})")]
+    OutOfMemory {
+        /// Requested size.
+        bytes: usize,
+        /// Backend detail.
+        detail: String,
+    },
+    /// A host reference failed.
+    #[error(transparent)]
+    Host(#[from] HostError),
+    /// The device cannot run the target's binaries.
+    #[error("arch preflight failed: {0}")]
+    ArchMismatch(String),
+    /// A graph capture was misused (nested, unbalanced, or an uncapturable operation inside it).
+    #[error("graph capture: {0}")]
+    Capture(String),
+}
+
+/// GPU memory, kernel launch, streams, events and graphs, with three implementations.
+///
+/// Copies between host and device (`copy_h2d`, `copy_d2h`) are synchronous with respect to the
+/// host and ordered after all work already queued on the default stream. Device-side operations
+/// (`launch`, `copy_d2d`, `memset`) are queued on the given stream, and inside a capture they are
+/// recorded into the graph instead of running.
+pub trait GpuBackend: Send + Sync {
+    /// `"cuda"`, `"host"` or `"mock"`.
+    fn kind(&self) -> &'static str;
+
+    // Memory.
+    /// Allocates `bytes` of device memory, 256-byte aligned, contents unspecified.
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr, GpuError>;
+    /// Frees an allocation returned by [`GpuBackend::alloc`].
+    fn free(&self, ptr: DevicePtr) -> Result<(), GpuError>;
+    /// Copies host bytes to device memory.
+    fn copy_h2d(&self, src: &[u8], dst: DevicePtr) -> Result<(), GpuError>;
+    /// Copies device memory to host bytes.
+    fn copy_d2h(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), GpuError>;
+    /// Copies device to device on `stream`.
+    fn copy_d2d(
+        &self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError>;
+    /// Sets `bytes` bytes to `value` on `stream`.
+    fn memset(
+        &self,
+        ptr: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError>;
+    /// Device memory in total, bytes.
+    fn total_memory(&self) -> Result<u64, GpuError>;
+    /// Device memory free now, bytes.
+    fn free_memory(&self) -> Result<u64, GpuError>;
+    /// Page-locked host memory for fast transfers (plain memory on backends without a device).
+    fn alloc_host_pinned(&self, bytes: usize) -> Result<PinnedHostBuffer, GpuError>;
+
+    // Kernels.
+    /// Resolves an entry point of the loaded target; do it once, at load time.
+    fn kernel(&self, name: KernelName) -> Result<KernelHandle, GpuError>;
+    /// Queues a launch on `stream`.
+    fn launch(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+    ) -> Result<(), GpuError>;
+
+    // Streams and events.
+    /// The stream every backend starts with.
+    fn default_stream(&self) -> Stream {
+        Stream(0)
+    }
+    /// A new stream, independent of the others.
+    fn create_stream(&self) -> Result<Stream, GpuError>;
+    /// Blocks until everything queued on `stream` has run.
+    fn synchronize(&self, stream: Stream) -> Result<(), GpuError>;
+    /// A new event.
+    fn create_event(&self) -> Result<Event, GpuError>;
+    /// Records `event` after the work queued so far on `stream`.
+    fn record_event(&self, event: Event, stream: Stream) -> Result<(), GpuError>;
+    /// Makes `stream` wait for `event` before running later work.
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<(), GpuError>;
+    /// Milliseconds between two recorded, completed events.
+    fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, GpuError>;
+
+    // Graphs.
+    /// Starts recording device-side work queued on `stream` instead of running it.
+    fn begin_capture(&self, stream: Stream) -> Result<(), GpuError>;
+    /// Ends the capture and returns the replayable graph.
+    fn end_capture(&self, stream: Stream) -> Result<Graph, GpuError>;
+    /// Replays a graph on `stream`.
+    fn launch_graph(&self, graph: Graph, stream: Stream) -> Result<(), GpuError>;
+}
+
+/// Launches a typed kernel: resolves nothing per call beyond the handle it is given.
+pub fn launch_kernel<K: Kernel>(
+    gpu: &dyn GpuBackend,
+    handle: KernelHandle,
+    kernel: &K,
+    stream: Stream,
+) -> Result<(), GpuError> {
+    gpu.launch(handle, &kernel.launch_config(), &kernel.args(), stream)
+}
+
+/// Host memory returned by [`GpuBackend::alloc_host_pinned`]; freed on drop.
+pub struct PinnedHostBuffer {
+    pub(crate) storage: crate::cuda::HostStorage,
+}
+
+impl std::ops::Deref for PinnedHostBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.storage.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for PinnedHostBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.storage.as_mut_slice()
+    }
+}
+
+impl std::fmt::Debug for PinnedHostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PinnedHostBuffer({} bytes)", self.len())
+    }
+}

@@ -1,0 +1,529 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Kernel parity: every kernel, run on a backend under test and on a reference backend over the
+//! same fresh random inputs, at several shapes, compared with a stated error metric.
+//!
+//! The metric, per output:
+//! - bf16 outputs: every element within `2^-6 * |ref| + 1e-6` of the reference (two bf16 ulps: the
+//!   device's `rsqrtf`/`__expf` can move a value across one bf16 rounding boundary, and a doubly
+//!   rounded op can do it twice), and `||out - ref|| / ||ref||` at most 1e-2;
+//! - integer outputs (token ids): exact.
+//!
+//! Shapes include the awkward ones: one row, widths that are not a multiple of the block size,
+//! out-of-range token ids and positions.
+
+use half::bf16;
+use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_kernels::Kernel;
+use metrale_kernels::ops::*;
+
+use crate::{GpuBackend, GpuError};
+
+/// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
+pub const BF16_ELEMENT_RTOL: f32 = 1.0 / 64.0;
+/// Bound on the relative L2 error of a bf16 output.
+pub const BF16_REL_L2: f32 = 1e-2;
+
+/// A deterministic generator (SplitMix64), so a failing seed can be replayed.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = self.uniform().max(1e-7);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+    }
+    /// Uniform integer in [0, n).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// How to read an output buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    /// bf16 values, compared with the bf16 metric.
+    Bf16,
+    /// i32 values, compared exactly.
+    I32,
+}
+
+/// One buffer of a case: its initial bytes, and whether (and how) it is compared afterwards.
+struct Buffer {
+    init: Vec<u8>,
+    output: Option<OutputKind>,
+}
+
+fn bf16_normal(rng: &mut Rng, n: usize, scale: f32) -> Vec<u8> {
+    let v: Vec<bf16> = (0..n)
+        .map(|_| bf16::from_f32(rng.normal() * scale))
+        .collect();
+    bytemuck::cast_slice(&v).to_vec()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+type Build = Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>;
+
+/// One kernel at one shape.
+pub struct Case {
+    kernel: KernelName,
+    shape: String,
+    buffers: Vec<Buffer>,
+    build: Build,
+}
+
+fn launch_of<K: Kernel>(k: K) -> (LaunchConfig, Vec<KernelArg>) {
+    (k.launch_config(), k.args())
+}
+
+/// The outcome of one case.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    /// The kernel.
+    pub kernel: KernelName,
+    /// A description of the shape.
+    pub shape: String,
+    /// Largest absolute difference over all bf16 outputs (0 for integer outputs that match).
+    pub max_abs: f32,
+    /// Largest relative L2 error over bf16 outputs.
+    pub rel_l2: f32,
+    /// Elements outside the element tolerance (bf16) or different (integers).
+    pub mismatches: usize,
+    /// Elements compared.
+    pub elements: usize,
+    /// Whether the case passes the metric.
+    pub passed: bool,
+}
+
+/// Every case, with inputs drawn from `seed`.
+pub fn cases(seed: u64) -> Vec<Case> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+
+    for &(tokens, hidden, vocab) in &[(1u32, 576u32, 1000u32), (37, 4096, 5000), (5, 1000, 77)] {
+        let mut ids: Vec<i32> = (0..tokens)
+            .map(|_| rng.below(vocab.into()) as i32)
+            .collect();
+        if tokens > 2 {
+            ids[1] = -1;
+            ids[2] = vocab as i32;
+        }
+        out.push(Case {
+            kernel: Embedding::NAME,
+            shape: format!("tokens={tokens} hidden={hidden} vocab={vocab}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0xAB; (tokens * hidden * 2) as usize],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (vocab * hidden) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&ids),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(Embedding {
+                    out: p[0],
+                    table: p[1],
+                    ids: p[2],
+                    tokens,
+                    hidden,
+                    vocab,
+                })
+            }),
+        });
+    }
+
+    for &(rows, cols) in &[(1u32, 576u32), (7, 4096), (129, 1000), (3, 5120), (2, 33)] {
+        let n = (rows * cols) as usize;
+        out.push(Case {
+            kernel: RmsNorm::NAME,
+            shape: format!("rows={rows} cols={cols}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; n * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n, 3.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, cols as usize, 1.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(RmsNorm {
+                    out: p[0],
+                    input: p[1],
+                    weight: p[2],
+                    rows,
+                    cols,
+                    eps: 1e-6,
+                })
+            }),
+        });
+        out.push(Case {
+            kernel: AddRmsNorm::NAME,
+            shape: format!("rows={rows} cols={cols}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; n * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n, 2.0),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n, 2.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, cols as usize, 1.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(AddRmsNorm {
+                    out: p[0],
+                    residual: p[1],
+                    input: p[2],
+                    weight: p[3],
+                    rows,
+                    cols,
+                    eps: 1e-5,
+                })
+            }),
+        });
+    }
+
+    // (tokens, heads rotated, head_dim, row stride, offset of the rotated part in the row)
+    for &(tokens, heads, head_dim, stride, offset) in &[
+        (1u32, 32u32, 128u32, 6144u32, 0u32),
+        (13, 3, 64, 960, 576),
+        (4, 8, 256, 2048, 0),
+    ] {
+        let max_position = 512u32;
+        let half = (head_dim / 2) as usize;
+        let mut positions: Vec<i32> = (0..tokens)
+            .map(|_| rng.below(max_position.into()) as i32)
+            .collect();
+        if tokens > 2 {
+            positions[2] = max_position as i32 + 5;
+        }
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for pos in 0..max_position {
+            for i in 0..half {
+                let angle = pos as f32 * 10000f32.powf(-2.0 * i as f32 / head_dim as f32);
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        out.push(Case {
+            kernel: RopeNeox::NAME,
+            shape: format!(
+                "tokens={tokens} heads={heads} head_dim={head_dim} stride={stride} offset={offset}"
+            ),
+            buffers: vec![
+                Buffer {
+                    init: bf16_normal(&mut rng, (tokens * stride) as usize, 1.0),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: i32_bytes(&positions),
+                    output: None,
+                },
+                Buffer {
+                    init: f32_bytes(&cos),
+                    output: None,
+                },
+                Buffer {
+                    init: f32_bytes(&sin),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(RopeNeox {
+                    x: p[0].offset(offset as usize * 2),
+                    positions: p[1],
+                    cos: p[2],
+                    sin: p[3],
+                    tokens,
+                    heads,
+                    head_dim,
+                    token_stride: stride,
+                    max_position,
+                })
+            }),
+        });
+    }
+
+    for &(tokens, inter) in &[(1u32, 1536u32), (17, 12288), (5, 1000)] {
+        out.push(Case {
+            kernel: SiluMul::NAME,
+            shape: format!("tokens={tokens} inter={inter}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; (tokens * inter * 2) as usize],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (tokens * inter * 2) as usize, 2.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(SiluMul {
+                    out: p[0],
+                    gate_up: p[1],
+                    tokens,
+                    inter,
+                })
+            }),
+        });
+    }
+
+    for &n in &[1u32, 1000, 4096 * 7 + 3] {
+        out.push(Case {
+            kernel: Add::NAME,
+            shape: format!("n={n}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; n as usize * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n as usize, 4.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n as usize, 1.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(Add {
+                    out: p[0],
+                    a: p[1],
+                    b: p[2],
+                    n,
+                })
+            }),
+        });
+    }
+
+    for &(rows, cols) in &[(1u32, 49152u32), (4, 151936), (3, 1000)] {
+        let n = (rows * cols) as usize;
+        out.push(Case {
+            kernel: ArgmaxBf16::NAME,
+            shape: format!("rows={rows} cols={cols}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0xFF; rows as usize * 4],
+                    output: Some(OutputKind::I32),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n, 4.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(ArgmaxBf16 {
+                    out: p[0],
+                    logits: p[1],
+                    rows,
+                    cols,
+                })
+            }),
+        });
+        let logits: Vec<f32> = (0..n).map(|_| rng.normal() * 4.0).collect();
+        out.push(Case {
+            kernel: ArgmaxF32::NAME,
+            shape: format!("rows={rows} cols={cols}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0xFF; rows as usize * 4],
+                    output: Some(OutputKind::I32),
+                },
+                Buffer {
+                    init: f32_bytes(&logits),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(ArgmaxF32 {
+                    out: p[0],
+                    logits: p[1],
+                    rows,
+                    cols,
+                })
+            }),
+        });
+    }
+    out
+}
+
+/// Runs one case on a backend and returns the bytes of every buffer afterwards.
+fn run_on(gpu: &dyn GpuBackend, case: &Case) -> Result<Vec<Vec<u8>>, GpuError> {
+    let handle = gpu.kernel(case.kernel)?;
+    let mut ptrs = Vec::new();
+    for b in &case.buffers {
+        let p = gpu.alloc(b.init.len())?;
+        gpu.copy_h2d(&b.init, p)?;
+        ptrs.push(p);
+    }
+    let (config, args) = (case.build)(&ptrs);
+    let stream = gpu.default_stream();
+    gpu.launch(handle, &config, &args, stream)?;
+    gpu.synchronize(stream)?;
+    let mut results = Vec::new();
+    for (b, &p) in case.buffers.iter().zip(&ptrs) {
+        let mut bytes = vec![0u8; b.init.len()];
+        gpu.copy_d2h(p, &mut bytes)?;
+        results.push(bytes);
+        gpu.free(p)?;
+    }
+    Ok(results)
+}
+
+/// Compares one case's outputs on `under_test` against `reference`.
+pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
+    let (mut max_abs, mut rel_l2, mut mismatches, mut elements) = (0f32, 0f32, 0usize, 0usize);
+    for ((buffer, g), w) in case.buffers.iter().zip(got).zip(want) {
+        match buffer.output {
+            None => {}
+            Some(OutputKind::I32) => {
+                let (g, w): (Vec<i32>, Vec<i32>) = (
+                    bytemuck::pod_collect_to_vec(g),
+                    bytemuck::pod_collect_to_vec(w),
+                );
+                elements += w.len();
+                mismatches += g.iter().zip(&w).filter(|(a, b)| a != b).count();
+            }
+            Some(OutputKind::Bf16) => {
+                let (g, w): (Vec<bf16>, Vec<bf16>) = (
+                    bytemuck::pod_collect_to_vec(g),
+                    bytemuck::pod_collect_to_vec(w),
+                );
+                let (mut diff2, mut ref2) = (0f64, 0f64);
+                for (a, b) in g.iter().zip(&w) {
+                    let (a, b) = (f32::from(*a), f32::from(*b));
+                    let d = (a - b).abs();
+                    if d.is_nan() || d > BF16_ELEMENT_RTOL * b.abs() + 1e-6 {
+                        mismatches += 1;
+                    }
+                    max_abs = max_abs.max(if d.is_nan() { f32::INFINITY } else { d });
+                    diff2 += f64::from(d) * f64::from(d);
+                    ref2 += f64::from(b) * f64::from(b);
+                }
+                elements += w.len();
+                let rel = if ref2 > 0.0 {
+                    (diff2 / ref2).sqrt() as f32
+                } else if diff2 > 0.0 {
+                    f32::INFINITY
+                } else {
+                    0.0
+                };
+                rel_l2 = rel_l2.max(rel);
+            }
+        }
+    }
+    CaseResult {
+        kernel: case.kernel,
+        shape: case.shape.clone(),
+        max_abs,
+        rel_l2,
+        mismatches,
+        elements,
+        passed: mismatches == 0 && rel_l2 <= BF16_REL_L2,
+    }
+}
+
+/// Runs every case on both backends and compares.
+pub fn run_parity(
+    under_test: &dyn GpuBackend,
+    reference: &dyn GpuBackend,
+    seed: u64,
+) -> Result<Vec<CaseResult>, GpuError> {
+    cases(seed)
+        .iter()
+        .map(|case| {
+            Ok(compare(
+                case,
+                &run_on(under_test, case)?,
+                &run_on(reference, case)?,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{HostBackend, MockBackend};
+
+    #[test]
+    fn host_against_itself_passes_and_metric_catches_errors() {
+        let a = HostBackend::new(1 << 30);
+        let b = HostBackend::new(1 << 30);
+        let results = run_parity(&a, &b, 7).unwrap();
+        assert!(
+            results.iter().all(|r| r.passed && r.max_abs == 0.0),
+            "{results:?}"
+        );
+        // Every kernel with a host reference has at least one case.
+        for k in metrale_kernels::ALL_KERNELS {
+            assert!(
+                results.iter().any(|r| r.kernel == *k),
+                "no parity case for {k}"
+            );
+        }
+    }
+
+    #[test]
+    fn metric_rejects_a_wrong_backend() {
+        // The mock runs nothing, so outputs keep their initial bytes: every case must fail.
+        let mock = MockBackend::new();
+        let host = HostBackend::new(1 << 30);
+        let results = run_parity(&mock, &host, 3).unwrap();
+        let passed: Vec<_> = results
+            .iter()
+            .filter(|r| r.passed)
+            .map(|r| format!("{} {}", r.kernel, r.shape))
+            .collect();
+        assert!(
+            passed.is_empty(),
+            "cases that cannot tell a no-op from the kernel: {passed:?}"
+        );
+    }
+}
