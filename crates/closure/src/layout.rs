@@ -227,10 +227,10 @@ fn subdirs(dir: &Path) -> Result<Vec<String>, LayoutError> {
             path: dir.to_path_buf(),
             message: e.to_string(),
         })?;
-        if entry.path().is_dir() {
-            if let Some(name) = entry.file_name().to_str() {
-                names.push(name.to_string());
-            }
+        if entry.path().is_dir()
+            && let Some(name) = entry.file_name().to_str()
+        {
+            names.push(name.to_string());
         }
     }
     names.sort();

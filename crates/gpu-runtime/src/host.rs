@@ -85,11 +85,11 @@ impl State {
     /// Records `op` if `stream` is capturing, else runs it.
     fn submit(&mut self, op: Op, stream: Stream) -> Result<(), GpuError> {
         self.check_stream(stream)?;
-        if let Some((capturing, ops)) = &mut self.capture {
-            if *capturing == stream {
-                ops.push(op);
-                return Ok(());
-            }
+        if let Some((capturing, ops)) = &mut self.capture
+            && *capturing == stream
+        {
+            ops.push(op);
+            return Ok(());
         }
         self.run(&op)
     }

@@ -143,11 +143,11 @@ impl MockBackend {
                 id: stream.0.into(),
             });
         }
-        if let Some((capturing, ops)) = &mut s.capture {
-            if *capturing == stream {
-                ops.push(record);
-                return Ok(());
-            }
+        if let Some((capturing, ops)) = &mut s.capture
+            && *capturing == stream
+        {
+            ops.push(record);
+            return Ok(());
         }
         s.log.push(record);
         Ok(())

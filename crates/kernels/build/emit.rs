@@ -79,6 +79,22 @@ pub fn registry(
     }
     writeln!(s, "];\n").unwrap();
 
+    // One static per distinct compiled module, shared by every target that uses it.
+    let mut images: BTreeMap<&str, &Path> = BTreeMap::new();
+    for c in compiled {
+        for (_, path, key) in &c.modules {
+            images.entry(key.as_str()).or_insert(path.as_path());
+        }
+    }
+    for (key, path) in &images {
+        writeln!(
+            s,
+            "static IMAGE_{}: &[u8] = include_bytes!({:?});",
+            key[..16].to_uppercase(),
+            path.display().to_string()
+        )
+        .unwrap();
+    }
     writeln!(s, "/// The targets this binary embeds.").unwrap();
     writeln!(s, "pub static TARGETS: &[TargetKernels] = &[").unwrap();
     for c in compiled {
@@ -106,7 +122,8 @@ pub fn registry(
         writeln!(s, "        closure_hash: {closure_hash:?},").unwrap();
         writeln!(s, "        modules: &[").unwrap();
         for (name, path, key) in &c.modules {
-            writeln!(s, "            KernelModule {{ name: {name:?}, compile_key: {key:?}, image: include_bytes!({:?}) }},", path.display().to_string()).unwrap();
+            let _ = path;
+            writeln!(s, "            KernelModule {{ name: {name:?}, compile_key: {key:?}, image: IMAGE_{} }},", key[..16].to_uppercase()).unwrap();
         }
         writeln!(s, "        ],").unwrap();
         writeln!(

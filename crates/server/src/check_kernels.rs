@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! `met check-kernels`: every CUDA kernel against its host reference, on this GPU.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use metrale_gpu_runtime::check::{self, BF16_ELEMENT_RTOL, BF16_REL_L2};
+use metrale_gpu_runtime::{CudaBackend, HostBackend};
+
+/// Options of `met check-kernels`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Kernel target to check (`hw/model/quant`, `model/quant` or `model`); default: every
+    /// embedded target whose arch this GPU passes.
+    #[arg(long)]
+    kernel_target: Option<String>,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Seed of the random inputs; default: derived from the clock, and printed.
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// Runs `met check-kernels`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let info = metrale_gpu_runtime::probe::device_info(args.device)
+        .context("check-kernels needs a CUDA GPU")?;
+    let targets: Vec<_> = metrale_kernels::TARGETS
+        .iter()
+        .filter(|t| match &args.kernel_target {
+            Some(pin) => {
+                let k = &t.target;
+                *pin == k.path() || *pin == format!("{}/{}", k.model, k.quant) || *pin == k.model
+            }
+            None => t
+                .target
+                .arch
+                .parse::<metrale_core::SmArch>()
+                .is_ok_and(|a| {
+                    a.preflight(info.compute_capability.0, info.compute_capability.1)
+                        .passes
+                }),
+        })
+        .collect();
+    if targets.is_empty() {
+        anyhow::bail!(
+            "no embedded kernel target to check on {} ({}); embedded: {}",
+            info.name,
+            info.sm(),
+            metrale_kernels::TARGETS
+                .iter()
+                .map(|t| t.target.path())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    println!("met {}", crate::long_version());
+    println!(
+        "GPU {}: {} ({}), seed {seed}",
+        args.device,
+        info.name,
+        info.sm()
+    );
+    println!(
+        "metric: bf16 outputs need every element within {BF16_ELEMENT_RTOL:.4}*|ref| + 1e-6 and rel-L2 <= {BF16_REL_L2:e}; token ids must match exactly"
+    );
+    let mut failures = 0;
+    let mut total = 0;
+    for target in targets {
+        let cuda = CudaBackend::new(args.device, target)
+            .with_context(|| format!("loading {}", target.target.path()))?;
+        let host = HostBackend::new(16 << 30);
+        let results = check::run_parity(&cuda, &host, seed)?;
+        println!(
+            "\ntarget {} ({} modules)",
+            target.target.path(),
+            target.modules.len()
+        );
+        println!(
+            "  {:<32} {:<52} {:>10} {:>10} {:>12}  result",
+            "kernel", "shape", "max_abs", "rel_l2", "mismatched"
+        );
+        for r in &results {
+            total += 1;
+            if !r.passed {
+                failures += 1;
+            }
+            println!(
+                "  {:<32} {:<52} {:>10.3e} {:>10.3e} {:>5}/{:<6}  {}",
+                r.kernel.to_string(),
+                r.shape,
+                r.max_abs,
+                r.rel_l2,
+                r.mismatches,
+                r.elements,
+                if r.passed { "pass" } else { "FAIL" }
+            );
+        }
+    }
+    println!("\n{} of {total} cases pass", total - failures);
+    Ok(if failures == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! `met`: the metrale engine's one binary.
+//!
+//! This crate owns the command line and (as the engine grows) the HTTP server and scheduler. It
+//! never calls the GPU driver itself: every device operation goes through
+//! `metrale_gpu_runtime::GpuBackend`.
+#![forbid(unsafe_code)]
+
+mod check_kernels;
+mod doctor;
+
+use clap::{Parser, Subcommand};
+
+/// The version line: crate version, git commit, and how many kernel targets are embedded.
+fn long_version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        format!(
+            "{} (commit {}, {} embedded kernel targets)",
+            env!("CARGO_PKG_VERSION"),
+            env!("MET_GIT_COMMIT"),
+            metrale_kernels::TARGETS.len()
+        )
+    })
+}
+
+/// metrale: a pure-Rust LLM inference engine with ahead-of-time compiled CUDA kernels.
+#[derive(Parser)]
+#[command(name = "met", version = long_version(), about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Report the GPUs, the embedded kernel targets, the arch preflight and the GPU libraries.
+    /// Exits non-zero when a required check fails (no GPU, no kernels, no target this GPU can run).
+    Doctor(doctor::Args),
+    /// Run every CUDA kernel of a target against its host reference on fresh random inputs at
+    /// several shapes and report the error of each. Needs a GPU. Exits non-zero on any failure.
+    CheckKernels(check_kernels::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Doctor(args) => doctor::run(&args),
+        Command::CheckKernels(args) => check_kernels::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
