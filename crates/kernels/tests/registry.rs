@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The generated registry matches the kernel tree it was built from.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use metrale_closure::{discover_targets, resolve_target};
+use metrale_kernels::{ALL_KERNELS, ModelQuery, TARGETS, names, resolve_target as pick};
+
+fn tree() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels")
+}
+
+/// The magic number that opens a CUDA fatbin.
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+
+#[test]
+fn every_target_of_the_tree_is_embedded_with_its_resolved_modules() {
+    if TARGETS.is_empty() {
+        eprintln!("built with METRALE_SKIP_BUILD=1: no targets to check");
+        return;
+    }
+    let ids = discover_targets(&tree(), "*", "*", "*").unwrap();
+    assert_eq!(
+        TARGETS.len(),
+        ids.len(),
+        "a default build embeds every target of the tree"
+    );
+    for id in &ids {
+        let resolved = resolve_target(&tree(), id).unwrap();
+        let embedded = TARGETS
+            .iter()
+            .find(|t| {
+                t.target.hardware == id.hardware
+                    && t.target.model == id.model
+                    && t.target.quant == id.quant
+            })
+            .unwrap_or_else(|| panic!("{id} not embedded"));
+        let want: Vec<&str> = resolved.sources.iter().map(|s| s.module.as_str()).collect();
+        let got: Vec<&str> = embedded.modules.iter().map(|m| m.name).collect();
+        assert_eq!(got, want, "{id}");
+        assert_eq!(embedded.target.arch, resolved.hardware.hardware.arch);
+        for m in embedded.modules {
+            assert!(m.image.len() > 16, "{id}/{}: empty image", m.name);
+            let magic = u32::from_le_bytes(m.image[..4].try_into().unwrap());
+            assert_eq!(magic, FATBIN_MAGIC, "{id}/{}: not a fatbin", m.name);
+        }
+    }
+}
+
+#[test]
+fn manifests_reach_the_registry() {
+    let Some(qwen3) = TARGETS
+        .iter()
+        .find(|t| t.target.path() == "hopper/qwen3/bf16")
+    else {
+        return;
+    };
+    assert_eq!(qwen3.sampling.temperature, Some(0.6));
+    assert_eq!(qwen3.sampling.top_k, Some(20));
+    assert!(qwen3.behavior.reasoning);
+    assert_eq!(qwen3.behavior.tool_call_parser, Some("hermes"));
+    assert_eq!(qwen3.defaults.kv_block_size, Some(16));
+    assert_eq!(qwen3.memory.sm_count, Some(132));
+    assert_eq!(qwen3.serves.model_types, &["qwen3"]);
+    assert_eq!(qwen3.serves.hidden_size, None);
+    assert_eq!(qwen3.vendor, "nvidia");
+}
+
+#[test]
+fn shared_sources_are_compiled_once() {
+    // Targets that compile the same closure with the same flags share the same compile key, and
+    // the linker keeps one copy of the image.
+    let keys: BTreeSet<&str> = TARGETS
+        .iter()
+        .flat_map(|t| t.modules.iter().map(|m| m.compile_key))
+        .collect();
+    let instances: usize = TARGETS.iter().map(|t| t.modules.len()).sum();
+    if TARGETS.len() > 1 {
+        assert!(
+            keys.len() < instances,
+            "{} keys for {instances} module instances",
+            keys.len()
+        );
+        let a = TARGETS[0].module("rmsnorm").unwrap();
+        let b = TARGETS[1].module("rmsnorm").unwrap();
+        assert_eq!(a.compile_key, b.compile_key);
+        assert_eq!(a.image.as_ptr(), b.image.as_ptr(), "one embedded copy");
+    }
+}
+
+#[test]
+fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
+    assert_eq!(names::rmsnorm::MODULE, "rmsnorm");
+    assert_eq!(
+        names::rmsnorm::ADD_RMSNORM_BF16.function,
+        "add_rmsnorm_bf16"
+    );
+    let modules: BTreeSet<&str> = ALL_KERNELS.iter().map(|k| k.module).collect();
+    for t in TARGETS {
+        for m in t.modules {
+            assert!(
+                modules.contains(m.name),
+                "module {} has no generated names",
+                m.name
+            );
+        }
+    }
+    if TARGETS.is_empty() {
+        return;
+    }
+    // SmolLM2 (llama, hidden 576) and Qwen3-8B (qwen3, hidden 4096) land on their wildcard leaves.
+    let q = |model_type, hidden_size| ModelQuery {
+        model_type,
+        hidden_size,
+        ..Default::default()
+    };
+    assert_eq!(
+        pick(TARGETS, &q("llama", 576)).unwrap().target.path(),
+        "hopper/llama/bf16"
+    );
+    assert_eq!(
+        pick(TARGETS, &q("qwen3", 4096)).unwrap().target.path(),
+        "hopper/qwen3/bf16"
+    );
+    assert!(pick(TARGETS, &q("mamba", 768)).is_err());
+}
