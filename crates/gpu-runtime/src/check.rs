@@ -6,6 +6,7 @@
 //! - bf16 outputs: every element within `2^-6 * |ref| + 1e-6` of the reference (two bf16 ulps: the
 //!   device's `rsqrtf`/`__expf` can move a value across one bf16 rounding boundary, and a doubly
 //!   rounded op can do it twice), and `||out - ref|| / ||ref||` at most 1e-2;
+//! - f32 outputs (logits): every element within `1e-3 * |ref| + 1e-3`, rel-L2 at most 1e-2;
 //! - integer outputs (token ids): exact.
 //!
 //! Shapes include the awkward ones: one row, widths that are not a multiple of the block size,
@@ -20,6 +21,10 @@ use crate::{GpuBackend, GpuError};
 
 /// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
 pub const BF16_ELEMENT_RTOL: f32 = 1.0 / 64.0;
+/// Relative tolerance per f32 element (sums accumulated in a different order).
+pub const F32_ELEMENT_RTOL: f32 = 1e-3;
+/// Absolute floor of the f32 element tolerance, for values near zero.
+pub const F32_ELEMENT_ATOL: f32 = 1e-3;
 /// Bound on the relative L2 error of a bf16 output.
 pub const BF16_REL_L2: f32 = 1e-2;
 
@@ -63,6 +68,8 @@ pub enum OutputKind {
     Bf16,
     /// i32 values, compared exactly.
     I32,
+    /// f32 values, compared with the f32 metric (relative 1e-3 per element, for reordered sums).
+    F32,
 }
 
 /// One buffer of a case: its initial bytes, and whether (and how) it is compared afterwards.
@@ -342,6 +349,96 @@ pub fn cases(seed: u64) -> Vec<Case> {
         });
     }
 
+    // GEMM: decode (m = 1), awkward (nothing a multiple of the tile), prefill-like, and with bias.
+    for &(m, n, k, bias) in &[(1u32, 576u32, 576u32, false), (1, 4096, 4096, false), (7, 1000, 100, true), (130, 1536, 576, false), (64, 2048, 1000, true)] {
+        let scale = 1.0 / (k as f32).sqrt();
+        out.push(Case {
+            kernel: Gemm::NAME,
+            shape: format!("m={m} n={n} k={k} bias={bias}"),
+            buffers: vec![
+                Buffer { init: vec![0; (m * n * 2) as usize], output: Some(OutputKind::Bf16) },
+                Buffer { init: bf16_normal(&mut rng, (m * k) as usize, 1.0), output: None },
+                Buffer { init: bf16_normal(&mut rng, (n * k) as usize, scale), output: None },
+                Buffer { init: bf16_normal(&mut rng, n as usize, 1.0), output: None },
+            ],
+            build: Box::new(move |p| launch_of(Gemm { c: p[0], a: p[1], w: p[2], bias: if bias { p[3] } else { DevicePtr::NULL }, m, n, k })),
+        });
+    }
+    for &(m, n, k) in &[(1u32, 49152u32, 576u32), (3, 1000, 130)] {
+        out.push(Case {
+            kernel: GemmF32Out::NAME,
+            shape: format!("m={m} n={n} k={k}"),
+            buffers: vec![
+                Buffer { init: vec![0; (m * n * 4) as usize], output: Some(OutputKind::F32) },
+                Buffer { init: bf16_normal(&mut rng, (m * k) as usize, 1.0), output: None },
+                Buffer { init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()), output: None },
+            ],
+            build: Box::new(move |p| launch_of(GemmF32Out { c: p[0], a: p[1], w: p[2], bias: DevicePtr::NULL, m, n, k })),
+        });
+    }
+
+    // Paged attention: decode of two sequences with shuffled blocks, a causal prefill, GQA ratios,
+    // head_dim 64 / 128 / 256 and a context that ends mid-block.
+    for &(seqs, new_tokens, context, q_heads, kv_heads, head_dim) in
+        &[(2usize, 1usize, 37usize, 9u32, 3u32, 64u32), (1, 70, 70, 32, 8, 128), (3, 1, 300, 16, 16, 128), (1, 5, 21, 4, 1, 256)]
+    {
+        let block_size = 16u32;
+        let max_blocks = context.div_ceil(block_size as usize);
+        let num_blocks = seqs * max_blocks + 3;
+        // A random permutation of block ids, so tables are not in order.
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let tables: Vec<i32> = ids[..seqs * max_blocks].to_vec();
+        let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
+        for s in 0..seqs {
+            for t in 0..new_tokens {
+                token_seq.push(s as i32);
+                positions.push((context - new_tokens + t) as i32);
+            }
+        }
+        let tokens = token_seq.len() as u32;
+        let row = (kv_heads * head_dim) as usize;
+        let q_len = tokens as usize * (q_heads * head_dim) as usize;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        out.push(Case {
+            kernel: PagedAttention::NAME,
+            shape: format!("seqs={seqs} tokens={tokens} ctx={context} heads={q_heads}/{kv_heads} d={head_dim}"),
+            buffers: vec![
+                Buffer { init: vec![0; q_len * 2], output: Some(OutputKind::Bf16) },
+                Buffer { init: bf16_normal(&mut rng, q_len, 1.0), output: None },
+                Buffer { init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0), output: None },
+                Buffer { init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0), output: None },
+                Buffer { init: i32_bytes(&tables), output: None },
+                Buffer { init: i32_bytes(&token_seq), output: None },
+                Buffer { init: i32_bytes(&positions), output: None },
+            ],
+            build: Box::new(move |p| {
+                launch_of(PagedAttention {
+                    out: p[0], q: p[1], k_cache: p[2], v_cache: p[3], block_tables: p[4], token_seq: p[5], positions: p[6],
+                    tokens, q_heads, kv_heads, head_dim, block_size, max_blocks_per_seq: max_blocks as u32, scale,
+                })
+            }),
+        });
+    }
+    for &(tokens, row) in &[(1u32, 192u32), (37, 1024)] {
+        let slots: Vec<i32> = (0..tokens).map(|t| if t == 1 { -1 } else { (t * 3 + 1) as i32 }).collect();
+        let cache = (tokens as usize * 3 + 2) * row as usize;
+        out.push(Case {
+            kernel: KvCacheWrite::NAME,
+            shape: format!("tokens={tokens} row={row}"),
+            buffers: vec![
+                Buffer { init: bf16_normal(&mut rng, cache, 1.0), output: Some(OutputKind::Bf16) },
+                Buffer { init: bf16_normal(&mut rng, cache, 1.0), output: Some(OutputKind::Bf16) },
+                Buffer { init: bf16_normal(&mut rng, (tokens * row) as usize, 1.0), output: None },
+                Buffer { init: bf16_normal(&mut rng, (tokens * row) as usize, 1.0), output: None },
+                Buffer { init: i32_bytes(&slots), output: None },
+            ],
+            build: Box::new(move |p| launch_of(KvCacheWrite { k_cache: p[0], v_cache: p[1], k: p[2], v: p[3], slots: p[4], tokens, row })),
+        });
+    }
+
     for &(rows, cols) in &[(1u32, 49152u32), (4, 151936), (3, 1000)] {
         let n = (rows * cols) as usize;
         out.push(Case {
@@ -430,16 +527,18 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                 elements += w.len();
                 mismatches += g.iter().zip(&w).filter(|(a, b)| a != b).count();
             }
-            Some(OutputKind::Bf16) => {
-                let (g, w): (Vec<bf16>, Vec<bf16>) = (
-                    bytemuck::pod_collect_to_vec(g),
-                    bytemuck::pod_collect_to_vec(w),
-                );
+            Some(kind @ (OutputKind::Bf16 | OutputKind::F32)) => {
+                let (g, w): (Vec<f32>, Vec<f32>) = if kind == OutputKind::F32 {
+                    (bytemuck::pod_collect_to_vec(g), bytemuck::pod_collect_to_vec(w))
+                } else {
+                    let widen = |b: &[u8]| bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(f32::from).collect();
+                    (widen(g), widen(w))
+                };
+                let (rtol, atol) = if kind == OutputKind::F32 { (F32_ELEMENT_RTOL, F32_ELEMENT_ATOL) } else { (BF16_ELEMENT_RTOL, 1e-6) };
                 let (mut diff2, mut ref2) = (0f64, 0f64);
-                for (a, b) in g.iter().zip(&w) {
-                    let (a, b) = (f32::from(*a), f32::from(*b));
+                for (&a, &b) in g.iter().zip(&w) {
                     let d = (a - b).abs();
-                    if d.is_nan() || d > BF16_ELEMENT_RTOL * b.abs() + 1e-6 {
+                    if d.is_nan() || d > rtol * b.abs() + atol {
                         mismatches += 1;
                     }
                     max_abs = max_abs.max(if d.is_nan() { f32::INFINITY } else { d });

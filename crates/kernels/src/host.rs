@@ -41,6 +41,20 @@ pub fn load<T: Pod>(mem: &dyn HostMemory, ptr: DevicePtr, n: usize) -> Result<Ve
     ))
 }
 
+/// Borrows `n` elements of `T` in place when the bytes are aligned for `T`, else copies them.
+pub fn view<T: Pod>(mem: &dyn HostMemory, ptr: DevicePtr, n: usize) -> Result<std::borrow::Cow<'_, [T]>, HostError> {
+    let bytes = mem.bytes(ptr, n * size_of::<T>())?;
+    Ok(match bytemuck::try_cast_slice(bytes) {
+        Ok(slice) => std::borrow::Cow::Borrowed(slice),
+        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+    })
+}
+
+/// Widens bf16 to f32 (exact).
+pub fn widen(v: bf16) -> f32 {
+    f32::from_bits(u32::from(v.to_bits()) << 16)
+}
+
 /// Copies `n` bf16 elements out of device memory, widened to f32.
 pub fn load_bf16(mem: &dyn HostMemory, ptr: DevicePtr, n: usize) -> Result<Vec<f32>, HostError> {
     Ok(load::<bf16>(mem, ptr, n)?
@@ -199,6 +213,10 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (Add::NAME, run::<Add>),
         (ArgmaxBf16::NAME, run::<ArgmaxBf16>),
         (ArgmaxF32::NAME, run::<ArgmaxF32>),
+        (Gemm::NAME, run::<Gemm>),
+        (GemmF32Out::NAME, run::<GemmF32Out>),
+        (PagedAttention::NAME, run::<PagedAttention>),
+        (KvCacheWrite::NAME, run::<KvCacheWrite>),
     ]
 };
 

@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! GGUF metadata (the key-value header of a `.gguf` file) as a model config.
+
+use std::collections::BTreeMap;
+
+use crate::{ConfigError, ModelConfig, ModelFamily, RopeScaling};
+
+/// A GGUF metadata value, widened: every integer type to `U64`/`I64`, every float to `F64`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaValue {
+    /// Unsigned integers (u8..u64).
+    U64(u64),
+    /// Signed integers (i8..i64).
+    I64(i64),
+    /// f32 and f64.
+    F64(f64),
+    /// bool.
+    Bool(bool),
+    /// UTF-8 string.
+    Str(String),
+    /// An array of values.
+    Array(Vec<MetaValue>),
+}
+
+impl MetaValue {
+    /// The value as an unsigned integer, if it is a non-negative integer.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            MetaValue::U64(v) => Some(v),
+            MetaValue::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+    /// The value as a float, if it is a number.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            MetaValue::F64(v) => Some(v),
+            MetaValue::U64(v) => Some(v as f64),
+            MetaValue::I64(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+    /// The value as a string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            MetaValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    /// The value as an array.
+    pub fn as_array(&self) -> Option<&[MetaValue]> {
+        match self {
+            MetaValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Builds the config from GGUF metadata. `has_output_tensor` says whether the file has a separate
+/// `output.weight` (an untied LM head); GGUF has no key for it.
+pub fn from_gguf_metadata(meta: &BTreeMap<String, MetaValue>, has_output_tensor: bool) -> Result<ModelConfig, ConfigError> {
+    let arch = meta
+        .get("general.architecture")
+        .and_then(MetaValue::as_str)
+        .ok_or(ConfigError::Missing("general.architecture"))?;
+    let family = ModelFamily::parse(arch)?;
+    let key = |k: &str| format!("{arch}.{k}");
+    let uint = |k: &'static str| -> Result<usize, ConfigError> {
+        meta.get(&key(k)).and_then(MetaValue::as_u64).map(|v| v as usize).ok_or(ConfigError::Missing(k))
+    };
+    let opt_uint = |k: &str| meta.get(&key(k)).and_then(MetaValue::as_u64).map(|v| v as usize);
+    let float = |k: &str, default: f64| meta.get(&key(k)).and_then(MetaValue::as_f64).unwrap_or(default) as f32;
+
+    let rope_scaling = match meta.get(&key("rope.scaling.type")).and_then(MetaValue::as_str) {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear { factor: float("rope.scaling.factor", 1.0) },
+        Some(other) => {
+            return Err(ConfigError::Unsupported {
+                key: key("rope.scaling.type"),
+                value: other.to_string(),
+                why: "supported GGUF RoPE scalings: none, linear",
+            });
+        }
+    };
+    if let Some(window) = opt_uint("attention.sliding_window") {
+        return Err(ConfigError::Unsupported {
+            key: key("attention.sliding_window"),
+            value: window.to_string(),
+            why: "sliding-window attention is not implemented",
+        });
+    }
+    let hidden_size = uint("embedding_length")?;
+    let num_heads = uint("attention.head_count")?;
+    let vocab_size = opt_uint("vocab_size")
+        .or_else(|| meta.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map(<[_]>::len))
+        .ok_or(ConfigError::Missing("vocab_size"))?;
+    let token = |k: &str| meta.get(k).and_then(MetaValue::as_u64).map(|v| v as u32);
+    let config = ModelConfig {
+        family,
+        hidden_size,
+        intermediate_size: uint("feed_forward_length")?,
+        num_layers: uint("block_count")?,
+        num_heads,
+        num_kv_heads: opt_uint("attention.head_count_kv").unwrap_or(num_heads),
+        head_dim: opt_uint("attention.key_length").unwrap_or(hidden_size / num_heads.max(1)),
+        vocab_size,
+        max_position_embeddings: opt_uint("context_length").unwrap_or(4096),
+        rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta: float("rope.freq_base", 10000.0),
+        rope_scaling,
+        tie_word_embeddings: !has_output_tensor,
+        attention_bias: family == ModelFamily::Qwen2,
+        qk_norm: family == ModelFamily::Qwen3,
+        bos_token_id: token("tokenizer.ggml.bos_token_id"),
+        eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smollm2() -> BTreeMap<String, MetaValue> {
+        let mut m = BTreeMap::new();
+        let mut put = |k: &str, v: MetaValue| {
+            m.insert(k.to_string(), v);
+        };
+        put("general.architecture", MetaValue::Str("llama".into()));
+        put("llama.embedding_length", MetaValue::U64(576));
+        put("llama.feed_forward_length", MetaValue::U64(1536));
+        put("llama.block_count", MetaValue::U64(30));
+        put("llama.attention.head_count", MetaValue::U64(9));
+        put("llama.attention.head_count_kv", MetaValue::U64(3));
+        put("llama.context_length", MetaValue::U64(8192));
+        put("llama.attention.layer_norm_rms_epsilon", MetaValue::F64(1e-5));
+        put("llama.rope.freq_base", MetaValue::F64(100000.0));
+        put("llama.vocab_size", MetaValue::U64(49152));
+        put("tokenizer.ggml.eos_token_id", MetaValue::U64(2));
+        m
+    }
+
+    #[test]
+    fn llama_from_metadata() {
+        let c = from_gguf_metadata(&smollm2(), false).unwrap();
+        assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (576, 30, 9, 3, 64));
+        assert!(c.tie_word_embeddings);
+        assert_eq!(c.eos_token_ids, vec![2]);
+        assert_eq!(c.rope_theta, 100000.0);
+    }
+
+    #[test]
+    fn refuses_unknown_architecture_and_missing_keys() {
+        let mut m = smollm2();
+        m.insert("general.architecture".into(), MetaValue::Str("mamba".into()));
+        assert!(from_gguf_metadata(&m, true).unwrap_err().to_string().contains("mamba"));
+        let mut m = smollm2();
+        m.remove("llama.block_count");
+        assert!(from_gguf_metadata(&m, true).unwrap_err().to_string().contains("block_count"));
+        let mut m = smollm2();
+        m.insert("llama.rope.scaling.type".into(), MetaValue::Str("yarn".into()));
+        assert!(from_gguf_metadata(&m, true).unwrap_err().to_string().contains("yarn"));
+    }
+}

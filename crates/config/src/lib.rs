@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The typed model config: the single source of truth for a checkpoint's shape.
+//!
+//! The central decision: **parse once, refuse what is not understood.** A `config.json` or a GGUF
+//! header becomes one [`ModelConfig`]; every later stage (weight shapes, KV sizing, kernel target
+//! choice) reads that struct and nothing re-parses the file. An unknown `model_type`, or a key that
+//! changes the architecture in a way the engine does not implement (a non-SiLU activation, sliding
+//! windows, an unknown RoPE scaling), is an error naming the key, never silently ignored.
+//!
+//! No I/O: callers hand in the JSON text or the GGUF metadata map.
+#![forbid(unsafe_code)]
+
+mod gguf;
+mod hf;
+
+pub use gguf::{MetaValue, from_gguf_metadata};
+pub use hf::from_config_json;
+
+/// The model families the engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModelFamily {
+    /// Llama 2/3.x and Llama-architecture models (SmolLM2, ...).
+    Llama,
+    /// Qwen2 / Qwen2.5: QKV bias.
+    Qwen2,
+    /// Qwen3 dense: QK-norm, no QKV bias.
+    Qwen3,
+}
+
+impl ModelFamily {
+    /// The HF `model_type` string.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            ModelFamily::Llama => "llama",
+            ModelFamily::Qwen2 => "qwen2",
+            ModelFamily::Qwen3 => "qwen3",
+        }
+    }
+
+    /// Every supported family, for messages.
+    pub const ALL: [ModelFamily; 3] = [ModelFamily::Llama, ModelFamily::Qwen2, ModelFamily::Qwen3];
+
+    fn parse(model_type: &str) -> Result<Self, ConfigError> {
+        ModelFamily::ALL.into_iter().find(|f| f.model_type() == model_type).ok_or_else(|| ConfigError::UnknownModelType {
+            model_type: model_type.to_string(),
+        })
+    }
+}
+
+/// RoPE frequency scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Llama 3.1's piecewise frequency scaling.
+    Llama3 {
+        /// Scale applied to low frequencies.
+        factor: f32,
+        /// Wavelength threshold (as a fraction of the original context) below which frequencies are scaled.
+        low_freq_factor: f32,
+        /// Wavelength threshold above which frequencies are kept.
+        high_freq_factor: f32,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: u32,
+    },
+    /// Positions divided by `factor`.
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
+}
+
+/// A checkpoint's shape and numerics, whatever file it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The family (and so the parameter point of the generic decoder).
+    pub family: ModelFamily,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
+    pub num_kv_heads: usize,
+    /// Elements per head; may differ from `hidden_size / num_heads` (Qwen3).
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// Whether the LM head reuses the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Whether q/k/v projections have a bias (Qwen2).
+    pub attention_bias: bool,
+    /// Whether q and k are RMS-normalised per head before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Beginning-of-sequence token, if the config names one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Checks the invariants every later stage relies on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, message: String| Err(ConfigError::Invalid { key, message });
+        for (key, v) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
+            if v == 0 {
+                return bad(key, "must be positive".into());
+            }
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad("num_key_value_heads", format!("{} does not divide num_attention_heads {}", self.num_kv_heads, self.num_heads));
+        }
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > 256 {
+            return bad("head_dim", format!("{} is not an even number up to 256", self.head_dim));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return bad("rms_norm_eps", format!("{} is not a positive number", self.rms_norm_eps));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad("rope_theta", format!("{} is not a positive number", self.rope_theta));
+        }
+        Ok(())
+    }
+
+    /// Parameters, counting a tied LM head once.
+    pub fn parameter_count(&self) -> u64 {
+        let (h, i, v) = (self.hidden_size as u64, self.intermediate_size as u64, self.vocab_size as u64);
+        let (q, kv) = ((self.num_heads * self.head_dim) as u64, (self.num_kv_heads * self.head_dim) as u64);
+        let attn = h * q + 2 * h * kv + q * h + if self.attention_bias { q + 2 * kv } else { 0 };
+        let norms = 2 * h + if self.qk_norm { 2 * self.head_dim as u64 } else { 0 };
+        let layer = attn + 3 * h * i + norms;
+        v * h * if self.tie_word_embeddings { 1 } else { 2 } + self.num_layers as u64 * layer + h
+    }
+}
+
+/// Why a config was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is not JSON or a field has the wrong type.
+    #[error("invalid config: {0}")]
+    Syntax(String),
+    /// A required key is absent.
+    #[error("config is missing `{0}`")]
+    Missing(&'static str),
+    /// The model type is not one the engine runs.
+    #[error("unsupported model_type `{model_type}`; supported: llama, qwen2, qwen3")]
+    UnknownModelType {
+        /// What the config says.
+        model_type: String,
+    },
+    /// A key changes the architecture in a way the engine does not implement.
+    #[error("unsupported config `{key}` = {value}: {why}")]
+    Unsupported {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What the engine would need.
+        why: &'static str,
+    },
+    /// A value out of range.
+    #[error("invalid config `{key}`: {message}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}

@@ -1,0 +1,409 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The generic decoder's forward pass over a batch of tokens from any number of sequences.
+//!
+//! One step takes a flat list of tokens, each with its sequence and position; prefill (many
+//! tokens of one sequence), decode (one token of each of many sequences) and mixtures of both are
+//! the same call. Keys and values go to the paged cache through each sequence's block table, and
+//! attention reads them back from there, so a step never needs the previous steps' activations.
+//!
+//! Per layer (pre-norm, residual stream `h` in bf16):
+//! `x = norm(h)`; `q, k, v = x Wq (+bq), x Wk (+bk), x Wv (+bv)`; `q, k = qk_norm(q, k)` (Qwen3);
+//! `q, k = rope(q, k)`; cache `k, v`; `a = attention(q, cache)`; `h += a Wo`; `x = norm(h)`;
+//! `h += down(silu(x Wgate) * x Wup)`. Logits are `norm(h) Wlm` for the requested rows, in f32.
+
+use std::sync::Arc;
+
+use metrale_cache::BlockTable;
+use metrale_config::ModelConfig;
+use metrale_core::DevicePtr;
+use metrale_gpu_runtime::{GpuBackend, GpuError, KernelHandle, launch_kernel};
+use metrale_kernels::Kernel;
+use metrale_kernels::ops::{AddRmsNorm, Embedding, Gemm, GemmF32Out, KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul};
+
+use crate::weights::{self, DeviceWeights, LoadProgress};
+
+/// What can go wrong loading or running the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A tensor the config needs is not in the checkpoint.
+    #[error("{checkpoint}: missing tensor `{name}`")]
+    MissingTensor {
+        /// HF name.
+        name: String,
+        /// The checkpoint.
+        checkpoint: String,
+    },
+    /// A tensor's shape disagrees with the config.
+    #[error("{checkpoint}: tensor `{name}` has shape {found:?}, the config implies {expected:?}")]
+    ShapeMismatch {
+        /// HF name.
+        name: String,
+        /// From the config.
+        expected: Vec<usize>,
+        /// In the file.
+        found: Vec<usize>,
+        /// The checkpoint.
+        checkpoint: String,
+    },
+    /// Reading the weights failed.
+    #[error(transparent)]
+    Weights(#[from] metrale_model_weights::WeightError),
+    /// A backend operation failed.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The step's input breaks a limit or an invariant.
+    #[error("invalid step: {0}")]
+    InvalidStep(String),
+}
+
+/// Sizes fixed at load: scratch buffers and the KV pool are allocated once from these.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelOptions {
+    /// Most tokens one step may carry (the prefill chunk).
+    pub max_tokens_per_step: usize,
+    /// Most sequences one step may touch.
+    pub max_seqs: usize,
+    /// Most rows of logits one step may ask for.
+    pub max_logit_rows: usize,
+    /// Longest sequence (prompt + generated tokens).
+    pub max_seq_len: usize,
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl ModelOptions {
+    /// KV cache bytes per block, all layers, K and V.
+    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> u64 {
+        (2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * 2) as u64
+    }
+
+    /// Block-table width: blocks of the longest sequence.
+    pub fn max_blocks_per_seq(&self) -> usize {
+        self.max_seq_len.div_ceil(self.block_size)
+    }
+}
+
+/// One step's tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInput<'a> {
+    /// Token ids.
+    pub tokens: &'a [u32],
+    /// Position of each token within its sequence.
+    pub positions: &'a [u32],
+    /// Index into `block_tables` of each token's sequence.
+    pub token_seq: &'a [u32],
+    /// Block table of every sequence the step touches; each must already hold the positions.
+    pub block_tables: &'a [&'a BlockTable],
+    /// Token indices whose next-token logits are wanted (e.g. the last token of each sequence).
+    pub logit_rows: &'a [usize],
+}
+
+struct Kernels {
+    embedding: KernelHandle,
+    rmsnorm: KernelHandle,
+    add_rmsnorm: KernelHandle,
+    rope: KernelHandle,
+    gemm: KernelHandle,
+    gemm_f32: KernelHandle,
+    silu_mul: KernelHandle,
+    attention: KernelHandle,
+    kv_write: KernelHandle,
+}
+
+/// Device buffers sized once for `max_tokens_per_step` tokens.
+struct Scratch {
+    hidden: DevicePtr,
+    x: DevicePtr,
+    q: DevicePtr,
+    k: DevicePtr,
+    v: DevicePtr,
+    qn: DevicePtr,
+    kn: DevicePtr,
+    attn: DevicePtr,
+    o: DevicePtr,
+    gate_up: DevicePtr,
+    act: DevicePtr,
+    mlp: DevicePtr,
+    gathered: DevicePtr,
+    logits: DevicePtr,
+    ids: DevicePtr,
+    positions: DevicePtr,
+    token_seq: DevicePtr,
+    slots: DevicePtr,
+    tables: DevicePtr,
+}
+
+/// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
+pub struct Model {
+    config: ModelConfig,
+    options: ModelOptions,
+    gpu: Arc<dyn GpuBackend>,
+    weights: DeviceWeights,
+    k_cache: Vec<DevicePtr>,
+    v_cache: Vec<DevicePtr>,
+    rope_cos: DevicePtr,
+    rope_sin: DevicePtr,
+    scratch: Scratch,
+    kernels: Kernels,
+    owned: Vec<DevicePtr>,
+}
+
+impl Model {
+    /// Checks shapes, uploads the weights, and allocates the KV pool and scratch buffers.
+    pub fn load(
+        config: ModelConfig,
+        source: &dyn metrale_model_weights::WeightSource,
+        gpu: Arc<dyn GpuBackend>,
+        options: ModelOptions,
+        progress: LoadProgress,
+    ) -> Result<Self, ModelError> {
+        let g = gpu.as_ref();
+        let kernels = Kernels {
+            embedding: g.kernel(Embedding::NAME)?,
+            rmsnorm: g.kernel(RmsNorm::NAME)?,
+            add_rmsnorm: g.kernel(AddRmsNorm::NAME)?,
+            rope: g.kernel(RopeNeox::NAME)?,
+            gemm: g.kernel(Gemm::NAME)?,
+            gemm_f32: g.kernel(GemmF32Out::NAME)?,
+            silu_mul: g.kernel(SiluMul::NAME)?,
+            attention: g.kernel(PagedAttention::NAME)?,
+            kv_write: g.kernel(KvCacheWrite::NAME)?,
+        };
+        let weights = weights::load(&config, source, g, progress)?;
+        let mut owned = Vec::new();
+        let mut alloc = |bytes: usize| -> Result<DevicePtr, ModelError> {
+            let p = g.alloc(bytes.max(1))?;
+            owned.push(p);
+            Ok(p)
+        };
+        let c = &config;
+        let t = options.max_tokens_per_step;
+        let (h, i, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
+        let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let rows = options.max_seqs.max(1);
+        let scratch = Scratch {
+            hidden: alloc(t * h * 2)?,
+            x: alloc(t * h * 2)?,
+            q: alloc(t * qd * 2)?,
+            k: alloc(t * kvd * 2)?,
+            v: alloc(t * kvd * 2)?,
+            qn: alloc(t * qd * 2)?,
+            kn: alloc(t * kvd * 2)?,
+            attn: alloc(t * qd * 2)?,
+            o: alloc(t * h * 2)?,
+            gate_up: alloc(t * 2 * i * 2)?,
+            act: alloc(t * i * 2)?,
+            mlp: alloc(t * h * 2)?,
+            logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 4)?,
+            gathered: alloc(options.max_logit_rows.max(1) * h * 2)?,
+            ids: alloc(t * 4)?,
+            positions: alloc(t * 4)?,
+            token_seq: alloc(t * 4)?,
+            slots: alloc(t * 4)?,
+            tables: alloc(rows * options.max_blocks_per_seq() * 4)?,
+        };
+        let cache_bytes = options.num_blocks * options.block_size * kvd * 2;
+        let mut k_cache = Vec::new();
+        let mut v_cache = Vec::new();
+        for _ in 0..c.num_layers {
+            k_cache.push(alloc(cache_bytes)?);
+            v_cache.push(alloc(cache_bytes)?);
+        }
+        let (cos, sin) = crate::rope::tables(c, options.max_seq_len);
+        let rope_cos = alloc(cos.len() * 4)?;
+        let rope_sin = alloc(sin.len() * 4)?;
+        g.copy_h2d(bytemuck::cast_slice(&cos), rope_cos)?;
+        g.copy_h2d(bytemuck::cast_slice(&sin), rope_sin)?;
+        Ok(Model { config, options, gpu, weights, k_cache, v_cache, rope_cos, rope_sin, scratch, kernels, owned })
+    }
+
+    /// The config the model was built from.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The sizes it was built with.
+    pub fn options(&self) -> &ModelOptions {
+        &self.options
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes
+    }
+
+    /// The backend it runs on.
+    pub fn gpu(&self) -> &dyn GpuBackend {
+        self.gpu.as_ref()
+    }
+
+    fn validate(&self, step: &StepInput) -> Result<(), ModelError> {
+        let n = step.tokens.len();
+        let bad = |m: String| Err(ModelError::InvalidStep(m));
+        if n == 0 || n > self.options.max_tokens_per_step {
+            return bad(format!("{n} tokens; a step carries 1..={}", self.options.max_tokens_per_step));
+        }
+        if step.positions.len() != n || step.token_seq.len() != n {
+            return bad("tokens, positions and token_seq differ in length".into());
+        }
+        if step.block_tables.is_empty() || step.block_tables.len() > self.options.max_seqs {
+            return bad(format!("{} sequences; a step touches 1..={}", step.block_tables.len(), self.options.max_seqs));
+        }
+        if step.logit_rows.len() > self.options.max_logit_rows || step.logit_rows.iter().any(|&r| r >= n) {
+            return bad(format!("logit rows {:?} out of range for {n} tokens", step.logit_rows));
+        }
+        for (t, ((&id, &pos), &seq)) in step.tokens.iter().zip(step.positions).zip(step.token_seq).enumerate() {
+            if id as usize >= self.config.vocab_size {
+                return bad(format!("token {t} has id {id}, outside the vocabulary of {}", self.config.vocab_size));
+            }
+            if pos as usize >= self.options.max_seq_len {
+                return bad(format!("token {t} is at position {pos}, past max_seq_len {}", self.options.max_seq_len));
+            }
+            let Some(table) = step.block_tables.get(seq as usize) else {
+                return bad(format!("token {t} names sequence {seq} of {}", step.block_tables.len()));
+            };
+            if table.slot(pos as usize, self.options.block_size).is_none() {
+                return bad(format!("token {t}: sequence {seq}'s block table does not reach position {pos}"));
+            }
+            if table.blocks.iter().any(|&b| b as usize >= self.options.num_blocks) {
+                return bad(format!("sequence {seq}'s block table names a block outside the pool of {}", self.options.num_blocks));
+            }
+        }
+        Ok(())
+    }
+
+    fn upload_i32(&self, data: &[i32], dst: DevicePtr) -> Result<(), GpuError> {
+        self.gpu.copy_h2d(bytemuck::cast_slice(data), dst)
+    }
+
+    /// Runs one step and returns the logits of `step.logit_rows`, row-major `[rows, vocab]`.
+    pub fn forward(&mut self, step: &StepInput) -> Result<Vec<f32>, ModelError> {
+        self.validate(step)?;
+        let g = self.gpu.as_ref();
+        let s = g.default_stream();
+        let c = &self.config;
+        let o = &self.options;
+        let sc = &self.scratch;
+        let k = &self.kernels;
+        let n = step.tokens.len() as u32;
+        let (h, inter, hd) = (c.hidden_size as u32, c.intermediate_size as u32, c.head_dim as u32);
+        let (qh, kvh) = (c.num_heads as u32, c.num_kv_heads as u32);
+        let (qd, kvd) = (qh * hd, kvh * hd);
+        let eps = c.rms_norm_eps;
+
+        let ids: Vec<i32> = step.tokens.iter().map(|&t| t as i32).collect();
+        let positions: Vec<i32> = step.positions.iter().map(|&p| p as i32).collect();
+        let token_seq: Vec<i32> = step.token_seq.iter().map(|&q| q as i32).collect();
+        let slots: Vec<i32> = step
+            .positions
+            .iter()
+            .zip(step.token_seq)
+            .map(|(&p, &q)| step.block_tables[q as usize].slot(p as usize, o.block_size).expect("validated") as i32)
+            .collect();
+        let width = o.max_blocks_per_seq();
+        let tables: Vec<i32> = step.block_tables.iter().flat_map(|t| t.padded_row(width, 0)).collect();
+        self.upload_i32(&ids, sc.ids)?;
+        self.upload_i32(&positions, sc.positions)?;
+        self.upload_i32(&token_seq, sc.token_seq)?;
+        self.upload_i32(&slots, sc.slots)?;
+        self.upload_i32(&tables, sc.tables)?;
+
+        let gemm = |out: DevicePtr, a: DevicePtr, w: DevicePtr, bias: DevicePtr, m: u32, n_: u32, k_: u32| {
+            launch_kernel(g, k.gemm, &Gemm { c: out, a, w, bias, m, n: n_, k: k_ }, s)
+        };
+        launch_kernel(g, k.embedding, &Embedding { out: sc.hidden, table: self.weights.embedding, ids: sc.ids, tokens: n, hidden: h, vocab: c.vocab_size as u32 }, s)?;
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            if l == 0 {
+                launch_kernel(g, k.rmsnorm, &RmsNorm { out: sc.x, input: sc.hidden, weight: w.input_norm, rows: n, cols: h, eps }, s)?;
+            } else {
+                launch_kernel(g, k.add_rmsnorm, &AddRmsNorm { out: sc.x, residual: sc.hidden, input: sc.mlp, weight: w.input_norm, rows: n, cols: h, eps }, s)?;
+            }
+            gemm(sc.q, sc.x, w.q, w.q_bias, n, qd, h)?;
+            gemm(sc.k, sc.x, w.k, w.k_bias, n, kvd, h)?;
+            gemm(sc.v, sc.x, w.v, w.v_bias, n, kvd, h)?;
+            let (q, kk) = if c.qk_norm {
+                launch_kernel(g, k.rmsnorm, &RmsNorm { out: sc.qn, input: sc.q, weight: w.q_norm, rows: n * qh, cols: hd, eps }, s)?;
+                launch_kernel(g, k.rmsnorm, &RmsNorm { out: sc.kn, input: sc.k, weight: w.k_norm, rows: n * kvh, cols: hd, eps }, s)?;
+                (sc.qn, sc.kn)
+            } else {
+                (sc.q, sc.k)
+            };
+            let rope = |x: DevicePtr, heads: u32| RopeNeox {
+                x,
+                positions: sc.positions,
+                cos: self.rope_cos,
+                sin: self.rope_sin,
+                tokens: n,
+                heads,
+                head_dim: hd,
+                token_stride: heads * hd,
+                max_position: o.max_seq_len as u32,
+            };
+            launch_kernel(g, k.rope, &rope(q, qh), s)?;
+            launch_kernel(g, k.rope, &rope(kk, kvh), s)?;
+            launch_kernel(g, k.kv_write, &KvCacheWrite { k_cache: self.k_cache[l], v_cache: self.v_cache[l], k: kk, v: sc.v, slots: sc.slots, tokens: n, row: kvd }, s)?;
+            launch_kernel(
+                g,
+                k.attention,
+                &PagedAttention {
+                    out: sc.attn,
+                    q,
+                    k_cache: self.k_cache[l],
+                    v_cache: self.v_cache[l],
+                    block_tables: sc.tables,
+                    token_seq: sc.token_seq,
+                    positions: sc.positions,
+                    tokens: n,
+                    q_heads: qh,
+                    kv_heads: kvh,
+                    head_dim: hd,
+                    block_size: o.block_size as u32,
+                    max_blocks_per_seq: width as u32,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                },
+                s,
+            )?;
+            gemm(sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
+            launch_kernel(g, k.add_rmsnorm, &AddRmsNorm { out: sc.x, residual: sc.hidden, input: sc.o, weight: w.post_norm, rows: n, cols: h, eps }, s)?;
+            gemm(sc.gate_up, sc.x, w.gate_up, DevicePtr::NULL, n, 2 * inter, h)?;
+            launch_kernel(g, k.silu_mul, &SiluMul { out: sc.act, gate_up: sc.gate_up, tokens: n, inter }, s)?;
+            gemm(sc.mlp, sc.act, w.down, DevicePtr::NULL, n, h, inter)?;
+        }
+        launch_kernel(g, k.add_rmsnorm, &AddRmsNorm { out: sc.x, residual: sc.hidden, input: sc.mlp, weight: self.weights.final_norm, rows: n, cols: h, eps }, s)?;
+
+        let rows = step.logit_rows.len();
+        if rows == 0 {
+            g.synchronize(s)?;
+            return Ok(Vec::new());
+        }
+        // Logits only for the rows asked for: a contiguous run is used in place, otherwise the
+        // rows are gathered first.
+        let row_bytes = c.hidden_size * 2;
+        let first = step.logit_rows[0];
+        let contiguous = step.logit_rows.iter().enumerate().all(|(i, &r)| r == first + i);
+        let input = if contiguous {
+            sc.x.offset(first * row_bytes)
+        } else {
+            for (i, &r) in step.logit_rows.iter().enumerate() {
+                g.copy_d2d(sc.x.offset(r * row_bytes), sc.gathered.offset(i * row_bytes), row_bytes, s)?;
+            }
+            sc.gathered
+        };
+        let vocab = c.vocab_size as u32;
+        launch_kernel(g, k.gemm_f32, &GemmF32Out { c: sc.logits, a: input, w: self.weights.lm_head, bias: DevicePtr::NULL, m: rows as u32, n: vocab, k: h }, s)?;
+        g.synchronize(s)?;
+        let mut out = vec![0f32; rows * c.vocab_size];
+        g.copy_d2h(sc.logits, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        for &p in self.owned.iter().chain(&self.weights.allocations) {
+            let _ = self.gpu.free(p);
+        }
+    }
+}

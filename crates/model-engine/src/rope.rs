@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! RoPE cos/sin tables, computed once at load; scaling variants live here and nowhere else.
+
+use metrale_config::{ModelConfig, RopeScaling};
+
+/// Inverse frequencies of the `head_dim / 2` rotation pairs, after any scaling.
+pub fn inverse_frequencies(config: &ModelConfig) -> Vec<f64> {
+    let half = config.head_dim / 2;
+    let base: Vec<f64> =
+        (0..half).map(|i| 1.0 / (config.rope_theta as f64).powf(2.0 * i as f64 / config.head_dim as f64)).collect();
+    match config.rope_scaling {
+        RopeScaling::None | RopeScaling::Linear { .. } => base,
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            // Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and the band
+            // between is interpolated smoothly.
+            let (factor, low, high) = (factor as f64, low_freq_factor as f64, high_freq_factor as f64);
+            let original = original_max_position_embeddings as f64;
+            let (low_wavelen, high_wavelen) = (original / low, original / high);
+            base.into_iter()
+                .map(|f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (original / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// `(cos, sin)` tables, f32 `[positions, head_dim / 2]`, row `p` for position `p`.
+pub fn tables(config: &ModelConfig, positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let inv = inverse_frequencies(config);
+    let scale = match config.rope_scaling {
+        RopeScaling::Linear { factor } => 1.0 / factor as f64,
+        _ => 1.0,
+    };
+    let mut cos = Vec::with_capacity(positions * inv.len());
+    let mut sin = Vec::with_capacity(positions * inv.len());
+    for p in 0..positions {
+        for f in &inv {
+            // f32 angle, as the HF reference computes it (positions and frequencies in f32).
+            let angle = (p as f64 * scale) as f32 * (*f as f32);
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    (cos, sin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrale_config::ModelFamily;
+
+    fn config(scaling: RopeScaling) -> ModelConfig {
+        ModelConfig {
+            family: ModelFamily::Llama,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_layers: 1,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            vocab_size: 10,
+            max_position_embeddings: 131072,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500000.0,
+            rope_scaling: scaling,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            qk_norm: false,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+        }
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_slows_low_frequencies() {
+        let plain = inverse_frequencies(&config(RopeScaling::None));
+        let scaled = inverse_frequencies(&config(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        }));
+        assert_eq!(plain[0], scaled[0], "the highest frequency is kept");
+        assert!((scaled[63] - plain[63] / 8.0).abs() < 1e-15, "the lowest is divided by the factor");
+        assert!(scaled.iter().zip(&plain).all(|(s, p)| s <= p));
+    }
+
+    #[test]
+    fn tables_start_at_identity() {
+        let (cos, sin) = tables(&config(RopeScaling::None), 3);
+        assert_eq!(cos.len(), 3 * 64);
+        assert!(cos[..64].iter().all(|&c| c == 1.0) && sin[..64].iter().all(|&s| s == 0.0));
+        assert!((sin[64] - 1f32.sin()).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Weight files, read into BF16 host tensors under their Hugging Face names.
+//!
+//! The central decision: **every format answers the same question** — "give me tensor `name` (an HF
+//! name such as `model.layers.0.self_attn.q_proj.weight`) as BF16 with its HF shape" — through
+//! [`WeightSource`]. Safetensors checkpoints answer it directly (memory-mapped, sharded through
+//! `model.safetensors.index.json`); GGUF files answer it by mapping the name to llama.cpp's, then
+//! dequantising and undoing the Q/K row permutation llama.cpp's converter applied. Shapes are known
+//! from headers alone, so a loader checks every shape against the config before reading any data.
+//!
+//! This crate reads files; it never touches a GPU.
+
+mod dequant;
+mod error;
+pub mod gguf;
+mod safetensors_source;
+
+pub use error::WeightError;
+pub use gguf::GgufFile;
+pub use safetensors_source::SafetensorsCheckpoint;
+
+use half::bf16;
+
+/// A tensor in host memory, BF16, row-major, in its HF shape (`[out, in]` for linear weights).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// Row-major elements.
+    pub data: Vec<bf16>,
+}
+
+/// Tensors by HF name, whatever the file format.
+pub trait WeightSource: Send + Sync {
+    /// The HF shape of `name`, or `None` if the source has no such tensor. Reads headers only.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// Reads `name` as BF16. Errors name the file and the tensor.
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError>;
+    /// A short description for logs (`SmolLM2-135M-Instruct.Q4_1.gguf (GGUF v3)`).
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,402 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
+"""Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B.
+
+No machine here can reach a model hub, so the engine's large-model tests and speed runs use models
+with the exact public shapes and random weights (decode speed does not depend on weight values).
+Each checkpoint is an ordinary Hugging Face directory (config.json, *.safetensors, generation
+config) that both `transformers` (the logits reference) and our engine load.
+
+Run on the GPU machine (see scripts/gpu/README.md):
+
+    python3 scripts/gpu/make_checkpoints.py --out /tmp/metrale-ckpt \
+        --models qwen3-0.6b,qwen3-8b,llama-3.1-8b --seed 0
+
+Every checkpoint is written to `<out>/<name>.partial`, checked (finite, well-scaled logits; a reload
+through `from_pretrained` gives the same logits), and only then renamed to `<out>/<name>`, so a
+directory under its final name is always complete; a second run skips it.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+# The public config.json of each model, key for key (Hugging Face hub: Qwen/Qwen3-0.6B, Qwen/Qwen3-8B,
+# meta-llama/Llama-3.1-8B). These dicts are written out verbatim as the checkpoint's config.json so
+# our engine is tested on exactly the format real checkpoints ship (rope_theta / rope_scaling /
+# torch_dtype), not on the newer layout transformers 5 writes (rope_parameters / dtype).
+MODELS = {
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "initializer_range": 0.02,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 28,
+        "model_type": "qwen3",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 12288,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 36,
+        "model_type": "qwen3",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
+    # The base model (eos 128001); Llama-3.1-8B-Instruct differs only in eos [128001, 128008, 128009].
+    # Its public config has no head_dim (it is hidden_size / num_attention_heads = 128); it is written
+    # out explicitly so every checkpoint states it, which transformers accepts and which changes nothing.
+    "llama-3.1-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 8.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 128256,
+    },
+}
+
+# Which real tokenizer belongs next to each checkpoint (copied in with --tokenizer FAMILY=DIR).
+TOKENIZER_FAMILY = {"qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "llama-3.1-8b": "llama3"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+# Initialisation. std 0.02 (the configs' initializer_range) keeps every projection's output at
+# roughly unit scale after the pre-norms, so activations stay well-scaled through all layers.
+# Norm weights get 1 + N(0, 0.1) rather than exactly 1: with all-ones weights an engine that
+# ignores a norm weight, or applies the wrong head's q_norm/k_norm, would still match the reference.
+LINEAR_STD = 0.02
+NORM_NOISE_STD = 0.1
+
+PROBE_TOKENS = 64
+# Logits of a working random model have a std of order 1 (about 0.02 * sqrt(hidden_size)).
+# Far outside this band the checkpoint would be useless as a reference, so we refuse to write it.
+LOGITS_STD_RANGE = (0.1, 50.0)
+
+
+def utc_now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def rmtree(path: Path):
+    # pathlib has no recursive delete; only used on our own *.partial directories.
+    if not path.exists():
+        return
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            rmtree(child)
+        else:
+            child.unlink()
+    path.rmdir()
+
+
+def checkpoint_is_complete(path: Path) -> bool:
+    """A directory counts as done when it has a config and every weight file it names."""
+    if not (path / "config.json").is_file():
+        return False
+    if (path / "model.safetensors").is_file():
+        return True
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return False
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    except (ValueError, KeyError):
+        return False
+    return bool(shards) and all((path / s).is_file() for s in shards)
+
+
+def special_token_ids(cfg: dict):
+    ids = []
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = cfg.get(key)
+        if isinstance(v, int):
+            ids.append(v)
+        elif isinstance(v, list):
+            ids.extend(int(x) for x in v)
+    return ids
+
+
+def random_prompt(n: int, vocab_size: int, specials, seed: int) -> torch.Tensor:
+    """Deterministic ids that avoid special tokens. Qwen3 and Llama-3 keep all special (and unused
+    padding) rows at the top of the vocabulary, so when the named specials sit in the upper half we
+    draw below the lowest of them; otherwise we just exclude the named ids."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    low = min(specials) if specials else vocab_size
+    if low >= vocab_size // 2:
+        allowed = torch.arange(low, dtype=torch.int64)
+    else:
+        mask = torch.ones(vocab_size, dtype=torch.bool)
+        mask[torch.tensor(specials, dtype=torch.int64)] = False
+        allowed = torch.arange(vocab_size, dtype=torch.int64)[mask]
+    idx = torch.randint(0, allowed.numel(), (n,), generator=gen)
+    return allowed[idx]
+
+
+@torch.no_grad()
+def reinit_weights(model, seed: int):
+    """Overwrite every parameter from our own generator, so the weights depend only on the seed and
+    this function (not on whatever init transformers' version happens to run in from_config)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    counts = {"matrix": 0, "norm": 0, "bias": 0}
+    # named_parameters() lists a tied parameter once, so a tied lm_head is the embedding.
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.zero_()
+            counts["bias"] += 1
+        elif p.ndim == 1:  # RMSNorm weights (input/post-attention, q_norm/k_norm, final norm)
+            p.normal_(1.0, NORM_NOISE_STD, generator=gen)
+            counts["norm"] += 1
+        else:  # embeddings, attention and MLP projections, lm_head
+            p.normal_(0.0, LINEAR_STD, generator=gen)
+            counts["matrix"] += 1
+    return counts
+
+
+@torch.inference_mode()
+def probe(model, ids: torch.Tensor):
+    """Logits and per-layer activation scale on a short random prompt."""
+    out = model(input_ids=ids[None].to("cuda"), output_hidden_states=True, use_cache=False)
+    logits = out.logits[0].float()
+    hs = out.hidden_states or ()
+    picks = sorted({0, 1, len(hs) // 2, len(hs) - 2, len(hs) - 1}) if len(hs) > 2 else []
+    hidden_rms = {str(i): round(hs[i][0].float().pow(2).mean().sqrt().item(), 4) for i in picks}
+    stats = {
+        "logits_std": round(logits.std().item(), 4),
+        "logits_mean": round(logits.mean().item(), 4),
+        "logits_absmax": round(logits.abs().max().item(), 4),
+        "mean_top1_prob": round(torch.softmax(logits, -1).max(-1).values.mean().item(), 6),
+        "distinct_argmax": int(logits.argmax(-1).unique().numel()),
+        "finite": bool(torch.isfinite(logits).all().item()),
+        # hidden_states[0] is the embedding output, then the layers' outputs (in current transformers
+        # the last entry is taken after the final norm); RMS growing slowly through the layers, neither
+        # exploding nor vanishing, is what we want.
+        "hidden_rms": hidden_rms,
+    }
+    return logits, stats
+
+
+FINGERPRINT_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings",
+    "attention_bias", "rope_parameters", "bos_token_id", "eos_token_id", "hidden_act",
+)
+
+
+def config_fingerprint(cfg):
+    """The config fields that decide the forward pass, as transformers holds them in memory."""
+    return json.dumps({k: getattr(cfg, k, None) for k in FINGERPRINT_KEYS}, sort_keys=True, default=str)
+
+
+def copy_tokenizer(name: str, dest: Path, tokenizer_dirs: dict):
+    src = tokenizer_dirs.get(TOKENIZER_FAMILY[name])
+    if src is None:
+        return []
+    copied = []
+    for fname in TOKENIZER_FILES:
+        if (Path(src) / fname).is_file():
+            (dest / fname).write_bytes((Path(src) / fname).read_bytes())
+            copied.append(fname)
+    if "tokenizer.json" not in copied:
+        raise SystemExit(f"--tokenizer {TOKENIZER_FAMILY[name]}={src}: no tokenizer.json there")
+    return copied
+
+
+def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: bool, tokenizer_dirs: dict):
+    final = out_dir / name
+    if checkpoint_is_complete(final):
+        copied = copy_tokenizer(name, final, tokenizer_dirs)
+        print(f"[{name}] complete checkpoint at {final}, skipped" + (f" (tokenizer: {copied})" if copied else ""), flush=True)
+        return {"name": name, "path": str(final), "skipped": True}
+
+    t0 = time.time()
+    hub_cfg = MODELS[name]
+    # A deep copy: transformers adopts the rope_scaling dict as rope_parameters and adds keys to it,
+    # which must not leak into the config.json we write out.
+    kwargs = {k: v for k, v in json.loads(json.dumps(hub_cfg)).items() if k != "model_type"}
+    # Legacy keys (rope_theta, rope_scaling, torch_dtype) are accepted and converted by
+    # transformers 5, exactly as when it loads the same dict from a hub config.json.
+    config = AutoConfig.for_model(hub_cfg["model_type"], **kwargs)
+
+    # Built straight on the GPU in bf16: an 8B model in fp32 on the CPU would take minutes and 32 GB.
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.eval()
+    torch.manual_seed(seed)
+    counts = reinit_weights(model, seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    t_build = time.time() - t0
+
+    probe_ids = random_prompt(PROBE_TOKENS, hub_cfg["vocab_size"], special_token_ids(hub_cfg), seed)
+    logits, stats = probe(model, probe_ids)
+    print(f"[{name}] {n_params / 1e9:.3f} B params ({counts}), built in {t_build:.1f} s; probe: {json.dumps(stats)}", flush=True)
+    lo, hi = LOGITS_STD_RANGE
+    if not stats["finite"] or not (lo <= stats["logits_std"] <= hi):
+        raise SystemExit(f"[{name}] degenerate logits (std {stats['logits_std']}, finite {stats['finite']}); not saved")
+
+    partial = out_dir / f"{name}.partial"
+    rmtree(partial)
+    partial.mkdir(parents=True)
+    t1 = time.time()
+    # transformers 5 always writes safetensors (the safe_serialization argument is gone) and
+    # defaults to 50 GB shards; 5 GB gives an index plus several shards for the 8B models, the same
+    # layout as the hub checkpoints, so the engine's sharded loader is exercised.
+    model.save_pretrained(partial, max_shard_size=max_shard_size)
+    # Keep what transformers 5 wrote (rope_parameters / dtype layout) for reference, and put the
+    # hub-format config.json in its place.
+    (partial / "config.json").rename(partial / "config.transformers.json")
+    written_cfg = dict(hub_cfg, transformers_version=transformers.__version__)
+    (partial / "config.json").write_text(json.dumps(written_cfg, indent=2, sort_keys=True) + "\n")
+    t_save = time.time() - t1
+    del model
+    torch.cuda.empty_cache()
+
+    check = None
+    if verify:
+        # Reload through the hub-format config.json: catches a config transformers reads differently
+        # from the one the weights were made with (e.g. RoPE scaling lost) and tied-weight mistakes.
+        t2 = time.time()
+        reloaded = AutoModelForCausalLM.from_pretrained(
+            partial, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda"
+        )
+        reloaded.eval()
+        logits2, _ = probe(reloaded, probe_ids)
+        diff = (logits2 - logits).abs().max().item()
+        rel = ((logits2 - logits).norm() / logits.norm()).item()
+        cfg_before, cfg_after = config_fingerprint(config), config_fingerprint(reloaded.config)
+        check = {"max_abs_diff": diff, "rel_l2": rel, "config_equal": cfg_before == cfg_after,
+                 "seconds": round(time.time() - t2, 1)}
+        print(f"[{name}] reload check: {json.dumps(check)}", flush=True)
+        del reloaded
+        torch.cuda.empty_cache()
+        # A 64-token probe barely sees RoPE scaling, so the config is compared field by field.
+        if cfg_before != cfg_after:
+            raise SystemExit(f"[{name}] config.json reads back differently:\n  made with {cfg_before}\n  "
+                             f"reloaded  {cfg_after}\nleft at {partial}")
+        # Same weights and kernels normally give identical logits; the margin only tolerates a
+        # different (but equivalent) load path. A lost tied/untied lm_head gives rel ~ 1.
+        if rel > 2e-2:
+            raise SystemExit(f"[{name}] reloaded checkpoint gives different logits (rel {rel:.3e}); left at {partial}")
+
+    tokenizer = copy_tokenizer(name, partial, tokenizer_dirs)
+    record = {
+        "name": name,
+        "seed": seed,
+        "init": {"linear_std": LINEAR_STD, "norm": f"1 + N(0, {NORM_NOISE_STD})", "bias": "zeros",
+                 "generator": "torch.Generator('cuda').manual_seed(seed), parameters in named_parameters() order"},
+        "params": n_params,
+        "probe": {"tokens": PROBE_TOKENS, "prompt_seed": seed, **stats},
+        "reload_check": check,
+        "tokenizer_files": tokenizer,
+        "max_shard_size": max_shard_size,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0),
+        "date": utc_now(),
+        "seconds": {"build": round(t_build, 1), "save": round(t_save, 1), "total": round(time.time() - t0, 1)},
+    }
+    (partial / "metrale_checkpoint.json").write_text(json.dumps(record, indent=2) + "\n")
+    if final.exists():
+        rmtree(final)  # an incomplete leftover under the final name
+    partial.rename(final)
+    print(f"[{name}] written to {final} in {record['seconds']['total']} s (save {t_save:.1f} s)", flush=True)
+    return {"name": name, "path": str(final), "skipped": False, **record}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="directory that receives one sub-directory per model")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-shard-size", default="5GB")
+    ap.add_argument("--no-verify", action="store_true", help="skip the reload-and-compare check")
+    ap.add_argument("--tokenizer", action="append", default=[], metavar="FAMILY=DIR",
+                    help="copy tokenizer.json (+ tokenizer_config.json) from DIR into every checkpoint of "
+                         "FAMILY (qwen3 or llama3); repeatable")
+    args = ap.parse_args()
+
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; known: {list(MODELS)}")
+    tokenizer_dirs = {}
+    for spec in args.tokenizer:
+        family, _, path = spec.partition("=")
+        if family not in set(TOKENIZER_FAMILY.values()) or not path:
+            raise SystemExit(f"--tokenizer {spec!r}: expected qwen3=DIR or llama3=DIR")
+        tokenizer_dirs[family] = path
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: this script builds the models on the GPU")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
+    results = [make_one(n, args.out, args.seed, args.max_shard_size, not args.no_verify, tokenizer_dirs) for n in names]
+    print(json.dumps({"checkpoints": [{k: r[k] for k in ("name", "path", "skipped")} for r in results]}))
+
+
+if __name__ == "__main__":
+    main()
