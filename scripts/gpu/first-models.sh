@@ -4,23 +4,28 @@
 # (run them back to back: files outside the repo survive only while the machine stays warm).
 #
 #   stash  PIECE...   copy carried files (met, GGUF pieces, wheels) to $STASH
-#   prep              kernel parity, random-weight checkpoints, SmolLM2 golden + references
+#   prep              kernel parity, random-weight checkpoints and their reference logits
+#   smollm2           SmolLM2 golden transcripts and reference logits from transformers
 #   parity            met parity for every checkpoint; greedy transcripts on CUDA vs the goldens
 #   speed             Qwen3-8B batch-1 decode: transformers eager and static+compile, then met
 #
-# Logs and small results go to $OUT; a summary table is printed at the end of each phase.
+# Logs and small results collect in $RES (outside the repo, kept while the machine is warm); each
+# phase ends by packing all of $RES into $OUT/results-<phase>.tgz (the device tool returns at most
+# 8 files) and printing a summary table.
 set -uo pipefail
 STASH=${STASH:-/root/stash}
 OUT=${OUT:-gpu-out}
+RES=${RES:-/root/results}
 CKPT=${CKPT:-/root/ckpt}
 REF=${REF:-/root/ref}
-mkdir -p "$STASH" "$OUT" "$CKPT" "$REF"
+mkdir -p "$STASH" "$OUT" "$RES" "$CKPT" "$REF"
 met="$STASH/met"
 gguf="$STASH/SmolLM2-135M-Instruct.Q4_1.gguf"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$STASH/pylib${PYTHONPATH:+:$PYTHONPATH}"
 summary=()
 record() { summary+=("| $1 | $2 |"); }
 finish() {
+  tar czf "$OUT/results-$phase.tgz" -C "$RES" .
   echo
   echo "| step | result |"
   echo "|---|---|"
@@ -40,42 +45,45 @@ stash)
   ls -la "$STASH"
   ;;
 prep)
-  "$met" --version | tee "$OUT/met-version.txt"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  "$met" check-kernels > "$OUT/check-kernels.txt" 2>&1; record "met check-kernels" "exit $? ($(tail -n1 "$OUT/check-kernels.txt"))"
+  "$met" --version | tee "$RES/met-version.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
+  "$met" check-kernels > "$RES/check-kernels.txt" 2>&1; record "met check-kernels" "exit $? ($(tail -n1 "$RES/check-kernels.txt"))"
   df -h /root | tail -1
   tok=()
   [ -d .cache/test-data/qwen3-tokenizer ] && tok+=(--tokenizer qwen3=.cache/test-data/qwen3-tokenizer)
   [ -d .cache/test-data/llama3-tokenizer ] && tok+=(--tokenizer llama3=.cache/test-data/llama3-tokenizer)
   python3 scripts/gpu/make_checkpoints.py --out "$CKPT" --models "${MODELS:-qwen3-0.6b,qwen3-8b,llama-3.1-8b}" --seed 0 \
-    --no-verify "${tok[@]}" > "$OUT/make_checkpoints.log" 2>&1
+    --no-verify "${tok[@]}" > "$RES/make_checkpoints.log" 2>&1
   record "make_checkpoints" "exit $? ($(ls "$CKPT" | tr '\n' ' '))"
-  if [ -f "$gguf" ]; then
-    python3 scripts/gpu/smollm2_golden.py --gguf "$gguf" --out "$OUT/smollm2_golden.json" > "$OUT/smollm2_golden.log" 2>&1
-    record "smollm2 golden" "exit $?"
-    python3 scripts/gpu/reference_logits.py --model "$STASH" --gguf-file "$(basename "$gguf")" --out "$REF/smollm2.safetensors" \
-      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 > "$OUT/ref-smollm2.log" 2>&1
-    record "reference smollm2" "exit $?"
-  fi
   for m in $(ls "$CKPT"); do
     [ -f "$CKPT/$m/config.json" ] || continue
     python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
-      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 > "$OUT/ref-$m.log" 2>&1
+      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 > "$RES/ref-$m.log" 2>&1
     record "reference $m" "exit $?"
   done
+  finish
+  ;;
+smollm2)
+  if [ -f "$gguf" ]; then
+    python3 scripts/gpu/smollm2_golden.py --gguf "$gguf" --out "$RES/smollm2_golden.json" > "$RES/smollm2_golden.log" 2>&1
+    record "smollm2 golden" "exit $?"
+    python3 scripts/gpu/reference_logits.py --model "$STASH" --gguf-file "$(basename "$gguf")" --out "$REF/smollm2.safetensors" \
+      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 > "$RES/ref-smollm2.log" 2>&1
+    record "reference smollm2" "exit $?"
+  fi
   finish
   ;;
 parity)
   for ref in "$REF"/*.safetensors; do
     m=$(basename "$ref" .safetensors)
     if [ "$m" = smollm2 ]; then path=$gguf; else path=$CKPT/$m; fi
-    "$met" parity --backend cuda --model-from-path "$path" --reference "$ref" --json "$OUT/parity-$m.json" > "$OUT/parity-$m.txt" 2>&1
-    record "parity $m" "exit $? ($(tail -n1 "$OUT/parity-$m.txt"))"
+    "$met" parity --backend cuda --model-from-path "$path" --reference "$ref" --json "$RES/parity-$m.json" > "$RES/parity-$m.txt" 2>&1
+    record "parity $m" "exit $? ($(tail -n1 "$RES/parity-$m.txt"))"
   done
-  if [ -f "$OUT/smollm2_golden.json" ] || [ -f crates/server/tests/fixtures/smollm2_golden.json ]; then
-    golden=$OUT/smollm2_golden.json
+  if [ -f "$RES/smollm2_golden.json" ] || [ -f crates/server/tests/fixtures/smollm2_golden.json ]; then
+    golden=$RES/smollm2_golden.json
     [ -f "$golden" ] || golden=crates/server/tests/fixtures/smollm2_golden.json
-    python3 - "$golden" "$met" "$gguf" > "$OUT/cuda-greedy.txt" 2>&1 <<'PY'
+    python3 - "$golden" "$met" "$gguf" > "$RES/cuda-greedy.txt" 2>&1 <<'PY'
 import json, subprocess, sys
 golden, met, gguf = sys.argv[1:]
 g = json.load(open(golden))
@@ -89,22 +97,23 @@ for case in g["cases"]:
     print(json.dumps({"prompt": case["prompt"], "cuda_ids": ids, "golden_ids": case["output_ids"], "equal": same, "text": r.stdout.strip()}))
 print(f"{ok}/{len(g['cases'])} CUDA greedy transcripts equal the golden (= host) ids")
 PY
-    record "cuda greedy vs golden" "$(tail -n1 "$OUT/cuda-greedy.txt")"
+    record "cuda greedy vs golden" "$(tail -n1 "$RES/cuda-greedy.txt")"
   fi
   finish
   ;;
 speed)
   m=${SPEED_MODEL:-qwen3-8b}
-  python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" --prompt-tokens 32 --new-tokens 256 --batch 1 \
-    --modes "${HF_MODES:-eager,static_compile}" --json "$OUT/hf-decode-$m.json" > "$OUT/hf-decode-$m.log" 2>&1
+  timeout "${HF_TIMEOUT:-400}" python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" --prompt-tokens 32 \
+    --new-tokens 256 --batch 1 --modes "${HF_MODES:-eager,static_compile}" --json "$RES/hf-decode-$m.json" \
+    > "$RES/hf-decode-$m.log" 2>&1
   record "transformers decode $m" "exit $?"
   prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
   for i in 1 2; do
     "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
-      --max-seq-len 1024 > "$OUT/met-decode-$m-$i.txt" 2>&1
+      --ignore-eos --max-seq-len 1024 > "$RES/met-decode-$m-$i.txt" 2>&1
   done
-  record "met decode $m" "$(grep 'tok/s' "$OUT/met-decode-$m-2.txt")"
-  tail -n 20 "$OUT/hf-decode-$m.log"
+  record "met decode $m" "$(grep 'tok/s' "$RES/met-decode-$m-2.txt")"
+  tail -n 20 "$RES/hf-decode-$m.log"
   finish
   ;;
 *)

@@ -172,8 +172,13 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device")
 
-    # A float32 reference must really be float32: keep TF32 out of the matmuls.
+    # A float32 reference must really be float32: keep TF32 out of the matmuls. And a bfloat16
+    # reference must accumulate its GEMMs in float32 throughout: PyTorch by default lets cuBLAS
+    # reduce split-K partial sums in reduced precision, which adds a rounding per GEMM that no
+    # careful bf16 engine (nor transformers on another GPU) would reproduce.
     torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.manual_seed(args.seed)
     t0 = time.time()
     model = load_model(args.model, DTYPES[args.dtype], args.gguf_file)

@@ -53,15 +53,28 @@ def main():
                 do_sample=False,
                 eos_token_id=eos,
                 pad_token_id=eos,
+                output_scores=True,
+                return_dict_in_generate=True,
             )
-        new = out[0, len(ids):].tolist()
+        new = out.sequences[0, len(ids):].tolist()
+        # The reference's own top-2 margin at every step: where it is within one bf16 step of the
+        # top logit, the reference itself is tied at its precision, and a correct engine may pick
+        # either token.
+        margins, ulps = [], []
+        for score in out.scores:
+            top = torch.topk(score[0].float(), 2).values
+            margins.append(float(top[0] - top[1]))
+            ulps.append(float(torch.finfo(torch.bfloat16).eps * 2 ** torch.floor(torch.log2(top[0].abs()))))
         if eos in new:
-            new = new[: new.index(eos)]
+            cut = new.index(eos)
+            new, margins, ulps = new[:cut], margins[:cut + 1], ulps[:cut + 1]
         cases.append({
             "prompt": prompt,
             "chat_text": text,
             "prompt_ids": ids,
             "output_ids": new,
+            "top2_margins": margins,
+            "bf16_ulp_of_top": ulps,
             "output_text": tok.decode(new),
         })
         print(json.dumps({"prompt": prompt, "output": tok.decode(new)}), flush=True)

@@ -41,7 +41,10 @@ impl BlockAllocator {
     /// A pool of `num_blocks` blocks, all free.
     pub fn new(num_blocks: usize) -> Self {
         // Reversed so that blocks come out in ascending order, which keeps traces readable.
-        BlockAllocator { free: (0..num_blocks as u32).rev().collect(), allocated: vec![false; num_blocks] }
+        BlockAllocator {
+            free: (0..num_blocks as u32).rev().collect(),
+            allocated: vec![false; num_blocks],
+        }
     }
 
     /// Blocks in the pool.
@@ -62,7 +65,11 @@ impl BlockAllocator {
     /// Takes `n` blocks, all or none.
     pub fn allocate(&mut self, n: usize) -> Result<Vec<u32>, CacheError> {
         if n > self.free.len() {
-            return Err(CacheError::OutOfBlocks { needed: n, free: self.free.len(), total: self.total() });
+            return Err(CacheError::OutOfBlocks {
+                needed: n,
+                free: self.free.len(),
+                total: self.total(),
+            });
         }
         let blocks = self.free.split_off(self.free.len() - n);
         for &b in &blocks {
@@ -101,7 +108,12 @@ impl BlockTable {
     }
 
     /// Grows the table from `allocator` so that it holds at least `tokens` tokens.
-    pub fn reserve(&mut self, tokens: usize, block_size: usize, allocator: &mut BlockAllocator) -> Result<(), CacheError> {
+    pub fn reserve(
+        &mut self,
+        tokens: usize,
+        block_size: usize,
+        allocator: &mut BlockAllocator,
+    ) -> Result<(), CacheError> {
         let needed = Self::blocks_for(tokens, block_size).saturating_sub(self.blocks.len());
         if needed > 0 {
             self.blocks.extend(allocator.allocate(needed)?);
@@ -138,7 +150,10 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self, n: usize) -> usize {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((self.0 >> 33) % n as u64) as usize
         }
     }
@@ -148,9 +163,20 @@ mod tests {
         let mut a = BlockAllocator::new(4);
         let x = a.allocate(3).unwrap();
         assert_eq!(x, vec![0, 1, 2]);
-        assert_eq!(a.allocate(2), Err(CacheError::OutOfBlocks { needed: 2, free: 1, total: 4 }));
+        assert_eq!(
+            a.allocate(2),
+            Err(CacheError::OutOfBlocks {
+                needed: 2,
+                free: 1,
+                total: 4
+            })
+        );
         assert_eq!(a.free_count(), 1, "a failed allocation takes nothing");
-        assert_eq!(a.release(&[0, 0]), Err(CacheError::NotAllocated(0)), "duplicate in one release");
+        assert_eq!(
+            a.release(&[0, 0]),
+            Err(CacheError::NotAllocated(0)),
+            "duplicate in one release"
+        );
         assert_eq!(a.release(&[3]), Err(CacheError::NotAllocated(3)));
         assert_eq!(a.release(&[9]), Err(CacheError::NotAllocated(9)));
         assert_eq!(a.used_count(), 3, "a failed release frees nothing");
@@ -174,7 +200,9 @@ mod tests {
                         let before = alloc.free_count();
                         match table.reserve(grow, 16, &mut alloc) {
                             Ok(()) => *len = grow,
-                            Err(CacheError::OutOfBlocks { .. }) => assert_eq!(alloc.free_count(), before),
+                            Err(CacheError::OutOfBlocks { .. }) => {
+                                assert_eq!(alloc.free_count(), before)
+                            }
                             Err(e) => panic!("{e}"),
                         }
                     }
@@ -187,7 +215,10 @@ mod tests {
                 }
                 // Invariants: every block is owned by at most one table, owned + free = total,
                 // and every position of a table maps to a distinct slot inside the pool.
-                let mut owned: Vec<u32> = tables.iter().flat_map(|(t, _)| t.blocks.iter().copied()).collect();
+                let mut owned: Vec<u32> = tables
+                    .iter()
+                    .flat_map(|(t, _)| t.blocks.iter().copied())
+                    .collect();
                 let n = owned.len();
                 owned.sort();
                 owned.dedup();

@@ -58,7 +58,10 @@ impl MetaValue {
 
 /// Builds the config from GGUF metadata. `has_output_tensor` says whether the file has a separate
 /// `output.weight` (an untied LM head); GGUF has no key for it.
-pub fn from_gguf_metadata(meta: &BTreeMap<String, MetaValue>, has_output_tensor: bool) -> Result<ModelConfig, ConfigError> {
+pub fn from_gguf_metadata(
+    meta: &BTreeMap<String, MetaValue>,
+    has_output_tensor: bool,
+) -> Result<ModelConfig, ConfigError> {
     let arch = meta
         .get("general.architecture")
         .and_then(MetaValue::as_str)
@@ -66,14 +69,30 @@ pub fn from_gguf_metadata(meta: &BTreeMap<String, MetaValue>, has_output_tensor:
     let family = ModelFamily::parse(arch)?;
     let key = |k: &str| format!("{arch}.{k}");
     let uint = |k: &'static str| -> Result<usize, ConfigError> {
-        meta.get(&key(k)).and_then(MetaValue::as_u64).map(|v| v as usize).ok_or(ConfigError::Missing(k))
+        meta.get(&key(k))
+            .and_then(MetaValue::as_u64)
+            .map(|v| v as usize)
+            .ok_or(ConfigError::Missing(k))
     };
-    let opt_uint = |k: &str| meta.get(&key(k)).and_then(MetaValue::as_u64).map(|v| v as usize);
-    let float = |k: &str, default: f64| meta.get(&key(k)).and_then(MetaValue::as_f64).unwrap_or(default) as f32;
+    let opt_uint = |k: &str| {
+        meta.get(&key(k))
+            .and_then(MetaValue::as_u64)
+            .map(|v| v as usize)
+    };
+    let float = |k: &str, default: f64| {
+        meta.get(&key(k))
+            .and_then(MetaValue::as_f64)
+            .unwrap_or(default) as f32
+    };
 
-    let rope_scaling = match meta.get(&key("rope.scaling.type")).and_then(MetaValue::as_str) {
+    let rope_scaling = match meta
+        .get(&key("rope.scaling.type"))
+        .and_then(MetaValue::as_str)
+    {
         None | Some("none") => RopeScaling::None,
-        Some("linear") => RopeScaling::Linear { factor: float("rope.scaling.factor", 1.0) },
+        Some("linear") => RopeScaling::Linear {
+            factor: float("rope.scaling.factor", 1.0),
+        },
         Some(other) => {
             return Err(ConfigError::Unsupported {
                 key: key("rope.scaling.type"),
@@ -92,7 +111,11 @@ pub fn from_gguf_metadata(meta: &BTreeMap<String, MetaValue>, has_output_tensor:
     let hidden_size = uint("embedding_length")?;
     let num_heads = uint("attention.head_count")?;
     let vocab_size = opt_uint("vocab_size")
-        .or_else(|| meta.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map(<[_]>::len))
+        .or_else(|| {
+            meta.get("tokenizer.ggml.tokens")
+                .and_then(MetaValue::as_array)
+                .map(<[_]>::len)
+        })
         .ok_or(ConfigError::Missing("vocab_size"))?;
     let token = |k: &str| meta.get(k).and_then(MetaValue::as_u64).map(|v| v as u32);
     let config = ModelConfig {
@@ -134,7 +157,10 @@ mod tests {
         put("llama.attention.head_count", MetaValue::U64(9));
         put("llama.attention.head_count_kv", MetaValue::U64(3));
         put("llama.context_length", MetaValue::U64(8192));
-        put("llama.attention.layer_norm_rms_epsilon", MetaValue::F64(1e-5));
+        put(
+            "llama.attention.layer_norm_rms_epsilon",
+            MetaValue::F64(1e-5),
+        );
         put("llama.rope.freq_base", MetaValue::F64(100000.0));
         put("llama.vocab_size", MetaValue::U64(49152));
         put("tokenizer.ggml.eos_token_id", MetaValue::U64(2));
@@ -144,7 +170,16 @@ mod tests {
     #[test]
     fn llama_from_metadata() {
         let c = from_gguf_metadata(&smollm2(), false).unwrap();
-        assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (576, 30, 9, 3, 64));
+        assert_eq!(
+            (
+                c.hidden_size,
+                c.num_layers,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim
+            ),
+            (576, 30, 9, 3, 64)
+        );
         assert!(c.tie_word_embeddings);
         assert_eq!(c.eos_token_ids, vec![2]);
         assert_eq!(c.rope_theta, 100000.0);
@@ -153,13 +188,34 @@ mod tests {
     #[test]
     fn refuses_unknown_architecture_and_missing_keys() {
         let mut m = smollm2();
-        m.insert("general.architecture".into(), MetaValue::Str("mamba".into()));
-        assert!(from_gguf_metadata(&m, true).unwrap_err().to_string().contains("mamba"));
+        m.insert(
+            "general.architecture".into(),
+            MetaValue::Str("mamba".into()),
+        );
+        assert!(
+            from_gguf_metadata(&m, true)
+                .unwrap_err()
+                .to_string()
+                .contains("mamba")
+        );
         let mut m = smollm2();
         m.remove("llama.block_count");
-        assert!(from_gguf_metadata(&m, true).unwrap_err().to_string().contains("block_count"));
+        assert!(
+            from_gguf_metadata(&m, true)
+                .unwrap_err()
+                .to_string()
+                .contains("block_count")
+        );
         let mut m = smollm2();
-        m.insert("llama.rope.scaling.type".into(), MetaValue::Str("yarn".into()));
-        assert!(from_gguf_metadata(&m, true).unwrap_err().to_string().contains("yarn"));
+        m.insert(
+            "llama.rope.scaling.type".into(),
+            MetaValue::Str("yarn".into()),
+        );
+        assert!(
+            from_gguf_metadata(&m, true)
+                .unwrap_err()
+                .to_string()
+                .contains("yarn")
+        );
     }
 }

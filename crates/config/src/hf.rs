@@ -6,14 +6,19 @@ use serde_json::{Map, Value};
 use crate::{ConfigError, ModelConfig, ModelFamily, RopeScaling};
 
 fn get<'a>(obj: &'a Map<String, Value>, key: &'static str) -> Result<&'a Value, ConfigError> {
-    obj.get(key).filter(|v| !v.is_null()).ok_or(ConfigError::Missing(key))
+    obj.get(key)
+        .filter(|v| !v.is_null())
+        .ok_or(ConfigError::Missing(key))
 }
 
 fn usize_of(obj: &Map<String, Value>, key: &'static str) -> Result<usize, ConfigError> {
     get(obj, key)?
         .as_u64()
         .map(|v| v as usize)
-        .ok_or_else(|| ConfigError::Invalid { key, message: format!("expected a non-negative integer, got {}", obj[key]) })
+        .ok_or_else(|| ConfigError::Invalid {
+            key,
+            message: format!("expected a non-negative integer, got {}", obj[key]),
+        })
 }
 
 fn opt_usize(obj: &Map<String, Value>, key: &'static str) -> Result<Option<usize>, ConfigError> {
@@ -29,73 +34,139 @@ fn f32_of(obj: &Map<String, Value>, key: &'static str, default: f32) -> Result<f
         Some(v) => v
             .as_f64()
             .map(|v| v as f32)
-            .ok_or_else(|| ConfigError::Invalid { key, message: format!("expected a number, got {v}") }),
+            .ok_or_else(|| ConfigError::Invalid {
+                key,
+                message: format!("expected a number, got {v}"),
+            }),
     }
 }
 
-fn bool_of(obj: &Map<String, Value>, key: &'static str, default: bool) -> Result<bool, ConfigError> {
+fn bool_of(
+    obj: &Map<String, Value>,
+    key: &'static str,
+    default: bool,
+) -> Result<bool, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(default),
-        Some(v) => v.as_bool().ok_or_else(|| ConfigError::Invalid { key, message: format!("expected true or false, got {v}") }),
+        Some(v) => v.as_bool().ok_or_else(|| ConfigError::Invalid {
+            key,
+            message: format!("expected true or false, got {v}"),
+        }),
     }
 }
 
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|n| n as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|n| n as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
 
 fn unsupported(key: &str, value: &Value, why: &'static str) -> ConfigError {
-    ConfigError::Unsupported { key: key.to_string(), value: value.to_string(), why }
+    ConfigError::Unsupported {
+        key: key.to_string(),
+        value: value.to_string(),
+        why,
+    }
 }
 
 fn rope_scaling(obj: &Map<String, Value>) -> Result<RopeScaling, ConfigError> {
-    let Some(v) = obj.get("rope_scaling").filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
-    let Some(s) = v.as_object() else { return Err(unsupported("rope_scaling", v, "expected an object")) };
-    let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let Some(v) = obj.get("rope_scaling").filter(|v| !v.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
+    let Some(s) = v.as_object() else {
+        return Err(unsupported("rope_scaling", v, "expected an object"));
+    };
+    let kind = s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
     match kind {
         "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear { factor: f32_of(s, "factor", 1.0)? }),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: f32_of(s, "factor", 1.0)?,
+        }),
         "llama3" => Ok(RopeScaling::Llama3 {
             factor: f32_of(s, "factor", 8.0)?,
             low_freq_factor: f32_of(s, "low_freq_factor", 1.0)?,
             high_freq_factor: f32_of(s, "high_freq_factor", 4.0)?,
-            original_max_position_embeddings: usize_of(s, "original_max_position_embeddings")? as u32,
+            original_max_position_embeddings: usize_of(s, "original_max_position_embeddings")?
+                as u32,
         }),
-        _ => Err(unsupported("rope_scaling.rope_type", &Value::String(kind.into()), "supported RoPE scalings: default, linear, llama3")),
+        _ => Err(unsupported(
+            "rope_scaling.rope_type",
+            &Value::String(kind.into()),
+            "supported RoPE scalings: default, linear, llama3",
+        )),
     }
 }
 
 /// Parses a `config.json` text.
 pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
-    let obj = value.as_object().ok_or_else(|| ConfigError::Syntax("config.json is not a JSON object".into()))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| ConfigError::Syntax("config.json is not a JSON object".into()))?;
     let model_type = get(obj, "model_type")?
         .as_str()
-        .ok_or_else(|| ConfigError::Invalid { key: "model_type", message: "expected a string".into() })?;
+        .ok_or_else(|| ConfigError::Invalid {
+            key: "model_type",
+            message: "expected a string".into(),
+        })?;
     let family = ModelFamily::parse(model_type)?;
 
     // Keys that would change the forward pass in ways the engine does not implement.
-    let act = obj.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
+    let act = obj
+        .get("hidden_act")
+        .and_then(Value::as_str)
+        .unwrap_or("silu");
     if act != "silu" {
-        return Err(unsupported("hidden_act", &obj["hidden_act"], "only silu (SwiGLU) MLPs are implemented"));
+        return Err(unsupported(
+            "hidden_act",
+            &obj["hidden_act"],
+            "only silu (SwiGLU) MLPs are implemented",
+        ));
     }
     if bool_of(obj, "mlp_bias", false)? {
-        return Err(unsupported("mlp_bias", &obj["mlp_bias"], "MLP projections with bias are not implemented"));
+        return Err(unsupported(
+            "mlp_bias",
+            &obj["mlp_bias"],
+            "MLP projections with bias are not implemented",
+        ));
     }
     if bool_of(obj, "use_sliding_window", false)? {
-        return Err(unsupported("use_sliding_window", &obj["use_sliding_window"], "sliding-window attention is not implemented"));
+        return Err(unsupported(
+            "use_sliding_window",
+            &obj["use_sliding_window"],
+            "sliding-window attention is not implemented",
+        ));
     }
     if let Some(types) = obj.get("layer_types").and_then(Value::as_array)
         && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
     {
-        return Err(unsupported("layer_types", other, "only full-attention layers are implemented"));
+        return Err(unsupported(
+            "layer_types",
+            other,
+            "only full-attention layers are implemented",
+        ));
     }
-    if obj.get("pretraining_tp").and_then(Value::as_u64).is_some_and(|p| p > 1) {
-        return Err(unsupported("pretraining_tp", &obj["pretraining_tp"], "tensor-parallel pretraining slices are not implemented"));
+    if obj
+        .get("pretraining_tp")
+        .and_then(Value::as_u64)
+        .is_some_and(|p| p > 1)
+    {
+        return Err(unsupported(
+            "pretraining_tp",
+            &obj["pretraining_tp"],
+            "tensor-parallel pretraining slices are not implemented",
+        ));
     }
 
     let hidden_size = usize_of(obj, "hidden_size")?;
@@ -157,33 +228,64 @@ mod tests {
     #[test]
     fn llama31_rope_scaling_and_eos_list() {
         let c = from_config_json(LLAMA31_8B).unwrap();
-        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, original_max_position_embeddings: 8192, .. } if factor == 8.0));
+        assert!(
+            matches!(c.rope_scaling, RopeScaling::Llama3 { factor, original_max_position_embeddings: 8192, .. } if factor == 8.0)
+        );
         assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
         assert_eq!(c.head_dim, 128);
     }
 
     #[test]
     fn refuses_what_it_does_not_understand() {
-        let err = from_config_json(&QWEN3_8B.replace("\"qwen3\"", "\"gemma3\"")).unwrap_err().to_string();
-        assert!(err.contains("gemma3") && err.contains("llama, qwen2, qwen3"), "{err}");
-        let err = from_config_json(&QWEN3_8B.replace("\"silu\"", "\"gelu\"")).unwrap_err().to_string();
+        let err = from_config_json(&QWEN3_8B.replace("\"qwen3\"", "\"gemma3\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gemma3") && err.contains("llama, qwen2, qwen3"),
+            "{err}"
+        );
+        let err = from_config_json(&QWEN3_8B.replace("\"silu\"", "\"gelu\""))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("hidden_act"), "{err}");
-        let err = from_config_json(&QWEN3_8B.replace("\"use_sliding_window\":false", "\"use_sliding_window\":true")).unwrap_err().to_string();
+        let err = from_config_json(&QWEN3_8B.replace(
+            "\"use_sliding_window\":false",
+            "\"use_sliding_window\":true",
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("use_sliding_window"), "{err}");
-        let err = from_config_json(&QWEN3_8B.replace("\"rope_scaling\":null", r#""rope_scaling":{"rope_type":"yarn","factor":4}"#)).unwrap_err().to_string();
+        let err = from_config_json(&QWEN3_8B.replace(
+            "\"rope_scaling\":null",
+            r#""rope_scaling":{"rope_type":"yarn","factor":4}"#,
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("yarn"), "{err}");
-        let err = from_config_json(&QWEN3_8B.replace("\"num_key_value_heads\":8", "\"num_key_value_heads\":5")).unwrap_err().to_string();
+        let err = from_config_json(
+            &QWEN3_8B.replace("\"num_key_value_heads\":8", "\"num_key_value_heads\":5"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("num_key_value_heads"), "{err}");
-        let err = from_config_json(&QWEN3_8B.replace("\"hidden_size\":4096,", "")).unwrap_err().to_string();
+        let err = from_config_json(&QWEN3_8B.replace("\"hidden_size\":4096,", ""))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("hidden_size"), "{err}");
-        let err = from_config_json(&QWEN3_8B.replace("\"hidden_size\":4096", "\"hidden_size\":\"big\"")).unwrap_err().to_string();
+        let err =
+            from_config_json(&QWEN3_8B.replace("\"hidden_size\":4096", "\"hidden_size\":\"big\""))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("hidden_size"), "{err}");
-        assert!(matches!(from_config_json("{not json"), Err(ConfigError::Syntax(_))));
+        assert!(matches!(
+            from_config_json("{not json"),
+            Err(ConfigError::Syntax(_))
+        ));
     }
 
     #[test]
     fn qwen2_always_has_qkv_bias() {
-        let text = QWEN3_8B.replace("\"qwen3\"", "\"qwen2\"").replace("\"use_sliding_window\":false", "\"use_sliding_window\":false");
+        let text = QWEN3_8B.replace("\"qwen3\"", "\"qwen2\"");
         let c = from_config_json(&text).unwrap();
         assert!(c.attention_bias && !c.qk_norm);
     }

@@ -41,9 +41,12 @@ impl ModelFamily {
     pub const ALL: [ModelFamily; 3] = [ModelFamily::Llama, ModelFamily::Qwen2, ModelFamily::Qwen3];
 
     fn parse(model_type: &str) -> Result<Self, ConfigError> {
-        ModelFamily::ALL.into_iter().find(|f| f.model_type() == model_type).ok_or_else(|| ConfigError::UnknownModelType {
-            model_type: model_type.to_string(),
-        })
+        ModelFamily::ALL
+            .into_iter()
+            .find(|f| f.model_type() == model_type)
+            .ok_or_else(|| ConfigError::UnknownModelType {
+                model_type: model_type.to_string(),
+            })
     }
 }
 
@@ -128,26 +131,53 @@ impl ModelConfig {
             }
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return bad("num_key_value_heads", format!("{} does not divide num_attention_heads {}", self.num_kv_heads, self.num_heads));
+            return bad(
+                "num_key_value_heads",
+                format!(
+                    "{} does not divide num_attention_heads {}",
+                    self.num_kv_heads, self.num_heads
+                ),
+            );
         }
         if !self.head_dim.is_multiple_of(2) || self.head_dim > 256 {
-            return bad("head_dim", format!("{} is not an even number up to 256", self.head_dim));
+            return bad(
+                "head_dim",
+                format!("{} is not an even number up to 256", self.head_dim),
+            );
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return bad("rms_norm_eps", format!("{} is not a positive number", self.rms_norm_eps));
+            return bad(
+                "rms_norm_eps",
+                format!("{} is not a positive number", self.rms_norm_eps),
+            );
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return bad("rope_theta", format!("{} is not a positive number", self.rope_theta));
+            return bad(
+                "rope_theta",
+                format!("{} is not a positive number", self.rope_theta),
+            );
         }
         Ok(())
     }
 
     /// Parameters, counting a tied LM head once.
     pub fn parameter_count(&self) -> u64 {
-        let (h, i, v) = (self.hidden_size as u64, self.intermediate_size as u64, self.vocab_size as u64);
-        let (q, kv) = ((self.num_heads * self.head_dim) as u64, (self.num_kv_heads * self.head_dim) as u64);
+        let (h, i, v) = (
+            self.hidden_size as u64,
+            self.intermediate_size as u64,
+            self.vocab_size as u64,
+        );
+        let (q, kv) = (
+            (self.num_heads * self.head_dim) as u64,
+            (self.num_kv_heads * self.head_dim) as u64,
+        );
         let attn = h * q + 2 * h * kv + q * h + if self.attention_bias { q + 2 * kv } else { 0 };
-        let norms = 2 * h + if self.qk_norm { 2 * self.head_dim as u64 } else { 0 };
+        let norms = 2 * h
+            + if self.qk_norm {
+                2 * self.head_dim as u64
+            } else {
+                0
+            };
         let layer = attn + 3 * h * i + norms;
         v * h * if self.tie_word_embeddings { 1 } else { 2 } + self.num_layers as u64 * layer + h
     }

@@ -350,18 +350,46 @@ pub fn cases(seed: u64) -> Vec<Case> {
     }
 
     // GEMM: decode (m = 1), awkward (nothing a multiple of the tile), prefill-like, and with bias.
-    for &(m, n, k, bias) in &[(1u32, 576u32, 576u32, false), (1, 4096, 4096, false), (7, 1000, 100, true), (130, 1536, 576, false), (64, 2048, 1000, true)] {
+    for &(m, n, k, bias) in &[
+        (1u32, 576u32, 576u32, false),
+        (1, 4096, 4096, false),
+        (7, 1000, 100, true),
+        (130, 1536, 576, false),
+        (64, 2048, 1000, true),
+    ] {
         let scale = 1.0 / (k as f32).sqrt();
         out.push(Case {
             kernel: Gemm::NAME,
             shape: format!("m={m} n={n} k={k} bias={bias}"),
             buffers: vec![
-                Buffer { init: vec![0; (m * n * 2) as usize], output: Some(OutputKind::Bf16) },
-                Buffer { init: bf16_normal(&mut rng, (m * k) as usize, 1.0), output: None },
-                Buffer { init: bf16_normal(&mut rng, (n * k) as usize, scale), output: None },
-                Buffer { init: bf16_normal(&mut rng, n as usize, 1.0), output: None },
+                Buffer {
+                    init: vec![0; (m * n * 2) as usize],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (n * k) as usize, scale),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n as usize, 1.0),
+                    output: None,
+                },
             ],
-            build: Box::new(move |p| launch_of(Gemm { c: p[0], a: p[1], w: p[2], bias: if bias { p[3] } else { DevicePtr::NULL }, m, n, k })),
+            build: Box::new(move |p| {
+                launch_of(Gemm {
+                    c: p[0],
+                    a: p[1],
+                    w: p[2],
+                    bias: if bias { p[3] } else { DevicePtr::NULL },
+                    m,
+                    n,
+                    k,
+                })
+            }),
         });
     }
     for &(m, n, k) in &[(1u32, 49152u32, 576u32), (3, 1000, 130)] {
@@ -369,19 +397,41 @@ pub fn cases(seed: u64) -> Vec<Case> {
             kernel: GemmF32Out::NAME,
             shape: format!("m={m} n={n} k={k}"),
             buffers: vec![
-                Buffer { init: vec![0; (m * n * 4) as usize], output: Some(OutputKind::F32) },
-                Buffer { init: bf16_normal(&mut rng, (m * k) as usize, 1.0), output: None },
-                Buffer { init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()), output: None },
+                Buffer {
+                    init: vec![0; (m * n * 4) as usize],
+                    output: Some(OutputKind::F32),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
+                    output: None,
+                },
             ],
-            build: Box::new(move |p| launch_of(GemmF32Out { c: p[0], a: p[1], w: p[2], bias: DevicePtr::NULL, m, n, k })),
+            build: Box::new(move |p| {
+                launch_of(GemmF32Out {
+                    c: p[0],
+                    a: p[1],
+                    w: p[2],
+                    bias: DevicePtr::NULL,
+                    m,
+                    n,
+                    k,
+                })
+            }),
         });
     }
 
     // Paged attention: decode of two sequences with shuffled blocks, a causal prefill, GQA ratios,
     // head_dim 64 / 128 / 256 and a context that ends mid-block.
-    for &(seqs, new_tokens, context, q_heads, kv_heads, head_dim) in
-        &[(2usize, 1usize, 37usize, 9u32, 3u32, 64u32), (1, 70, 70, 32, 8, 128), (3, 1, 300, 16, 16, 128), (1, 5, 21, 4, 1, 256)]
-    {
+    for &(seqs, new_tokens, context, q_heads, kv_heads, head_dim) in &[
+        (2usize, 1usize, 37usize, 9u32, 3u32, 64u32),
+        (1, 70, 70, 32, 8, 128),
+        (3, 1, 300, 16, 16, 128),
+        (1, 5, 21, 4, 1, 256),
+    ] {
         let block_size = 16u32;
         let max_blocks = context.div_ceil(block_size as usize);
         let num_blocks = seqs * max_blocks + 3;
@@ -404,38 +454,100 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let scale = 1.0 / (head_dim as f32).sqrt();
         out.push(Case {
             kernel: PagedAttention::NAME,
-            shape: format!("seqs={seqs} tokens={tokens} ctx={context} heads={q_heads}/{kv_heads} d={head_dim}"),
+            shape: format!(
+                "seqs={seqs} tokens={tokens} ctx={context} heads={q_heads}/{kv_heads} d={head_dim}"
+            ),
             buffers: vec![
-                Buffer { init: vec![0; q_len * 2], output: Some(OutputKind::Bf16) },
-                Buffer { init: bf16_normal(&mut rng, q_len, 1.0), output: None },
-                Buffer { init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0), output: None },
-                Buffer { init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0), output: None },
-                Buffer { init: i32_bytes(&tables), output: None },
-                Buffer { init: i32_bytes(&token_seq), output: None },
-                Buffer { init: i32_bytes(&positions), output: None },
+                Buffer {
+                    init: vec![0; q_len * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, q_len, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&tables),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&token_seq),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&positions),
+                    output: None,
+                },
             ],
             build: Box::new(move |p| {
                 launch_of(PagedAttention {
-                    out: p[0], q: p[1], k_cache: p[2], v_cache: p[3], block_tables: p[4], token_seq: p[5], positions: p[6],
-                    tokens, q_heads, kv_heads, head_dim, block_size, max_blocks_per_seq: max_blocks as u32, scale,
+                    out: p[0],
+                    q: p[1],
+                    k_cache: p[2],
+                    v_cache: p[3],
+                    block_tables: p[4],
+                    token_seq: p[5],
+                    positions: p[6],
+                    tokens,
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                    block_size,
+                    max_blocks_per_seq: max_blocks as u32,
+                    scale,
                 })
             }),
         });
     }
     for &(tokens, row) in &[(1u32, 192u32), (37, 1024)] {
-        let slots: Vec<i32> = (0..tokens).map(|t| if t == 1 { -1 } else { (t * 3 + 1) as i32 }).collect();
+        let slots: Vec<i32> = (0..tokens)
+            .map(|t| if t == 1 { -1 } else { (t * 3 + 1) as i32 })
+            .collect();
         let cache = (tokens as usize * 3 + 2) * row as usize;
         out.push(Case {
             kernel: KvCacheWrite::NAME,
             shape: format!("tokens={tokens} row={row}"),
             buffers: vec![
-                Buffer { init: bf16_normal(&mut rng, cache, 1.0), output: Some(OutputKind::Bf16) },
-                Buffer { init: bf16_normal(&mut rng, cache, 1.0), output: Some(OutputKind::Bf16) },
-                Buffer { init: bf16_normal(&mut rng, (tokens * row) as usize, 1.0), output: None },
-                Buffer { init: bf16_normal(&mut rng, (tokens * row) as usize, 1.0), output: None },
-                Buffer { init: i32_bytes(&slots), output: None },
+                Buffer {
+                    init: bf16_normal(&mut rng, cache, 1.0),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, cache, 1.0),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (tokens * row) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (tokens * row) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&slots),
+                    output: None,
+                },
             ],
-            build: Box::new(move |p| launch_of(KvCacheWrite { k_cache: p[0], v_cache: p[1], k: p[2], v: p[3], slots: p[4], tokens, row })),
+            build: Box::new(move |p| {
+                launch_of(KvCacheWrite {
+                    k_cache: p[0],
+                    v_cache: p[1],
+                    k: p[2],
+                    v: p[3],
+                    slots: p[4],
+                    tokens,
+                    row,
+                })
+            }),
         });
     }
 
@@ -529,12 +641,24 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
             }
             Some(kind @ (OutputKind::Bf16 | OutputKind::F32)) => {
                 let (g, w): (Vec<f32>, Vec<f32>) = if kind == OutputKind::F32 {
-                    (bytemuck::pod_collect_to_vec(g), bytemuck::pod_collect_to_vec(w))
+                    (
+                        bytemuck::pod_collect_to_vec(g),
+                        bytemuck::pod_collect_to_vec(w),
+                    )
                 } else {
-                    let widen = |b: &[u8]| bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(f32::from).collect();
+                    let widen = |b: &[u8]| {
+                        bytemuck::pod_collect_to_vec::<u8, bf16>(b)
+                            .into_iter()
+                            .map(f32::from)
+                            .collect()
+                    };
                     (widen(g), widen(w))
                 };
-                let (rtol, atol) = if kind == OutputKind::F32 { (F32_ELEMENT_RTOL, F32_ELEMENT_ATOL) } else { (BF16_ELEMENT_RTOL, 1e-6) };
+                let (rtol, atol) = if kind == OutputKind::F32 {
+                    (F32_ELEMENT_RTOL, F32_ELEMENT_ATOL)
+                } else {
+                    (BF16_ELEMENT_RTOL, 1e-6)
+                };
                 let (mut diff2, mut ref2) = (0f64, 0f64);
                 for (&a, &b) in g.iter().zip(&w) {
                     let d = (a - b).abs();

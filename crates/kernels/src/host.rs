@@ -42,7 +42,11 @@ pub fn load<T: Pod>(mem: &dyn HostMemory, ptr: DevicePtr, n: usize) -> Result<Ve
 }
 
 /// Borrows `n` elements of `T` in place when the bytes are aligned for `T`, else copies them.
-pub fn view<T: Pod>(mem: &dyn HostMemory, ptr: DevicePtr, n: usize) -> Result<std::borrow::Cow<'_, [T]>, HostError> {
+pub fn view<T: Pod>(
+    mem: &dyn HostMemory,
+    ptr: DevicePtr,
+    n: usize,
+) -> Result<std::borrow::Cow<'_, [T]>, HostError> {
     let bytes = mem.bytes(ptr, n * size_of::<T>())?;
     Ok(match bytemuck::try_cast_slice(bytes) {
         Ok(slice) => std::borrow::Cow::Borrowed(slice),

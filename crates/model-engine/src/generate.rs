@@ -50,7 +50,11 @@ impl Generated {
     /// Tokens per second after the first token.
     pub fn decode_tokens_per_second(&self) -> f64 {
         let n = self.tokens.len().saturating_sub(1);
-        if n == 0 || self.decode_time.is_zero() { 0.0 } else { n as f64 / self.decode_time.as_secs_f64() }
+        if n == 0 || self.decode_time.is_zero() {
+            0.0
+        } else {
+            n as f64 / self.decode_time.as_secs_f64()
+        }
     }
 }
 
@@ -87,7 +91,9 @@ pub fn generate(
     let total = (prompt_len + request.max_new_tokens).min(max_len);
     let mut table = BlockTable::default();
     let result = run(model, allocator, &mut table, &mut request, total, on_token);
-    table.release(allocator).expect("the sequence owns its blocks");
+    table
+        .release(allocator)
+        .expect("the sequence owns its blocks");
     result
 }
 
@@ -100,7 +106,9 @@ fn run(
     on_token: &mut dyn FnMut(u32) -> Flow,
 ) -> Result<Generated, ModelError> {
     let block_size = model.options().block_size;
-    table.reserve(total, block_size, allocator).map_err(|e| ModelError::InvalidStep(e.to_string()))?;
+    table
+        .reserve(total, block_size, allocator)
+        .map_err(|e| ModelError::InvalidStep(e.to_string()))?;
     let start = Instant::now();
     let chunk = model.options().max_tokens_per_step;
     let prompt = request.prompt;

@@ -9,7 +9,8 @@
 //! Per layer (pre-norm, residual stream `h` in bf16):
 //! `x = norm(h)`; `q, k, v = x Wq (+bq), x Wk (+bk), x Wv (+bv)`; `q, k = qk_norm(q, k)` (Qwen3);
 //! `q, k = rope(q, k)`; cache `k, v`; `a = attention(q, cache)`; `h += a Wo`; `x = norm(h)`;
-//! `h += down(silu(x Wgate) * x Wup)`. Logits are `norm(h) Wlm` for the requested rows, in f32.
+//! `h += down(silu(x Wgate) * x Wup)`. Logits are `norm(h) Wlm` for the requested rows, computed in
+//! bf16 and widened to f32.
 
 use std::sync::Arc;
 
@@ -18,7 +19,9 @@ use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, GpuError, KernelHandle, launch_kernel};
 use metrale_kernels::Kernel;
-use metrale_kernels::ops::{AddRmsNorm, Embedding, Gemm, GemmF32Out, KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul};
+use metrale_kernels::ops::{
+    AddRmsNorm, Embedding, Gemm, KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul,
+};
 
 use crate::weights::{self, DeviceWeights, LoadProgress};
 
@@ -106,7 +109,6 @@ struct Kernels {
     add_rmsnorm: KernelHandle,
     rope: KernelHandle,
     gemm: KernelHandle,
-    gemm_f32: KernelHandle,
     silu_mul: KernelHandle,
     attention: KernelHandle,
     kv_write: KernelHandle,
@@ -166,7 +168,6 @@ impl Model {
             add_rmsnorm: g.kernel(AddRmsNorm::NAME)?,
             rope: g.kernel(RopeNeox::NAME)?,
             gemm: g.kernel(Gemm::NAME)?,
-            gemm_f32: g.kernel(GemmF32Out::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             kv_write: g.kernel(KvCacheWrite::NAME)?,
@@ -196,7 +197,7 @@ impl Model {
             gate_up: alloc(t * 2 * i * 2)?,
             act: alloc(t * i * 2)?,
             mlp: alloc(t * h * 2)?,
-            logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 4)?,
+            logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 2)?,
             gathered: alloc(options.max_logit_rows.max(1) * h * 2)?,
             ids: alloc(t * 4)?,
             positions: alloc(t * 4)?,
@@ -216,7 +217,19 @@ impl Model {
         let rope_sin = alloc(sin.len() * 4)?;
         g.copy_h2d(bytemuck::cast_slice(&cos), rope_cos)?;
         g.copy_h2d(bytemuck::cast_slice(&sin), rope_sin)?;
-        Ok(Model { config, options, gpu, weights, k_cache, v_cache, rope_cos, rope_sin, scratch, kernels, owned })
+        Ok(Model {
+            config,
+            options,
+            gpu,
+            weights,
+            k_cache,
+            v_cache,
+            rope_cos,
+            rope_sin,
+            scratch,
+            kernels,
+            owned,
+        })
     }
 
     /// The config the model was built from.
@@ -243,32 +256,68 @@ impl Model {
         let n = step.tokens.len();
         let bad = |m: String| Err(ModelError::InvalidStep(m));
         if n == 0 || n > self.options.max_tokens_per_step {
-            return bad(format!("{n} tokens; a step carries 1..={}", self.options.max_tokens_per_step));
+            return bad(format!(
+                "{n} tokens; a step carries 1..={}",
+                self.options.max_tokens_per_step
+            ));
         }
         if step.positions.len() != n || step.token_seq.len() != n {
             return bad("tokens, positions and token_seq differ in length".into());
         }
         if step.block_tables.is_empty() || step.block_tables.len() > self.options.max_seqs {
-            return bad(format!("{} sequences; a step touches 1..={}", step.block_tables.len(), self.options.max_seqs));
+            return bad(format!(
+                "{} sequences; a step touches 1..={}",
+                step.block_tables.len(),
+                self.options.max_seqs
+            ));
         }
-        if step.logit_rows.len() > self.options.max_logit_rows || step.logit_rows.iter().any(|&r| r >= n) {
-            return bad(format!("logit rows {:?} out of range for {n} tokens", step.logit_rows));
+        if step.logit_rows.len() > self.options.max_logit_rows
+            || step.logit_rows.iter().any(|&r| r >= n)
+        {
+            return bad(format!(
+                "logit rows {:?} out of range for {n} tokens",
+                step.logit_rows
+            ));
         }
-        for (t, ((&id, &pos), &seq)) in step.tokens.iter().zip(step.positions).zip(step.token_seq).enumerate() {
+        for (t, ((&id, &pos), &seq)) in step
+            .tokens
+            .iter()
+            .zip(step.positions)
+            .zip(step.token_seq)
+            .enumerate()
+        {
             if id as usize >= self.config.vocab_size {
-                return bad(format!("token {t} has id {id}, outside the vocabulary of {}", self.config.vocab_size));
+                return bad(format!(
+                    "token {t} has id {id}, outside the vocabulary of {}",
+                    self.config.vocab_size
+                ));
             }
             if pos as usize >= self.options.max_seq_len {
-                return bad(format!("token {t} is at position {pos}, past max_seq_len {}", self.options.max_seq_len));
+                return bad(format!(
+                    "token {t} is at position {pos}, past max_seq_len {}",
+                    self.options.max_seq_len
+                ));
             }
             let Some(table) = step.block_tables.get(seq as usize) else {
-                return bad(format!("token {t} names sequence {seq} of {}", step.block_tables.len()));
+                return bad(format!(
+                    "token {t} names sequence {seq} of {}",
+                    step.block_tables.len()
+                ));
             };
             if table.slot(pos as usize, self.options.block_size).is_none() {
-                return bad(format!("token {t}: sequence {seq}'s block table does not reach position {pos}"));
+                return bad(format!(
+                    "token {t}: sequence {seq}'s block table does not reach position {pos}"
+                ));
             }
-            if table.blocks.iter().any(|&b| b as usize >= self.options.num_blocks) {
-                return bad(format!("sequence {seq}'s block table names a block outside the pool of {}", self.options.num_blocks));
+            if table
+                .blocks
+                .iter()
+                .any(|&b| b as usize >= self.options.num_blocks)
+            {
+                return bad(format!(
+                    "sequence {seq}'s block table names a block outside the pool of {}",
+                    self.options.num_blocks
+                ));
             }
         }
         Ok(())
@@ -288,7 +337,11 @@ impl Model {
         let sc = &self.scratch;
         let k = &self.kernels;
         let n = step.tokens.len() as u32;
-        let (h, inter, hd) = (c.hidden_size as u32, c.intermediate_size as u32, c.head_dim as u32);
+        let (h, inter, hd) = (
+            c.hidden_size as u32,
+            c.intermediate_size as u32,
+            c.head_dim as u32,
+        );
         let (qh, kvh) = (c.num_heads as u32, c.num_kv_heads as u32);
         let (qd, kvd) = (qh * hd, kvh * hd);
         let eps = c.rms_norm_eps;
@@ -300,32 +353,120 @@ impl Model {
             .positions
             .iter()
             .zip(step.token_seq)
-            .map(|(&p, &q)| step.block_tables[q as usize].slot(p as usize, o.block_size).expect("validated") as i32)
+            .map(|(&p, &q)| {
+                step.block_tables[q as usize]
+                    .slot(p as usize, o.block_size)
+                    .expect("validated") as i32
+            })
             .collect();
         let width = o.max_blocks_per_seq();
-        let tables: Vec<i32> = step.block_tables.iter().flat_map(|t| t.padded_row(width, 0)).collect();
+        let tables: Vec<i32> = step
+            .block_tables
+            .iter()
+            .flat_map(|t| t.padded_row(width, 0))
+            .collect();
         self.upload_i32(&ids, sc.ids)?;
         self.upload_i32(&positions, sc.positions)?;
         self.upload_i32(&token_seq, sc.token_seq)?;
         self.upload_i32(&slots, sc.slots)?;
         self.upload_i32(&tables, sc.tables)?;
 
-        let gemm = |out: DevicePtr, a: DevicePtr, w: DevicePtr, bias: DevicePtr, m: u32, n_: u32, k_: u32| {
-            launch_kernel(g, k.gemm, &Gemm { c: out, a, w, bias, m, n: n_, k: k_ }, s)
+        let gemm = |out: DevicePtr,
+                    a: DevicePtr,
+                    w: DevicePtr,
+                    bias: DevicePtr,
+                    m: u32,
+                    n_: u32,
+                    k_: u32| {
+            launch_kernel(
+                g,
+                k.gemm,
+                &Gemm {
+                    c: out,
+                    a,
+                    w,
+                    bias,
+                    m,
+                    n: n_,
+                    k: k_,
+                },
+                s,
+            )
         };
-        launch_kernel(g, k.embedding, &Embedding { out: sc.hidden, table: self.weights.embedding, ids: sc.ids, tokens: n, hidden: h, vocab: c.vocab_size as u32 }, s)?;
+        launch_kernel(
+            g,
+            k.embedding,
+            &Embedding {
+                out: sc.hidden,
+                table: self.weights.embedding,
+                ids: sc.ids,
+                tokens: n,
+                hidden: h,
+                vocab: c.vocab_size as u32,
+            },
+            s,
+        )?;
         for (l, w) in self.weights.layers.iter().enumerate() {
             if l == 0 {
-                launch_kernel(g, k.rmsnorm, &RmsNorm { out: sc.x, input: sc.hidden, weight: w.input_norm, rows: n, cols: h, eps }, s)?;
+                launch_kernel(
+                    g,
+                    k.rmsnorm,
+                    &RmsNorm {
+                        out: sc.x,
+                        input: sc.hidden,
+                        weight: w.input_norm,
+                        rows: n,
+                        cols: h,
+                        eps,
+                    },
+                    s,
+                )?;
             } else {
-                launch_kernel(g, k.add_rmsnorm, &AddRmsNorm { out: sc.x, residual: sc.hidden, input: sc.mlp, weight: w.input_norm, rows: n, cols: h, eps }, s)?;
+                launch_kernel(
+                    g,
+                    k.add_rmsnorm,
+                    &AddRmsNorm {
+                        out: sc.x,
+                        residual: sc.hidden,
+                        input: sc.mlp,
+                        weight: w.input_norm,
+                        rows: n,
+                        cols: h,
+                        eps,
+                    },
+                    s,
+                )?;
             }
             gemm(sc.q, sc.x, w.q, w.q_bias, n, qd, h)?;
             gemm(sc.k, sc.x, w.k, w.k_bias, n, kvd, h)?;
             gemm(sc.v, sc.x, w.v, w.v_bias, n, kvd, h)?;
             let (q, kk) = if c.qk_norm {
-                launch_kernel(g, k.rmsnorm, &RmsNorm { out: sc.qn, input: sc.q, weight: w.q_norm, rows: n * qh, cols: hd, eps }, s)?;
-                launch_kernel(g, k.rmsnorm, &RmsNorm { out: sc.kn, input: sc.k, weight: w.k_norm, rows: n * kvh, cols: hd, eps }, s)?;
+                launch_kernel(
+                    g,
+                    k.rmsnorm,
+                    &RmsNorm {
+                        out: sc.qn,
+                        input: sc.q,
+                        weight: w.q_norm,
+                        rows: n * qh,
+                        cols: hd,
+                        eps,
+                    },
+                    s,
+                )?;
+                launch_kernel(
+                    g,
+                    k.rmsnorm,
+                    &RmsNorm {
+                        out: sc.kn,
+                        input: sc.k,
+                        weight: w.k_norm,
+                        rows: n * kvh,
+                        cols: hd,
+                        eps,
+                    },
+                    s,
+                )?;
                 (sc.qn, sc.kn)
             } else {
                 (sc.q, sc.k)
@@ -343,7 +484,20 @@ impl Model {
             };
             launch_kernel(g, k.rope, &rope(q, qh), s)?;
             launch_kernel(g, k.rope, &rope(kk, kvh), s)?;
-            launch_kernel(g, k.kv_write, &KvCacheWrite { k_cache: self.k_cache[l], v_cache: self.v_cache[l], k: kk, v: sc.v, slots: sc.slots, tokens: n, row: kvd }, s)?;
+            launch_kernel(
+                g,
+                k.kv_write,
+                &KvCacheWrite {
+                    k_cache: self.k_cache[l],
+                    v_cache: self.v_cache[l],
+                    k: kk,
+                    v: sc.v,
+                    slots: sc.slots,
+                    tokens: n,
+                    row: kvd,
+                },
+                s,
+            )?;
             launch_kernel(
                 g,
                 k.attention,
@@ -366,12 +520,56 @@ impl Model {
                 s,
             )?;
             gemm(sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
-            launch_kernel(g, k.add_rmsnorm, &AddRmsNorm { out: sc.x, residual: sc.hidden, input: sc.o, weight: w.post_norm, rows: n, cols: h, eps }, s)?;
-            gemm(sc.gate_up, sc.x, w.gate_up, DevicePtr::NULL, n, 2 * inter, h)?;
-            launch_kernel(g, k.silu_mul, &SiluMul { out: sc.act, gate_up: sc.gate_up, tokens: n, inter }, s)?;
+            launch_kernel(
+                g,
+                k.add_rmsnorm,
+                &AddRmsNorm {
+                    out: sc.x,
+                    residual: sc.hidden,
+                    input: sc.o,
+                    weight: w.post_norm,
+                    rows: n,
+                    cols: h,
+                    eps,
+                },
+                s,
+            )?;
+            gemm(
+                sc.gate_up,
+                sc.x,
+                w.gate_up,
+                DevicePtr::NULL,
+                n,
+                2 * inter,
+                h,
+            )?;
+            launch_kernel(
+                g,
+                k.silu_mul,
+                &SiluMul {
+                    out: sc.act,
+                    gate_up: sc.gate_up,
+                    tokens: n,
+                    inter,
+                },
+                s,
+            )?;
             gemm(sc.mlp, sc.act, w.down, DevicePtr::NULL, n, h, inter)?;
         }
-        launch_kernel(g, k.add_rmsnorm, &AddRmsNorm { out: sc.x, residual: sc.hidden, input: sc.mlp, weight: self.weights.final_norm, rows: n, cols: h, eps }, s)?;
+        launch_kernel(
+            g,
+            k.add_rmsnorm,
+            &AddRmsNorm {
+                out: sc.x,
+                residual: sc.hidden,
+                input: sc.mlp,
+                weight: self.weights.final_norm,
+                rows: n,
+                cols: h,
+                eps,
+            },
+            s,
+        )?;
 
         let rows = step.logit_rows.len();
         if rows == 0 {
@@ -382,21 +580,41 @@ impl Model {
         // rows are gathered first.
         let row_bytes = c.hidden_size * 2;
         let first = step.logit_rows[0];
-        let contiguous = step.logit_rows.iter().enumerate().all(|(i, &r)| r == first + i);
+        let contiguous = step
+            .logit_rows
+            .iter()
+            .enumerate()
+            .all(|(i, &r)| r == first + i);
         let input = if contiguous {
             sc.x.offset(first * row_bytes)
         } else {
             for (i, &r) in step.logit_rows.iter().enumerate() {
-                g.copy_d2d(sc.x.offset(r * row_bytes), sc.gathered.offset(i * row_bytes), row_bytes, s)?;
+                g.copy_d2d(
+                    sc.x.offset(r * row_bytes),
+                    sc.gathered.offset(i * row_bytes),
+                    row_bytes,
+                    s,
+                )?;
             }
             sc.gathered
         };
         let vocab = c.vocab_size as u32;
-        launch_kernel(g, k.gemm_f32, &GemmF32Out { c: sc.logits, a: input, w: self.weights.lm_head, bias: DevicePtr::NULL, m: rows as u32, n: vocab, k: h }, s)?;
+        // The LM head runs in bf16 like every other projection (as in the HF reference and vLLM);
+        // the logits are widened to f32 for the sampler. Greedy ties therefore resolve on the bf16
+        // values, to the lowest id, exactly as the reference's argmax does.
+        gemm(
+            sc.logits,
+            input,
+            self.weights.lm_head,
+            DevicePtr::NULL,
+            rows as u32,
+            vocab,
+            h,
+        )?;
         g.synchronize(s)?;
-        let mut out = vec![0f32; rows * c.vocab_size];
-        g.copy_d2h(sc.logits, bytemuck::cast_slice_mut(&mut out))?;
-        Ok(out)
+        let mut bf16_logits = vec![half::bf16::ZERO; rows * c.vocab_size];
+        g.copy_d2h(sc.logits, bytemuck::cast_slice_mut(&mut bf16_logits))?;
+        Ok(bf16_logits.into_iter().map(f32::from).collect())
     }
 }
 

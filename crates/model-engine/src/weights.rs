@@ -99,14 +99,29 @@ impl TensorRole {
 pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorRole> {
     let mut roles = vec![TensorRole::Embedding];
     for l in 0..c.num_layers {
-        roles.extend([TensorRole::InputNorm(l), TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)]);
+        roles.extend([
+            TensorRole::InputNorm(l),
+            TensorRole::Q(l),
+            TensorRole::K(l),
+            TensorRole::V(l),
+        ]);
         if c.attention_bias {
-            roles.extend([TensorRole::QBias(l), TensorRole::KBias(l), TensorRole::VBias(l)]);
+            roles.extend([
+                TensorRole::QBias(l),
+                TensorRole::KBias(l),
+                TensorRole::VBias(l),
+            ]);
         }
         if c.qk_norm {
             roles.extend([TensorRole::QNorm(l), TensorRole::KNorm(l)]);
         }
-        roles.extend([TensorRole::O(l), TensorRole::PostNorm(l), TensorRole::Gate(l), TensorRole::Up(l), TensorRole::Down(l)]);
+        roles.extend([
+            TensorRole::O(l),
+            TensorRole::PostNorm(l),
+            TensorRole::Gate(l),
+            TensorRole::Up(l),
+            TensorRole::Down(l),
+        ]);
     }
     roles.push(TensorRole::FinalNorm);
     if !c.tie_word_embeddings {
@@ -157,9 +172,19 @@ pub fn check_shapes(c: &ModelConfig, source: &dyn WeightSource) -> Result<(), Mo
         let name = role.hf_name();
         let want = role.shape(c);
         match source.shape(&name) {
-            None => return Err(ModelError::MissingTensor { name, checkpoint: source.describe() }),
+            None => {
+                return Err(ModelError::MissingTensor {
+                    name,
+                    checkpoint: source.describe(),
+                });
+            }
             Some(got) if got != want => {
-                return Err(ModelError::ShapeMismatch { name, expected: want, found: got, checkpoint: source.describe() });
+                return Err(ModelError::ShapeMismatch {
+                    name,
+                    expected: want,
+                    found: got,
+                    checkpoint: source.describe(),
+                });
             }
             Some(_) => {}
         }
@@ -167,7 +192,11 @@ pub fn check_shapes(c: &ModelConfig, source: &dyn WeightSource) -> Result<(), Mo
     Ok(())
 }
 
-fn upload(gpu: &dyn GpuBackend, t: &HostTensor, allocations: &mut Vec<DevicePtr>) -> Result<DevicePtr, ModelError> {
+fn upload(
+    gpu: &dyn GpuBackend,
+    t: &HostTensor,
+    allocations: &mut Vec<DevicePtr>,
+) -> Result<DevicePtr, ModelError> {
     let bytes: &[u8] = bytemuck::cast_slice(&t.data);
     let ptr = gpu.alloc(bytes.len())?;
     allocations.push(ptr);
@@ -176,7 +205,12 @@ fn upload(gpu: &dyn GpuBackend, t: &HostTensor, allocations: &mut Vec<DevicePtr>
 }
 
 /// Uploads the checkpoint. Shapes are checked first; on error, whatever was uploaded is freed.
-pub fn load(c: &ModelConfig, source: &dyn WeightSource, gpu: &dyn GpuBackend, progress: LoadProgress) -> Result<DeviceWeights, ModelError> {
+pub fn load(
+    c: &ModelConfig,
+    source: &dyn WeightSource,
+    gpu: &dyn GpuBackend,
+    progress: LoadProgress,
+) -> Result<DeviceWeights, ModelError> {
     check_shapes(c, source)?;
     let mut allocations = Vec::new();
     let result = load_inner(c, source, gpu, progress, &mut allocations);
@@ -214,14 +248,25 @@ impl Uploader<'_> {
     }
 
     fn get_if(&mut self, present: bool, role: TensorRole) -> Result<DevicePtr, ModelError> {
-        if present { self.get(role) } else { Ok(DevicePtr::NULL) }
+        if present {
+            self.get(role)
+        } else {
+            Ok(DevicePtr::NULL)
+        }
     }
 
     /// Two weights with the same columns, stacked row-wise into one device tensor.
-    fn get_stacked(&mut self, first: TensorRole, second: TensorRole) -> Result<DevicePtr, ModelError> {
+    fn get_stacked(
+        &mut self,
+        first: TensorRole,
+        second: TensorRole,
+    ) -> Result<DevicePtr, ModelError> {
         let a = self.source.load(&first.hf_name())?;
         let b = self.source.load(&second.hf_name())?;
-        let fused = HostTensor { shape: vec![a.shape[0] + b.shape[0], a.shape[1]], data: [a.data, b.data].concat() };
+        let fused = HostTensor {
+            shape: vec![a.shape[0] + b.shape[0], a.shape[1]],
+            data: [a.data, b.data].concat(),
+        };
         self.put(&fused, 2)
     }
 }
@@ -234,7 +279,15 @@ fn load_inner(
     allocations: &mut Vec<DevicePtr>,
 ) -> Result<DeviceWeights, ModelError> {
     let total = expected_tensors(c).len();
-    let mut u = Uploader { source, gpu, progress, allocations, done: 0, total, bytes: 0 };
+    let mut u = Uploader {
+        source,
+        gpu,
+        progress,
+        allocations,
+        done: 0,
+        total,
+        bytes: 0,
+    };
     let embedding = u.get(TensorRole::Embedding)?;
     let mut layers = Vec::with_capacity(c.num_layers);
     for l in 0..c.num_layers {
@@ -256,7 +309,18 @@ fn load_inner(
         });
     }
     let final_norm = u.get(TensorRole::FinalNorm)?;
-    let lm_head = if c.tie_word_embeddings { embedding } else { u.get(TensorRole::LmHead)? };
+    let lm_head = if c.tie_word_embeddings {
+        embedding
+    } else {
+        u.get(TensorRole::LmHead)?
+    };
     let bytes = u.bytes;
-    Ok(DeviceWeights { embedding, final_norm, lm_head, layers, allocations: std::mem::take(allocations), bytes })
+    Ok(DeviceWeights {
+        embedding,
+        final_norm,
+        lm_head,
+        layers,
+        allocations: std::mem::take(allocations),
+        bytes,
+    })
 }

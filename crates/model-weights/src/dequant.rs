@@ -69,7 +69,9 @@ pub fn dequantize(ggml_type: u32, raw: &[u8], out: &mut Vec<f32>) {
         match ggml_type {
             0 => out.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
             1 => out.push(f16_at(b, 0)),
-            30 => out.push(f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
+            30 => out.push(f32::from_bits(
+                u32::from(u16::from_le_bytes([b[0], b[1]])) << 16,
+            )),
             2 => {
                 let d = f16_at(b, 0);
                 let qs = &b[2..18];
@@ -115,25 +117,40 @@ fn scale_min(j: usize, q: &[u8]) -> (f32, f32) {
     if j < 4 {
         ((q[j] & 63) as f32, (q[j + 4] & 63) as f32)
     } else {
-        (((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)) as f32, ((q[j + 4] >> 4) | ((q[j] >> 6) << 4)) as f32)
+        (
+            ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)) as f32,
+            ((q[j + 4] >> 4) | ((q[j] >> 6) << 4)) as f32,
+        )
     }
 }
 
 fn dequant_q4k_q5k(five_bit: bool, b: &[u8], out: &mut Vec<f32>) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
     let scales = &b[4..16];
-    let (qh, qs) = if five_bit { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+    let (qh, qs) = if five_bit {
+        (&b[16..48], &b[48..176])
+    } else {
+        (&b[0..0], &b[16..144])
+    };
     for chunk in 0..4 {
         let (sc1, m1) = scale_min(2 * chunk, scales);
         let (sc2, m2) = scale_min(2 * chunk + 1, scales);
         let q = &qs[chunk * 32..chunk * 32 + 32];
         let (bit_lo, bit_hi) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
         for l in 0..32 {
-            let high = if five_bit && qh[l] & bit_lo != 0 { 16.0 } else { 0.0 };
+            let high = if five_bit && qh[l] & bit_lo != 0 {
+                16.0
+            } else {
+                0.0
+            };
             out.push(d * sc1 * ((q[l] & 0xF) as f32 + high) - dmin * m1);
         }
         for l in 0..32 {
-            let high = if five_bit && qh[l] & bit_hi != 0 { 16.0 } else { 0.0 };
+            let high = if five_bit && qh[l] & bit_hi != 0 {
+                16.0
+            } else {
+                0.0
+            };
             out.push(d * sc2 * ((q[l] >> 4) as f32 + high) - dmin * m2);
         }
     }
@@ -143,7 +160,11 @@ fn dequant_q6k(b: &[u8], out: &mut Vec<f32>) {
     let (ql_all, qh_all, sc_all) = (&b[0..128], &b[128..192], &b[192..208]);
     let d = f16_at(b, 208);
     for half in 0..2 {
-        let (ql, qh, sc) = (&ql_all[half * 64..], &qh_all[half * 32..], &sc_all[half * 8..]);
+        let (ql, qh, sc) = (
+            &ql_all[half * 64..],
+            &qh_all[half * 32..],
+            &sc_all[half * 8..],
+        );
         let mut y = [0f32; 128];
         for l in 0..32 {
             let is = l / 16;

@@ -62,11 +62,19 @@ impl Reader<'_> {
     fn err(&self, what: &str) -> WeightError {
         WeightError::Format {
             path: self.path.to_path_buf(),
-            message: format!("{what} at byte {} (file is {} bytes: truncated or not GGUF)", self.at, self.bytes.len()),
+            message: format!(
+                "{what} at byte {} (file is {} bytes: truncated or not GGUF)",
+                self.at,
+                self.bytes.len()
+            ),
         }
     }
     fn take(&mut self, n: usize) -> Result<&[u8], WeightError> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| self.err("unexpected end of header"))?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or_else(|| self.err("unexpected end of header"))?;
         let s = &self.bytes[self.at..end];
         self.at = end;
         Ok(s)
@@ -122,18 +130,31 @@ impl Reader<'_> {
 impl GgufFile {
     /// Opens and parses the header and tensor table; checks every tensor's type and extent.
     pub fn open(path: &Path) -> Result<Self, WeightError> {
-        let io = |e: std::io::Error| WeightError::Io { path: path.to_path_buf(), message: e.to_string() };
+        let io = |e: std::io::Error| WeightError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and private to this process; like every inference engine we
         // assume nobody truncates the weight file while it is being served.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        let mut r = Reader { bytes: &map, at: 0, path };
+        let mut r = Reader {
+            bytes: &map,
+            at: 0,
+            path,
+        };
         if r.take(4).ok() != Some(b"GGUF".as_slice()) {
-            return Err(WeightError::Format { path: path.to_path_buf(), message: "not a GGUF file (bad magic)".into() });
+            return Err(WeightError::Format {
+                path: path.to_path_buf(),
+                message: "not a GGUF file (bad magic)".into(),
+            });
         }
         let version = r.u32()?;
         if !(2..=3).contains(&version) {
-            return Err(WeightError::Format { path: path.to_path_buf(), message: format!("GGUF version {version} is not supported (2 or 3)") });
+            return Err(WeightError::Format {
+                path: path.to_path_buf(),
+                message: format!("GGUF version {version} is not supported (2 or 3)"),
+            });
         }
         let tensor_count = r.u64()?;
         let kv_count = r.u64()?;
@@ -150,14 +171,32 @@ impl GgufFile {
             if n_dims > 4 {
                 return Err(r.err(&format!("tensor `{name}` has {n_dims} dimensions")));
             }
-            let dims = (0..n_dims).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+            let dims = (0..n_dims)
+                .map(|_| r.u64())
+                .collect::<Result<Vec<_>, _>>()?;
             let ggml_type = r.u32()?;
             let offset = r.u64()?;
-            tensors.push(GgufTensor { name, dims, ggml_type, offset });
+            tensors.push(GgufTensor {
+                name,
+                dims,
+                ggml_type,
+                offset,
+            });
         }
-        let alignment = metadata.get("general.alignment").and_then(MetaValue::as_u64).unwrap_or(32).max(1) as usize;
+        let alignment = metadata
+            .get("general.alignment")
+            .and_then(MetaValue::as_u64)
+            .unwrap_or(32)
+            .max(1) as usize;
         let data_start = r.at.next_multiple_of(alignment);
-        let gguf = GgufFile { path: path.to_path_buf(), version, metadata, tensors, data_start, map };
+        let gguf = GgufFile {
+            path: path.to_path_buf(),
+            version,
+            metadata,
+            tensors,
+            data_start,
+            map,
+        };
         for t in &gguf.tensors {
             gguf.extent(t)?;
         }
@@ -166,7 +205,11 @@ impl GgufFile {
 
     /// The byte range of a tensor's data, checked against the file.
     fn extent(&self, t: &GgufTensor) -> Result<std::ops::Range<usize>, WeightError> {
-        let err = |message: String| WeightError::Tensor { path: self.path.clone(), tensor: t.name.clone(), message };
+        let err = |message: String| WeightError::Tensor {
+            path: self.path.clone(),
+            tensor: t.name.clone(),
+            message,
+        };
         let (block_len, block_bytes) = block_geometry(t.ggml_type).ok_or_else(|| {
             err(format!(
                 "tensor type {} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)",
@@ -175,7 +218,10 @@ impl GgufFile {
         })?;
         let elements = t.elements();
         if !elements.is_multiple_of(block_len as u64) {
-            return Err(err(format!("{elements} elements is not a whole number of {}-element blocks", block_len)));
+            return Err(err(format!(
+                "{elements} elements is not a whole number of {}-element blocks",
+                block_len
+            )));
         }
         let bytes = elements / block_len as u64 * block_bytes as u64;
         let start = self.data_start as u64 + t.offset;
@@ -200,7 +246,11 @@ impl GgufFile {
     }
 
     fn family(&self) -> Option<ModelFamily> {
-        match self.metadata.get("general.architecture").and_then(MetaValue::as_str)? {
+        match self
+            .metadata
+            .get("general.architecture")
+            .and_then(MetaValue::as_str)?
+        {
             "llama" => Some(ModelFamily::Llama),
             "qwen2" => Some(ModelFamily::Qwen2),
             "qwen3" => Some(ModelFamily::Qwen3),
@@ -209,10 +259,23 @@ impl GgufFile {
     }
 
     fn head_counts(&self) -> (usize, usize) {
-        let arch = self.metadata.get("general.architecture").and_then(MetaValue::as_str).unwrap_or("");
-        let get = |k: &str| self.metadata.get(&format!("{arch}.{k}")).and_then(MetaValue::as_u64).unwrap_or(1) as usize;
+        let arch = self
+            .metadata
+            .get("general.architecture")
+            .and_then(MetaValue::as_str)
+            .unwrap_or("");
+        let get = |k: &str| {
+            self.metadata
+                .get(&format!("{arch}.{k}"))
+                .and_then(MetaValue::as_u64)
+                .unwrap_or(1) as usize
+        };
         let heads = get("attention.head_count");
-        let kv = self.metadata.get(&format!("{arch}.attention.head_count_kv")).and_then(MetaValue::as_u64).map_or(heads, |v| v as usize);
+        let kv = self
+            .metadata
+            .get(&format!("{arch}.attention.head_count_kv"))
+            .and_then(MetaValue::as_u64)
+            .map_or(heads, |v| v as usize);
         (heads, kv)
     }
 }
@@ -261,7 +324,8 @@ fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
             for j in 0..2 {
                 let src = h * head_dim + 2 * i + j;
                 let dst = h * head_dim + j * half + i;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&data[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -274,7 +338,10 @@ impl WeightSource for GgufFile {
     }
 
     fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
-        let missing = || WeightError::Missing { source_desc: self.describe(), name: name.to_string() };
+        let missing = || WeightError::Missing {
+            source_desc: self.describe(),
+            name: name.to_string(),
+        };
         let gname = gguf_name(name).ok_or_else(missing)?;
         let t = self.tensor(&gname).ok_or_else(missing)?;
         let range = self.extent(t)?;
@@ -290,7 +357,10 @@ impl WeightSource for GgufFile {
                 values = unpermute_rows(&values, kv_heads, cols);
             }
         }
-        Ok(HostTensor { shape, data: values.into_iter().map(bf16::from_f32).collect() })
+        Ok(HostTensor {
+            shape,
+            data: values.into_iter().map(bf16::from_f32).collect(),
+        })
     }
 
     fn describe(&self) -> String {

@@ -31,17 +31,21 @@ pub struct SafetensorsCheckpoint {
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> WeightError + '_ {
-    move |e| WeightError::Io { path: path.to_path_buf(), message: e.to_string() }
+    move |e| WeightError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 fn open_shard(path: &Path) -> Result<Shard, WeightError> {
     let file = std::fs::File::open(path).map_err(io(path))?;
     // SAFETY: read-only private map; the weight file is assumed not to change while in use.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
-    let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| WeightError::Format {
-        path: path.to_path_buf(),
-        message: format!("not a valid safetensors file ({e}); it may be truncated"),
-    })?;
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(&map).map_err(|e| WeightError::Format {
+            path: path.to_path_buf(),
+            message: format!("not a valid safetensors file ({e}); it may be truncated"),
+        })?;
     let data_start = 8 + header_len;
     let data_len = map.len().saturating_sub(data_start);
     let mut tensors = BTreeMap::new();
@@ -51,12 +55,19 @@ fn open_shard(path: &Path) -> Result<Shard, WeightError> {
             return Err(WeightError::Tensor {
                 path: path.to_path_buf(),
                 tensor: name,
-                message: format!("data {start}..{end} runs past the end of the file's data ({data_len} bytes): the file is truncated"),
+                message: format!(
+                    "data {start}..{end} runs past the end of the file's data ({data_len} bytes): the file is truncated"
+                ),
             });
         }
         tensors.insert(name, (info.dtype, info.shape.clone(), (start, end)));
     }
-    Ok(Shard { path: path.to_path_buf(), map, data_start, tensors })
+    Ok(Shard {
+        path: path.to_path_buf(),
+        map,
+        data_start,
+        tensors,
+    })
 }
 
 impl SafetensorsCheckpoint {
@@ -66,32 +77,54 @@ impl SafetensorsCheckpoint {
         let index_path = dir.join("model.safetensors.index.json");
         let mut files: Vec<PathBuf> = if index_path.is_file() {
             let text = std::fs::read_to_string(&index_path).map_err(io(&index_path))?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| WeightError::Format { path: index_path.clone(), message: e.to_string() })?;
-            let map = json["weight_map"].as_object().ok_or_else(|| WeightError::Format {
-                path: index_path.clone(),
-                message: "no `weight_map` object".into(),
-            })?;
-            let mut shards: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|f| dir.join(f)).collect();
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| WeightError::Format {
+                    path: index_path.clone(),
+                    message: e.to_string(),
+                })?;
+            let map = json["weight_map"]
+                .as_object()
+                .ok_or_else(|| WeightError::Format {
+                    path: index_path.clone(),
+                    message: "no `weight_map` object".into(),
+                })?;
+            let mut shards: Vec<PathBuf> = map
+                .values()
+                .filter_map(|v| v.as_str())
+                .map(|f| dir.join(f))
+                .collect();
             shards.sort();
             shards.dedup();
             shards
         } else {
             let entries = std::fs::read_dir(dir).map_err(io(dir))?;
-            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect()
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect()
         };
         files.sort();
         if files.is_empty() {
-            return Err(WeightError::Format { path: dir.to_path_buf(), message: "no .safetensors files in the directory".into() });
+            return Err(WeightError::Format {
+                path: dir.to_path_buf(),
+                message: "no .safetensors files in the directory".into(),
+            });
         }
-        let shards = files.iter().map(|f| open_shard(f)).collect::<Result<Vec<_>, _>>()?;
+        let shards = files
+            .iter()
+            .map(|f| open_shard(f))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut index = BTreeMap::new();
         for (i, s) in shards.iter().enumerate() {
             for name in s.tensors.keys() {
                 index.insert(name.clone(), i);
             }
         }
-        Ok(SafetensorsCheckpoint { dir: dir.to_path_buf(), shards, index })
+        Ok(SafetensorsCheckpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            index,
+        })
     }
 
     /// Every tensor name in the checkpoint.
@@ -111,29 +144,56 @@ impl WeightSource for SafetensorsCheckpoint {
             .index
             .get(name)
             .map(|&i| &self.shards[i])
-            .ok_or_else(|| WeightError::Missing { source_desc: self.describe(), name: name.to_string() })?;
+            .ok_or_else(|| WeightError::Missing {
+                source_desc: self.describe(),
+                name: name.to_string(),
+            })?;
         let (dtype, shape, (start, end)) = &shard.tensors[name];
         let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
         let elements: usize = shape.iter().product();
-        let err = |message: String| WeightError::Tensor { path: shard.path.clone(), tensor: name.to_string(), message };
+        let err = |message: String| WeightError::Tensor {
+            path: shard.path.clone(),
+            tensor: name.to_string(),
+            message,
+        };
         let width = match dtype {
             Dtype::BF16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
-            other => return Err(err(format!("dtype {other:?} is not supported (BF16, F16, F32)"))),
+            other => {
+                return Err(err(format!(
+                    "dtype {other:?} is not supported (BF16, F16, F32)"
+                )));
+            }
         };
         if bytes.len() != elements * width {
-            return Err(err(format!("{} bytes of data for shape {shape:?} of {dtype:?}", bytes.len())));
+            return Err(err(format!(
+                "{} bytes of data for shape {shape:?} of {dtype:?}",
+                bytes.len()
+            )));
         }
         let data: Vec<bf16> = match dtype {
             Dtype::BF16 => bytemuck::pod_collect_to_vec(bytes),
-            Dtype::F16 => bytes.chunks_exact(2).map(|c| bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32())).collect(),
-            _ => bytes.chunks_exact(4).map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32()))
+                .collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect(),
         };
-        Ok(HostTensor { shape: shape.clone(), data })
+        Ok(HostTensor {
+            shape: shape.clone(),
+            data,
+        })
     }
 
     fn describe(&self) -> String {
-        format!("{} ({} safetensors shard(s))", self.dir.display(), self.shards.len())
+        format!(
+            "{} ({} safetensors shard(s))",
+            self.dir.display(),
+            self.shards.len()
+        )
     }
 }
 
@@ -142,11 +202,23 @@ mod tests {
     use super::*;
 
     fn write_checkpoint(dir: &Path) {
-        let a: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
-        let b: Vec<u8> = [0.5f32, -1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let a: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let b: Vec<u8> = [0.5f32, -1.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let views = vec![
-            ("w.a", safetensors::tensor::TensorView::new(Dtype::BF16, vec![2, 3], &a).unwrap()),
-            ("w.b", safetensors::tensor::TensorView::new(Dtype::F32, vec![2], &b).unwrap()),
+            (
+                "w.a",
+                safetensors::tensor::TensorView::new(Dtype::BF16, vec![2, 3], &a).unwrap(),
+            ),
+            (
+                "w.b",
+                safetensors::tensor::TensorView::new(Dtype::F32, vec![2], &b).unwrap(),
+            ),
         ];
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
     }
@@ -160,7 +232,10 @@ mod tests {
         let a = ck.load("w.a").unwrap();
         assert_eq!(f32::from(a.data[5]), 6.0);
         let b = ck.load("w.b").unwrap();
-        assert_eq!(b.data.iter().map(|v| f32::from(*v)).collect::<Vec<_>>(), vec![0.5, -1.0]);
+        assert_eq!(
+            b.data.iter().map(|v| f32::from(*v)).collect::<Vec<_>>(),
+            vec![0.5, -1.0]
+        );
         assert!(matches!(ck.load("nope"), Err(WeightError::Missing { .. })));
     }
 
@@ -171,11 +246,23 @@ mod tests {
         let path = dir.path().join("model.safetensors");
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
-        let err = SafetensorsCheckpoint::open(dir.path()).err().expect("truncated file refused").to_string();
-        assert!(err.contains("model.safetensors") && (err.contains("truncated")), "{err}");
+        let err = SafetensorsCheckpoint::open(dir.path())
+            .err()
+            .expect("truncated file refused")
+            .to_string();
+        assert!(
+            err.contains("model.safetensors") && (err.contains("truncated")),
+            "{err}"
+        );
         std::fs::write(&path, b"garbage").unwrap();
         assert!(SafetensorsCheckpoint::open(dir.path()).is_err());
         let empty = tempfile::tempdir().unwrap();
-        assert!(SafetensorsCheckpoint::open(empty.path()).err().unwrap().to_string().contains("no .safetensors"));
+        assert!(
+            SafetensorsCheckpoint::open(empty.path())
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("no .safetensors")
+        );
     }
 }

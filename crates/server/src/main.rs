@@ -8,6 +8,9 @@
 
 mod check_kernels;
 mod doctor;
+mod generate;
+mod load;
+mod parity;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +43,12 @@ enum Command {
     /// Run every CUDA kernel of a target against its host reference on fresh random inputs at
     /// several shapes and report the error of each. Needs a GPU. Exits non-zero on any failure.
     CheckKernels(check_kernels::Args),
+    /// Generate a completion for one prompt, streamed to stdout (timings go to stderr). Uses the
+    /// GPU when one can run the model's kernel target, else the host backend, and says which.
+    Generate(generate::Args),
+    /// Compare the model's logits with a reference file from transformers
+    /// (scripts/gpu/reference_logits.py) at every position; exits non-zero above the tolerance.
+    Parity(parity::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,6 +56,8 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(&args),
         Command::CheckKernels(args) => check_kernels::run(&args),
+        Command::Generate(args) => generate::run(&args),
+        Command::Parity(args) => parity::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -4,7 +4,7 @@
 use half::bf16;
 use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 
-use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, widen};
+use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16, widen};
 use crate::names;
 
 kernel_args!(
@@ -66,7 +66,11 @@ impl Kernel for PagedAttention {
     const NAME: KernelName = names::attention::PAGED_ATTENTION_BF16;
 
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig { grid: [self.tokens, self.q_heads, 1], block: [128, 1, 1], shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid: [self.tokens, self.q_heads, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+        }
     }
     fn args(&self) -> Vec<KernelArg> {
         self.encode()
@@ -75,19 +79,37 @@ impl Kernel for PagedAttention {
         Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        let (t_n, qh, kvh, d) = (self.tokens as usize, self.q_heads as usize, self.kv_heads as usize, self.head_dim as usize);
+        let (t_n, qh, kvh, d) = (
+            self.tokens as usize,
+            self.q_heads as usize,
+            self.kv_heads as usize,
+            self.head_dim as usize,
+        );
         let (bs, maxb) = (self.block_size as usize, self.max_blocks_per_seq as usize);
-        let bad = |message: String| HostError::BadArgs { kernel: Self::NAME, message };
+        let bad = |message: String| HostError::BadArgs {
+            kernel: Self::NAME,
+            message,
+        };
         if kvh == 0 || qh % kvh != 0 {
-            return Err(bad(format!("q_heads {qh} is not a multiple of kv_heads {kvh}")));
+            return Err(bad(format!(
+                "q_heads {qh} is not a multiple of kv_heads {kvh}"
+            )));
         }
         let q = host::load_bf16(mem, self.q, t_n * qh * d)?;
         let token_seq = host::load::<i32>(mem, self.token_seq, t_n)?;
         let positions = host::load::<i32>(mem, self.positions, t_n)?;
-        let seqs = token_seq.iter().map(|&s| s.max(0) as usize + 1).max().unwrap_or(0);
+        let seqs = token_seq
+            .iter()
+            .map(|&s| s.max(0) as usize + 1)
+            .max()
+            .unwrap_or(0);
         let tables = host::load::<i32>(mem, self.block_tables, seqs * maxb)?;
         // The cache extent this launch may touch: the largest block any table names.
-        let blocks = tables.iter().map(|&b| b.max(0) as usize + 1).max().unwrap_or(0);
+        let blocks = tables
+            .iter()
+            .map(|&b| b.max(0) as usize + 1)
+            .max()
+            .unwrap_or(0);
         let row = kvh * d;
         let k_cache = host::view::<bf16>(mem, self.k_cache, blocks * bs * row)?;
         let v_cache = host::view::<bf16>(mem, self.v_cache, blocks * bs * row)?;
@@ -96,7 +118,9 @@ impl Kernel for PagedAttention {
         for t in 0..t_n {
             let (seq, pos) = (token_seq[t] as usize, positions[t]);
             if pos < 0 || (pos as usize) >= maxb * bs {
-                return Err(bad(format!("token {t} has position {pos}, outside its block table of {maxb} blocks")));
+                return Err(bad(format!(
+                    "token {t} has position {pos}, outside its block table of {maxb} blocks"
+                )));
             }
             let table = &tables[seq * maxb..(seq + 1) * maxb];
             for h in 0..qh {
@@ -106,7 +130,9 @@ impl Kernel for PagedAttention {
                 scores.clear();
                 for j in 0..=pos as usize {
                     let k = &k_cache[slot(j)..][..d];
-                    scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * self.scale);
+                    scores.push(
+                        qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * self.scale,
+                    );
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut total = 0f32;
@@ -114,12 +140,18 @@ impl Kernel for PagedAttention {
                     *s = (*s - max).exp();
                     total += *s;
                 }
+                // Probabilities weight the values rounded to bf16 (as FlashAttention does); the
+                // normaliser uses them unrounded.
                 let o = &mut out[(t * qh + h) * d..][..d];
                 for (j, p) in scores.iter().enumerate() {
                     let v = &v_cache[slot(j)..][..d];
+                    let p = round_bf16(*p);
                     for (acc, x) in o.iter_mut().zip(v) {
-                        *acc += p / total * widen(*x);
+                        *acc += p * widen(*x);
                     }
+                }
+                for acc in o.iter_mut() {
+                    *acc /= total;
                 }
             }
         }
@@ -175,8 +207,20 @@ mod tests {
         let pos = m.put(&[0i32, 2]);
         let out = m.put(&bf16s(&[0.0; 4]));
         PagedAttention {
-            out, q, k_cache, v_cache, block_tables: tables, token_seq: seq, positions: pos,
-            tokens: 2, q_heads: 1, kv_heads: 1, head_dim: 2, block_size: 2, max_blocks_per_seq: 2, scale: 1.0,
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables: tables,
+            token_seq: seq,
+            positions: pos,
+            tokens: 2,
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim: 2,
+            block_size: 2,
+            max_blocks_per_seq: 2,
+            scale: 1.0,
         }
         .reference(&mut m)
         .unwrap();
@@ -192,8 +236,24 @@ mod tests {
         let k = m.put(&bf16s(&[1.0, 2.0, 3.0, 4.0]));
         let v = m.put(&bf16s(&[5.0, 6.0, 7.0, 8.0]));
         let slots = m.put(&[3i32, -1]);
-        KvCacheWrite { k_cache: kc, v_cache: vc, k, v, slots, tokens: 2, row: 2 }.reference(&mut m).unwrap();
-        assert_eq!(f32s(&m.get(kc, 8)), vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
-        assert_eq!(f32s(&m.get(vc, 8)), vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 6.0]);
+        KvCacheWrite {
+            k_cache: kc,
+            v_cache: vc,
+            k,
+            v,
+            slots,
+            tokens: 2,
+            row: 2,
+        }
+        .reference(&mut m)
+        .unwrap();
+        assert_eq!(
+            f32s(&m.get(kc, 8)),
+            vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0]
+        );
+        assert_eq!(
+            f32s(&m.get(vc, 8)),
+            vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 6.0]
+        );
     }
 }

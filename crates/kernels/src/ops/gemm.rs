@@ -49,7 +49,11 @@ kernel_args!(
 );
 
 fn launch(m: u32, n: u32) -> LaunchConfig {
-    LaunchConfig { grid: [blocks_for(n.into(), 64), blocks_for(m.into(), 64), 1], block: [128, 1, 1], shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid: [blocks_for(n.into(), 64), blocks_for(m.into(), 64), 1],
+        block: [128, 1, 1],
+        shared_mem_bytes: 0,
+    }
 }
 
 /// `dot(a, w)` with eight independent accumulators, so the loop vectorises.
@@ -70,11 +74,26 @@ fn dot(a: &[f32], w: &[f32]) -> f32 {
 
 /// The reference: f32 accumulation of bf16 inputs, bias added before the single rounding, rows of
 /// W split across threads.
-fn reference(mem: &dyn HostMemory, a: DevicePtr, w: DevicePtr, bias: DevicePtr, m: usize, n: usize, k: usize) -> Result<Vec<f32>, HostError> {
+fn reference(
+    mem: &dyn HostMemory,
+    a: DevicePtr,
+    w: DevicePtr,
+    bias: DevicePtr,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Vec<f32>, HostError> {
     let a = host::load_bf16(mem, a, m * k)?;
     let w = host::view::<bf16>(mem, w, n * k)?;
-    let bias = if bias == DevicePtr::NULL { None } else { Some(host::load_bf16(mem, bias, n)?) };
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.div_ceil(64)).max(1);
+    let bias = if bias == DevicePtr::NULL {
+        None
+    } else {
+        Some(host::load_bf16(mem, bias, n)?)
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(n.div_ceil(64))
+        .max(1);
     let per = n.div_ceil(threads);
     let mut out = vec![0f32; m * n];
     let columns: Vec<Vec<f32>> = std::thread::scope(|s| {
@@ -98,7 +117,10 @@ fn reference(mem: &dyn HostMemory, a: DevicePtr, w: DevicePtr, bias: DevicePtr, 
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("gemm worker panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("gemm worker panicked"))
+            .collect()
     });
     for (t, part) in columns.iter().enumerate() {
         let (lo, hi) = (t * per, ((t + 1) * per).min(n));
@@ -125,7 +147,15 @@ impl Kernel for Gemm {
         Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        let c = reference(mem, self.a, self.w, self.bias, self.m as usize, self.n as usize, self.k as usize)?;
+        let c = reference(
+            mem,
+            self.a,
+            self.w,
+            self.bias,
+            self.m as usize,
+            self.n as usize,
+            self.k as usize,
+        )?;
         host::store_bf16(mem, self.c, &c)
     }
 }
@@ -143,7 +173,15 @@ impl Kernel for GemmF32Out {
         Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        let c = reference(mem, self.a, self.w, self.bias, self.m as usize, self.n as usize, self.k as usize)?;
+        let c = reference(
+            mem,
+            self.a,
+            self.w,
+            self.bias,
+            self.m as usize,
+            self.n as usize,
+            self.k as usize,
+        )?;
         host::store(mem, self.c, &c)
     }
 }
@@ -158,13 +196,41 @@ mod tests {
         let mut mem = FlatMemory::new();
         // A = [[1, 2, 3], [4, 5, 6]], W = [[1, 0, 0], [0, 1, 0], [1, 1, 1], [0, 0, 2]]
         let a = mem.put(&bf16s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
-        let w = mem.put(&bf16s(&[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 2.0]));
+        let w = mem.put(&bf16s(&[
+            1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 2.0,
+        ]));
         let bias = mem.put(&bf16s(&[0.5, 0.0, 0.0, -1.0]));
         let c = mem.put(&[0f32; 8]);
-        GemmF32Out { c, a, w, bias, m: 2, n: 4, k: 3 }.reference(&mut mem).unwrap();
-        assert_eq!(mem.get::<f32>(c, 8), vec![1.5, 2.0, 6.0, 5.0, 4.5, 5.0, 15.0, 11.0]);
+        GemmF32Out {
+            c,
+            a,
+            w,
+            bias,
+            m: 2,
+            n: 4,
+            k: 3,
+        }
+        .reference(&mut mem)
+        .unwrap();
+        assert_eq!(
+            mem.get::<f32>(c, 8),
+            vec![1.5, 2.0, 6.0, 5.0, 4.5, 5.0, 15.0, 11.0]
+        );
         let cb = mem.put(&bf16s(&[0.0; 8]));
-        Gemm { c: cb, a, w, bias: DevicePtr::NULL, m: 2, n: 4, k: 3 }.reference(&mut mem).unwrap();
-        assert_eq!(f32s(&mem.get(cb, 8)), vec![1.0, 2.0, 6.0, 6.0, 4.0, 5.0, 15.0, 12.0]);
+        Gemm {
+            c: cb,
+            a,
+            w,
+            bias: DevicePtr::NULL,
+            m: 2,
+            n: 4,
+            k: 3,
+        }
+        .reference(&mut mem)
+        .unwrap();
+        assert_eq!(
+            f32s(&mem.get(cb, 8)),
+            vec![1.0, 2.0, 6.0, 6.0, 4.0, 5.0, 15.0, 12.0]
+        );
     }
 }

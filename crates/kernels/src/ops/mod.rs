@@ -5,17 +5,17 @@
 
 mod activation;
 mod argmax;
+mod attention;
 mod elementwise;
 mod embedding;
 mod gemm;
-mod attention;
 mod rmsnorm;
 mod rope;
 
 pub use activation::SiluMul;
 pub use argmax::{ArgmaxBf16, ArgmaxF32};
-pub use elementwise::Add;
 pub use attention::{KvCacheWrite, PagedAttention};
+pub use elementwise::Add;
 pub use embedding::Embedding;
 pub use gemm::{Gemm, GemmF32Out};
 pub use rmsnorm::{AddRmsNorm, RmsNorm};

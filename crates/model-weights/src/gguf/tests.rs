@@ -14,7 +14,13 @@ pub(crate) struct Writer {
 
 impl Writer {
     pub fn new() -> Self {
-        Writer { meta: Vec::new(), meta_count: 0, table: Vec::new(), data: Vec::new(), tensor_count: 0 }
+        Writer {
+            meta: Vec::new(),
+            meta_count: 0,
+            table: Vec::new(),
+            data: Vec::new(),
+            tensor_count: 0,
+        }
     }
     fn string(buf: &mut Vec<u8>, s: &str) {
         buf.extend((s.len() as u64).to_le_bytes());
@@ -43,9 +49,23 @@ impl Writer {
     }
     /// Adds an F32 tensor with GGML dims (innermost first).
     pub fn tensor_f32(&mut self, name: &str, dims: &[u64], values: &[f32]) -> &mut Self {
-        self.tensor_raw(name, dims, 0, &values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
+        self.tensor_raw(
+            name,
+            dims,
+            0,
+            &values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>(),
+        )
     }
-    pub fn tensor_raw(&mut self, name: &str, dims: &[u64], ggml_type: u32, bytes: &[u8]) -> &mut Self {
+    pub fn tensor_raw(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ggml_type: u32,
+        bytes: &[u8],
+    ) -> &mut Self {
         Self::string(&mut self.table, name);
         self.table.extend((dims.len() as u32).to_le_bytes());
         for d in dims {
@@ -83,9 +103,15 @@ fn tiny_llama() -> Writer {
         .meta_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
         .meta_u32("llama.vocab_size", 4);
     // q_proj: 8 output rows (2 heads x head_dim 4), 8 input columns; row r filled with r.
-    let q: Vec<f32> = (0..8).flat_map(|r| std::iter::repeat_n(r as f32, 8)).collect();
+    let q: Vec<f32> = (0..8)
+        .flat_map(|r| std::iter::repeat_n(r as f32, 8))
+        .collect();
     w.tensor_f32("blk.0.attn_q.weight", &[8, 8], &q);
-    w.tensor_f32("token_embd.weight", &[8, 4], &(0..32).map(|v| v as f32).collect::<Vec<_>>());
+    w.tensor_f32(
+        "token_embd.weight",
+        &[8, 4],
+        &(0..32).map(|v| v as f32).collect::<Vec<_>>(),
+    );
     w
 }
 
@@ -100,7 +126,10 @@ fn reads_metadata_config_and_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let g = GgufFile::open(&write(&dir, "m.gguf", &tiny_llama().bytes())).unwrap();
     let c = g.config().unwrap();
-    assert_eq!((c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim), (8, 2, 1, 4));
+    assert_eq!(
+        (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim),
+        (8, 2, 1, 4)
+    );
     assert!(c.tie_word_embeddings, "no output.weight means a tied head");
     assert_eq!(g.shape("model.embed_tokens.weight"), Some(vec![4, 8]));
     let emb = g.load("model.embed_tokens.weight").unwrap();
@@ -109,18 +138,33 @@ fn reads_metadata_config_and_tensors() {
     let q = g.load("model.layers.0.self_attn.q_proj.weight").unwrap();
     let rows: Vec<f32> = (0..8).map(|r| f32::from(q.data[r * 8])).collect();
     assert_eq!(rows, vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
-    assert!(matches!(g.load("model.layers.0.mlp.up_proj.weight"), Err(WeightError::Missing { .. })));
+    assert!(matches!(
+        g.load("model.layers.0.mlp.up_proj.weight"),
+        Err(WeightError::Missing { .. })
+    ));
 }
 
 #[test]
 fn truncated_file_names_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = tiny_llama().bytes();
-    let err = GgufFile::open(&write(&dir, "t.gguf", &bytes[..bytes.len() - 10])).err().unwrap().to_string();
-    assert!(err.contains("token_embd.weight") && err.contains("truncated"), "{err}");
-    let err = GgufFile::open(&write(&dir, "h.gguf", &bytes[..40])).err().unwrap().to_string();
+    let err = GgufFile::open(&write(&dir, "t.gguf", &bytes[..bytes.len() - 10]))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("token_embd.weight") && err.contains("truncated"),
+        "{err}"
+    );
+    let err = GgufFile::open(&write(&dir, "h.gguf", &bytes[..40]))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("truncated or not GGUF"), "{err}");
-    let err = GgufFile::open(&write(&dir, "x.gguf", b"not a gguf file")).err().unwrap().to_string();
+    let err = GgufFile::open(&write(&dir, "x.gguf", b"not a gguf file"))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("bad magic"), "{err}");
 }
 
@@ -129,14 +173,28 @@ fn unsupported_tensor_type_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let mut w = tiny_llama();
     w.tensor_raw("blk.0.ffn_up.weight", &[256, 1], 10, &[0u8; 84]); // Q2_K
-    let err = GgufFile::open(&write(&dir, "q2.gguf", &w.bytes())).err().unwrap().to_string();
-    assert!(err.contains("blk.0.ffn_up.weight") && err.contains("Q2_K") && err.contains("not supported"), "{err}");
+    let err = GgufFile::open(&write(&dir, "q2.gguf", &w.bytes()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("blk.0.ffn_up.weight")
+            && err.contains("Q2_K")
+            && err.contains("not supported"),
+        "{err}"
+    );
 }
 
 #[test]
 fn hf_names_map_to_llama_cpp_names() {
-    assert_eq!(gguf_name("model.layers.12.self_attn.k_norm.weight").unwrap(), "blk.12.attn_k_norm.weight");
-    assert_eq!(gguf_name("model.layers.3.self_attn.q_proj.bias").unwrap(), "blk.3.attn_q.bias");
+    assert_eq!(
+        gguf_name("model.layers.12.self_attn.k_norm.weight").unwrap(),
+        "blk.12.attn_k_norm.weight"
+    );
+    assert_eq!(
+        gguf_name("model.layers.3.self_attn.q_proj.bias").unwrap(),
+        "blk.3.attn_q.bias"
+    );
     assert_eq!(gguf_name("lm_head.weight").unwrap(), "output.weight");
     assert!(gguf_name("model.layers.x.mlp.up_proj.weight").is_none());
     assert!(gguf_name("vision_tower.weight").is_none());

@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! From a model argument to a running model: find the files, read the config, pick the backend
+//! and the kernel target, upload the weights with a progress line.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use metrale_config::ModelConfig;
+use metrale_gpu_runtime::{CudaBackend, GpuBackend, HostBackend};
+use metrale_kernels::{ModelQuery, TargetKernels};
+use metrale_model_weights::{GgufFile, SafetensorsCheckpoint, WeightSource};
+
+/// Where the checkpoint is and what format it has.
+pub enum Checkpoint {
+    /// A `.gguf` file.
+    Gguf(GgufFile),
+    /// A directory with `config.json` and safetensors.
+    Safetensors {
+        dir: PathBuf,
+        weights: SafetensorsCheckpoint,
+    },
+}
+
+impl Checkpoint {
+    /// The weights.
+    pub fn source(&self) -> &dyn WeightSource {
+        match self {
+            Checkpoint::Gguf(g) => g,
+            Checkpoint::Safetensors { weights, .. } => weights,
+        }
+    }
+}
+
+/// Backend choice on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// CUDA when a GPU passes the preflight for an embedded target, else the host backend.
+    Auto,
+    /// The GPU, or an error.
+    Cuda,
+    /// The CPU reference implementation (slow).
+    Host,
+}
+
+/// Model-selection flags shared by `generate` and `serve`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A Hugging Face model id (`Qwen/Qwen3-8B`) found in the local HF cache (HF_HUB_CACHE,
+    /// HF_HOME/hub or ~/.cache/huggingface/hub); nothing is downloaded.
+    pub model: Option<String>,
+    /// A model directory (config.json + *.safetensors + tokenizer files) or a .gguf file.
+    #[arg(long, value_name = "PATH", conflicts_with = "model")]
+    pub model_from_path: Option<PathBuf>,
+    /// Pin the kernel target (`hw/model/quant`, `model/quant` or `model`) instead of resolving it
+    /// from the checkpoint's model_type and hidden_size.
+    #[arg(long)]
+    pub kernel_target: Option<String>,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Longest sequence (prompt plus output) in tokens; default: the model's limit, capped at
+    /// 8192 on the host backend.
+    #[arg(long)]
+    pub max_seq_len: Option<usize>,
+}
+
+fn hf_cache_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(d) = std::env::var("HF_HUB_CACHE") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Ok(d) = std::env::var("HF_HOME") {
+        dirs.push(Path::new(&d).join("hub"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(Path::new(&home).join(".cache/huggingface/hub"));
+    }
+    dirs
+}
+
+/// Resolves an HF id through the HF cache layout: `models--{org}--{name}/snapshots/{rev}` with
+/// `rev` read from `refs/main` (or the only snapshot).
+pub fn resolve_hf_id(id: &str) -> anyhow::Result<PathBuf> {
+    let folder = format!("models--{}", id.replace('/', "--"));
+    let searched = hf_cache_dirs();
+    for cache in &searched {
+        let repo = cache.join(&folder);
+        if !repo.is_dir() {
+            continue;
+        }
+        if let Ok(rev) = std::fs::read_to_string(repo.join("refs/main")) {
+            let snap = repo.join("snapshots").join(rev.trim());
+            if snap.is_dir() {
+                return Ok(snap);
+            }
+        }
+        let snaps: Vec<PathBuf> = std::fs::read_dir(repo.join("snapshots"))
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        if let [one] = snaps.as_slice() {
+            return Ok(one.clone());
+        }
+    }
+    bail!(
+        "model `{id}` is not in the local Hugging Face cache (looked for {folder} in {}); metrale downloads nothing: put the files there or pass --model-from-path",
+        searched
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Opens the checkpoint the flags name and reads its config.
+pub fn open_checkpoint(args: &ModelArgs) -> anyhow::Result<(Checkpoint, ModelConfig, Vec<String>)> {
+    let (path, mut references) = match (&args.model, &args.model_from_path) {
+        (Some(id), None) => (resolve_hf_id(id)?, vec![id.clone()]),
+        (None, Some(p)) => (p.clone(), vec![]),
+        _ => bail!(
+            "name a model: an HF id (met generate Qwen/Qwen3-8B ...) or --model-from-path PATH"
+        ),
+    };
+    if !path.exists() {
+        bail!("model path {} does not exist", path.display());
+    }
+    references.push(path.display().to_string());
+    if path.is_file() {
+        if path.extension().is_none_or(|e| e != "gguf") {
+            bail!(
+                "{} is a file but not a .gguf; pass a .gguf file or a model directory with config.json",
+                path.display()
+            );
+        }
+        let gguf = GgufFile::open(&path)?;
+        let config = gguf
+            .config()
+            .with_context(|| format!("reading the model config from {}", path.display()))?;
+        if let Some(name) = gguf.metadata.get("general.name").and_then(|v| v.as_str()) {
+            references.push(name.to_string());
+        }
+        return Ok((Checkpoint::Gguf(gguf), config, references));
+    }
+    let config_path = path.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .with_context(|| format!("reading {}", config_path.display()))?;
+    let config = metrale_config::from_config_json(&text)
+        .with_context(|| format!("in {}", config_path.display()))?;
+    let weights = SafetensorsCheckpoint::open(&path)?;
+    Ok((
+        Checkpoint::Safetensors { dir: path, weights },
+        config,
+        references,
+    ))
+}
+
+/// The backend and (for CUDA) the kernel target.
+pub struct Placement {
+    /// The backend.
+    pub gpu: Arc<dyn GpuBackend>,
+    /// The embedded target serving the model, if one resolved.
+    pub target: Option<&'static TargetKernels>,
+    /// One line for the log.
+    pub description: String,
+}
+
+/// Picks the backend: CUDA when asked or when `auto` finds a GPU that runs the resolved target.
+pub fn place(
+    args: &ModelArgs,
+    config: &ModelConfig,
+    references: Vec<String>,
+) -> anyhow::Result<Placement> {
+    let query = ModelQuery {
+        model_type: config.family.model_type(),
+        hidden_size: config.hidden_size as u64,
+        references,
+        pinned: args.kernel_target.as_deref(),
+        hardware: None,
+    };
+    let target = metrale_kernels::resolve_target(metrale_kernels::TARGETS, &query);
+    let host_target = target.as_ref().ok().copied();
+    let host = |why: String| -> anyhow::Result<Placement> {
+        let capacity = host_capacity();
+        Ok(Placement {
+            gpu: Arc::new(HostBackend::new(capacity)),
+            target: host_target,
+            description: format!("host backend (CPU reference kernels; slow): {why}"),
+        })
+    };
+    match args.backend {
+        BackendChoice::Host => host("--backend host".into()),
+        BackendChoice::Cuda | BackendChoice::Auto => {
+            let info = metrale_gpu_runtime::probe::device_info(args.device);
+            let target = match (target, info) {
+                (Ok(t), Ok(_)) => t,
+                (Err(e), _) if args.backend == BackendChoice::Cuda => return Err(e.into()),
+                (_, Err(e)) if args.backend == BackendChoice::Cuda => return Err(e.into()),
+                (Err(e), _) => return host(format!("no kernel target: {e}")),
+                (_, Err(e)) => return host(format!("no usable GPU: {e}")),
+            };
+            match CudaBackend::new(args.device, target) {
+                Ok(cuda) => {
+                    let info = metrale_gpu_runtime::probe::device_info(args.device)?;
+                    Ok(Placement {
+                        description: format!(
+                            "CUDA device {} ({}, {}), kernel target {}",
+                            args.device,
+                            info.name,
+                            info.sm(),
+                            target.target
+                        ),
+                        gpu: Arc::new(cuda),
+                        target: Some(target),
+                    })
+                }
+                Err(e) if args.backend == BackendChoice::Auto => host(format!(
+                    "the GPU cannot run target {}: {e}",
+                    target.target.path()
+                )),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Simulated device memory for the host backend: half of physical memory, at least 2 GiB.
+fn host_capacity() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(8 << 30, |kib| kib * 1024);
+    (total / 2).max(2 << 30)
+}

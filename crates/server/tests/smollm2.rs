@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! SmolLM2-135M-Instruct end to end on the host backend, against golden greedy transcripts from
+//! `transformers` on the same GGUF (tests/fixtures/smollm2_golden.json; the command that produced
+//! it is in the file).
+
+mod common;
+
+use common::{met, smollm2};
+
+fn ids_after(stderr: &str, label: &str) -> Vec<u32> {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(label))
+        .unwrap_or_else(|| panic!("no `{label}` in: {stderr}"));
+    serde_json::from_str(line.trim()).unwrap()
+}
+
+#[test]
+fn capital_of_france() {
+    let model = smollm2();
+    let out = met(&[
+        "generate",
+        "--backend",
+        "host",
+        "--model-from-path",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "The capital of France is Paris.",
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("host backend"),
+        "says which backend: {stderr}"
+    );
+    assert!(
+        stderr.contains("TTFT") && stderr.contains("tok/s"),
+        "{stderr}"
+    );
+}
+
+/// The engine's greedy ids must equal the reference's, except that at a step where the reference
+/// itself is tied at bf16 precision (its top-2 margin within one bf16 step of the top logit) either
+/// token is correct, and the transcripts may part there. At least three prompts must match whole.
+#[test]
+fn greedy_ids_match_transformers() {
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/smollm2_golden.json")).expect("fixture parses");
+    let max_new = fixture["max_new_tokens"].as_u64().unwrap().to_string();
+    let model = smollm2();
+    let cases = fixture["cases"].as_array().unwrap();
+    let mut whole = 0;
+    for case in cases {
+        let prompt = case["prompt"].as_str().unwrap();
+        let out = met(&[
+            "generate",
+            "--backend",
+            "host",
+            "--model-from-path",
+            model.to_str().unwrap(),
+            "--chat",
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            &max_new,
+            "--temperature",
+            "0",
+            "--print-ids",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let want_prompt: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["output_ids"].clone()).unwrap();
+        let margins: Vec<f64> = serde_json::from_value(case["top2_margins"].clone()).unwrap();
+        let ulps: Vec<f64> = serde_json::from_value(case["bf16_ulp_of_top"].clone()).unwrap();
+        assert_eq!(
+            ids_after(&stderr, "prompt ids:"),
+            want_prompt,
+            "prompt ids for {prompt:?}"
+        );
+        let got = ids_after(&stderr, "output ids:");
+        match got.iter().zip(&want).position(|(a, b)| a != b) {
+            None => {
+                assert_eq!(
+                    got.len(),
+                    want.len(),
+                    "output length for {prompt:?}: {got:?} vs {want:?}"
+                );
+                whole += 1;
+            }
+            Some(step) => assert!(
+                margins[step] <= ulps[step],
+                "{prompt:?}: step {step} gives {} where the reference gives {} with a clear margin {} (bf16 step {})",
+                got[step],
+                want[step],
+                margins[step],
+                ulps[step]
+            ),
+        }
+    }
+    assert!(whole >= 3, "only {whole} prompts matched whole");
+}
