@@ -392,6 +392,48 @@ pub fn cases(seed: u64) -> Vec<Case> {
             }),
         });
     }
+    // GEMV: the decode shapes (m = 1..8), an odd k (scalar path), and bias.
+    for &(m, n, k, bias) in &[
+        (1u32, 4096u32, 4096u32, false),
+        (1, 49152, 576, false),
+        (8, 1536, 576, true),
+        (3, 1000, 130, false),
+        (2, 77, 12288, true),
+    ] {
+        out.push(Case {
+            kernel: Gemv::NAME,
+            shape: format!("m={m} n={n} k={k} bias={bias}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; (m * n * 2) as usize],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n as usize, 1.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(Gemv {
+                    c: p[0],
+                    a: p[1],
+                    w: p[2],
+                    bias: if bias { p[3] } else { DevicePtr::NULL },
+                    m,
+                    n,
+                    k,
+                })
+            }),
+        });
+    }
     for &(m, n, k) in &[(1u32, 49152u32, 576u32), (3, 1000, 130)] {
         out.push(Case {
             kernel: GemmF32Out::NAME,

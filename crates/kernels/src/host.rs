@@ -219,6 +219,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (ArgmaxF32::NAME, run::<ArgmaxF32>),
         (Gemm::NAME, run::<Gemm>),
         (GemmF32Out::NAME, run::<GemmF32Out>),
+        (Gemv::NAME, run::<Gemv>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
     ]

@@ -20,7 +20,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, GpuError, KernelHandle, launch_kernel};
 use metrale_kernels::Kernel;
 use metrale_kernels::ops::{
-    AddRmsNorm, Embedding, Gemm, KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul,
+    AddRmsNorm, Embedding, GEMV_MAX_ROWS, Gemm, Gemv, KvCacheWrite, PagedAttention, RmsNorm,
+    RopeNeox, SiluMul,
 };
 
 use crate::weights::{self, DeviceWeights, LoadProgress};
@@ -109,6 +110,7 @@ struct Kernels {
     add_rmsnorm: KernelHandle,
     rope: KernelHandle,
     gemm: KernelHandle,
+    gemv: KernelHandle,
     silu_mul: KernelHandle,
     attention: KernelHandle,
     kv_write: KernelHandle,
@@ -168,6 +170,7 @@ impl Model {
             add_rmsnorm: g.kernel(AddRmsNorm::NAME)?,
             rope: g.kernel(RopeNeox::NAME)?,
             gemm: g.kernel(Gemm::NAME)?,
+            gemv: g.kernel(Gemv::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             kv_write: g.kernel(KvCacheWrite::NAME)?,
@@ -371,6 +374,7 @@ impl Model {
         self.upload_i32(&slots, sc.slots)?;
         self.upload_i32(&tables, sc.tables)?;
 
+        // Decode-sized products stream the weight with the GEMV kernel; the rest use the GEMM.
         let gemm = |out: DevicePtr,
                     a: DevicePtr,
                     w: DevicePtr,
@@ -378,20 +382,37 @@ impl Model {
                     m: u32,
                     n_: u32,
                     k_: u32| {
-            launch_kernel(
-                g,
-                k.gemm,
-                &Gemm {
-                    c: out,
-                    a,
-                    w,
-                    bias,
-                    m,
-                    n: n_,
-                    k: k_,
-                },
-                s,
-            )
+            if m <= GEMV_MAX_ROWS {
+                launch_kernel(
+                    g,
+                    k.gemv,
+                    &Gemv {
+                        c: out,
+                        a,
+                        w,
+                        bias,
+                        m,
+                        n: n_,
+                        k: k_,
+                    },
+                    s,
+                )
+            } else {
+                launch_kernel(
+                    g,
+                    k.gemm,
+                    &Gemm {
+                        c: out,
+                        a,
+                        w,
+                        bias,
+                        m,
+                        n: n_,
+                        k: k_,
+                    },
+                    s,
+                )
+            }
         };
         launch_kernel(
             g,

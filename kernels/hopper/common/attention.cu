@@ -4,9 +4,8 @@
 // Token t of sequence s = token_seq[t] at position p = positions[t] attends to keys 0..=p of
 // its sequence, which live in the cache blocks block_tables[s][*] (block_size tokens each; the
 // cache is [num_blocks, block_size, kv_heads, head_dim]). Query head h reads kv head
-// h / (q_heads / kv_heads). Scores and the softmax are f32 with an online (running max) softmax;
-// as in FlashAttention (the HF reference's SDPA kernel), each probability is rounded to bf16 before
-// it weights a value, while the normaliser sums the unrounded probabilities.
+// h / (q_heads / kv_heads). Scores, probabilities and the weighted sum of values are f32, with an
+// online (running max) softmax; the output is rounded to bf16 once.
 //
 // Version 1: one block of 4 warps per (token, query head); warp w takes keys w, w+4, ...; each
 // lane holds head_dim / 32 elements (head_dim <= 256); the 4 partial softmaxes are merged in shared
@@ -59,13 +58,12 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
         const float m_new = fmaxf(m, s);
         const float corr = __expf(m - m_new);
         const float p = __expf(s - m_new);
-        const float p_bf16 = metrale::to_f32(metrale::to_bf16(p));
         l = l * corr + p;
 #pragma unroll
         for (int i = 0; i < MAX_PER_LANE; ++i) {
             const uint32_t d = lane + 32 * i;
             const float v = d < head_dim ? metrale::to_f32(v_cache[base + d]) : 0.0f;
-            acc[i] = acc[i] * corr + p_bf16 * v;
+            acc[i] = acc[i] * corr + p * v;
         }
         m = m_new;
     }

@@ -4,7 +4,7 @@
 use half::bf16;
 use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 
-use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16, widen};
+use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, widen};
 use crate::names;
 
 kernel_args!(
@@ -140,12 +140,9 @@ impl Kernel for PagedAttention {
                     *s = (*s - max).exp();
                     total += *s;
                 }
-                // Probabilities weight the values rounded to bf16 (as FlashAttention does); the
-                // normaliser uses them unrounded.
                 let o = &mut out[(t * qh + h) * d..][..d];
                 for (j, p) in scores.iter().enumerate() {
                     let v = &v_cache[slot(j)..][..d];
-                    let p = round_bf16(*p);
                     for (acc, x) in o.iter_mut().zip(v) {
                         *acc += p * widen(*x);
                     }

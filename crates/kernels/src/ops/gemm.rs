@@ -48,6 +48,62 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// The same product for decode-sized `m` (at most [`GEMV_MAX_ROWS`]): a weight stream, one
+    /// warp per output column.
+    Gemv => names::gemv::GEMV_BF16 {
+        /// bf16 `[m, n]`.
+        c: DevicePtr,
+        /// bf16 `[m, k]`.
+        a: DevicePtr,
+        /// bf16 `[n, k]`.
+        w: DevicePtr,
+        /// bf16 `[n]`, or null.
+        bias: DevicePtr,
+        /// Rows of A and C (at most 8).
+        m: u32,
+        /// Rows of W, columns of C.
+        n: u32,
+        /// The reduction length.
+        k: u32,
+    }
+);
+
+/// Most rows [`Gemv`] takes; larger `m` goes to [`Gemm`].
+pub const GEMV_MAX_ROWS: u32 = 8;
+
+impl Kernel for Gemv {
+    const NAME: KernelName = names::gemv::GEMV_BF16;
+
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(blocks_for(self.n.into(), 8), 256)
+    }
+    fn args(&self) -> Vec<KernelArg> {
+        self.encode()
+    }
+    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
+        Self::decode(args)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        if self.m > GEMV_MAX_ROWS {
+            return Err(HostError::BadArgs {
+                kernel: Self::NAME,
+                message: format!("m = {} exceeds {GEMV_MAX_ROWS}", self.m),
+            });
+        }
+        let c = reference(
+            mem,
+            self.a,
+            self.w,
+            self.bias,
+            self.m as usize,
+            self.n as usize,
+            self.k as usize,
+        )?;
+        host::store_bf16(mem, self.c, &c)
+    }
+}
+
 fn launch(m: u32, n: u32) -> LaunchConfig {
     LaunchConfig {
         grid: [blocks_for(n.into(), 64), blocks_for(m.into(), 64), 1],
