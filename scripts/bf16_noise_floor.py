@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
-# The bf16 noise floor of the random checkpoints (no GPU, numpy only). Position-0 forward of a random Qwen3-0.6B-shaped model (attention = v at position 0) in numpy:
+# The bf16 noise floor of the random checkpoints (no GPU; numpy). Position-0 forward of a random
+# Qwen3-0.6B-shaped model (attention = v at position 0):
 # f32 truth vs bf16 pipelines at HF rounding points, and two bf16 pipelines that differ only in
 # matmul accumulation precision (f32 vs f64 before rounding).
 import numpy as np, sys
@@ -31,7 +32,8 @@ def run(r, mode):
     for l in layers:
         x = norm(h, l['n1'])
         v = r(mm(x, l['v'], mode))
-        a = np.tile(v.reshape(KVH, HD), (QH // KVH, 1)).reshape(-1) if False else np.repeat(v.reshape(KVH, HD), QH // KVH, axis=0).reshape(-1)
+        # One key: attention returns v, each kv head shared by its query heads.
+        a = np.repeat(v.reshape(KVH, HD), QH // KVH, axis=0).reshape(-1)
         h = r(h + r(mm(a, l['o'], mode)))
         x = norm(h, l['n2'])
         g = r(mm(x, l['g'], mode)); u = r(mm(x, l['u'], mode))
