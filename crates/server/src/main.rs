@@ -11,6 +11,7 @@ mod doctor;
 mod generate;
 mod load;
 mod parity;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -49,6 +50,9 @@ enum Command {
     /// Compare the model's logits with a reference file from transformers
     /// (scripts/gpu/reference_logits.py) at every position; exits non-zero above the tolerance.
     Parity(parity::Args),
+    /// Serve the model over an OpenAI- and Anthropic-compatible HTTP API with continuous
+    /// batching over a paged KV cache. Logs `Listening on <addr>` once ready.
+    Serve(serve::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +62,7 @@ fn main() -> std::process::ExitCode {
         Command::CheckKernels(args) => check_kernels::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Parity(args) => parity::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(code) => code,

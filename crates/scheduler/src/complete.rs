@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Applying a step's sampled tokens: record them, finish by length, return the events to stream.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use crate::plan::TokenEvent;
+use crate::request::{FinishReason, SeqId, StepError};
+use crate::scheduler::Scheduler;
+use crate::sequence::Phase;
+
+impl Scheduler {
+    /// Records the tokens sampled for a plan's items that wanted logits, one `(sequence, token)`
+    /// per such item, at time `now`, and returns one event per token, in `results` order.
+    ///
+    /// A sequence that reaches its `max_new_tokens` (already clamped to `max_seq_len` and the KV
+    /// pool) finishes with [`FinishReason::Length`] on that event; it is removed and its blocks
+    /// are free on return. A result for a sequence that is no longer live (finished or
+    /// cancelled since the plan) is ignored. A result for a live sequence that is not awaiting a
+    /// sample, or a second result for one, is an error and nothing is applied.
+    ///
+    /// Tokens are only ever appended at the end of a sequence, so each output index is emitted
+    /// once: a preempted sequence recomputes its emitted tokens as input and resumes sampling
+    /// after them.
+    pub fn complete_step(
+        &mut self,
+        results: &[(SeqId, u32)],
+        now: Instant,
+    ) -> Result<Vec<TokenEvent>, StepError> {
+        let mut seen = HashSet::with_capacity(results.len());
+        for &(seq, _) in results {
+            let awaiting = match self.find(seq) {
+                None => true, // gone: ignored below
+                Some(s) => s.phase() == Phase::AwaitingSample,
+            };
+            if !awaiting || !seen.insert(seq) {
+                return Err(StepError::NotAwaitingSample(seq));
+            }
+        }
+        let mut events = Vec::with_capacity(results.len());
+        for &(seq, token) in results {
+            let Some(i) = self.running.iter().position(|s| s.id == seq) else {
+                continue;
+            };
+            let s = &mut self.running[i];
+            s.tokens.push(token);
+            s.last_token_at = now;
+            let output_index = s.output_len() - 1;
+            let finish = (s.output_len() >= s.max_new_tokens).then_some(FinishReason::Length);
+            if finish.is_some() {
+                let mut s = self.running.remove(i);
+                self.release(&mut s);
+            }
+            events.push(TokenEvent {
+                seq,
+                token,
+                output_index,
+                finish,
+            });
+        }
+        Ok(events)
+    }
+}

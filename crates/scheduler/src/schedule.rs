@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Building one step: the scheduling algorithm.
+
+use std::time::Instant;
+
+use metrale_cache::BlockTable;
+
+use crate::config::Policy;
+use crate::plan::{PlanItem, StepPlan};
+use crate::request::SeqId;
+use crate::scheduler::Scheduler;
+use crate::sequence::{Phase, Sequence};
+
+impl Scheduler {
+    /// Plans the next step at time `now` (read only by the SLAI deadline rule).
+    ///
+    /// Algorithm (vLLM v1 style: one token budget per step rather than separate prefill and
+    /// decode phases; a sequence is its tokens and how many of them are in the KV cache). The
+    /// budget is `max_step_tokens`. **First**, the running sequences are visited oldest admission
+    /// first: a decoding sequence gets one token (its last sampled one); a prefilling sequence
+    /// gets the next chunk of its prompt, as large as the budget allows after keeping one token
+    /// for each decoding sequence still to be visited, so chunks never crowd out decodes; a
+    /// sequence whose sample is still outstanding is skipped. Before an item enters the plan,
+    /// blocks are reserved for exactly the positions it writes. When the pool is short, a chunk
+    /// shrinks to the free blocks; when not even one token fits, the most recently admitted
+    /// sequence admitted after the one in need (hence not yet planned) and with no outstanding
+    /// sample is preempted by recompute: its blocks are freed and it goes to the front of the
+    /// queue with every token it has, prompt and output, to be prefilled again later. This
+    /// repeats until the token fits; when no such sequence is left, the one in need is preempted
+    /// itself. So priority is admission order: with no sample outstanding, the oldest running
+    /// sequence is never preempted and advances every step (but SLAI's decode-only steps), which
+    /// rules out livelock. **Second**, unless this call preempted (memory is tight), waiting
+    /// sequences are admitted while a running slot, budget and free blocks for their first chunk
+    /// (up to the remaining budget) remain; the first that does not fit stops admission, so the
+    /// front of the queue is never overtaken and a long prompt cannot starve. FIFO admits in
+    /// queue order; SLAI admits the front of the queue first (the last preempted sequence if
+    /// any, else the oldest arrival), then the rest by shortest prompt. **Third**, SLAI's
+    /// deadline rule: while any decoding sequence has gone 80% of `tbt_deadline_ms` since its
+    /// last token, prefill chunks and admissions are skipped and the step holds decodes only.
+    /// An item wants logits exactly when it covers its sequence's last token, so a prefill
+    /// samples only on its final chunk, and a recomputed sequence samples its next output token,
+    /// never one it already emitted: preemption delays a sequence but never drops, changes or
+    /// repeats a token.
+    pub fn schedule(&mut self, now: Instant) -> StepPlan {
+        let decode_only = self.decode_deadline_near(now);
+        let mut step = StepBuilder {
+            budget: self.config.max_step_tokens,
+            items: Vec::new(),
+            preempted: Vec::new(),
+        };
+        self.schedule_running(decode_only, &mut step);
+        if !decode_only && step.preempted.is_empty() {
+            self.admit_waiting(&mut step);
+        }
+        step.into_plan()
+    }
+
+    /// SLAI: whether a decoding sequence has waited 80% of the deadline since its last token.
+    fn decode_deadline_near(&self, now: Instant) -> bool {
+        let Policy::Slai { tbt_deadline_ms } = self.config.policy else {
+            return false;
+        };
+        // 80% of the deadline, in microseconds, compared exactly in integers.
+        let threshold_us = u128::from(tbt_deadline_ms) * 800;
+        self.running.iter().any(|s| {
+            s.phase() == Phase::Decode
+                && now.saturating_duration_since(s.last_token_at).as_micros() >= threshold_us
+        })
+    }
+
+    /// The first part of the algorithm: decodes and continuing prefill chunks, with preemption.
+    fn schedule_running(&mut self, decode_only: bool, step: &mut StepBuilder) {
+        // Budget kept back: one token for every decoding sequence not yet visited.
+        let mut decodes_ahead = self
+            .running
+            .iter()
+            .filter(|s| s.phase() == Phase::Decode)
+            .count();
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            let phase = s.phase();
+            let want = match phase {
+                Phase::Decode => {
+                    decodes_ahead -= 1;
+                    debug_assert!(
+                        step.budget > decodes_ahead,
+                        "max_step_tokens >= max_running"
+                    );
+                    1
+                }
+                Phase::Prefill if !decode_only => {
+                    (s.prefill_end - s.num_computed).min(step.budget - decodes_ahead)
+                }
+                Phase::Prefill | Phase::AwaitingSample => 0,
+            };
+            if want == 0 {
+                i += 1;
+                continue;
+            }
+            loop {
+                let fit = self.tokens_that_fit(i, want);
+                if fit == want || (phase == Phase::Prefill && fit > 0) {
+                    let block_size = self.config.block_size;
+                    let s = &mut self.running[i];
+                    s.table
+                        .reserve(s.num_computed + fit, block_size, &mut self.allocator)
+                        .expect("the free blocks were counted");
+                    step.plan(s, fit, phase == Phase::Decode);
+                    i += 1;
+                    break;
+                }
+                if let Some(j) = self.victim_after(i) {
+                    let victim = self.running.remove(j);
+                    if victim.phase() == Phase::Decode {
+                        decodes_ahead -= 1;
+                    }
+                    step.preempted.push(self.preempt(victim));
+                } else {
+                    // Nothing admitted after it is left to give way: it waits itself, and the
+                    // sequence that moves into index `i` is visited next.
+                    let itself = self.running.remove(i);
+                    step.preempted.push(self.preempt(itself));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Of `want` more tokens for `running[i]`, how many its blocks and the free ones can hold.
+    fn tokens_that_fit(&self, i: usize, want: usize) -> usize {
+        let s = &self.running[i];
+        let capacity =
+            (s.table.blocks.len() + self.allocator.free_count()) * self.config.block_size;
+        want.min(capacity - s.num_computed)
+    }
+
+    /// The preemption victim for `running[i]`: the most recently admitted sequence after it
+    /// with nothing in flight. Those after `i` are not planned yet in this step, so preempting
+    /// one never takes back an item already planned.
+    fn victim_after(&self, i: usize) -> Option<usize> {
+        (i + 1..self.running.len())
+            .rev()
+            .find(|&j| self.running[j].phase() != Phase::AwaitingSample)
+    }
+
+    /// The second part of the algorithm: admissions from the queue.
+    fn admit_waiting(&mut self, step: &mut StepBuilder) {
+        let block_size = self.config.block_size;
+        let mut chosen = Vec::new(); // (queue index, first chunk), in admission order
+        let mut free = self.allocator.free_count();
+        let mut budget = step.budget;
+        for index in self.admission_order() {
+            if self.running.len() + chosen.len() >= self.config.max_running || budget == 0 {
+                break;
+            }
+            let chunk = self.waiting[index].tokens.len().min(budget);
+            let blocks = BlockTable::blocks_for(chunk, block_size);
+            if blocks > free {
+                break;
+            }
+            free -= blocks;
+            budget -= chunk;
+            chosen.push((index, chunk));
+        }
+        if chosen.is_empty() {
+            return;
+        }
+        let mut queue: Vec<Option<Sequence>> = self.waiting.drain(..).map(Some).collect();
+        for (index, chunk) in chosen {
+            let mut s = queue[index]
+                .take()
+                .expect("each queue index is chosen once");
+            s.prefill_end = s.tokens.len();
+            s.table
+                .reserve(chunk, block_size, &mut self.allocator)
+                .expect("the free blocks were counted");
+            step.plan(&mut s, chunk, false);
+            self.running.push(s);
+        }
+        self.waiting = queue.into_iter().flatten().collect();
+    }
+
+    /// Queue indices in the order the policy admits them.
+    fn admission_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.waiting.len()).collect();
+        if let Policy::Slai { .. } = self.config.policy
+            && order.len() > 2
+        {
+            // The front first; the rest by shortest prefill, ties in queue order (stable sort).
+            order[1..].sort_by_key(|&i| self.waiting[i].tokens.len());
+        }
+        order
+    }
+}
+
+/// The step under construction.
+struct StepBuilder {
+    /// Tokens left in the budget.
+    budget: usize,
+    /// Planned items, each with its table snapshot and whether it is a decode.
+    items: Vec<(PlanItem, BlockTable, bool)>,
+    /// Sequences preempted so far.
+    preempted: Vec<SeqId>,
+}
+
+impl StepBuilder {
+    /// Puts the next `n` tokens of `seq` in the step; its blocks must already hold them.
+    fn plan(&mut self, seq: &mut Sequence, n: usize, decode: bool) {
+        let start = seq.num_computed;
+        seq.num_computed += n;
+        self.budget -= n;
+        let item = PlanItem {
+            seq: seq.id,
+            tokens: seq.tokens[start..seq.num_computed].to_vec(),
+            start_position: start,
+            wants_logits: seq.num_computed == seq.tokens.len(),
+        };
+        self.items.push((item, seq.table.clone(), decode));
+    }
+
+    fn into_plan(mut self) -> StepPlan {
+        // Stable: decodes first, each group in the order planned.
+        self.items.sort_by_key(|&(_, _, decode)| !decode);
+        let (items, block_tables) = self
+            .items
+            .into_iter()
+            .map(|(item, table, _)| (item, table))
+            .unzip();
+        StepPlan {
+            items,
+            block_tables,
+            preempted: self.preempted,
+        }
+    }
+}

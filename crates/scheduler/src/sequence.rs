@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! One live sequence's progress: its tokens, how many of them are in the KV cache, its blocks.
+
+use std::time::Instant;
+
+use metrale_cache::BlockTable;
+
+use crate::request::SeqId;
+
+/// Where a running sequence stands; a waiting one has no blocks and nothing computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Part of its prefill (prompt, plus the output folded in by a preemption) is not planned.
+    Prefill,
+    /// Prefill done; its last sampled token is the next token to feed.
+    Decode,
+    /// Every token is planned and a planned item wants its logits: the next token is being
+    /// sampled. Not schedulable, and never a preemption victim, until its result arrives.
+    AwaitingSample,
+}
+
+/// A live sequence.
+///
+/// Invariants: `num_computed <= tokens.len()`; the table holds at least `num_computed` positions;
+/// `tokens[prompt_len..]` have each been emitted exactly once; a waiting sequence has an empty
+/// table and `num_computed == 0`.
+#[derive(Debug)]
+pub(crate) struct Sequence {
+    pub(crate) id: SeqId,
+    /// The prompt followed by every token sampled so far.
+    pub(crate) tokens: Vec<u32>,
+    /// Tokens of the prompt as added.
+    pub(crate) prompt_len: usize,
+    /// Output tokens after which it finishes with `Length` (already clamped).
+    pub(crate) max_new_tokens: usize,
+    /// Positions `0..num_computed` are written to the KV cache, or planned to be.
+    pub(crate) num_computed: usize,
+    /// `tokens.len()` at admission: the prefill (prompt, and after a preemption the output so
+    /// far too) ends there; the step covering position `prefill_end - 1` wants logits.
+    pub(crate) prefill_end: usize,
+    /// Blocks holding positions `0..num_computed`.
+    pub(crate) table: BlockTable,
+    /// When its last token was emitted (its arrival before the first): the SLAI clock.
+    pub(crate) last_token_at: Instant,
+}
+
+impl Sequence {
+    /// Tokens generated, each emitted once.
+    pub(crate) fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        if self.num_computed == self.tokens.len() {
+            Phase::AwaitingSample
+        } else if self.num_computed < self.prefill_end {
+            Phase::Prefill
+        } else {
+            Phase::Decode
+        }
+    }
+}

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A fake engine: a deterministic "model" over a fake paged KV cache, so that a wrong block
+//! table, position or chunk boundary changes the tokens the scheduler gets back.
+
+use std::collections::HashSet;
+
+use metrale_scheduler::{SeqId, StepPlan};
+
+/// Token ids the fake model draws from.
+pub const VOCAB: u64 = 100;
+
+/// The fake model: the next token after `history` (every token of the sequence so far, position
+/// 0 first). It hashes the whole history, so reading back one wrong slot changes it.
+pub fn next_token(seq: SeqId, history: &[u32]) -> u32 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seq.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for &t in history {
+        h ^= u64::from(t);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    ((h >> 17) % VOCAB) as u32
+}
+
+/// What the sequence generates when it runs alone: `n` tokens after `prompt`.
+pub fn reference(seq: SeqId, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut tokens = prompt.to_vec();
+    for _ in 0..n {
+        let t = next_token(seq, &tokens);
+        tokens.push(t);
+    }
+    tokens.split_off(prompt.len())
+}
+
+/// The KV cache: one `(owner, token)` per slot, `num_blocks * block_size` slots.
+pub struct FakeKv {
+    slots: Vec<Option<(SeqId, u32)>>,
+    block_size: usize,
+}
+
+impl FakeKv {
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        FakeKv {
+            slots: vec![None; num_blocks * block_size],
+            block_size,
+        }
+    }
+
+    /// Wipes every block outside `owned`, so that a position the scheduler forgot to recompute
+    /// after its blocks were freed cannot be read back by luck.
+    pub fn wipe_unowned(&mut self, owned: &HashSet<u32>) {
+        for (slot, entry) in self.slots.iter_mut().enumerate() {
+            if !owned.contains(&((slot / self.block_size) as u32)) {
+                *entry = None;
+            }
+        }
+    }
+
+    /// Runs one step through the plan's flat form: writes every token to its slot, then reads
+    /// each sampled sequence's whole history back through its block table and applies the
+    /// model. Returns `(sequence, token)` per logit row, as an engine would.
+    pub fn run(&mut self, plan: &StepPlan) -> Vec<(SeqId, u32)> {
+        let flat = plan.flatten();
+        assert_eq!(flat.tokens.len(), plan.num_tokens());
+        assert_eq!(flat.positions.len(), flat.tokens.len());
+        assert_eq!(flat.token_seq.len(), flat.tokens.len());
+        for ((&token, &pos), &k) in flat.tokens.iter().zip(&flat.positions).zip(&flat.token_seq) {
+            let k = k as usize;
+            let slot = plan.block_tables[k]
+                .slot(pos as usize, self.block_size)
+                .unwrap_or_else(|| panic!("{}: no slot for position {pos}", plan.items[k].seq));
+            self.slots[slot as usize] = Some((plan.items[k].seq, token));
+        }
+        let mut results = Vec::new();
+        for (&row, &seq) in flat.logit_rows.iter().zip(&flat.logit_seqs) {
+            let k = flat.token_seq[row] as usize;
+            assert_eq!(
+                plan.items[k].seq, seq,
+                "logit row {row} names the wrong sequence"
+            );
+            let last = flat.positions[row] as usize;
+            let history: Vec<u32> = (0..=last)
+                .map(|p| {
+                    let slot = plan.block_tables[k].slot(p, self.block_size).unwrap();
+                    match self.slots[slot as usize] {
+                        Some((owner, token)) if owner == seq => token,
+                        other => panic!("{seq}: position {p} reads slot {slot} holding {other:?}"),
+                    }
+                })
+                .collect();
+            results.push((seq, next_token(seq, &history)));
+        }
+        results
+    }
+}
+
+/// splitmix64: a small deterministic generator for the randomized tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// True with probability `1 / n`.
+    pub fn one_in(&mut self, n: usize) -> bool {
+        self.range(1, n) == 1
+    }
+
+    /// `n` token ids.
+    pub fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| self.range(0, VOCAB as usize - 1) as u32)
+            .collect()
+    }
+}

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Prometheus metrics with the book's names, rendered by hand (text exposition format 0.0.4).
+
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Upper bounds (seconds) of the TTFT histogram buckets.
+const TTFT_BUCKETS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Every series the server exports.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests accepted, by outcome when they end.
+    pub requests_total: AtomicU64,
+    /// Requests in flight.
+    pub requests_active: AtomicU64,
+    /// Requests refused with 429.
+    pub requests_rejected_total: AtomicU64,
+    /// Prompt tokens of accepted requests.
+    pub prompt_tokens_total: AtomicU64,
+    /// Generated tokens.
+    pub generation_tokens_total: AtomicU64,
+    /// KV blocks in use.
+    pub kv_blocks_used: AtomicU64,
+    /// KV blocks free.
+    pub kv_blocks_free: AtomicU64,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: AtomicU64,
+    /// Sequences waiting for admission.
+    pub sequences_waiting: AtomicU64,
+    /// Sequences being prefilled or decoded.
+    pub sequences_running: AtomicU64,
+    /// Sequences preempted by recompute.
+    pub preemptions_total: AtomicU64,
+    ttft: Mutex<Histogram>,
+}
+
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: [u64; TTFT_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Metrics {
+    /// Records one time-to-first-token observation.
+    pub fn observe_ttft(&self, seconds: f64) {
+        let mut h = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, b) in TTFT_BUCKETS.iter().enumerate() {
+            if seconds <= *b {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += seconds;
+    }
+
+    /// The exposition text.
+    pub fn render(&self, model: &str) -> String {
+        let mut s = String::new();
+        let mut counter = |name: &str, help: &str, kind: &str, v: &AtomicU64| {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        };
+        counter(
+            "metrale_requests_total",
+            "Requests accepted.",
+            "counter",
+            &self.requests_total,
+        );
+        counter(
+            "metrale_requests_active",
+            "Requests in flight.",
+            "gauge",
+            &self.requests_active,
+        );
+        counter(
+            "metrale_requests_rejected_total",
+            "Requests refused because the queue was full.",
+            "counter",
+            &self.requests_rejected_total,
+        );
+        counter(
+            "metrale_prompt_tokens_total",
+            "Prompt tokens of accepted requests.",
+            "counter",
+            &self.prompt_tokens_total,
+        );
+        counter(
+            "metrale_generation_tokens_total",
+            "Generated tokens.",
+            "counter",
+            &self.generation_tokens_total,
+        );
+        counter(
+            "metrale_kv_blocks_used",
+            "KV cache blocks in use.",
+            "gauge",
+            &self.kv_blocks_used,
+        );
+        counter(
+            "metrale_kv_blocks_free",
+            "KV cache blocks free.",
+            "gauge",
+            &self.kv_blocks_free,
+        );
+        counter(
+            "metrale_kv_blocks_total",
+            "KV cache blocks in the pool.",
+            "gauge",
+            &self.kv_blocks_total,
+        );
+        counter(
+            "metrale_sequences_waiting",
+            "Sequences waiting for admission.",
+            "gauge",
+            &self.sequences_waiting,
+        );
+        counter(
+            "metrale_sequences_running",
+            "Sequences being prefilled or decoded.",
+            "gauge",
+            &self.sequences_running,
+        );
+        counter(
+            "metrale_preemptions_total",
+            "Sequences preempted (recomputed later) when KV blocks ran out.",
+            "counter",
+            &self.preemptions_total,
+        );
+        let h = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
+        let name = "metrale_time_to_first_token_seconds";
+        let _ = writeln!(
+            s,
+            "# HELP {name} Time from arrival to the first generated token.\n# TYPE {name} histogram"
+        );
+        for (b, c) in TTFT_BUCKETS.iter().zip(h.counts) {
+            let _ = writeln!(s, "{name}_bucket{{model=\"{model}\",le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(
+            s,
+            "{name}_bucket{{model=\"{model}\",le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(s, "{name}_sum{{model=\"{model}\"}} {}", h.sum);
+        let _ = writeln!(s, "{name}_count{{model=\"{model}\"}} {}", h.count);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histogram() {
+        let m = Metrics::default();
+        m.requests_total.fetch_add(3, Ordering::Relaxed);
+        m.observe_ttft(0.2);
+        m.observe_ttft(3.0);
+        let text = m.render("smol");
+        assert!(text.contains("metrale_requests_total 3"));
+        assert!(
+            text.contains(
+                "metrale_time_to_first_token_seconds_bucket{model=\"smol\",le=\"0.25\"} 1"
+            )
+        );
+        assert!(
+            text.contains("metrale_time_to_first_token_seconds_bucket{model=\"smol\",le=\"5\"} 2")
+        );
+        assert!(text.contains("metrale_time_to_first_token_seconds_count{model=\"smol\"} 2"));
+    }
+}

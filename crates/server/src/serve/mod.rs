@@ -1,0 +1,453 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! `met serve`: the OpenAI- and Anthropic-compatible HTTP server.
+//!
+//! Start-up: open the checkpoint, pick the backend and kernel target, size the KV pool, load the
+//! weights, start the engine thread, bind, and only then log `Listening on`. Requests flow
+//! handler → [`engine::EngineHandle`] → engine thread (scheduler + model) → per-request channel
+//! → JSON or SSE. Ctrl-C / SIGTERM stop accepting, let in-flight requests finish (up to
+//! [`DRAIN`]), then stop the engine.
+
+mod anthropic;
+mod engine;
+mod error;
+mod metrics;
+mod misc;
+mod openai;
+mod params;
+mod state;
+mod stop;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use metrale_cache::DEFAULT_BLOCK_SIZE;
+use metrale_model_engine::{Model, ModelOptions};
+use metrale_scheduler::{Policy, Scheduler, SchedulerConfig};
+
+use crate::generate::tokenizer_for;
+use crate::load::{self, ModelArgs};
+use error::ApiError;
+use state::AppState;
+
+/// How long in-flight requests may run after a shutdown signal.
+pub const DRAIN: Duration = Duration::from_secs(30);
+
+/// Scheduling policy on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyArg {
+    /// First come, first served.
+    Fifo,
+    /// SLO-aware: no new prefills while a running sequence nears its time-between-tokens deadline.
+    Slai,
+}
+
+/// Options of `met serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to bind. 0.0.0.0 exposes the server to the network (a warning is logged).
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8888)]
+    port: u16,
+    /// The model name /v1/models reports (requests may name any model: one model per server).
+    #[arg(long, alias = "served-model-name")]
+    model_name: Option<String>,
+    /// Most sequences in one decode step. Default: the hardware class's (CUDA), 16 (host).
+    #[arg(long)]
+    max_batch_size: Option<usize>,
+    /// Token budget of one step (chunked prefill). Default: the hardware class's (CUDA), 512 (host).
+    #[arg(long)]
+    max_prefill_tokens: Option<usize>,
+    /// Most requests admitted at once (running + queued); more are refused with 429.
+    #[arg(long, default_value_t = 128)]
+    max_num_seqs: usize,
+    /// Fraction of device memory the engine may use (weights + KV cache + scratch).
+    #[arg(long)]
+    gpu_memory_utilization: Option<f64>,
+    /// Scheduling policy.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Fifo)]
+    scheduler: PolicyArg,
+    /// SLAI's time-between-tokens deadline, ms.
+    #[arg(long, default_value_t = 100)]
+    tbt_deadline_ms: u64,
+    /// Seconds a request may run before it is ended (0: no limit).
+    #[arg(long, default_value_t = 600)]
+    request_timeout: u64,
+    /// Require `Authorization: Bearer <token>` (or `x-api-key`) on every API route.
+    #[arg(long)]
+    require_auth: bool,
+    /// An accepted token (repeatable).
+    #[arg(long)]
+    auth_token: Vec<String>,
+    /// A file of accepted tokens, one per line.
+    #[arg(long)]
+    auth_tokens_file: Option<std::path::PathBuf>,
+}
+
+/// Constant-time equality, so a wrong token's timing says nothing about the right one.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8;
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+async fn auth(State(tokens): State<Arc<Vec<String>>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if path.starts_with("/health") {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    let ok = given.is_some_and(|g| {
+        tokens
+            .iter()
+            .fold(false, |acc, t| acc | same(g.as_bytes(), t.as_bytes()))
+    });
+    if ok {
+        return next.run(req).await;
+    }
+    let dialect = if path.starts_with("/v1/messages") {
+        error::Dialect::Anthropic
+    } else {
+        error::Dialect::OpenAi
+    };
+    let message = if given.is_some() {
+        "the bearer token is not valid"
+    } else {
+        "this server requires `Authorization: Bearer <token>`"
+    };
+    ApiError::new(StatusCode::UNAUTHORIZED, message)
+        .with_dialect(dialect)
+        .into_response()
+}
+
+fn router(state: Arc<AppState>, tokens: Option<Arc<Vec<String>>>) -> Router {
+    let unsupported = [
+        "/v1/embeddings",
+        "/v1/images/generations",
+        "/v1/images/edits",
+        "/v1/images/variations",
+        "/v1/audio/speech",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/v1/moderations",
+        "/v1/files",
+        "/v1/fine_tuning/jobs",
+        "/v1/batches",
+        "/v1/assistants",
+        "/v1/threads",
+        "/v1/responses",
+        "/v1/rerank",
+    ];
+    let mut app = Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/models", get(misc::models))
+        .route("/v1/models/{id}", get(misc::model))
+        .route("/tokenize", post(misc::tokenize))
+        .route("/detokenize", post(misc::detokenize))
+        .route("/health", get(misc::health))
+        .route("/health/live", get(misc::health))
+        .route("/metrics", get(misc::metrics))
+        .route("/openapi.json", get(misc::openapi));
+    for path in unsupported {
+        app = app.route(path, axum::routing::any(misc::not_supported));
+    }
+    let app = app
+        .fallback(misc::not_found)
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route does not accept that method",
+            )
+        })
+        .with_state(state);
+    match tokens {
+        Some(t) => app.layer(axum::middleware::from_fn_with_state(t, auth)),
+        None => app,
+    }
+}
+
+fn auth_tokens(args: &Args) -> anyhow::Result<Option<Arc<Vec<String>>>> {
+    let mut tokens = args.auth_token.clone();
+    if let Some(path) = &args.auth_tokens_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --auth-tokens-file {}", path.display()))?;
+        tokens.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from),
+        );
+    }
+    if !args.require_auth {
+        if !tokens.is_empty() {
+            bail!(
+                "--auth-token/--auth-tokens-file given without --require-auth; add --require-auth"
+            );
+        }
+        return Ok(None);
+    }
+    if tokens.is_empty() {
+        bail!("--require-auth needs at least one token (--auth-token or --auth-tokens-file)");
+    }
+    Ok(Some(Arc::new(tokens)))
+}
+
+/// Runs `met serve`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let tokens = auth_tokens(args)?;
+    let addr: SocketAddr = format!("{}:{}", args.bind, args.port)
+        .parse()
+        .with_context(|| {
+            format!(
+                "--bind {} --port {} is not an address",
+                args.bind, args.port
+            )
+        })?;
+    if args.bind == "0.0.0.0" || args.bind == "::" {
+        tracing::warn!(
+            "binding {} exposes this server to every network this machine is on{}",
+            args.bind,
+            if tokens.is_none() {
+                ", without authentication (see --require-auth)"
+            } else {
+                ""
+            }
+        );
+    }
+    let (checkpoint, config, references) = load::open_checkpoint(&args.model)?;
+    let tokenizer = Arc::new(tokenizer_for(&checkpoint)?);
+    let placement = load::place(&args.model, &config, references.clone())?;
+    tracing::info!("backend: {}", placement.description);
+    let gpu = placement.gpu.clone();
+    let on_gpu = gpu.kind() == "cuda";
+    let defaults = placement.target.map(|t| t.defaults).unwrap_or_default();
+    let max_seq_len =
+        args.model
+            .max_seq_len
+            .unwrap_or(
+                config
+                    .max_position_embeddings
+                    .min(if on_gpu { 32768 } else { 4096 }),
+            );
+    let block_size = defaults
+        .kv_block_size
+        .map_or(DEFAULT_BLOCK_SIZE, |b| b as usize);
+    // The hardware class's batch describes the GPU; the host backend defaults to a small one.
+    let max_batch = args
+        .max_batch_size
+        .unwrap_or(if on_gpu {
+            defaults.max_batch_size.map_or(8, |b| b as usize)
+        } else {
+            16
+        })
+        .max(1);
+    let step_tokens = args
+        .max_prefill_tokens
+        .unwrap_or(if on_gpu {
+            defaults.max_prefill_tokens.map_or(8192, |t| t as usize)
+        } else {
+            512
+        })
+        .max(max_batch);
+    let blocks_per_seq = max_seq_len.div_ceil(block_size);
+    let kv_block_bytes = ModelOptions::kv_bytes_per_block(&config, block_size);
+    // The pool: what the memory budget allows (CUDA) or what the decode batch needs at full length
+    // (host, where memory is the machine's own), and never more than all admitted requests need.
+    let wanted = args.max_num_seqs.max(1) * blocks_per_seq;
+    let num_blocks = if on_gpu {
+        let util = args
+            .gpu_memory_utilization
+            .or(defaults.gpu_memory_utilization)
+            .unwrap_or(0.9);
+        if !(0.05..=1.0).contains(&util) {
+            bail!("--gpu-memory-utilization {util} must be between 0.05 and 1");
+        }
+        let total = gpu.total_memory()? as f64;
+        let weights = config.parameter_count() as f64 * 2.0;
+        let scratch = (step_tokens * (config.hidden_size * 8 + config.intermediate_size * 3) * 2
+            + max_batch * config.vocab_size * 4) as f64;
+        let budget = total * util - weights - scratch - (1u64 << 30) as f64;
+        if budget < kv_block_bytes as f64 * blocks_per_seq as f64 {
+            bail!(
+                "the KV cache does not fit: {:.1} GiB of device memory at utilization {util} leaves {:.2} GiB after weights and scratch; raise --gpu-memory-utilization or lower --max-seq-len",
+                total / (1u64 << 30) as f64,
+                budget / (1u64 << 30) as f64
+            );
+        }
+        ((budget / kv_block_bytes as f64) as usize).min(wanted)
+    } else {
+        (max_batch * blocks_per_seq).min(wanted)
+    };
+    let step_seqs = max_batch + step_tokens.min(64);
+    let options = ModelOptions {
+        max_tokens_per_step: step_tokens,
+        max_seqs: step_seqs,
+        max_logit_rows: step_seqs,
+        max_seq_len,
+        num_blocks,
+        block_size,
+    };
+    tracing::info!(
+        "KV cache: {num_blocks} blocks of {block_size} tokens = {} tokens ({:.2} GiB); max_seq_len {max_seq_len}, batch {max_batch}, step budget {step_tokens} tokens",
+        num_blocks * block_size,
+        (num_blocks as u64 * kv_block_bytes) as f64 / (1u64 << 30) as f64
+    );
+    let started = std::time::Instant::now();
+    let mut last = usize::MAX;
+    let mut progress = |done: usize, total: usize, bytes: u64| {
+        let pct = done * 100 / total.max(1);
+        if pct / 25 != last / 25 || done == total {
+            tracing::info!(
+                "loading weights: {pct}% ({done}/{total} tensors, {:.0} MiB)",
+                bytes as f64 / (1 << 20) as f64
+            );
+            last = pct;
+        }
+    };
+    let model = Model::load(
+        config.clone(),
+        checkpoint.source(),
+        gpu,
+        options,
+        &mut progress,
+    )?;
+    tracing::info!("weights loaded in {:.1}s", started.elapsed().as_secs_f64());
+    let policy = match args.scheduler {
+        PolicyArg::Fifo => Policy::Fifo,
+        PolicyArg::Slai => Policy::Slai {
+            tbt_deadline_ms: args.tbt_deadline_ms,
+        },
+    };
+    let scheduler = Scheduler::new(SchedulerConfig {
+        max_num_seqs: args.max_num_seqs.max(1),
+        max_running: max_batch,
+        max_step_tokens: step_tokens,
+        max_seq_len,
+        block_size,
+        num_blocks,
+        policy,
+    })
+    .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (engine, engine_thread) =
+        engine::start(model, scheduler, tokenizer.clone(), metrics.clone());
+    let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
+    eos.extend(&config.eos_token_ids);
+    eos.sort();
+    eos.dedup();
+    let model_name = args
+        .model_name
+        .clone()
+        .or_else(|| args.model.model.clone())
+        .unwrap_or_else(|| {
+            args.model
+                .model_from_path
+                .as_ref()
+                .and_then(|p| p.file_stem())
+                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+        });
+    let state = Arc::new(AppState {
+        engine: engine.clone(),
+        tokenizer,
+        model_name,
+        max_seq_len,
+        vocab_size: config.vocab_size,
+        eos,
+        presets: placement.target.map(|t| t.sampling).unwrap_or_default(),
+        request_timeout: (args.request_timeout > 0)
+            .then(|| Duration::from_secs(args.request_timeout)),
+        metrics,
+        created: state::unix_now(),
+    });
+    let app = router(state, tokens);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let served = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        tracing::info!("Listening on {addr}");
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: no new connections; in-flight requests may run for up to {}s", DRAIN.as_secs());
+            let _ = stop_tx.send(true);
+        });
+        let mut stop_rx = stop_rx;
+        tokio::select! {
+            r = server => r.context("serving")?,
+            _ = async { let _ = stop_rx.wait_for(|v| *v).await; tokio::time::sleep(DRAIN).await } => {
+                tracing::warn!("in-flight requests still running after {}s; cancelling them", DRAIN.as_secs());
+            }
+        }
+        anyhow::Ok(())
+    });
+    engine.shutdown();
+    drop(engine);
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    let _ = engine_thread.join();
+    served?;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same;
+
+    #[test]
+    fn constant_time_comparison_is_equality() {
+        assert!(same(b"secret", b"secret"));
+        assert!(!same(b"secret", b"secreT"));
+        assert!(!same(b"secret", b"secret2"));
+        assert!(!same(b"", b"x"));
+        assert!(same(b"", b""));
+    }
+}
