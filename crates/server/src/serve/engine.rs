@@ -477,13 +477,13 @@ impl Engine {
                         self.end(ev.seq, Some(Finish::Length), None);
                     }
                 }
-                StopOutcome::Stopped(t) => {
+                StopOutcome::Stopped(t, which) => {
                     let _ = a.tx.send(StreamEvent::Delta {
                         text: t,
                         tokens: vec![ev.token],
                         logprobs,
                     });
-                    self.end(ev.seq, Some(Finish::StopString(0)), None);
+                    self.end(ev.seq, Some(Finish::StopString(which)), None);
                 }
             }
         }

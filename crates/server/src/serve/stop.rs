@@ -6,6 +6,8 @@
 #[derive(Debug, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,
+    /// Position of each kept stop string in the caller's list (empty strings are dropped).
+    index: Vec<usize>,
     /// Text received but not yet released (it may be the start of a stop string).
     held: String,
 }
@@ -15,15 +17,22 @@ pub struct StopMatcher {
 pub enum StopOutcome {
     /// Text that is safe to emit (possibly empty).
     Emit(String),
-    /// A stop string was found: emit this text (everything before it), then finish.
-    Stopped(String),
+    /// Stop string number `.1` (in the order given) was found: emit `.0` (everything before it),
+    /// then finish.
+    Stopped(String, usize),
 }
 
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: Vec<String>) -> Self {
+        let (index, stops) = stops
+            .into_iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .unzip();
         StopMatcher {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            stops,
+            index,
             held: String::new(),
         }
     }
@@ -35,15 +44,16 @@ impl StopMatcher {
             return StopOutcome::Emit(std::mem::take(&mut self.held));
         }
         // The earliest complete stop string ends the output.
-        if let Some(at) = self
+        let found = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
-        {
+            .enumerate()
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, i)))
+            .min();
+        if let Some((at, which)) = found {
             let out = self.held[..at].to_string();
             self.held.clear();
-            return StopOutcome::Stopped(out);
+            return StopOutcome::Stopped(out, self.index[which]);
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
         let keep = self
@@ -81,7 +91,7 @@ mod tests {
         for c in chunks {
             match m.push(c) {
                 StopOutcome::Emit(t) => out.push_str(&t),
-                StopOutcome::Stopped(t) => {
+                StopOutcome::Stopped(t, _) => {
                     out.push_str(&t);
                     return (out, true);
                 }
@@ -105,6 +115,12 @@ mod tests {
         );
         assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
         assert_eq!(run(&["é!"], &["caf", "é", "!"]), ("caf".into(), true));
+    }
+
+    #[test]
+    fn reports_which_stop_string_matched() {
+        let mut m = StopMatcher::new(vec!["".into(), "zz".into(), "b".into()]);
+        assert_eq!(m.push("aab"), StopOutcome::Stopped("aa".into(), 2));
     }
 
     #[test]
