@@ -34,4 +34,7 @@ else
 fi
 cargo test --workspace --doc --locked
 
+step "met serve against the official OpenAI and Anthropic SDKs, a load test and bad inputs"
+MET=target/debug/met scripts/test-server.sh
+
 step "all checks passed"

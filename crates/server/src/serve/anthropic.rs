@@ -107,7 +107,7 @@ pub async fn messages(
     let max_tokens =
         token_budget(&state, prompt.len(), Some(max_tokens), "max_tokens").map_err(anthropic)?;
     let params = sampling_params(&b, &state, 1.0).map_err(anthropic)?;
-    let stop = b.stop_list("stop_sequences", 16).map_err(anthropic)?;
+    let stop = b.stop_list("stop_sequences", 16, true).map_err(anthropic)?;
     let stream = b.bool("stream").map_err(anthropic)?.unwrap_or(false);
     let model = b
         .str("model")

@@ -216,6 +216,7 @@ fn logprobs_of(row: &[f32], token: u32, k: usize) -> TokenLogprob {
 
 impl Engine {
     fn run(mut self, rx: std::sync::mpsc::Receiver<Command>) {
+        self.publish_stats();
         let mut shutting_down = false;
         loop {
             // Block for work only when there is nothing to run.

@@ -139,6 +139,21 @@ async fn auth(State(tokens): State<Arc<Vec<String>>>, req: Request, next: Next) 
         .into_response()
 }
 
+/// POST bodies must be JSON (or carry no Content-Type at all).
+async fn json_only(req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::POST {
+        let dialect = if req.uri().path().starts_with("/v1/messages") {
+            error::Dialect::Anthropic
+        } else {
+            error::Dialect::OpenAi
+        };
+        if let Err(e) = openai::check_content_type(req.headers(), dialect) {
+            return e.into_response();
+        }
+    }
+    next.run(req).await
+}
+
 fn router(state: Arc<AppState>, tokens: Option<Arc<Vec<String>>>) -> Router {
     let unsupported = [
         "/v1/embeddings",
@@ -181,7 +196,8 @@ fn router(state: Arc<AppState>, tokens: Option<Arc<Vec<String>>>) -> Router {
                 "this route does not accept that method",
             )
         })
-        .with_state(state);
+        .with_state(state)
+        .layer(axum::middleware::from_fn(json_only));
     match tokens {
         Some(t) => app.layer(axum::middleware::from_fn_with_state(t, auth)),
         None => app,

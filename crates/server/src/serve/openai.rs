@@ -21,6 +21,33 @@ use super::state::{
     AppState, collect, openai_finish, sampling_params, submit_n, token_budget, unix_now,
 };
 
+/// Refuses a body declared as something other than JSON (a missing Content-Type is accepted).
+pub fn check_content_type(
+    headers: &axum::http::HeaderMap,
+    dialect: Dialect,
+) -> Result<(), ApiError> {
+    let Some(ct) = headers.get(axum::http::header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let mime = ct
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if mime == "application/json" || mime.ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Content-Type `{mime}` is not supported: send the body as application/json"),
+        )
+        .with_dialect(dialect))
+    }
+}
+
 /// Reads the body (at most [`super::state::BODY_LIMIT`] bytes) as JSON.
 pub async fn read_json(body: HttpBody, dialect: Dialect) -> Result<Value, ApiError> {
     let bytes = axum::body::to_bytes(body, super::state::BODY_LIMIT)
@@ -189,7 +216,7 @@ pub async fn chat_completions(
     let messages = chat_messages(&b)?;
     let c = common(&b, true)?;
     let params = sampling_params(&b, &state, 2.0)?;
-    let stop = b.stop_list("stop", 16)?;
+    let stop = b.stop_list("stop", 16, false)?;
     let template = state.tokenizer.chat_template().ok_or_else(|| {
         ApiError::invalid(
             "messages",
@@ -348,7 +375,7 @@ pub async fn completions(
     let prompt = completion_prompt(&b, &state)?;
     let c = common(&b, false)?;
     let params = sampling_params(&b, &state, 2.0)?;
-    let stop = b.stop_list("stop", 16)?;
+    let stop = b.stop_list("stop", 16, false)?;
     let max_tokens = token_budget(
         &state,
         prompt.len(),

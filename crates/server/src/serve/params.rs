@@ -126,11 +126,12 @@ impl<'a> Body<'a> {
         }
     }
 
-    /// `stop`: a string or an array of at most `max` strings.
-    pub fn stop_list(&self, key: &str, max: usize) -> Result<Vec<String>, ApiError> {
+    /// `stop`: a string or an array of at most `max` strings (`strict`: an array only, as
+    /// Anthropic's `stop_sequences`).
+    pub fn stop_list(&self, key: &str, max: usize, strict: bool) -> Result<Vec<String>, ApiError> {
         let list = match self.get(key) {
             None => return Ok(Vec::new()),
-            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::String(s)) if !strict => vec![s.clone()],
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|v| {
@@ -142,7 +143,17 @@ impl<'a> Body<'a> {
                     })
                 })
                 .collect::<Result<_, _>>()?,
-            Some(v) => return Err(Self::wrong(key, "a string or an array of strings", v)),
+            Some(v) => {
+                return Err(Self::wrong(
+                    key,
+                    if strict {
+                        "an array of strings"
+                    } else {
+                        "a string or an array of strings"
+                    },
+                    v,
+                ));
+            }
         };
         if list.len() > max {
             return Err(ApiError::invalid(
