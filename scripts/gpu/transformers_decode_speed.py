@@ -116,6 +116,11 @@ def run_mode(mode: str, args, dtype):
     model.generation_config.cache_implementation = None if mode == "eager" else "static"
     if mode == "static_compile":
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        # On 2026-11-30 this mode failed on the H200 with "accessing tensor output of CUDAGraphs
+        # that has been overwritten by a subsequent run": generate() also auto-compiles the decode
+        # step when the cache is static, and the two CUDA-graph trees overwrite each other's
+        # outputs. Keep the guide's hand-compiled forward as the only compilation.
+        model.generation_config.disable_compile = True
     compile_config = None  # None: generate() uses its default CompileConfig when it auto-compiles
     cc = getattr(model.generation_config, "compile_config", None)
     if mode != "eager" and cc is not None:
@@ -171,7 +176,7 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--modes", default="eager,static_compile", help=f"comma-separated, from: {', '.join(MODES)}")
+    ap.add_argument("--modes", default="eager,static_compile,static_auto", help=f"comma-separated, from: {', '.join(MODES)}")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up generate() calls of --new-tokens (>= 2)")
     ap.add_argument("--repeats", type=int, default=5, help="timed repetitions (the median is reported)")
     ap.add_argument("--seed", type=int, default=0)
