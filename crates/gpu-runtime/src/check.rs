@@ -14,8 +14,8 @@
 
 use half::bf16;
 use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
-use metrale_kernels::Kernel;
 use metrale_kernels::ops::*;
+use metrale_kernels::{Kernel, KernelAbi};
 
 use crate::{GpuBackend, GpuError};
 

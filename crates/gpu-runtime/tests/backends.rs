@@ -7,7 +7,7 @@ use metrale_gpu_runtime::{
     GpuBackend, GpuError, HostBackend, MockBackend, Recorded, Stream, launch_kernel,
 };
 use metrale_kernels::ops::{Add, RmsNorm};
-use metrale_kernels::{Kernel, names};
+use metrale_kernels::{Kernel, KernelAbi, names};
 
 fn backends() -> Vec<Box<dyn GpuBackend>> {
     vec![

@@ -21,6 +21,6 @@ pub mod ops;
 pub mod registry;
 pub mod resolve;
 
-pub use host::{HostError, HostKernelFn, HostMemory, Kernel, host_reference};
+pub use host::{HostError, HostKernelFn, HostMemory, Kernel, KernelAbi, host_reference};
 pub use registry::{ALL_KERNELS, KernelModule, TARGETS, TargetKernels, names};
 pub use resolve::{ModelQuery, ResolveError, resolve_target};

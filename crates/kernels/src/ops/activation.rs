@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! SwiGLU activation.
 
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::blocks_for;
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16};
@@ -27,19 +27,11 @@ pub(crate) fn silu(x: f32) -> f32 {
 }
 
 impl Kernel for SiluMul {
-    const NAME: KernelName = names::activation::SILU_MUL_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(
             blocks_for(u64::from(self.tokens) * u64::from(self.inter), 256),
             256,
         )
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (t, n) = (self.tokens as usize, self.inter as usize);

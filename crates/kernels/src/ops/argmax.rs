@@ -2,7 +2,7 @@
 //! Greedy sampling: the index of each row's largest logit.
 
 use half::bf16;
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::ROW_THREADS;
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
@@ -52,16 +52,8 @@ fn rows_argmax(values: &[f32], cols: usize) -> Vec<i32> {
 }
 
 impl Kernel for ArgmaxBf16 {
-    const NAME: KernelName = names::argmax::ARGMAX_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.rows, ROW_THREADS)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
@@ -74,16 +66,8 @@ impl Kernel for ArgmaxBf16 {
 }
 
 impl Kernel for ArgmaxF32 {
-    const NAME: KernelName = names::argmax::ARGMAX_F32;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.rows, ROW_THREADS)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);

@@ -2,9 +2,9 @@
 //! Paged KV cache writes and causal grouped-query attention over the cache.
 
 use half::bf16;
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
-use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, widen};
+use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args, widen};
 use crate::names;
 
 kernel_args!(
@@ -63,20 +63,12 @@ kernel_args!(
 );
 
 impl Kernel for PagedAttention {
-    const NAME: KernelName = names::attention::PAGED_ATTENTION_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig {
             grid: [self.tokens, self.q_heads, 1],
             block: [128, 1, 1],
             shared_mem_bytes: 0,
         }
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (t_n, qh, kvh, d) = (
@@ -158,16 +150,8 @@ impl Kernel for PagedAttention {
 }
 
 impl Kernel for KvCacheWrite {
-    const NAME: KernelName = names::kv_cache::KV_CACHE_WRITE_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.tokens, 128)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (t_n, row) = (self.tokens as usize, self.row as usize);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Element-wise arithmetic.
 
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::blocks_for;
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
@@ -22,16 +22,8 @@ kernel_args!(
 );
 
 impl Kernel for Add {
-    const NAME: KernelName = names::elementwise::ADD_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(blocks_for(u64::from(self.n), 256), 256)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let n = self.n as usize;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Token embedding gather.
 
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::ROW_THREADS;
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
@@ -26,16 +26,8 @@ kernel_args!(
 );
 
 impl Kernel for Embedding {
-    const NAME: KernelName = names::embedding::EMBEDDING_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.tokens, ROW_THREADS)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (t, h) = (self.tokens as usize, self.hidden as usize);

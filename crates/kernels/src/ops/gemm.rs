@@ -2,10 +2,10 @@
 //! Dense GEMM in HF Linear layout: `C[M, N] = A[M, K] * W[N, K]^T (+ bias)`.
 
 use half::bf16;
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::blocks_for;
-use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, widen};
+use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args, widen};
 use crate::names;
 
 kernel_args!(
@@ -73,16 +73,8 @@ kernel_args!(
 pub const GEMV_MAX_ROWS: u32 = 8;
 
 impl Kernel for Gemv {
-    const NAME: KernelName = names::gemv::GEMV_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(blocks_for(self.n.into(), 8), 256)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         if self.m > GEMV_MAX_ROWS {
@@ -191,16 +183,8 @@ fn reference(
 }
 
 impl Kernel for Gemm {
-    const NAME: KernelName = names::gemm::GEMM_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         launch(self.m, self.n)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let c = reference(
@@ -217,16 +201,8 @@ impl Kernel for Gemm {
 }
 
 impl Kernel for GemmF32Out {
-    const NAME: KernelName = names::gemm::GEMM_BF16_F32OUT;
-
     fn launch_config(&self) -> LaunchConfig {
         launch(self.m, self.n)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let c = reference(

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! RMSNorm and the fused residual add + RMSNorm.
 
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::ROW_THREADS;
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16};
@@ -57,16 +57,8 @@ fn normalize(x: &[f32], weight: &[f32], cols: usize, eps: f32) -> Vec<f32> {
 }
 
 impl Kernel for RmsNorm {
-    const NAME: KernelName = names::rmsnorm::RMSNORM_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.rows, ROW_THREADS)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
@@ -77,16 +69,8 @@ impl Kernel for RmsNorm {
 }
 
 impl Kernel for AddRmsNorm {
-    const NAME: KernelName = names::rmsnorm::ADD_RMSNORM_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.rows, ROW_THREADS)
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
@@ -102,7 +86,9 @@ impl Kernel for AddRmsNorm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::KernelAbi;
     use crate::ops::testing::*;
+    use metrale_core::{DevicePtr, KernelArg};
 
     #[test]
     fn rmsnorm_matches_hand_computation() {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Rotary position embedding, rotate-half layout, in place.
 
-use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16};
 use crate::names;
@@ -33,20 +33,12 @@ kernel_args!(
 );
 
 impl Kernel for RopeNeox {
-    const NAME: KernelName = names::rope::ROPE_NEOX_BF16;
-
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig {
             grid: [self.tokens, self.heads, 1],
             block: [64, 1, 1],
             shared_mem_bytes: 0,
         }
-    }
-    fn args(&self) -> Vec<KernelArg> {
-        self.encode()
-    }
-    fn from_args(args: &[KernelArg]) -> Result<Self, HostError> {
-        Self::decode(args)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (tokens, heads, d) = (
