@@ -18,11 +18,11 @@ use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, GpuError, KernelHandle, launch_kernel};
+use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     AddRmsNorm, Embedding, GEMV_MAX_ROWS, Gemm, Gemv, KvCacheWrite, PagedAttention, RmsNorm,
     RopeNeox, SiluMul,
 };
-use metrale_kernels::KernelAbi;
 
 use crate::weights::{self, DeviceWeights, LoadProgress};
 

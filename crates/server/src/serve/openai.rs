@@ -274,33 +274,21 @@ pub async fn chat_completions(
     if c.stream {
         return Ok(stream_openai(state, rxs, id, model, true, c.include_usage).into_response());
     }
-    let mut choices = Vec::new();
-    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
-    for (i, rx) in rxs.into_iter().enumerate() {
-        let out = collect(rx).await?;
-        prompt_tokens = out.prompt_tokens;
-        completion_tokens += out.completion_tokens;
-        let logprobs = if c.logprobs.is_some() {
+    let wants_logprobs = c.logprobs.is_some();
+    whole_response(rxs, id, model, "chat.completion", |i, out| {
+        let logprobs = if wants_logprobs {
             chat_logprobs(&state, &out.logprobs)
         } else {
             Value::Null
         };
-        choices.push(json!({
+        json!({
             "index": i,
             "message": {"role": "assistant", "content": out.text},
             "logprobs": logprobs,
             "finish_reason": openai_finish(out.finish),
-        }));
-    }
-    Ok(axum::Json(json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": unix_now(),
-        "model": model,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
-    }))
-    .into_response())
+        })
+    })
+    .await
 }
 
 /// The prompt of a completions request: a string, a one-element list of strings, or token ids.
@@ -397,22 +385,33 @@ pub async fn completions(
     if c.stream {
         return Ok(stream_openai(state, rxs, id, model, false, c.include_usage).into_response());
     }
+    let wants_logprobs = c.logprobs.is_some();
+    whole_response(rxs, id, model, "text_completion", |i, out| {
+        let logprobs = if wants_logprobs { completion_logprobs(&state, &out.logprobs) } else { Value::Null };
+        json!({"index": i, "text": out.text, "logprobs": logprobs, "finish_reason": openai_finish(out.finish)})
+    })
+    .await
+}
+
+/// Waits for every choice and builds the non-streamed response; usage sums the choices.
+async fn whole_response(
+    rxs: Vec<tokio::sync::mpsc::UnboundedReceiver<StreamEvent>>,
+    id: String,
+    model: String,
+    object: &str,
+    choice: impl Fn(usize, super::state::Collected) -> Value,
+) -> Result<Response, ApiError> {
     let mut choices = Vec::new();
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     for (i, rx) in rxs.into_iter().enumerate() {
         let out = collect(rx).await?;
         prompt_tokens = out.prompt_tokens;
         completion_tokens += out.completion_tokens;
-        let logprobs = if c.logprobs.is_some() {
-            completion_logprobs(&state, &out.logprobs)
-        } else {
-            Value::Null
-        };
-        choices.push(json!({"index": i, "text": out.text, "logprobs": logprobs, "finish_reason": openai_finish(out.finish)}));
+        choices.push(choice(i, out));
     }
     Ok(axum::Json(json!({
         "id": id,
-        "object": "text_completion",
+        "object": object,
         "created": unix_now(),
         "model": model,
         "choices": choices,
