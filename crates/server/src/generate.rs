@@ -66,7 +66,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let placement = load::place(&args.model, &config, references)?;
     eprintln!("met: {}", placement.description);
     let on_gpu = placement.gpu.kind() == "cuda";
-    let cap = if on_gpu { 32768 } else { 8192 };
+    let cap = if on_gpu { 32768 } else { 4096 };
     let max_seq_len = args
         .model
         .max_seq_len

@@ -63,7 +63,7 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 0)]
     pub device: usize,
     /// Longest sequence (prompt plus output) in tokens; default: the model's limit, capped at
-    /// 8192 on the host backend.
+    /// 32768 on CUDA and 4096 on the host backend. It sizes the KV cache and the RoPE tables.
     #[arg(long)]
     pub max_seq_len: Option<usize>,
 }
