@@ -85,6 +85,10 @@ pub struct Args {
     /// Seconds a request may run before it is ended (0: no limit).
     #[arg(long, default_value_t = 600)]
     request_timeout: u64,
+    /// Tool-call wire format (hermes, qwen3_coder, qwen3_xml, mistral, llama3_json, bare_json);
+    /// default: the model's MODEL.toml. Used for requests that offer `tools` (non-streamed).
+    #[arg(long)]
+    tool_call_parser: Option<String>,
     /// Require `Authorization: Bearer <token>` (or `x-api-key`) on every API route.
     #[arg(long)]
     require_auth: bool,
@@ -373,6 +377,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         policy,
     })
     .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
+    let behavior = placement.target.map(|t| t.behavior).unwrap_or_default();
+    let tool_parser = match args
+        .tool_call_parser
+        .as_deref()
+        .or(behavior.tool_call_parser)
+    {
+        Some(name) => Some(
+            name.parse::<metrale_toolcall::Format>()
+                .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?,
+        ),
+        None => None,
+    };
     let metrics = Arc::new(metrics::Metrics::default());
     let (engine, engine_thread) =
         engine::start(model, scheduler, tokenizer.clone(), metrics.clone());
@@ -403,6 +419,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .then(|| Duration::from_secs(args.request_timeout)),
         metrics,
         created: state::unix_now(),
+        tool_parser,
+        reasoning: behavior.reasoning,
     });
     let app = router(state, tokens);
     let runtime = tokio::runtime::Builder::new_multi_thread()

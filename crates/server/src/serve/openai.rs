@@ -10,6 +10,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use metrale_tokenizer::RenderOptions;
+use metrale_toolcall::{Format, ReasoningSplitter, ThinkStart, parse_whole};
 use serde_json::{Value, json};
 use tokio_stream::StreamMap;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -229,6 +230,8 @@ pub async fn chat_completions(
         extra = kwargs.clone();
     }
     let enable_thinking = extra.get("enable_thinking").and_then(Value::as_bool);
+    let tool_choice_none = b.get("tool_choice").and_then(Value::as_str) == Some("none");
+    let parse_tools = tools.as_ref().is_some_and(|t| !t.is_empty()) && !tool_choice_none;
     let text = template
         .render(
             &messages,
@@ -275,20 +278,72 @@ pub async fn chat_completions(
         return Ok(stream_openai(state, rxs, id, model, true, c.include_usage).into_response());
     }
     let wants_logprobs = c.logprobs.is_some();
+    let shape = MessageShape {
+        tool_parser: if parse_tools { state.tool_parser } else { None },
+        think: (state.reasoning && enable_thinking != Some(false)).then(|| {
+            if text.trim_end().ends_with("<think>") {
+                ThinkStart::InsideThink
+            } else {
+                ThinkStart::Outside
+            }
+        }),
+    };
     whole_response(rxs, id, model, "chat.completion", |i, out| {
         let logprobs = if wants_logprobs {
             chat_logprobs(&state, &out.logprobs)
         } else {
             Value::Null
         };
-        json!({
-            "index": i,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": logprobs,
-            "finish_reason": openai_finish(out.finish),
-        })
+        let (message, tool_calls) = shape.message(&out.text);
+        let finish = if tool_calls {
+            "tool_calls".into()
+        } else {
+            openai_finish(out.finish)
+        };
+        json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
     })
     .await
+}
+
+/// How a chat answer's text becomes an assistant message: reasoning split off, tool calls parsed.
+struct MessageShape {
+    /// Parse tool calls in this wire format (the request offered tools).
+    tool_parser: Option<Format>,
+    /// Split `<think>` reasoning, starting inside a block when the template opened one.
+    think: Option<ThinkStart>,
+}
+
+impl MessageShape {
+    /// The OpenAI assistant message for `text`, and whether it holds tool calls.
+    fn message(&self, text: &str) -> (Value, bool) {
+        let (reasoning, content) = match self.think {
+            Some(start) => ReasoningSplitter::split_whole(start, text),
+            None => (String::new(), text.to_string()),
+        };
+        let mut message = json!({"role": "assistant", "content": content});
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = reasoning.into();
+        }
+        let Some(format) = self.tool_parser else {
+            return (message, false);
+        };
+        let parsed = parse_whole(format, message["content"].as_str().unwrap_or_default());
+        if parsed.tool_calls.is_empty() {
+            return (message, false);
+        }
+        message["content"] = if parsed.content.trim().is_empty() {
+            Value::Null
+        } else {
+            parsed.content.into()
+        };
+        message["tool_calls"] = parsed
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect::<Vec<_>>()
+            .into();
+        (message, true)
+    }
 }
 
 /// The prompt of a completions request: a string, a one-element list of strings, or token ids.
@@ -572,4 +627,54 @@ fn async_stream_like(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_calls_and_reasoning_become_message_fields() {
+        let shape = MessageShape {
+            tool_parser: Some(Format::Hermes),
+            think: Some(ThinkStart::Outside),
+        };
+        let text = "<think>The user wants weather.</think>\n\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
+        let (m, calls) = shape.message(text);
+        assert!(calls);
+        assert_eq!(m["reasoning_content"], "The user wants weather.");
+        assert_eq!(m["content"], Value::Null);
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
+        let args: Value = serde_json::from_str(
+            m["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(args, json!({"city": "Paris"}));
+        assert_eq!(m["tool_calls"][0]["type"], "function");
+    }
+
+    #[test]
+    fn plain_text_is_left_alone() {
+        let shape = MessageShape {
+            tool_parser: Some(Format::Hermes),
+            think: None,
+        };
+        let (m, calls) = shape.message("The capital of France is Paris.");
+        assert!(!calls);
+        assert_eq!(
+            m,
+            json!({"role": "assistant", "content": "The capital of France is Paris."})
+        );
+        let inside = MessageShape {
+            tool_parser: None,
+            think: Some(ThinkStart::InsideThink),
+        };
+        let (m, _) = inside.message("hmm</think>Paris.");
+        assert_eq!(
+            (m["reasoning_content"].as_str(), m["content"].as_str()),
+            (Some("hmm"), Some("Paris."))
+        );
+    }
 }

@@ -41,6 +41,10 @@ pub struct AppState {
     pub request_timeout: Option<Duration>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Tool-call wire format for requests with tools (`--tool-call-parser`, else MODEL.toml).
+    pub tool_parser: Option<metrale_toolcall::Format>,
+    /// Whether the model writes `<think>` blocks (MODEL.toml), split into `reasoning_content`.
+    pub reasoning: bool,
     /// Server start, seconds since the epoch (the `created` of the model).
     pub created: u64,
 }
