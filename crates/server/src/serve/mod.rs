@@ -267,6 +267,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let tokenizer = Arc::new(tokenizer_for(&checkpoint)?);
     let placement = load::place(&args.model, &config, references.clone())?;
     tracing::info!("backend: {}", placement.description);
+    if let Some(t) = placement.target {
+        tracing::info!(
+            "kernel target: {} (presets and behaviour from its MODEL.toml)",
+            t.target
+        );
+    }
     let gpu = placement.gpu.clone();
     let on_gpu = gpu.kind() == "cuda";
     let defaults = placement.target.map(|t| t.defaults).unwrap_or_default();
