@@ -132,11 +132,9 @@ struct Scratch {
     mlp: DevicePtr,
     gathered: DevicePtr,
     logits: DevicePtr,
-    ids: DevicePtr,
-    positions: DevicePtr,
-    token_seq: DevicePtr,
-    slots: DevicePtr,
-    tables: DevicePtr,
+    /// The per-step integer inputs, packed so a step uploads them in one copy: for a step of n
+    /// tokens, ids, positions, token_seq and slots (n entries each), then the block tables.
+    step_inputs: DevicePtr,
 }
 
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
@@ -187,6 +185,7 @@ impl Model {
         let (h, i, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let rows = options.max_seqs.max(1);
+        let step_inputs = alloc((4 * t + rows * options.max_blocks_per_seq()) * 4)?;
         let scratch = Scratch {
             hidden: alloc(t * h * 2)?,
             x: alloc(t * h * 2)?,
@@ -202,11 +201,7 @@ impl Model {
             mlp: alloc(t * h * 2)?,
             logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 2)?,
             gathered: alloc(options.max_logit_rows.max(1) * h * 2)?,
-            ids: alloc(t * 4)?,
-            positions: alloc(t * 4)?,
-            token_seq: alloc(t * 4)?,
-            slots: alloc(t * 4)?,
-            tables: alloc(rows * options.max_blocks_per_seq() * 4)?,
+            step_inputs,
         };
         let cache_bytes = options.num_blocks * options.block_size * kvd * 2;
         let mut k_cache = Vec::new();
@@ -326,10 +321,6 @@ impl Model {
         Ok(())
     }
 
-    fn upload_i32(&self, data: &[i32], dst: DevicePtr) -> Result<(), GpuError> {
-        self.gpu.copy_h2d(bytemuck::cast_slice(data), dst)
-    }
-
     /// Runs one step and returns the logits of `step.logit_rows`, row-major `[rows, vocab]`.
     pub fn forward(&mut self, step: &StepInput) -> Result<Vec<f32>, ModelError> {
         self.validate(step)?;
@@ -368,11 +359,11 @@ impl Model {
             .iter()
             .flat_map(|t| t.padded_row(width, 0))
             .collect();
-        self.upload_i32(&ids, sc.ids)?;
-        self.upload_i32(&positions, sc.positions)?;
-        self.upload_i32(&token_seq, sc.token_seq)?;
-        self.upload_i32(&slots, sc.slots)?;
-        self.upload_i32(&tables, sc.tables)?;
+        let packed = [ids, positions, token_seq, slots, tables].concat();
+        g.copy_h2d(bytemuck::cast_slice(&packed), sc.step_inputs)?;
+        let region = |i: usize| sc.step_inputs.offset(i * n as usize * 4);
+        let (ids, positions, token_seq, slots, tables) =
+            (region(0), region(1), region(2), region(3), region(4));
 
         // Decode-sized products stream the weight with the GEMV kernel; the rest use the GEMM.
         let gemm = |out: DevicePtr,
@@ -420,7 +411,7 @@ impl Model {
             &Embedding {
                 out: sc.hidden,
                 table: self.weights.embedding,
-                ids: sc.ids,
+                ids,
                 tokens: n,
                 hidden: h,
                 vocab: c.vocab_size as u32,
@@ -494,7 +485,7 @@ impl Model {
             };
             let rope = |x: DevicePtr, heads: u32| RopeNeox {
                 x,
-                positions: sc.positions,
+                positions,
                 cos: self.rope_cos,
                 sin: self.rope_sin,
                 tokens: n,
@@ -513,7 +504,7 @@ impl Model {
                     v_cache: self.v_cache[l],
                     k: kk,
                     v: sc.v,
-                    slots: sc.slots,
+                    slots,
                     tokens: n,
                     row: kvd,
                 },
@@ -527,9 +518,9 @@ impl Model {
                     q,
                     k_cache: self.k_cache[l],
                     v_cache: self.v_cache[l],
-                    block_tables: sc.tables,
-                    token_seq: sc.token_seq,
-                    positions: sc.positions,
+                    block_tables: tables,
+                    token_seq,
+                    positions,
                     tokens: n,
                     q_heads: qh,
                     kv_heads: kvh,
