@@ -13,6 +13,7 @@ use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 use metrale_kernels::{HostKernelFn, HostMemory, host_reference};
 
 use crate::backend::{Event, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream};
+use crate::capture::Recorder;
 use crate::cuda::HostStorage;
 use crate::pool::HostPool;
 
@@ -40,8 +41,7 @@ struct State {
     kernels: Vec<(KernelName, HostKernelFn)>,
     streams: u32,
     events: Vec<Option<Instant>>,
-    capture: Option<(Stream, Vec<Op>)>,
-    graphs: Vec<Vec<Op>>,
+    capture: Recorder<Op>,
 }
 
 /// Runs the engine on the CPU through the kernels' host references.
@@ -58,8 +58,7 @@ impl HostBackend {
                 kernels: Vec::new(),
                 streams: 1,
                 events: Vec::new(),
-                capture: None,
-                graphs: Vec::new(),
+                capture: Recorder::default(),
             }),
         }
     }
@@ -85,13 +84,10 @@ impl State {
     /// Records `op` if `stream` is capturing, else runs it.
     fn submit(&mut self, op: Op, stream: Stream) -> Result<(), GpuError> {
         self.check_stream(stream)?;
-        if let Some((capturing, ops)) = &mut self.capture
-            && *capturing == stream
-        {
-            ops.push(op);
-            return Ok(());
+        match self.capture.record(op, stream) {
+            Some(op) => self.run(&op),
+            None => Ok(()),
         }
-        self.run(&op)
     }
 
     fn run(&mut self, op: &Op) -> Result<(), GpuError> {
@@ -114,11 +110,12 @@ impl State {
     }
 
     fn no_capture(&self, what: &str) -> Result<(), GpuError> {
-        match self.capture {
-            Some(_) => Err(GpuError::Capture(format!(
+        if self.capture.is_capturing() {
+            Err(GpuError::Capture(format!(
                 "{what} cannot run while a graph is being captured"
-            ))),
-            None => Ok(()),
+            )))
+        } else {
+            Ok(())
         }
     }
 }
@@ -286,41 +283,18 @@ impl GpuBackend for HostBackend {
     fn begin_capture(&self, stream: Stream) -> Result<(), GpuError> {
         let mut s = self.state();
         s.check_stream(stream)?;
-        s.no_capture("another capture")?;
-        s.capture = Some((stream, Vec::new()));
-        Ok(())
+        s.capture.begin(stream)
     }
 
     fn end_capture(&self, stream: Stream) -> Result<Graph, GpuError> {
-        let mut s = self.state();
-        match s.capture.take() {
-            Some((capturing, ops)) if capturing == stream => {
-                s.graphs.push(ops);
-                Ok(Graph(s.graphs.len() as u32 - 1))
-            }
-            other => {
-                s.capture = other;
-                Err(GpuError::Capture(format!(
-                    "end_capture on stream {} which is not capturing",
-                    stream.0
-                )))
-            }
-        }
+        self.state().capture.end(stream)
     }
 
     fn launch_graph(&self, graph: Graph, stream: Stream) -> Result<(), GpuError> {
         let mut s = self.state();
         s.check_stream(stream)?;
         s.no_capture("a graph launch")?;
-        let ops = s
-            .graphs
-            .get(graph.0 as usize)
-            .cloned()
-            .ok_or(GpuError::InvalidHandle {
-                kind: "graph",
-                id: graph.0.into(),
-            })?;
-        for op in &ops {
+        for op in &s.capture.graph(graph)? {
             s.run(op)?;
         }
         Ok(())

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 
 use crate::backend::{Event, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream};
+use crate::capture::Recorder;
 use crate::cuda::HostStorage;
 use crate::pool::HostPool;
 use metrale_kernels::HostMemory;
@@ -72,8 +73,7 @@ struct State {
     kernels: Vec<KernelName>,
     streams: u32,
     events: u32,
-    capture: Option<(Stream, Vec<Recorded>)>,
-    graphs: Vec<Vec<Recorded>>,
+    capture: Recorder<Recorded>,
     log: Vec<Recorded>,
 }
 
@@ -143,13 +143,9 @@ impl MockBackend {
                 id: stream.0.into(),
             });
         }
-        if let Some((capturing, ops)) = &mut s.capture
-            && *capturing == stream
-        {
-            ops.push(record);
-            return Ok(());
+        if let Some(record) = s.capture.record(record, stream) {
+            s.log.push(record);
         }
-        s.log.push(record);
         Ok(())
     }
 }
@@ -294,41 +290,16 @@ impl GpuBackend for MockBackend {
     }
 
     fn begin_capture(&self, stream: Stream) -> Result<(), GpuError> {
-        let mut s = self.state();
-        if s.capture.is_some() {
-            return Err(GpuError::Capture("a capture is already in progress".into()));
-        }
-        s.capture = Some((stream, Vec::new()));
-        Ok(())
+        self.state().capture.begin(stream)
     }
 
     fn end_capture(&self, stream: Stream) -> Result<Graph, GpuError> {
-        let mut s = self.state();
-        match s.capture.take() {
-            Some((capturing, ops)) if capturing == stream => {
-                s.graphs.push(ops);
-                Ok(Graph(s.graphs.len() as u32 - 1))
-            }
-            other => {
-                s.capture = other;
-                Err(GpuError::Capture(format!(
-                    "end_capture on stream {} which is not capturing",
-                    stream.0
-                )))
-            }
-        }
+        self.state().capture.end(stream)
     }
 
     fn launch_graph(&self, graph: Graph, _stream: Stream) -> Result<(), GpuError> {
         let mut s = self.state();
-        let ops = s
-            .graphs
-            .get(graph.0 as usize)
-            .cloned()
-            .ok_or(GpuError::InvalidHandle {
-                kind: "graph",
-                id: graph.0.into(),
-            })?;
+        let ops = s.capture.graph(graph)?;
         s.log.push(Recorded::GraphLaunch(graph));
         s.log.extend(ops);
         Ok(())
