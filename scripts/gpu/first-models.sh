@@ -4,7 +4,8 @@
 # (run them back to back: files outside the repo survive only while the machine stays warm).
 #
 #   stash  PIECE...   copy carried files (met, GGUF pieces, wheels) to $STASH
-#   prep              kernel parity, random-weight checkpoints and their reference logits
+#   prep              kernel parity, random-weight checkpoints and their reference logits (f32
+#                     function of the bf16 weights, plus transformers' own bf16 logits beside it)
 #   smollm2           SmolLM2 golden transcripts and reference logits from transformers
 #   parity            met parity for every checkpoint; greedy transcripts on CUDA vs the goldens
 #   speed             Qwen3-8B batch-1 decode: transformers eager and static+compile, then met
@@ -58,7 +59,8 @@ prep)
   for m in $(ls "$CKPT"); do
     [ -f "$CKPT/$m/config.json" ] || continue
     python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
-      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 > "$RES/ref-$m.log" 2>&1
+      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 --dtype float32 --also-bf16 \
+      > "$RES/ref-$m.log" 2>&1
     record "reference $m" "exit $?"
   done
   finish
@@ -68,7 +70,8 @@ smollm2)
     python3 scripts/gpu/smollm2_golden.py --gguf "$gguf" --out "$RES/smollm2_golden.json" > "$RES/smollm2_golden.log" 2>&1
     record "smollm2 golden" "exit $?"
     python3 scripts/gpu/reference_logits.py --model "$STASH" --gguf-file "$(basename "$gguf")" --out "$REF/smollm2.safetensors" \
-      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 > "$RES/ref-smollm2.log" 2>&1
+      --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 --dtype float32 --also-bf16 \
+      > "$RES/ref-smollm2.log" 2>&1
     record "reference smollm2" "exit $?"
   fi
   finish

@@ -24,8 +24,15 @@ Writes one safetensors file (P = prompt tokens, S = decode steps, V = vocab, L =
 plus string metadata (model dir, dtype, versions, date, GPU, seed, these definitions and the model's
 config.json), and prints one compact JSON summary line on stdout.
 
-Greedy means torch.argmax, which returns the first index on ties. Logits are computed in --dtype
-(bf16 by default, as the engine runs) and only widened to float32 for storage.
+Greedy means torch.argmax, which returns the first index on ties. The weights are always the bf16
+values the engine holds (a GGUF is dequantised to bf16, as the engine does, before any widening);
+logits are computed in --dtype. float32 gives the exact function of those weights, the reference
+docs/precision.md judges the engine against; with --also-bf16 the same model is then run again in
+bfloat16 on the same tokens (teacher-forced on the f32 greedy ids) and stored as
+
+    prompt_logits_bf16 / decode_logits_bf16 / long_logits_bf16   float32, shapes as above
+
+so that one file says how far transformers' own bf16 run is from the f32 function.
 """
 
 import argparse
@@ -89,7 +96,8 @@ def default_long_positions(n: int):
 
 
 def load_model(path: str, dtype, gguf_file=None):
-    kwargs = dict(dtype=dtype, attn_implementation="sdpa")
+    """Loads the checkpoint with bf16 weights (as the engine holds them), then casts to `dtype`."""
+    kwargs = dict(dtype=torch.bfloat16, attn_implementation="sdpa")
     if gguf_file:
         # A GGUF checkpoint: transformers dequantises it with its own loader (needs `gguf`).
         kwargs["gguf_file"] = gguf_file
@@ -100,7 +108,29 @@ def load_model(path: str, dtype, gguf_file=None):
         if "accelerate" not in str(e):
             raise
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to("cuda")
-    return model.eval()
+    return model.to(dtype).eval()
+
+
+@torch.inference_mode()
+def teacher_forced(model, prompt: torch.Tensor, decode_ids: torch.Tensor):
+    """Prompt logits, then the logits after feeding each of `decode_ids` in turn."""
+    out = model(input_ids=prompt[None].to("cuda"), use_cache=True)
+    prompt_logits = out.logits[0].float()
+    cache = out.past_key_values
+    del out
+    steps = []
+    for cur in decode_ids.tolist():
+        out = model(input_ids=torch.tensor([[cur]], device="cuda"), past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        steps.append(out.logits[0, -1].float())
+        del out
+    decode_logits = torch.stack(steps) if steps else prompt_logits.new_zeros((0, prompt_logits.shape[-1]))
+    return prompt_logits, decode_logits
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor):
+    """Per-row ||a - b|| / ||b||."""
+    return ((a - b).norm(dim=-1) / b.norm(dim=-1)).tolist()
 
 
 @torch.inference_mode()
@@ -166,6 +196,8 @@ def main():
                     help="comma-separated positions of the long prompt to keep (default 0,L/4-1,L/2-1,L-1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    ap.add_argument("--also-bf16", action="store_true",
+                    help="with --dtype float32: also store transformers' bf16 logits for the same tokens")
     args = ap.parse_args()
     if args.prompt_tokens < 1 or args.decode_steps < 0:
         raise SystemExit("--prompt-tokens must be >= 1 and --decode-steps >= 0")
@@ -245,7 +277,23 @@ def main():
     args.out.parent.mkdir(parents=True, exist_ok=True)
     safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(args.out), metadata=metadata)
 
+    bf16_summary = None
+    if args.also_bf16:
+        model = model.to(torch.bfloat16)
+        p16, d16 = teacher_forced(model, prompt, decode_ids)
+        tensors["prompt_logits_bf16"] = p16.cpu()
+        tensors["decode_logits_bf16"] = d16.cpu()
+        errs = {"prompt": rel_err(p16, prompt_logits), "decode": rel_err(d16, decode_logits)}
+        if args.long_prompt_tokens:
+            l16 = long_prefill(model, long_ids, positions)
+            tensors["long_logits_bf16"] = l16.cpu()
+            errs["long"] = rel_err(l16, long_logits)
+        bf16_summary = {k: {"max": round(max(v), 5), "mean": round(sum(v) / len(v), 5)} for k, v in errs.items() if v}
+        metadata["also_bf16"] = "prompt_logits_bf16, decode_logits_bf16, long_logits_bf16: the same model in bfloat16, same tokens"
+        safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(args.out), metadata=metadata)
+
     summary = {
+        "transformers_bf16_vs_this": bf16_summary,
         "out": str(args.out),
         "bytes": args.out.stat().st_size,
         "model": metadata["model_dir"],

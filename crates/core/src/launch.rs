@@ -17,6 +17,11 @@ impl DevicePtr {
     /// The null address.
     pub const NULL: DevicePtr = DevicePtr(0);
 
+    /// Whether this is [`DevicePtr::NULL`] (an optional operand left out).
+    pub const fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
     /// This address advanced by `bytes`.
     pub const fn offset(self, bytes: usize) -> DevicePtr {
         DevicePtr(self.0 + bytes as u64)

@@ -124,6 +124,8 @@ pub struct CaseResult {
     pub elements: usize,
     /// Whether the case passes the metric.
     pub passed: bool,
+    /// The first element outside tolerance: (buffer, index, got, want), for diagnosis.
+    pub first_mismatch: Option<(usize, usize, f64, f64)>,
 }
 
 /// Every case, with inputs drawn from `seed`.
@@ -144,8 +146,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
             shape: format!("tokens={tokens} hidden={hidden} vocab={vocab}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0xAB; (tokens * hidden * 2) as usize],
-                    output: Some(OutputKind::Bf16),
+                    init: vec![0xAB; (tokens * hidden * 4) as usize],
+                    output: Some(OutputKind::F32),
                 },
                 Buffer {
                     init: bf16_normal(&mut rng, (vocab * hidden) as usize, 1.0),
@@ -199,39 +201,42 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 })
             }),
         });
-        out.push(Case {
-            kernel: AddRmsNorm::NAME,
-            shape: format!("rows={rows} cols={cols}"),
-            buffers: vec![
-                Buffer {
-                    init: vec![0; n * 2],
-                    output: Some(OutputKind::Bf16),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, n, 2.0),
-                    output: Some(OutputKind::Bf16),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, n, 2.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, cols as usize, 1.0),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                launch_of(AddRmsNorm {
-                    out: p[0],
-                    residual: p[1],
-                    input: p[2],
-                    weight: p[3],
-                    rows,
-                    cols,
-                    eps: 1e-5,
-                })
-            }),
-        });
+        for with_input in [true, false] {
+            let residual: Vec<f32> = (0..n).map(|_| 2.0 * rng.normal()).collect();
+            out.push(Case {
+                kernel: AddRmsNorm::NAME,
+                shape: format!("rows={rows} cols={cols} input={with_input}"),
+                buffers: vec![
+                    Buffer {
+                        init: vec![0; n * 2],
+                        output: Some(OutputKind::Bf16),
+                    },
+                    Buffer {
+                        init: f32_bytes(&residual),
+                        output: Some(OutputKind::F32),
+                    },
+                    Buffer {
+                        init: bf16_normal(&mut rng, n, 2.0),
+                        output: None,
+                    },
+                    Buffer {
+                        init: bf16_normal(&mut rng, cols as usize, 1.0),
+                        output: None,
+                    },
+                ],
+                build: Box::new(move |p| {
+                    launch_of(AddRmsNorm {
+                        out: p[0],
+                        residual: p[1],
+                        input: if with_input { p[2] } else { DevicePtr::NULL },
+                        weight: p[3],
+                        rows,
+                        cols,
+                        eps: 1e-5,
+                    })
+                }),
+            });
+        }
     }
 
     // (tokens, heads rotated, head_dim, row stride, offset of the rotated part in the row)
@@ -434,7 +439,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             }),
         });
     }
-    for &(m, n, k) in &[(1u32, 49152u32, 576u32), (3, 1000, 130)] {
+    for &(m, n, k) in &[(1u32, 49152u32, 576u32), (3, 1000, 130), (17, 4099, 1024)] {
         out.push(Case {
             kernel: GemmF32Out::NAME,
             shape: format!("m={m} n={n} k={k}"),
@@ -454,6 +459,38 @@ pub fn cases(seed: u64) -> Vec<Case> {
             ],
             build: Box::new(move |p| {
                 launch_of(GemmF32Out {
+                    c: p[0],
+                    a: p[1],
+                    w: p[2],
+                    bias: DevicePtr::NULL,
+                    m,
+                    n,
+                    k,
+                })
+            }),
+        });
+    }
+
+    for &(m, n, k) in &[(1u32, 151936u32, 1024u32), (8, 49152, 576), (3, 1000, 130)] {
+        out.push(Case {
+            kernel: GemvF32Out::NAME,
+            shape: format!("m={m} n={n} k={k}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; (m * n * 4) as usize],
+                    output: Some(OutputKind::F32),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(GemvF32Out {
                     c: p[0],
                     a: p[1],
                     w: p[2],
@@ -670,7 +707,8 @@ fn run_on(gpu: &dyn GpuBackend, case: &Case) -> Result<Vec<Vec<u8>>, GpuError> {
 /// Compares one case's outputs on `under_test` against `reference`.
 pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
     let (mut max_abs, mut rel_l2, mut mismatches, mut elements) = (0f32, 0f32, 0usize, 0usize);
-    for ((buffer, g), w) in case.buffers.iter().zip(got).zip(want) {
+    let mut first_mismatch = None;
+    for (b_index, ((buffer, g), w)) in case.buffers.iter().zip(got).zip(want).enumerate() {
         match buffer.output {
             None => {}
             Some(OutputKind::I32) => {
@@ -679,7 +717,12 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     bytemuck::pod_collect_to_vec(w),
                 );
                 elements += w.len();
-                mismatches += g.iter().zip(&w).filter(|(a, b)| a != b).count();
+                for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                    if a != b {
+                        mismatches += 1;
+                        first_mismatch.get_or_insert((b_index, i, f64::from(*a), f64::from(*b)));
+                    }
+                }
             }
             Some(kind @ (OutputKind::Bf16 | OutputKind::F32)) => {
                 let (g, w): (Vec<f32>, Vec<f32>) = if kind == OutputKind::F32 {
@@ -702,10 +745,11 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     (BF16_ELEMENT_RTOL, 1e-6)
                 };
                 let (mut diff2, mut ref2) = (0f64, 0f64);
-                for (&a, &b) in g.iter().zip(&w) {
+                for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
                     let d = (a - b).abs();
                     if d.is_nan() || d > rtol * b.abs() + atol {
                         mismatches += 1;
+                        first_mismatch.get_or_insert((b_index, i, f64::from(a), f64::from(b)));
                     }
                     max_abs = max_abs.max(if d.is_nan() { f32::INFINITY } else { d });
                     diff2 += f64::from(d) * f64::from(d);
@@ -731,6 +775,7 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
         mismatches,
         elements,
         passed: mismatches == 0 && rel_l2 <= BF16_REL_L2,
+        first_mismatch,
     }
 }
 

@@ -227,6 +227,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (Gemm::NAME, run::<Gemm>),
         (GemmF32Out::NAME, run::<GemmF32Out>),
         (Gemv::NAME, run::<Gemv>),
+        (GemvF32Out::NAME, run::<GemvF32Out>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
     ]

@@ -93,8 +93,8 @@ fn shared_sources_are_compiled_once() {
 fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
     assert_eq!(names::rmsnorm::MODULE, "rmsnorm");
     assert_eq!(
-        names::rmsnorm::ADD_RMSNORM_BF16.function,
-        "add_rmsnorm_bf16"
+        names::rmsnorm::ADD_RMSNORM_F32RES.function,
+        "add_rmsnorm_f32res"
     );
     let modules: BTreeSet<&str> = ALL_KERNELS.iter().map(|k| k.module).collect();
     for t in TARGETS {

@@ -6,11 +6,12 @@
 //! the same call. Keys and values go to the paged cache through each sequence's block table, and
 //! attention reads them back from there, so a step never needs the previous steps' activations.
 //!
-//! Per layer (pre-norm, residual stream `h` in bf16):
+//! Per layer (pre-norm; the residual stream `h` is f32, every other activation bf16, and each
+//! kernel computes in f32 and rounds its output once; docs/precision.md says why):
 //! `x = norm(h)`; `q, k, v = x Wq (+bq), x Wk (+bk), x Wv (+bv)`; `q, k = qk_norm(q, k)` (Qwen3);
 //! `q, k = rope(q, k)`; cache `k, v`; `a = attention(q, cache)`; `h += a Wo`; `x = norm(h)`;
-//! `h += down(silu(x Wgate) * x Wup)`. Logits are `norm(h) Wlm` for the requested rows, computed in
-//! bf16 and widened to f32.
+//! `h += down(silu(x Wgate) * x Wup)`. Logits are `norm(h) Wlm` for the requested rows, accumulated
+//! and returned in f32.
 
 use std::sync::Arc;
 
@@ -20,8 +21,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, GpuError, KernelHandle, launch_kernel};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    AddRmsNorm, Embedding, GEMV_MAX_ROWS, Gemm, Gemv, KvCacheWrite, PagedAttention, RmsNorm,
-    RopeNeox, SiluMul,
+    AddRmsNorm, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, KvCacheWrite,
+    PagedAttention, RmsNorm, RopeNeox, SiluMul,
 };
 
 use crate::weights::{self, DeviceWeights, LoadProgress};
@@ -111,6 +112,8 @@ struct Kernels {
     rope: KernelHandle,
     gemm: KernelHandle,
     gemv: KernelHandle,
+    gemm_f32out: KernelHandle,
+    gemv_f32out: KernelHandle,
     silu_mul: KernelHandle,
     attention: KernelHandle,
     kv_write: KernelHandle,
@@ -169,6 +172,8 @@ impl Model {
             rope: g.kernel(RopeNeox::NAME)?,
             gemm: g.kernel(Gemm::NAME)?,
             gemv: g.kernel(Gemv::NAME)?,
+            gemm_f32out: g.kernel(GemmF32Out::NAME)?,
+            gemv_f32out: g.kernel(GemvF32Out::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             kv_write: g.kernel(KvCacheWrite::NAME)?,
@@ -187,7 +192,7 @@ impl Model {
         let rows = options.max_seqs.max(1);
         let step_inputs = alloc((4 * t + rows * options.max_blocks_per_seq()) * 4)?;
         let scratch = Scratch {
-            hidden: alloc(t * h * 2)?,
+            hidden: alloc(t * h * 4)?,
             x: alloc(t * h * 2)?,
             q: alloc(t * qd * 2)?,
             k: alloc(t * kvd * 2)?,
@@ -199,7 +204,7 @@ impl Model {
             gate_up: alloc(t * 2 * i * 2)?,
             act: alloc(t * i * 2)?,
             mlp: alloc(t * h * 2)?,
-            logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 2)?,
+            logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 4)?,
             gathered: alloc(options.max_logit_rows.max(1) * h * 2)?,
             step_inputs,
         };
@@ -419,36 +424,22 @@ impl Model {
             s,
         )?;
         for (l, w) in self.weights.layers.iter().enumerate() {
-            if l == 0 {
-                launch_kernel(
-                    g,
-                    k.rmsnorm,
-                    &RmsNorm {
-                        out: sc.x,
-                        input: sc.hidden,
-                        weight: w.input_norm,
-                        rows: n,
-                        cols: h,
-                        eps,
-                    },
-                    s,
-                )?;
-            } else {
-                launch_kernel(
-                    g,
-                    k.add_rmsnorm,
-                    &AddRmsNorm {
-                        out: sc.x,
-                        residual: sc.hidden,
-                        input: sc.mlp,
-                        weight: w.input_norm,
-                        rows: n,
-                        cols: h,
-                        eps,
-                    },
-                    s,
-                )?;
-            }
+            // Layer 0 normalises the embeddings as they are; later layers first add the previous
+            // layer's MLP output into the residual.
+            launch_kernel(
+                g,
+                k.add_rmsnorm,
+                &AddRmsNorm {
+                    out: sc.x,
+                    residual: sc.hidden,
+                    input: if l == 0 { DevicePtr::NULL } else { sc.mlp },
+                    weight: w.input_norm,
+                    rows: n,
+                    cols: h,
+                    eps,
+                },
+                s,
+            )?;
             gemm(sc.q, sc.x, w.q, w.q_bias, n, qd, h)?;
             gemm(sc.k, sc.x, w.k, w.k_bias, n, kvd, h)?;
             gemm(sc.v, sc.x, w.v, w.v_bias, n, kvd, h)?;
@@ -611,22 +602,36 @@ impl Model {
             sc.gathered
         };
         let vocab = c.vocab_size as u32;
-        // The LM head runs in bf16 like every other projection (as in the HF reference and vLLM);
-        // the logits are widened to f32 for the sampler. Greedy ties therefore resolve on the bf16
-        // values, to the lowest id, exactly as the reference's argmax does.
-        gemm(
-            sc.logits,
-            input,
-            self.weights.lm_head,
-            DevicePtr::NULL,
-            rows as u32,
-            vocab,
-            h,
-        )?;
+        // The LM head accumulates in f32 and writes f32 logits: no bf16 rounding of the logits,
+        // so greedy choices are not decided by ties that only bf16 creates.
+        let (out, a, w) = (sc.logits, input, self.weights.lm_head);
+        if rows as u32 <= GEMV_MAX_ROWS {
+            let head = GemvF32Out {
+                c: out,
+                a,
+                w,
+                bias: DevicePtr::NULL,
+                m: rows as u32,
+                n: vocab,
+                k: h,
+            };
+            launch_kernel(g, k.gemv_f32out, &head, s)?;
+        } else {
+            let head = GemmF32Out {
+                c: out,
+                a,
+                w,
+                bias: DevicePtr::NULL,
+                m: rows as u32,
+                n: vocab,
+                k: h,
+            };
+            launch_kernel(g, k.gemm_f32out, &head, s)?;
+        }
         g.synchronize(s)?;
-        let mut bf16_logits = vec![half::bf16::ZERO; rows * c.vocab_size];
-        g.copy_d2h(sc.logits, bytemuck::cast_slice_mut(&mut bf16_logits))?;
-        Ok(bf16_logits.into_iter().map(f32::from).collect())
+        let mut logits = vec![0f32; rows * c.vocab_size];
+        g.copy_d2h(sc.logits, bytemuck::cast_slice_mut(&mut logits))?;
+        Ok(logits)
     }
 }
 

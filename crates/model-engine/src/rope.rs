@@ -43,23 +43,22 @@ pub fn inverse_frequencies(config: &ModelConfig) -> Vec<f32> {
 }
 
 /// `(cos, sin)` tables, f32 `[positions, head_dim / 2]`, row `p` for position `p`. The angle is
-/// the f32 product of position and frequency, and the values are rounded to bf16, because the HF
-/// reference casts its cos/sin to the activations' dtype before rotating.
+/// the f32 product of position and frequency, as in the HF reference; the values stay f32 (the
+/// kernel rotates in f32 and rounds each output once).
 pub fn tables(config: &ModelConfig, positions: usize) -> (Vec<f32>, Vec<f32>) {
     let inv = inverse_frequencies(config);
     let scale = match config.rope_scaling {
         RopeScaling::Linear { factor } => 1.0 / factor,
         _ => 1.0,
     };
-    let round = |v: f32| f32::from(half::bf16::from_f32(v));
     let mut cos = Vec::with_capacity(positions * inv.len());
     let mut sin = Vec::with_capacity(positions * inv.len());
     for p in 0..positions {
         let pos = p as f32 * scale;
         for f in &inv {
             let angle = pos * f;
-            cos.push(round(angle.cos()));
-            sin.push(round(angle.sin()));
+            cos.push(angle.cos());
+            sin.push(angle.sin());
         }
     }
     (cos, sin)
@@ -114,6 +113,10 @@ mod tests {
         let (cos, sin) = tables(&config(RopeScaling::None), 3);
         assert_eq!(cos.len(), 3 * 64);
         assert!(cos[..64].iter().all(|&c| c == 1.0) && sin[..64].iter().all(|&s| s == 0.0));
-        assert!((sin[64] - 1f32.sin()).abs() < 4e-3, "bf16-rounded");
+        assert_eq!(
+            sin[64],
+            1f32.sin(),
+            "position 1, frequency 1: f32, not rounded"
+        );
     }
 }

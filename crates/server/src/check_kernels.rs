@@ -101,6 +101,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 r.elements,
                 if r.passed { "pass" } else { "FAIL" }
             );
+            if let Some((buffer, index, got, want)) = r.first_mismatch {
+                println!(
+                    "    first mismatch: buffer {buffer} element {index}: got {got:e}, want {want:e}"
+                );
+            }
         }
     }
     println!("\n{} of {total} cases pass", total - failures);

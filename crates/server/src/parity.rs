@@ -8,9 +8,11 @@
 //! every row, then the reference's decode tokens one step at a time, then the long prompt as a
 //! second sequence) and reports ‖out − ref‖ / ‖ref‖ and the max absolute error per row.
 //!
-//! transformers computes bf16 logits (its LM head runs in the model's dtype) and the reference file
-//! holds them widened to f32; the engine's f32 logits are rounded to bf16 the same way before the
-//! comparison, so that the metric measures the model, not the output format.
+//! The reference's metadata names the dtype transformers computed in. A bfloat16 reference holds
+//! bf16 logits widened to f32 (its LM head runs in the model's dtype), so the engine's f32 logits
+//! are rounded to bf16 the same way before the comparison, so that the metric measures the model,
+//! not the output format; a float32 reference (the f32 function of the same bf16 weights, the one
+//! docs/precision.md judges the engine against) is compared as it is.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -45,8 +47,15 @@ struct Tensor {
     i32s: Vec<i32>,
 }
 
-fn read_reference(path: &PathBuf) -> anyhow::Result<BTreeMap<String, Tensor>> {
+/// The reference's tensors, and the dtype its metadata says transformers computed in.
+fn read_reference(path: &PathBuf) -> anyhow::Result<(BTreeMap<String, Tensor>, Option<String>)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes)
+        .with_context(|| format!("parsing {}", path.display()))?;
+    let dtype = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("dtype").cloned());
     let st =
         SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", path.display()))?;
     let mut out = BTreeMap::new();
@@ -85,14 +94,18 @@ fn read_reference(path: &PathBuf) -> anyhow::Result<BTreeMap<String, Tensor>> {
             },
         );
     }
-    Ok(out)
+    Ok((out, dtype))
 }
 
-/// ‖a − b‖ / ‖b‖ and max |a − b|, with `a` rounded to bf16 like the reference.
-fn errors(a: &[f32], b: &[f32]) -> (f64, f64) {
+/// ‖a − b‖ / ‖b‖ and max |a − b|, with `a` first rounded to bf16 when `round` (a bf16 reference).
+fn errors(a: &[f32], b: &[f32], round: bool) -> (f64, f64) {
     let (mut d2, mut r2, mut max) = (0f64, 0f64, 0f64);
     for (x, y) in a.iter().zip(b) {
-        let x = f32::from(half::bf16::from_f32(*x));
+        let x = if round {
+            f32::from(half::bf16::from_f32(*x))
+        } else {
+            *x
+        };
         let d = (x as f64 - *y as f64).abs();
         d2 += d * d;
         r2 += (*y as f64) * (*y as f64);
@@ -117,11 +130,33 @@ struct Row {
     rel: f64,
     max_abs: f64,
     argmax_matches: bool,
+    /// The same metric for transformers' own bf16 run against this reference, when the file
+    /// holds one (reference_logits.py --also-bf16).
+    transformers_bf16_rel: Option<f64>,
 }
 
 /// Runs `met parity`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let reference = read_reference(&args.reference)?;
+    let (reference, ref_dtype) = read_reference(&args.reference)?;
+    let round = ref_dtype.as_deref() != Some("float32");
+    // transformers' bf16 logits for row `i` of tensor `name`, measured against the reference.
+    let peer = |name: &str, i: usize, theirs: &[f32]| -> Option<f64> {
+        let t = reference.get(&format!("{name}_bf16"))?;
+        let v = theirs.len();
+        let row = t.f32s.get(i * v..(i + 1) * v)?;
+        Some(errors(row, theirs, false).0)
+    };
+    eprintln!(
+        "met: reference computed in {}; engine logits {}",
+        ref_dtype
+            .as_deref()
+            .unwrap_or("an unrecorded dtype (taken as bfloat16)"),
+        if round {
+            "rounded to bf16 before comparing"
+        } else {
+            "compared as f32"
+        }
+    );
     let get = |name: &str| {
         reference
             .get(name)
@@ -184,13 +219,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             &logits[p * vocab..(p + 1) * vocab],
             &prompt_logits.f32s[p * vocab..(p + 1) * vocab],
         );
-        let (rel, max_abs) = errors(ours, theirs);
+        let (rel, max_abs) = errors(ours, theirs, round);
         rows.push(Row {
             phase: "prefill",
             position: p,
             rel,
             max_abs,
             argmax_matches: argmax(ours) == argmax(theirs),
+            transformers_bf16_rel: peer("prompt_logits", p, theirs),
         });
     }
     // Step i feeds the reference's decode_ids[i] at position P + i (teacher forcing).
@@ -204,13 +240,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             logit_rows: &[0],
         })?;
         let theirs = &decode_logits.f32s[i * vocab..(i + 1) * vocab];
-        let (rel, max_abs) = errors(&logits, theirs);
+        let (rel, max_abs) = errors(&logits, theirs, round);
         rows.push(Row {
             phase: "decode",
             position: pos as usize,
             rel,
             max_abs,
             argmax_matches: argmax(&logits) == argmax(theirs),
+            transformers_bf16_rel: peer("decode_logits", i, theirs),
         });
     }
     table.release(&mut allocator)?;
@@ -237,13 +274,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 &logits[i * vocab..(i + 1) * vocab],
                 &long_logits.f32s[i * vocab..(i + 1) * vocab],
             );
-            let (rel, max_abs) = errors(ours, theirs);
+            let (rel, max_abs) = errors(ours, theirs, round);
             rows.push(Row {
                 phase: "long-prefill",
                 position: p,
                 rel,
                 max_abs,
                 argmax_matches: argmax(ours) == argmax(theirs),
+                transformers_bf16_rel: peer("long_logits", i, theirs),
             });
         }
         table.release(&mut allocator)?;
@@ -257,8 +295,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .map_or(String::new(), |p| p.display().to_string()),
         args.reference.display()
     );
-    println!("| phase | positions | max rel err | mean rel err | max abs err | argmax agree |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| phase | positions | max rel err | mean rel err | max abs err | argmax agree | transformers bf16: max (mean) rel err |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let mut worst = 0f64;
     for phase in ["prefill", "decode", "long-prefill"] {
         let r: Vec<&Row> = rows.iter().filter(|r| r.phase == phase).collect();
@@ -267,8 +307,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         let max_rel = r.iter().map(|r| r.rel).fold(0.0, f64::max);
         worst = worst.max(max_rel);
+        let peer: Vec<f64> = r.iter().filter_map(|r| r.transformers_bf16_rel).collect();
+        let peer = if peer.is_empty() {
+            "-".to_string()
+        } else {
+            format!(
+                "{:.3e} ({:.3e})",
+                peer.iter().copied().fold(0.0, f64::max),
+                peer.iter().sum::<f64>() / peer.len() as f64
+            )
+        };
         println!(
-            "| {phase} | {} | {max_rel:.3e} | {:.3e} | {:.3e} | {}/{} |",
+            "| {phase} | {} | {max_rel:.3e} | {:.3e} | {:.3e} | {}/{} | {peer} |",
             r.len(),
             r.iter().map(|r| r.rel).sum::<f64>() / r.len() as f64,
             r.iter().map(|r| r.max_abs).fold(0.0, f64::max),

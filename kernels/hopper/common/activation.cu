@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-// SwiGLU: out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i]), the HF rounding of
-// `act(gate) * up` in bf16. gate_up is [tokens, 2 * inter] with the gate half first.
+// SwiGLU: out[t, i] = bf16(silu(gate[t, i]) * up[t, i]), computed in f32 and rounded once.
+// gate_up is [tokens, 2 * inter] with the gate half first.
 // Launch: grid = ceil(tokens * inter / 256), block = 256.
 #include "common.cuh"
 
@@ -13,6 +13,5 @@ extern "C" __global__ void silu_mul_bf16(__nv_bfloat16* __restrict__ out,
     const size_t i = idx - t * inter;
     const float g = metrale::to_f32(gate_up[t * 2 * inter + i]);
     const float u = metrale::to_f32(gate_up[t * 2 * inter + inter + i]);
-    const float silu = metrale::to_f32(metrale::to_bf16(g / (1.0f + __expf(-g))));
-    out[idx] = metrale::to_bf16(silu * u);
+    out[idx] = metrale::to_bf16(g / (1.0f + expf(-g)) * u);
 }

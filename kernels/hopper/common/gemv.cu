@@ -5,7 +5,8 @@
 // is a weight stream: one warp per output column n reads W's row n with 16-byte loads (8 bf16),
 // multiplies it with every row of A (small, served from L1/L2) and reduces across the warp. Grid
 // = ceil(N / 8) blocks of 8 warps. K not a multiple of 8 takes a scalar path (no vector loads on
-// misaligned rows). f32 accumulation, one rounding at the output.
+// misaligned rows). f32 accumulation, one rounding at the output (none for the f32-output form
+// the LM head uses).
 // Launch: grid = ceil(N / 8), block = 256.
 #include "common.cuh"
 
@@ -24,13 +25,14 @@ __device__ __forceinline__ void fma8(float* acc, const uint4& w, const uint4& a)
         *acc = fmaf(wf.y, af.y, *acc);
     }
 }
-}  // namespace
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = metrale::to_bf16(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_bf16(__nv_bfloat16* __restrict__ c,
-                                                            const __nv_bfloat16* __restrict__ a,
-                                                            const __nv_bfloat16* __restrict__ w,
-                                                            const __nv_bfloat16* __restrict__ bias,
-                                                            uint32_t m, uint32_t n, uint32_t k) {
+template <typename Out>
+__device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+                                     const __nv_bfloat16* __restrict__ w,
+                                     const __nv_bfloat16* __restrict__ bias, uint32_t m,
+                                     uint32_t n, uint32_t k) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t col = blockIdx.x * WARPS + warp;
     if (col >= n || m > MAX_M) return;
@@ -64,7 +66,23 @@ extern "C" __global__ void __launch_bounds__(256) gemv_bf16(__nv_bfloat16* __res
     for (int r = 0; r < MAX_M; ++r) {
         if (r < (int)m) {
             const float v = metrale::warp_sum(acc[r]);
-            if (lane == 0) c[(size_t)r * n + col] = metrale::to_bf16(v + b);
+            if (lane == 0) store(&c[(size_t)r * n + col], v + b);
         }
     }
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256) gemv_bf16(__nv_bfloat16* __restrict__ c,
+                                                            const __nv_bfloat16* __restrict__ a,
+                                                            const __nv_bfloat16* __restrict__ w,
+                                                            const __nv_bfloat16* __restrict__ bias,
+                                                            uint32_t m, uint32_t n, uint32_t k) {
+    gemv(c, a, w, bias, m, n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_bf16_f32out(
+    float* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
+    uint32_t n, uint32_t k) {
+    gemv(c, a, w, bias, m, n, k);
 }

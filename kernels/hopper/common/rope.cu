@@ -4,9 +4,8 @@
 // x is [tokens, token_stride] bf16 and the rotated heads start at x: head h of token t is
 // x[t * token_stride + h * head_dim ..][..head_dim], so one call can rotate the q or the k part of
 // a fused QKV row. cos and sin are f32 [max_position, head_dim / 2] tables computed on the host at
-// load (they carry any RoPE scaling, and hold bf16-rounded values). Pairs are (i, i + head_dim / 2).
-// Rounding follows the HF reference `q * cos + rotate_half(q) * sin` in bf16: each product is
-// rounded to bf16, then their sum.
+// load (they carry any RoPE scaling). Pairs are (i, i + head_dim / 2). The rotation is computed in
+// f32 and each output rounded to bf16 once.
 // Launch: grid = (tokens, heads), block = 64.
 #include "common.cuh"
 
@@ -28,11 +27,7 @@ extern "C" __global__ void rope_neox_bf16(__nv_bfloat16* __restrict__ x,
     for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
         const float a = metrale::to_f32(head[i]);
         const float b = metrale::to_f32(head[i + half]);
-        const float ac = metrale::to_f32(metrale::to_bf16(a * c[i]));
-        const float bs = metrale::to_f32(metrale::to_bf16(b * s[i]));
-        const float bc = metrale::to_f32(metrale::to_bf16(b * c[i]));
-        const float as = metrale::to_f32(metrale::to_bf16(a * s[i]));
-        head[i] = metrale::to_bf16(ac - bs);
-        head[i + half] = metrale::to_bf16(bc + as);
+        head[i] = metrale::to_bf16(a * c[i] - b * s[i]);
+        head[i + half] = metrale::to_bf16(b * c[i] + a * s[i]);
     }
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Token embedding gather.
+//! Token embedding gather into the f32 residual stream.
 
 use metrale_core::{DevicePtr, LaunchConfig};
 
@@ -8,9 +8,9 @@ use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
 use crate::names;
 
 kernel_args!(
-    /// `out[t, :] = table[ids[t], :]`; an id outside `[0, vocab)` gives a zero row.
-    Embedding => names::embedding::EMBEDDING_BF16 {
-        /// bf16 `[tokens, hidden]`.
+    /// `out[t, :] = f32(table[ids[t], :])`; an id outside `[0, vocab)` gives a zero row.
+    Embedding => names::embedding::EMBEDDING_F32 {
+        /// f32 `[tokens, hidden]`.
         out: DevicePtr,
         /// bf16 `[vocab, hidden]`.
         table: DevicePtr,
@@ -32,13 +32,14 @@ impl Kernel for Embedding {
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (t, h) = (self.tokens as usize, self.hidden as usize);
         let ids = host::load::<i32>(mem, self.ids, t)?;
-        let row_bytes = h * 2;
-        let mut out = vec![0u8; t * row_bytes];
-        for (row, &id) in out.chunks_exact_mut(row_bytes.max(1)).zip(&ids) {
+        let mut out = vec![0f32; t * h];
+        for (row, &id) in out.chunks_exact_mut(h.max(1)).zip(&ids) {
             if id >= 0 && (id as u32) < self.vocab {
-                row.copy_from_slice(
-                    mem.bytes(self.table.offset(id as usize * row_bytes), row_bytes)?,
-                );
+                row.copy_from_slice(&host::load_bf16(
+                    mem,
+                    self.table.offset(id as usize * h * 2),
+                    h,
+                )?);
             }
         }
         host::store(mem, self.out, &out)
@@ -55,7 +56,7 @@ mod tests {
         let mut m = FlatMemory::new();
         let table = m.put(&bf16s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
         let ids = m.put(&[2i32, 0, 7, -1]);
-        let out = m.put(&bf16s(&[9.0; 8]));
+        let out = m.put(&[9.0f32; 8]);
         Embedding {
             out,
             table,
@@ -67,7 +68,7 @@ mod tests {
         .reference(&mut m)
         .unwrap();
         assert_eq!(
-            f32s(&m.get(out, 8)),
+            m.get::<f32>(out, 8),
             vec![5.0, 6.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0]
         );
     }

@@ -69,30 +69,85 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`Gemv`] with f32 output (the LM head at decode).
+    GemvF32Out => names::gemv::GEMV_BF16_F32OUT {
+        /// f32 `[m, n]`.
+        c: DevicePtr,
+        /// bf16 `[m, k]`.
+        a: DevicePtr,
+        /// bf16 `[n, k]`.
+        w: DevicePtr,
+        /// bf16 `[n]`, or null.
+        bias: DevicePtr,
+        /// Rows of A and C (at most 8).
+        m: u32,
+        /// Rows of W, columns of C.
+        n: u32,
+        /// The reduction length.
+        k: u32,
+    }
+);
+
 /// Most rows [`Gemv`] takes; larger `m` goes to [`Gemm`].
 pub const GEMV_MAX_ROWS: u32 = 8;
+
+/// The GEMV reference: the GEMM's, after checking `m`.
+#[allow(clippy::too_many_arguments)]
+fn gemv_reference(
+    name: metrale_core::KernelName,
+    mem: &dyn HostMemory,
+    a: DevicePtr,
+    w: DevicePtr,
+    bias: DevicePtr,
+    m: u32,
+    n: u32,
+    k: u32,
+) -> Result<Vec<f32>, HostError> {
+    if m > GEMV_MAX_ROWS {
+        return Err(HostError::BadArgs {
+            kernel: name,
+            message: format!("m = {m} exceeds {GEMV_MAX_ROWS}"),
+        });
+    }
+    reference(mem, a, w, bias, m as usize, n as usize, k as usize)
+}
 
 impl Kernel for Gemv {
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(blocks_for(self.n.into(), 8), 256)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        if self.m > GEMV_MAX_ROWS {
-            return Err(HostError::BadArgs {
-                kernel: Self::NAME,
-                message: format!("m = {} exceeds {GEMV_MAX_ROWS}", self.m),
-            });
-        }
-        let c = reference(
+        let c = gemv_reference(
+            Self::NAME,
             mem,
             self.a,
             self.w,
             self.bias,
-            self.m as usize,
-            self.n as usize,
-            self.k as usize,
+            self.m,
+            self.n,
+            self.k,
         )?;
         host::store_bf16(mem, self.c, &c)
+    }
+}
+
+impl Kernel for GemvF32Out {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(blocks_for(self.n.into(), 8), 256)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let c = gemv_reference(
+            Self::NAME,
+            mem,
+            self.a,
+            self.w,
+            self.bias,
+            self.m,
+            self.n,
+            self.k,
+        )?;
+        host::store(mem, self.c, &c)
     }
 }
 

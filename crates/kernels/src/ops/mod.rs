@@ -17,7 +17,7 @@ pub use argmax::{ArgmaxBf16, ArgmaxF32};
 pub use attention::{KvCacheWrite, PagedAttention};
 pub use elementwise::Add;
 pub use embedding::Embedding;
-pub use gemm::{GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv};
+pub use gemm::{GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out};
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
 pub use rope::RopeNeox;
 

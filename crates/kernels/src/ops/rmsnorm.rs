@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! RMSNorm and the fused residual add + RMSNorm.
+//! RMSNorm and the fused residual add + RMSNorm over the f32 residual stream.
 
 use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::ROW_THREADS;
-use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16};
+use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
 use crate::names;
 
 kernel_args!(
-    /// `out[r, :] = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * weight)`.
+    /// `out[r, :] = bf16(x * rsqrt(mean(x^2) + eps) * weight)`, in f32 with one rounding.
     RmsNorm => names::rmsnorm::RMSNORM_BF16 {
         /// bf16 `[rows, cols]`.
         out: DevicePtr,
@@ -26,13 +26,14 @@ kernel_args!(
 );
 
 kernel_args!(
-    /// `residual = bf16(residual + input)` in place, then `out = rmsnorm(residual)`.
-    AddRmsNorm => names::rmsnorm::ADD_RMSNORM_BF16 {
+    /// `residual += input` in f32, in place (no add when `input` is null), then
+    /// `out = bf16(rmsnorm(residual) * weight)`.
+    AddRmsNorm => names::rmsnorm::ADD_RMSNORM_F32RES {
         /// bf16 `[rows, cols]`; must not alias `residual`.
         out: DevicePtr,
-        /// bf16 `[rows, cols]`, updated in place.
+        /// f32 `[rows, cols]`, the residual stream, updated in place.
         residual: DevicePtr,
-        /// bf16 `[rows, cols]`.
+        /// bf16 `[rows, cols]`, or null to normalise the residual as it is.
         input: DevicePtr,
         /// bf16 `[cols]`.
         weight: DevicePtr,
@@ -45,13 +46,13 @@ kernel_args!(
     }
 );
 
-/// The reference row normalisation, with the kernel's rounding points.
+/// The reference row normalisation in f32 (the caller rounds once when storing).
 fn normalize(x: &[f32], weight: &[f32], cols: usize, eps: f32) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks_exact(cols.max(1)) {
         let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / cols as f32;
         let inv = 1.0 / (mean_sq + eps).sqrt();
-        out.extend(row.iter().zip(weight).map(|(v, w)| round_bf16(v * inv) * w));
+        out.extend(row.iter().zip(weight).map(|(v, w)| v * inv * w));
     }
     out
 }
@@ -74,12 +75,14 @@ impl Kernel for AddRmsNorm {
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
-        let res = host::load_bf16(mem, self.residual, rows * cols)?;
-        let x = host::load_bf16(mem, self.input, rows * cols)?;
+        let mut res = host::load::<f32>(mem, self.residual, rows * cols)?;
         let w = host::load_bf16(mem, self.weight, cols)?;
-        let sum: Vec<f32> = res.iter().zip(&x).map(|(a, b)| round_bf16(a + b)).collect();
-        host::store_bf16(mem, self.residual, &sum)?;
-        host::store_bf16(mem, self.out, &normalize(&sum, &w, cols, self.eps))
+        if !self.input.is_null() {
+            let x = host::load_bf16(mem, self.input, rows * cols)?;
+            res.iter_mut().zip(&x).for_each(|(r, x)| *r += x);
+            host::store(mem, self.residual, &res)?;
+        }
+        host::store_bf16(mem, self.out, &normalize(&res, &w, cols, self.eps))
     }
 }
 
@@ -87,6 +90,7 @@ impl Kernel for AddRmsNorm {
 mod tests {
     use super::*;
     use crate::host::KernelAbi;
+    use crate::host::round_bf16;
     use crate::ops::testing::*;
     use metrale_core::{DevicePtr, KernelArg};
 
@@ -108,23 +112,19 @@ mod tests {
         .unwrap();
         // Row 0: rms = sqrt(12.5); row 1: rms = 1.
         let r = 12.5f32.sqrt();
-        let want = [
-            round_bf16(3.0 / r),
-            round_bf16(round_bf16(4.0 / r) * 0.5),
-            -1.0,
-            0.5,
-        ];
+        let want = [round_bf16(3.0 / r), round_bf16(4.0 / r * 0.5), -1.0, 0.5];
         assert_eq!(f32s(&m.get(out, 4)), want.to_vec());
     }
 
     #[test]
-    fn add_rmsnorm_updates_residual() {
+    fn add_rmsnorm_updates_the_f32_residual() {
         let mut m = FlatMemory::new();
-        let res = m.put(&bf16s(&[1.0, 1.0]));
+        // 1 + 2^-12 is not a bf16 value: an f32 residual keeps it.
+        let res = m.put(&[1.0f32, 1.0 + 1.0 / 4096.0]);
         let x = m.put(&bf16s(&[1.0, -3.0]));
         let w = m.put(&bf16s(&[1.0, 1.0]));
         let out = m.put(&bf16s(&[0.0; 2]));
-        AddRmsNorm {
+        let k = AddRmsNorm {
             out,
             residual: res,
             input: x,
@@ -132,10 +132,18 @@ mod tests {
             rows: 1,
             cols: 2,
             eps: 0.0,
+        };
+        k.reference(&mut m).unwrap();
+        assert_eq!(m.get::<f32>(res, 2), vec![2.0, -2.0 + 1.0 / 4096.0]);
+        let before = m.get::<f32>(res, 2);
+        // A null input normalises the residual without adding.
+        AddRmsNorm {
+            input: DevicePtr::NULL,
+            ..k
         }
         .reference(&mut m)
         .unwrap();
-        assert_eq!(f32s(&m.get(res, 2)), vec![2.0, -2.0]);
+        assert_eq!(m.get::<f32>(res, 2), before);
         assert_eq!(f32s(&m.get(out, 2)), vec![1.0, -1.0]);
     }
 

@@ -3,13 +3,13 @@
 
 use metrale_core::{DevicePtr, LaunchConfig};
 
-use crate::host::{self, HostError, HostMemory, Kernel, kernel_args, round_bf16};
+use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
 use crate::names;
 
 kernel_args!(
     /// Rotates `heads` heads of every token in place: pairs `(i, i + head_dim/2)` by the angle in
-    /// row `positions[t]` of the cos/sin tables, rounding each product and the sum to bf16 as the
-    /// HF reference does. A position outside the tables leaves the token unchanged.
+    /// row `positions[t]` of the cos/sin tables, in f32 with one rounding to bf16 per output. A
+    /// position outside the tables leaves the token unchanged.
     RopeNeox => names::rope::ROPE_NEOX_BF16 {
         /// bf16 `[tokens, token_stride]`, pointing at the first rotated head.
         x: DevicePtr,
@@ -64,11 +64,8 @@ impl Kernel for RopeNeox {
             for head in x.chunks_exact_mut(d) {
                 for i in 0..half {
                     let (a, b) = (head[i], head[i + half]);
-                    // The HF rounding points: each product to bf16, then the sum.
-                    let (ac, bs) = (round_bf16(a * c[i]), round_bf16(b * s[i]));
-                    let (bc, as_) = (round_bf16(b * c[i]), round_bf16(a * s[i]));
-                    head[i] = ac - bs;
-                    head[i + half] = bc + as_;
+                    head[i] = a * c[i] - b * s[i];
+                    head[i + half] = b * c[i] + a * s[i];
                 }
             }
             host::store_bf16(mem, row, &x)?;
