@@ -15,6 +15,7 @@
 //! This crate holds no model knowledge and no HTTP; it is the only crate that calls the driver.
 
 mod backend;
+pub mod bench;
 mod capture;
 pub mod check;
 mod cuda;

@@ -6,6 +6,7 @@
 //! `metrale_gpu_runtime::GpuBackend`.
 #![forbid(unsafe_code)]
 
+mod bench_kernels;
 mod check_kernels;
 mod doctor;
 mod generate;
@@ -47,6 +48,9 @@ enum Command {
     /// Generate a completion for one prompt, streamed to stdout (timings go to stderr). Uses the
     /// GPU when one can run the model's kernel target, else the host backend, and says which.
     Generate(generate::Args),
+    /// Time the decode and prefill kernels at a model's shapes on this GPU (µs per launch,
+    /// achieved GB/s and TFLOP/s against the rooflines). Needs a GPU.
+    BenchKernels(bench_kernels::Args),
     /// Compare the model's logits with a reference file from transformers
     /// (scripts/gpu/reference_logits.py) at every position; exits non-zero above the tolerance.
     Parity(parity::Args),
@@ -60,6 +64,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(&args),
         Command::CheckKernels(args) => check_kernels::run(&args),
+        Command::BenchKernels(args) => bench_kernels::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Parity(args) => parity::run(&args),
         Command::Serve(args) => serve::run(&args),

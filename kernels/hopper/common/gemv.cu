@@ -13,6 +13,7 @@
 namespace {
 constexpr int MAX_M = 8;
 constexpr int WARPS = 8;
+constexpr int UNROLL = 4;
 
 __device__ __forceinline__ void fma8(float* acc, const uint4& w, const uint4& a) {
     const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -43,7 +44,26 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
     if (k % 8 == 0) {
         const uint4* w4 = reinterpret_cast<const uint4*>(wrow);
         const uint32_t chunks = k / 8;
-        for (uint32_t i = lane; i < chunks; i += 32) {
+        uint32_t i = lane;
+        // Four independent 16-byte weight loads in flight per lane before any is used: at M = 1
+        // a warp otherwise waits one full memory latency per 512 bytes.
+        for (; i + 3 * 32 < chunks; i += 4 * 32) {
+            uint4 wv[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) wv[u] = __ldg(w4 + i + u * 32);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+                for (int r = 0; r < MAX_M; ++r) {
+                    if (r < (int)m) {
+                        const uint4 av =
+                            __ldg(reinterpret_cast<const uint4*>(a + (size_t)r * k) + i + u * 32);
+                        fma8(&acc[r], wv[u], av);
+                    }
+                }
+            }
+        }
+        for (; i < chunks; i += 32) {
             const uint4 wv = __ldg(w4 + i);
 #pragma unroll
             for (int r = 0; r < MAX_M; ++r) {

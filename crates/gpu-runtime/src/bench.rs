@@ -1,0 +1,423 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Kernel timing at the shapes the decode and prefill paths launch: time per launch from CUDA
+//! events, and the bytes and FLOPs each launch must move and compute, so that a row can be read
+//! against the memory and tensor-core rooflines.
+//!
+//! Inputs are constant fill patterns, not random values: the kernels here have no data-dependent
+//! control flow, and a benchmark must not spend its device time generating data.
+
+use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_kernels::ops::*;
+use metrale_kernels::{Kernel, KernelAbi};
+
+use crate::{GpuBackend, GpuError};
+
+/// One benchmark: a kernel at one shape.
+pub struct BenchCase {
+    /// The kernel.
+    pub kernel: KernelName,
+    /// What the shape stands for (e.g. "qwen3-8b gate_up m=1").
+    pub label: String,
+    /// Bytes a launch must read and write at least (the memory floor).
+    pub bytes: u64,
+    /// Floating-point operations of a launch.
+    pub flops: u64,
+    /// Buffers to allocate: size and fill byte.
+    buffers: Vec<(usize, u8)>,
+    /// Buffers uploaded as they are (block tables, positions).
+    uploads: Vec<Vec<u8>>,
+    /// Builds the launch from the allocated buffers, then the uploads, in order.
+    build: Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>,
+}
+
+/// The timing of one case.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchResult {
+    /// Kernel function name.
+    pub kernel: String,
+    /// The case's label.
+    pub label: String,
+    /// Median microseconds per launch over the timed batches.
+    pub us: f64,
+    /// Achieved bandwidth, GB/s (bytes / time).
+    pub gb_s: f64,
+    /// Achieved TFLOP/s.
+    pub tflop_s: f64,
+}
+
+fn launch_of<K: Kernel>(k: K) -> (LaunchConfig, Vec<KernelArg>) {
+    (k.launch_config(), k.args())
+}
+
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// A model's decode-relevant dimensions.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// Name used in labels.
+    pub name: &'static str,
+    /// Hidden size.
+    pub hidden: u32,
+    /// MLP intermediate size.
+    pub inter: u32,
+    /// Query heads.
+    pub q_heads: u32,
+    /// KV heads.
+    pub kv_heads: u32,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// Vocabulary.
+    pub vocab: u32,
+}
+
+/// Qwen3-8B's dimensions.
+pub const QWEN3_8B: Shape = Shape {
+    name: "qwen3-8b",
+    hidden: 4096,
+    inter: 12288,
+    q_heads: 32,
+    kv_heads: 8,
+    head_dim: 128,
+    vocab: 151936,
+};
+
+/// Qwen3-0.6B's dimensions.
+pub const QWEN3_0_6B: Shape = Shape {
+    name: "qwen3-0.6b",
+    hidden: 1024,
+    inter: 3072,
+    q_heads: 16,
+    kv_heads: 8,
+    head_dim: 128,
+    vocab: 151936,
+};
+
+fn gemv_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, f32_out: bool) -> BenchCase {
+    let out_bytes = if f32_out { 4 } else { 2 };
+    let kernel = if f32_out {
+        GemvF32Out::NAME
+    } else {
+        Gemv::NAME
+    };
+    BenchCase {
+        kernel,
+        label: format!("{} {what} m={m} n={n} k={k}", s.name),
+        bytes: (n as u64 * k as u64 + m as u64 * k as u64) * 2 + (m * n) as u64 * out_bytes,
+        flops: 2 * m as u64 * n as u64 * k as u64,
+        buffers: vec![
+            ((m * n) as usize * out_bytes as usize, 0),
+            ((m * k) as usize * 2, 0x3C),
+            (n as usize * k as usize * 2, 0x3C),
+        ],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            let (c, a, w, bias) = (p[0], p[1], p[2], DevicePtr::NULL);
+            if f32_out {
+                launch_of(GemvF32Out {
+                    c,
+                    a,
+                    w,
+                    bias,
+                    m,
+                    n,
+                    k,
+                })
+            } else {
+                launch_of(Gemv {
+                    c,
+                    a,
+                    w,
+                    bias,
+                    m,
+                    n,
+                    k,
+                })
+            }
+        }),
+    }
+}
+
+fn gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
+    BenchCase {
+        kernel: Gemm::NAME,
+        label: format!("{} {what} m={m} n={n} k={k}", s.name),
+        bytes: (n as u64 * k as u64 + m as u64 * k as u64 + m as u64 * n as u64) * 2,
+        flops: 2 * m as u64 * n as u64 * k as u64,
+        buffers: vec![
+            ((m * n) as usize * 2, 0),
+            ((m * k) as usize * 2, 0x3C),
+            (n as usize * k as usize * 2, 0x3C),
+        ],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            launch_of(Gemm {
+                c: p[0],
+                a: p[1],
+                w: p[2],
+                bias: DevicePtr::NULL,
+                m,
+                n,
+                k,
+            })
+        }),
+    }
+}
+
+/// Decode attention over `seqs` sequences of `context` cached tokens each.
+fn attention_decode_case(s: &Shape, seqs: u32, context: u32) -> BenchCase {
+    let block = 16u32;
+    let blocks_per_seq = context.div_ceil(block);
+    let tables: Vec<i32> = (0..seqs * blocks_per_seq).map(|b| b as i32).collect();
+    let kv_row = (s.kv_heads * s.head_dim) as usize;
+    let cache = (seqs * blocks_per_seq * block) as usize * kv_row * 2;
+    let (qh, kvh, hd) = (s.q_heads, s.kv_heads, s.head_dim);
+    BenchCase {
+        kernel: PagedAttention::NAME,
+        label: format!("{} decode attention seqs={seqs} context={context}", s.name),
+        bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2),
+        flops: 4 * seqs as u64 * context as u64 * (qh * hd) as u64,
+        buffers: vec![
+            ((seqs * qh * hd) as usize * 2, 0),
+            ((seqs * qh * hd) as usize * 2, 0x3C),
+            (cache, 0x3C),
+            (cache, 0x3C),
+        ],
+        uploads: vec![
+            i32_bytes(&tables),
+            i32_bytes(&(0..seqs as i32).collect::<Vec<_>>()),
+            i32_bytes(&vec![context as i32 - 1; seqs as usize]),
+        ],
+        build: Box::new(move |p| {
+            launch_of(PagedAttention {
+                out: p[0],
+                q: p[1],
+                k_cache: p[2],
+                v_cache: p[3],
+                block_tables: p[4],
+                token_seq: p[5],
+                positions: p[6],
+                tokens: seqs,
+                q_heads: qh,
+                kv_heads: kvh,
+                head_dim: hd,
+                block_size: block,
+                max_blocks_per_seq: blocks_per_seq,
+                scale: 1.0 / (hd as f32).sqrt(),
+            })
+        }),
+    }
+}
+
+/// Causal prefill attention of one sequence of `tokens` tokens.
+fn attention_prefill_case(s: &Shape, tokens: u32) -> BenchCase {
+    let mut case = attention_decode_case(s, 1, tokens);
+    let (qh, kvh, hd) = (s.q_heads, s.kv_heads, s.head_dim);
+    let blocks = tokens.div_ceil(16);
+    case.label = format!("{} prefill attention tokens={tokens}", s.name);
+    case.flops = 2 * tokens as u64 * tokens as u64 * (qh * hd) as u64; // causal: half of 4·T²·d
+    case.buffers[0].0 = (tokens * qh * hd) as usize * 2;
+    case.buffers[1].0 = (tokens * qh * hd) as usize * 2;
+    case.bytes += 2 * 2 * (tokens * qh * hd) as u64;
+    case.uploads[1] = i32_bytes(&vec![0; tokens as usize]);
+    case.uploads[2] = i32_bytes(&(0..tokens as i32).collect::<Vec<_>>());
+    case.build = Box::new(move |p| {
+        launch_of(PagedAttention {
+            out: p[0],
+            q: p[1],
+            k_cache: p[2],
+            v_cache: p[3],
+            block_tables: p[4],
+            token_seq: p[5],
+            positions: p[6],
+            tokens,
+            q_heads: qh,
+            kv_heads: kvh,
+            head_dim: hd,
+            block_size: 16,
+            max_blocks_per_seq: blocks,
+            scale: 1.0 / (hd as f32).sqrt(),
+        })
+    });
+    case
+}
+
+fn norm_case(s: &Shape, rows: u32) -> BenchCase {
+    let h = s.hidden;
+    BenchCase {
+        kernel: AddRmsNorm::NAME,
+        label: format!("{} add+rmsnorm rows={rows}", s.name),
+        bytes: rows as u64 * h as u64 * (4 + 4 + 2 + 2),
+        flops: 4 * rows as u64 * h as u64,
+        buffers: vec![
+            ((rows * h) as usize * 2, 0),
+            ((rows * h) as usize * 4, 0),
+            ((rows * h) as usize * 2, 0x3C),
+            (h as usize * 2, 0x3C),
+        ],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            launch_of(AddRmsNorm {
+                out: p[0],
+                residual: p[1],
+                input: p[2],
+                weight: p[3],
+                rows,
+                cols: h,
+                eps: 1e-6,
+            })
+        }),
+    }
+}
+
+fn silu_case(s: &Shape, tokens: u32) -> BenchCase {
+    let i = s.inter;
+    BenchCase {
+        kernel: SiluMul::NAME,
+        label: format!("{} silu*mul tokens={tokens}", s.name),
+        bytes: tokens as u64 * i as u64 * 6,
+        flops: 5 * tokens as u64 * i as u64,
+        buffers: vec![
+            ((tokens * i) as usize * 2, 0),
+            ((tokens * i) as usize * 4, 0x3C),
+        ],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            launch_of(SiluMul {
+                out: p[0],
+                gate_up: p[1],
+                tokens,
+                inter: i,
+            })
+        }),
+    }
+}
+
+/// The decode path's kernels at batch 1 (and the GEMV at batch 8), decode attention at several
+/// contexts, and the prefill GEMMs and attention at `prefill_tokens`, for one model shape.
+pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
+    let (h, i) = (s.hidden, s.inter);
+    let (qd, kvd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut out = Vec::new();
+    for m in [1u32, 8] {
+        out.push(gemv_case(s, "q_proj", m, qd, h, false));
+        out.push(gemv_case(s, "k_proj", m, kvd, h, false));
+        out.push(gemv_case(s, "o_proj", m, h, qd, false));
+        out.push(gemv_case(s, "gate_up", m, 2 * i, h, false));
+        out.push(gemv_case(s, "down", m, h, i, false));
+        out.push(gemv_case(s, "lm_head", m, s.vocab, h, true));
+    }
+    out.push(norm_case(s, 1));
+    out.push(silu_case(s, 1));
+    for context in [1024u32, 8192] {
+        out.push(attention_decode_case(s, 1, context));
+    }
+    out.push(attention_decode_case(s, 64, 1024));
+    for &t in prefill_tokens {
+        out.push(gemm_case(s, "q_proj", t, qd, h));
+        out.push(gemm_case(s, "gate_up", t, 2 * i, h));
+        out.push(gemm_case(s, "down", t, h, i));
+        out.push(attention_prefill_case(s, t));
+        out.push(norm_case(s, t));
+        out.push(silu_case(s, t));
+    }
+    out
+}
+
+/// Times every case: `warmup` launches, then `batches` batches of `per_batch` launches between
+/// two events; the median batch gives the time per launch.
+pub fn run(
+    gpu: &dyn GpuBackend,
+    cases: &[BenchCase],
+    warmup: usize,
+    batches: usize,
+    per_batch: usize,
+) -> Result<Vec<BenchResult>, GpuError> {
+    let stream = gpu.default_stream();
+    let (start, end) = (gpu.create_event()?, gpu.create_event()?);
+    let mut results = Vec::new();
+    for case in cases {
+        let handle = gpu.kernel(case.kernel)?;
+        let mut ptrs = Vec::new();
+        for &(bytes, fill) in &case.buffers {
+            let p = gpu.alloc(bytes)?;
+            gpu.memset(p, fill, bytes, stream)?;
+            ptrs.push(p);
+        }
+        for bytes in &case.uploads {
+            let p = gpu.alloc(bytes.len())?;
+            gpu.copy_h2d(bytes, p)?;
+            ptrs.push(p);
+        }
+        let (config, args) = (case.build)(&ptrs);
+        for _ in 0..warmup {
+            gpu.launch(handle, &config, &args, stream)?;
+        }
+        let mut times = Vec::new();
+        for _ in 0..batches {
+            gpu.record_event(start, stream)?;
+            for _ in 0..per_batch {
+                gpu.launch(handle, &config, &args, stream)?;
+            }
+            gpu.record_event(end, stream)?;
+            gpu.synchronize(stream)?;
+            times.push(f64::from(gpu.elapsed_ms(start, end)?) * 1e3 / per_batch as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        let us = times[times.len() / 2];
+        results.push(BenchResult {
+            kernel: case.kernel.function.to_string(),
+            label: case.label.clone(),
+            us,
+            gb_s: case.bytes as f64 / us / 1e3,
+            tflop_s: case.flops as f64 / us / 1e6,
+        });
+        for p in ptrs {
+            gpu.free(p)?;
+        }
+    }
+    Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HostBackend;
+
+    #[test]
+    fn every_case_launches_on_the_host_backend() {
+        // Tiny dimensions so the host references finish quickly; the point is that every case's
+        // buffers and arguments are consistent with its kernel's ABI.
+        let tiny = Shape {
+            name: "tiny",
+            hidden: 64,
+            inter: 96,
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            vocab: 300,
+        };
+        let gpu = HostBackend::new(1 << 28);
+        let cases = model_cases(&tiny, &[33]);
+        let stream = gpu.default_stream();
+        for case in &cases {
+            let handle = gpu.kernel(case.kernel).unwrap();
+            let mut ptrs = Vec::new();
+            for &(bytes, fill) in &case.buffers {
+                let p = gpu.alloc(bytes).unwrap();
+                gpu.memset(p, fill, bytes, stream).unwrap();
+                ptrs.push(p);
+            }
+            for bytes in &case.uploads {
+                let p = gpu.alloc(bytes.len()).unwrap();
+                gpu.copy_h2d(bytes, p).unwrap();
+                ptrs.push(p);
+            }
+            let (config, args) = (case.build)(&ptrs);
+            gpu.launch(handle, &config, &args, stream)
+                .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        }
+        assert!(cases.iter().all(|c| c.bytes > 0 && c.flops > 0));
+    }
+}
