@@ -12,6 +12,9 @@ use metrale_kernels::{Kernel, KernelAbi};
 
 use crate::{GpuBackend, GpuError};
 
+/// Builds a launch from the case's device buffers.
+type BuildLaunch = Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>;
+
 /// One benchmark: a kernel at one shape.
 pub struct BenchCase {
     /// The kernel.
@@ -27,7 +30,7 @@ pub struct BenchCase {
     /// Buffers uploaded as they are (block tables, positions).
     uploads: Vec<Vec<u8>>,
     /// Builds the launch from the allocated buffers, then the uploads, in order.
-    build: Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>,
+    build: BuildLaunch,
 }
 
 /// The timing of one case.
