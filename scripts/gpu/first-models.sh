@@ -9,6 +9,7 @@
 #   smollm2           SmolLM2 golden transcripts and reference logits from transformers
 #   parity            met parity for every checkpoint; greedy transcripts on CUDA vs the goldens
 #   speed             Qwen3-8B batch-1 decode: transformers eager and static+compile, then met
+#   serve             met serve --backend cuda with a random checkpoint; tests/server/load_test.py
 #
 # Logs and small results collect in $RES (outside the repo, kept while the machine is warm); each
 # phase ends by packing all of $RES into $OUT/results-<phase>.tgz (the device tool returns at most
@@ -49,6 +50,10 @@ prep)
   "$met" --version | tee "$RES/met-version.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
   "$met" check-kernels > "$RES/check-kernels.txt" 2>&1; record "met check-kernels" "exit $? ($(tail -n1 "$RES/check-kernels.txt"))"
+  for shape in qwen3-8b qwen3-0.6b; do
+    timeout 120 "$met" bench-kernels --shape $shape --json "$RES/bench-kernels-$shape.json" > "$RES/bench-kernels-$shape.md" 2>&1
+    record "met bench-kernels $shape" "exit $?"
+  done
   df -h /root | tail -1
   tok=()
   [ -d .cache/test-data/qwen3-tokenizer ] && tok+=(--tokenizer qwen3=.cache/test-data/qwen3-tokenizer)
@@ -106,8 +111,8 @@ PY
   ;;
 speed)
   m=${SPEED_MODEL:-qwen3-8b}
-  timeout "${HF_TIMEOUT:-400}" python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" --prompt-tokens 32 \
-    --new-tokens 256 --batch 1 --modes "${HF_MODES:-eager,static_compile}" --json "$RES/hf-decode-$m.json" \
+  timeout "${HF_TIMEOUT:-480}" python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" --prompt-tokens 32 \
+    --new-tokens 256 --batch 1 --modes "${HF_MODES:-eager,static_compile,static_auto}" --json "$RES/hf-decode-$m.json" \
     > "$RES/hf-decode-$m.log" 2>&1
   record "transformers decode $m" "exit $?"
   prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
@@ -117,6 +122,20 @@ speed)
   done
   record "met decode $m" "$(grep 'tok/s' "$RES/met-decode-$m-2.txt")"
   tail -n 20 "$RES/hf-decode-$m.log"
+  finish
+  ;;
+serve)
+  m=${SERVE_MODEL:-qwen3-8b}
+  "$met" serve --backend cuda --model-from-path "$CKPT/$m" --port 8888 --max-seq-len 4096 > "$RES/serve-$m.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 120); do grep -q "Listening on" "$RES/serve-$m.log" && break; sleep 1; done
+  if python3 -c "import httpx" 2>/dev/null; then
+    timeout 300 python3 tests/server/load_test.py --base-url http://127.0.0.1:8888 --wait 5 > "$RES/load-test-$m.txt" 2>&1
+    record "load_test against met serve --backend cuda ($m)" "exit $? ($(grep -E 'TTFT|TPOT' "$RES/load-test-$m.txt" | tr '\n' ' '))"
+  else
+    record "load_test" "skipped: no httpx on this machine"
+  fi
+  kill -INT $pid; wait $pid; record "met serve exit after SIGINT" "$?"
   finish
   ;;
 *)
