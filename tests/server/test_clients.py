@@ -3,7 +3,8 @@
 
 Greedy answers are compared with `met generate --temperature 0` (run as a subprocess), 16 clients
 at once must each get the text they get alone, stop strings never leak, usage adds up, and the
-server is idle afterwards (no active request, no KV block in use). See tests/server/README.md.
+server is idle afterwards (no active request, no KV block in use). Tool calls and reasoning are
+in tool_tests.py. See tests/server/README.md.
 
     python tests/server/test_clients.py --base-url http://127.0.0.1:8888
 """
@@ -32,6 +33,7 @@ from common import (
     preflight,
     wait_idle,
 )
+from tool_tests import add_tool_tests
 
 # Prompts are short and max_tokens small: the CI server runs on two CPU cores.
 CHAT_PROMPT = "What is the capital of France?"  # SmolLM2 answers in a few tokens, then EOS
@@ -499,6 +501,11 @@ def main() -> int:
         expect(banned != first, f"logit_bias {{{ids[0]}: -100}} did not ban the greedy token {first!r}")
 
     # -------------------------------------------------------------------------------------------
+    # Tool calls and reasoning (tool_tests.py)
+
+    reasoning_server = add_tool_tests(runner, oa, an, model, args)
+
+    # -------------------------------------------------------------------------------------------
     # Concurrency
 
     def concurrent_request(i: int, stream: bool) -> tuple[str, str, int]:
@@ -550,7 +557,10 @@ def main() -> int:
         expect(m["metrale_time_to_first_token_seconds_count"] > 0, "metrale_time_to_first_token_seconds_count is 0")
         expect_eq(m["metrale_kv_blocks_free"], m["metrale_kv_blocks_total"], "kv_blocks_free when idle")
 
-    return runner.run(args.report)
+    try:
+        return runner.run(args.report)
+    finally:
+        reasoning_server.stop()
 
 
 if __name__ == "__main__":

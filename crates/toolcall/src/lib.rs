@@ -149,8 +149,9 @@ impl std::fmt::Display for Format {
     }
 }
 
-/// A fresh streaming parser for one output in `format`.
-pub fn parser_for(format: Format) -> Box<dyn ToolParser> {
+/// A fresh streaming parser for one output in `format` (`Send`, so a server can keep it in the
+/// state of a response stream).
+pub fn parser_for(format: Format) -> Box<dyn ToolParser + Send> {
     match format {
         Format::Hermes => Box::new(driver::Driver::new(wire::Hermes)),
         Format::Qwen3Coder | Format::Qwen3Xml => Box::new(driver::Driver::new(wire::Qwen3Xml)),

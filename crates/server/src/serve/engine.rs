@@ -5,7 +5,8 @@
 //! HTTP handlers never touch the model. They send a [`Command`] and get back a channel of
 //! [`StreamEvent`]s. Each loop iteration: take new commands; end sequences whose client went away
 //! or whose deadline passed; ask the scheduler for a step plan (continuous batching with chunked
-//! prefill); run it as one `Model::forward`; sample the rows that want logits; hand the sampled
+//! prefill); run it as one `Model::forward`; sample the rows that want logits (or, for a sequence
+//! whose thinking budget is spent, append its block's closing tokens instead); hand the sampled
 //! tokens back to the scheduler; turn them into text (streaming detokeniser, stop strings) and
 //! send it. Every ended sequence returns its KV blocks through the scheduler.
 
@@ -23,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
 use super::stop::{StopMatcher, StopOutcome};
+use super::thinking::{BudgetTracker, ThinkingBudget};
 
 /// Why a generation ended, as the APIs report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +92,8 @@ pub struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// When the request times out.
     pub deadline: Option<Instant>,
+    /// Cap on the tokens spent inside `<think>` blocks (see [`super::thinking`]).
+    pub thinking: Option<ThinkingBudget>,
 }
 
 /// Why a request was not admitted.
@@ -105,9 +109,9 @@ pub enum SubmitError {
 
 /// Messages to the engine thread.
 pub enum Command {
-    /// Admit a request.
+    /// Admit a request (boxed: it is most of the channel's slot size otherwise).
     Submit(
-        GenerationRequest,
+        Box<GenerationRequest>,
         oneshot::Sender<Result<mpsc::UnboundedReceiver<StreamEvent>, SubmitError>>,
     ),
     /// Finish what is running, then stop.
@@ -128,7 +132,7 @@ impl EngineHandle {
     ) -> Result<mpsc::UnboundedReceiver<StreamEvent>, SubmitError> {
         let (reply, wait) = oneshot::channel();
         self.tx
-            .send(Command::Submit(req, reply))
+            .send(Command::Submit(Box::new(req), reply))
             .map_err(|_| SubmitError::ShuttingDown)?;
         wait.await.map_err(|_| SubmitError::ShuttingDown)?
     }
@@ -151,6 +155,7 @@ struct Active {
     arrival: Instant,
     first_token_seen: bool,
     deadline: Option<Instant>,
+    budget: Option<BudgetTracker>,
 }
 
 /// Starts the engine thread.
@@ -240,7 +245,7 @@ impl Engine {
                         if shutting_down {
                             let _ = reply.send(Err(SubmitError::ShuttingDown));
                         } else {
-                            let _ = reply.send(self.admit(req));
+                            let _ = reply.send(self.admit(*req));
                         }
                     }
                     Command::Shutdown => shutting_down = true,
@@ -305,6 +310,7 @@ impl Engine {
                 arrival: now,
                 first_token_seen: false,
                 deadline: req.deadline,
+                budget: req.thinking.map(BudgetTracker::new),
             },
         );
         Ok(rx)
@@ -432,7 +438,17 @@ impl Engine {
             let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
             let lp_k = a.logprobs;
             let raw = lp_k.map(|_| row.clone());
-            let token = a.sampler.sample(&mut row);
+            // A spent thinking budget appends the block's closing tokens instead of sampling.
+            let forced = a.budget.as_mut().and_then(BudgetTracker::forced_token);
+            let token = match forced {
+                Some(token) => {
+                    a.sampler.record(token);
+                    token
+                }
+                // grammar: a request's token mask (tool_choice required / named, --tool-grammar)
+                // applies to `row` here, before sampling.
+                None => a.sampler.sample(&mut row),
+            };
             if let (Some(k), Some(raw)) = (lp_k, raw) {
                 lps.insert(seq, logprobs_of(&raw, token, k));
             }
@@ -466,6 +482,9 @@ impl Engine {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
+            if let Some(budget) = a.budget.as_mut() {
+                budget.observe(&text);
+            }
             let logprobs: Vec<TokenLogprob> = lps.remove(&ev.seq).into_iter().collect();
             match a.stop.push(&text) {
                 StopOutcome::Emit(t) => {

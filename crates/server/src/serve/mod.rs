@@ -14,8 +14,11 @@ mod metrics;
 mod misc;
 mod openai;
 mod params;
+mod reply;
 mod state;
 mod stop;
+mod thinking;
+mod tools;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -48,6 +51,28 @@ pub enum PolicyArg {
     Fifo,
     /// SLO-aware: no new prefills while a running sequence nears its time-between-tokens deadline.
     Slai,
+}
+
+/// How chat answers are read for reasoning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningParserArg {
+    /// `<think>...</think>` blocks (Qwen3, DeepSeek-R1 and others) become `reasoning_content`
+    /// and thinking blocks.
+    #[value(alias = "qwen3", alias = "deepseek_r1")]
+    Think,
+    /// No splitting: reasoning stays in the content.
+    None,
+}
+
+/// Constrained decoding of tool calls (`--tool-grammar`). Parsed, not yet enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ToolGrammarArg {
+    /// Let the model and the request decide (once enforced).
+    Auto,
+    /// Constrain tool calls (once enforced).
+    On,
+    /// Parse only, never constrain.
+    Off,
 }
 
 /// Options of `met serve`.
@@ -85,10 +110,36 @@ pub struct Args {
     /// Seconds a request may run before it is ended (0: no limit).
     #[arg(long, default_value_t = 600)]
     request_timeout: u64,
-    /// Tool-call wire format (hermes, qwen3_coder, qwen3_xml, mistral, llama3_json, bare_json);
-    /// default: the model's MODEL.toml. Used for requests that offer `tools` (non-streamed).
+    /// Tool-call wire format (hermes, qwen3_coder, qwen3_xml, mistral, llama3_json, bare_json)
+    /// that answers to requests offering `tools` are parsed with, streamed or not, into
+    /// `tool_calls` / `tool_use` blocks. Default: the model's MODEL.toml; without one, calls stay
+    /// in the text.
     #[arg(long)]
     tool_call_parser: Option<String>,
+    /// Cap on max_tokens (the whole completion, reasoning included) of requests that offer
+    /// `tools`.
+    #[arg(long, default_value_t = 8192)]
+    tool_max_tokens: usize,
+    /// Constrained decoding of tool calls (auto, on, off). Accepted, but not enforced yet: every
+    /// value parses tool calls from unconstrained output.
+    #[arg(long, value_enum, default_value_t = ToolGrammarArg::Auto)]
+    tool_grammar: ToolGrammarArg,
+    /// Reasoning format of chat answers: `think` splits <think> blocks into `reasoning_content`
+    /// (OpenAI) and thinking blocks (Anthropic), `none` leaves them in the content. Default: the
+    /// model's MODEL.toml.
+    #[arg(long, value_enum)]
+    reasoning_parser: Option<ReasoningParserArg>,
+    /// Render chat templates with enable_thinking=false (Qwen3 then writes an empty <think>
+    /// block and answers directly), unless a request sets `chat_template_kwargs.enable_thinking`
+    /// or Anthropic `thinking`.
+    #[arg(long)]
+    disable_thinking: bool,
+    /// Most tokens a sequence may spend inside <think> blocks; at the limit the engine appends
+    /// "\n</think>\n\n" instead of sampling, and the model goes on to answer. A request's
+    /// `thinking_budget` (Anthropic: `thinking.budget_tokens`) may lower it. Default: the model's
+    /// MODEL.toml, else no limit.
+    #[arg(long)]
+    max_thinking_budget: Option<usize>,
     /// Require `Authorization: Bearer <token>` (or `x-api-key`) on every API route.
     #[arg(long)]
     require_auth: bool,
@@ -395,6 +446,26 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
+    if args.tool_max_tokens == 0 {
+        bail!("--tool-max-tokens must be at least 1");
+    }
+    // grammar: `--tool-grammar` is parsed but not yet acted on; the grammar crate takes it from here.
+    if args.tool_grammar == ToolGrammarArg::On {
+        tracing::warn!(
+            "--tool-grammar on: constrained decoding is not implemented yet; tool calls are parsed from unconstrained output"
+        );
+    }
+    let reasoning = match args.reasoning_parser {
+        Some(ReasoningParserArg::Think) => true,
+        Some(ReasoningParserArg::None) => false,
+        None => behavior.reasoning,
+    };
+    let max_thinking_budget = args
+        .max_thinking_budget
+        .or(behavior.thinking_budget.map(|b| b as usize));
+    let think_close = tokenizer
+        .encode(thinking::CLOSE_THINK, false)
+        .context("tokenizing the text that closes a thinking block")?;
     let metrics = Arc::new(metrics::Metrics::default());
     let (engine, engine_thread) =
         engine::start(model, scheduler, tokenizer.clone(), metrics.clone());
@@ -426,7 +497,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         metrics,
         created: state::unix_now(),
         tool_parser,
-        reasoning: behavior.reasoning,
+        reasoning,
+        disable_thinking: args.disable_thinking,
+        max_thinking_budget,
+        think_close,
+        tool_max_tokens: args.tool_max_tokens,
     });
     let app = router(state, tokens);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -10,7 +10,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use metrale_tokenizer::RenderOptions;
-use metrale_toolcall::{Format, ReasoningSplitter, ThinkStart, parse_whole};
 use serde_json::{Value, json};
 use tokio_stream::StreamMap;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -18,9 +17,13 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use super::engine::{GenerationRequest, StreamEvent, TokenLogprob};
 use super::error::{ApiError, Dialect};
 use super::params::{Body, content_text};
+use super::reply::{ChatChoiceStream, Reply, ReplyShape, call_id_prefix};
 use super::state::{
-    AppState, collect, openai_finish, sampling_params, submit_n, token_budget, unix_now,
+    AppState, chat_prompt, collect, openai_finish, sampling_params, submit_n, token_budget,
+    unix_now,
 };
+use super::thinking::request_budget;
+use super::tools;
 
 /// Refuses a body declared as something other than JSON (a missing Content-Type is accepted).
 pub fn check_content_type(
@@ -82,7 +85,7 @@ fn request_id(prefix: &str) -> String {
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// The messages of a chat request, normalised for the chat template.
-fn chat_messages(b: &Body) -> Result<Vec<Value>, ApiError> {
+pub(super) fn chat_messages(b: &Body) -> Result<Vec<Value>, ApiError> {
     let messages = b
         .array("messages")?
         .ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
@@ -116,6 +119,28 @@ fn chat_messages(b: &Body) -> Result<Vec<Value>, ApiError> {
             msg.insert("role".into(), "system".into());
         }
         let has_tool_calls = obj.get("tool_calls").is_some_and(|t| !t.is_null());
+        if has_tool_calls {
+            let tfield = format!("{field}.tool_calls");
+            if role != "assistant" {
+                return Err(ApiError::invalid(
+                    &tfield,
+                    format!("`{tfield}` is only allowed on assistant messages"),
+                ));
+            }
+            msg.insert(
+                "tool_calls".into(),
+                tools::openai_tool_calls(&obj["tool_calls"], &tfield)?,
+            );
+        }
+        if obj
+            .get("tool_call_id")
+            .is_some_and(|id| !id.is_string() && !id.is_null())
+        {
+            return Err(ApiError::invalid(
+                format!("{field}.tool_call_id"),
+                format!("`{field}.tool_call_id` must be a string (the id of the call answered)"),
+            ));
+        }
         match obj.get("content") {
             None | Some(Value::Null) if role == "assistant" && has_tool_calls => {
                 // Templates fail on null content next to tool calls; transformers' callers send "".
@@ -218,40 +243,33 @@ pub async fn chat_completions(
     let c = common(&b, true)?;
     let params = sampling_params(&b, &state, 2.0)?;
     let stop = b.stop_list("stop", 16, false)?;
-    let template = state.tokenizer.chat_template().ok_or_else(|| {
-        ApiError::invalid(
-            "messages",
-            "this model has no chat template; use /v1/completions",
-        )
-    })?;
-    let tools = b.array("tools")?.cloned();
-    let mut extra = serde_json::Map::new();
-    if let Some(kwargs) = b.object("chat_template_kwargs")? {
-        extra = kwargs.clone();
-    }
-    let enable_thinking = extra.get("enable_thinking").and_then(Value::as_bool);
-    let tool_choice_none = b.get("tool_choice").and_then(Value::as_str) == Some("none");
-    let parse_tools = tools.as_ref().is_some_and(|t| !t.is_empty()) && !tool_choice_none;
-    let text = template
-        .render(
-            &messages,
-            &RenderOptions {
-                add_generation_prompt: true,
-                tools,
-                enable_thinking,
-                extra,
-            },
-        )
-        .map_err(|e| {
-            ApiError::invalid(
-                "messages",
-                format!("the chat template refused these messages: {e}"),
-            )
-        })?;
-    let prompt = state
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let tools = tools::openai_tools(&b)?;
+    let tool_parser = tools.parser(&state, "tool_choice")?;
+    let extra = b
+        .object("chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
+    let enable_thinking = match extra.get("enable_thinking") {
+        None | Some(Value::Null) => state.disable_thinking.then_some(false),
+        Some(Value::Bool(v)) => Some(*v),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs.enable_thinking",
+                "`chat_template_kwargs.enable_thinking` must be true or false",
+            ));
+        }
+    };
+    let thinking_budget = b.int("thinking_budget", 0, i64::MAX)?.map(|v| v as usize);
+    let prompt = chat_prompt(
+        &state,
+        &messages,
+        &RenderOptions {
+            add_generation_prompt: true,
+            tools: tools.for_template(),
+            enable_thinking,
+            extra,
+        },
+    )?;
     let requested = match b.int("max_completion_tokens", 1, i64::MAX)? {
         Some(v) => Some(v),
         None => b.int("max_tokens", 1, i64::MAX)?,
@@ -261,9 +279,13 @@ pub async fn chat_completions(
     } else {
         "max_tokens"
     };
-    let max_tokens = token_budget(&state, prompt.len(), requested, field)?;
+    let mut max_tokens = token_budget(&state, prompt.ids.len(), requested, field)?;
+    if tools.offered() {
+        max_tokens = max_tokens.min(state.tool_max_tokens);
+    }
     let req = GenerationRequest {
-        prompt,
+        thinking: request_budget(&state, prompt.think, thinking_budget),
+        prompt: prompt.ids,
         params,
         max_tokens,
         stop,
@@ -274,76 +296,35 @@ pub async fn chat_completions(
     let rxs = submit_n(&state, req, c.n, Dialect::OpenAi).await?;
     let id = request_id("chatcmpl");
     let model = b.str("model")?.unwrap_or(&state.model_name).to_string();
+    let n = rxs.len();
+    let shapes: Vec<ReplyShape> = (0..n)
+        .map(|i| ReplyShape {
+            tool_parser,
+            think: prompt.think,
+            call_id_prefix: call_id_prefix("call", &id, i, n),
+        })
+        .collect();
     if c.stream {
-        return Ok(stream_openai(state, rxs, id, model, true, c.include_usage).into_response());
+        return Ok(
+            stream_openai(state, rxs, id, model, Some(shapes), c.include_usage).into_response(),
+        );
     }
     let wants_logprobs = c.logprobs.is_some();
-    let shape = MessageShape {
-        tool_parser: if parse_tools { state.tool_parser } else { None },
-        think: (state.reasoning && enable_thinking != Some(false)).then(|| {
-            if text.trim_end().ends_with("<think>") {
-                ThinkStart::InsideThink
-            } else {
-                ThinkStart::Outside
-            }
-        }),
-    };
     whole_response(rxs, id, model, "chat.completion", |i, out| {
         let logprobs = if wants_logprobs {
             chat_logprobs(&state, &out.logprobs)
         } else {
             Value::Null
         };
-        let (message, tool_calls) = shape.message(&out.text);
-        let finish = if tool_calls {
-            "tool_calls".into()
-        } else {
+        let reply = Reply::whole(&shapes[i], &out.text);
+        let finish = if reply.tool_calls.is_empty() {
             openai_finish(out.finish)
+        } else {
+            "tool_calls".into()
         };
-        json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
+        json!({"index": i, "message": reply.openai_message(), "logprobs": logprobs, "finish_reason": finish})
     })
     .await
-}
-
-/// How a chat answer's text becomes an assistant message: reasoning split off, tool calls parsed.
-struct MessageShape {
-    /// Parse tool calls in this wire format (the request offered tools).
-    tool_parser: Option<Format>,
-    /// Split `<think>` reasoning, starting inside a block when the template opened one.
-    think: Option<ThinkStart>,
-}
-
-impl MessageShape {
-    /// The OpenAI assistant message for `text`, and whether it holds tool calls.
-    fn message(&self, text: &str) -> (Value, bool) {
-        let (reasoning, content) = match self.think {
-            Some(start) => ReasoningSplitter::split_whole(start, text),
-            None => (String::new(), text.to_string()),
-        };
-        let mut message = json!({"role": "assistant", "content": content});
-        if !reasoning.is_empty() {
-            message["reasoning_content"] = reasoning.into();
-        }
-        let Some(format) = self.tool_parser else {
-            return (message, false);
-        };
-        let parsed = parse_whole(format, message["content"].as_str().unwrap_or_default());
-        if parsed.tool_calls.is_empty() {
-            return (message, false);
-        }
-        message["content"] = if parsed.content.trim().is_empty() {
-            Value::Null
-        } else {
-            parsed.content.into()
-        };
-        message["tool_calls"] = parsed
-            .tool_calls
-            .iter()
-            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect::<Vec<_>>()
-            .into();
-        (message, true)
-    }
 }
 
 /// The prompt of a completions request: a string, a one-element list of strings, or token ids.
@@ -433,12 +414,13 @@ pub async fn completions(
         stop_tokens: state.eos.clone(),
         logprobs: c.logprobs,
         deadline: None,
+        thinking: None,
     };
     let rxs = submit_n(&state, req, c.n, Dialect::OpenAi).await?;
     let id = request_id("cmpl");
     let model = b.str("model")?.unwrap_or(&state.model_name).to_string();
     if c.stream {
-        return Ok(stream_openai(state, rxs, id, model, false, c.include_usage).into_response());
+        return Ok(stream_openai(state, rxs, id, model, None, c.include_usage).into_response());
     }
     let wants_logprobs = c.logprobs.is_some();
     whole_response(rxs, id, model, "text_completion", |i, out| {
@@ -475,17 +457,18 @@ async fn whole_response(
     .into_response())
 }
 
-/// Server-sent events in OpenAI's chunk format, `data: [DONE]` last.
+/// Server-sent events in OpenAI's chunk format, `data: [DONE]` last. `chat` holds each choice's
+/// reply shape for chat completions (`None`: text completions).
 fn stream_openai(
     state: Arc<AppState>,
     rxs: Vec<tokio::sync::mpsc::UnboundedReceiver<StreamEvent>>,
     id: String,
     model: String,
-    chat: bool,
+    chat: Option<Vec<ReplyShape>>,
     include_usage: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let created = unix_now();
-    let object = if chat {
+    let object = if chat.is_some() {
         "chat.completion.chunk"
     } else {
         "text_completion"
@@ -502,16 +485,24 @@ fn stream_openai(
         }
         Event::default().data(v.to_string())
     };
-    let stream = async_stream_like(map, n, chat, include_usage, state, chunk);
+    let choices = chat.map(|shapes| {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| ChatChoiceStream::new(i, shape))
+            .collect()
+    });
+    let stream = async_stream_like(map, n, choices, include_usage, state, chunk);
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 /// Turns the engine events into SSE events (a small hand-written state machine over the merged
-/// channels, so no extra stream macro crate is needed).
+/// channels, so no extra stream macro crate is needed). Chat choices go through their
+/// [`ChatChoiceStream`] (reasoning, content and tool-call deltas); completions pass text through.
 fn async_stream_like(
     map: StreamMap<usize, UnboundedReceiverStream<StreamEvent>>,
     n: usize,
-    chat: bool,
+    chat: Option<Vec<ChatChoiceStream>>,
     include_usage: bool,
     state: Arc<AppState>,
     chunk: impl Fn(Value, Option<Value>) -> Event + Send + 'static,
@@ -523,7 +514,7 @@ fn async_stream_like(
         done: usize,
         finished: bool,
         n: usize,
-        chat: bool,
+        chat: Option<Vec<ChatChoiceStream>>,
         include_usage: bool,
         prompt_tokens: usize,
         completion_tokens: usize,
@@ -552,7 +543,7 @@ fn async_stream_like(
             if s.finished {
                 return None;
             }
-            if !s.started && s.chat {
+            if !s.started && s.chat.is_some() {
                 s.started = true;
                 for i in 0..s.n {
                     let ev = (s.chunk)(
@@ -584,24 +575,31 @@ fn async_stream_like(
                 s.finished = true;
                 continue;
             };
-            match ev {
+            let entries = match ev {
                 StreamEvent::Delta { text, logprobs, .. } => {
                     if text.is_empty() && logprobs.is_empty() {
                         continue;
                     }
-                    let lp = if logprobs.is_empty() {
-                        Value::Null
-                    } else if s.chat {
-                        chat_logprobs(&s.state, &logprobs)
-                    } else {
-                        completion_logprobs(&s.state, &logprobs)
-                    };
-                    let choice = if s.chat {
-                        json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
-                    } else {
-                        json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
-                    };
-                    s.pending.push_back((s.chunk)(json!([choice]), None));
+                    match s.chat.as_mut() {
+                        Some(choices) => {
+                            let lp = if logprobs.is_empty() {
+                                Value::Null
+                            } else {
+                                chat_logprobs(&s.state, &logprobs)
+                            };
+                            choices[i].delta(&text, lp)
+                        }
+                        None => {
+                            let lp = if logprobs.is_empty() {
+                                Value::Null
+                            } else {
+                                completion_logprobs(&s.state, &logprobs)
+                            };
+                            vec![
+                                json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}),
+                            ]
+                        }
+                    }
                 }
                 StreamEvent::Done {
                     finish,
@@ -611,70 +609,25 @@ fn async_stream_like(
                     s.done += 1;
                     s.prompt_tokens = prompt_tokens;
                     s.completion_tokens += completion_tokens;
-                    let choice = if s.chat {
-                        json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": openai_finish(Some(finish))})
-                    } else {
-                        json!({"index": i, "text": "", "logprobs": null, "finish_reason": openai_finish(Some(finish))})
-                    };
-                    s.pending.push_back((s.chunk)(json!([choice]), None));
+                    let reason = openai_finish(Some(finish));
+                    match s.chat.as_mut() {
+                        Some(choices) => choices[i].done(reason),
+                        None => vec![
+                            json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason}),
+                        ],
+                    }
                 }
                 StreamEvent::Error(message) => {
                     s.done += 1;
                     s.pending.push_back(Event::default().data(
                         json!({"error": {"message": message, "type": "server_error"}}).to_string(),
                     ));
+                    continue;
                 }
+            };
+            for entry in entries {
+                s.pending.push_back((s.chunk)(json!([entry]), None));
             }
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tool_calls_and_reasoning_become_message_fields() {
-        let shape = MessageShape {
-            tool_parser: Some(Format::Hermes),
-            think: Some(ThinkStart::Outside),
-        };
-        let text = "<think>The user wants weather.</think>\n\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
-        let (m, calls) = shape.message(text);
-        assert!(calls);
-        assert_eq!(m["reasoning_content"], "The user wants weather.");
-        assert_eq!(m["content"], Value::Null);
-        assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
-        let args: Value = serde_json::from_str(
-            m["tool_calls"][0]["function"]["arguments"]
-                .as_str()
-                .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(args, json!({"city": "Paris"}));
-        assert_eq!(m["tool_calls"][0]["type"], "function");
-    }
-
-    #[test]
-    fn plain_text_is_left_alone() {
-        let shape = MessageShape {
-            tool_parser: Some(Format::Hermes),
-            think: None,
-        };
-        let (m, calls) = shape.message("The capital of France is Paris.");
-        assert!(!calls);
-        assert_eq!(
-            m,
-            json!({"role": "assistant", "content": "The capital of France is Paris."})
-        );
-        let inside = MessageShape {
-            tool_parser: None,
-            think: Some(ThinkStart::InsideThink),
-        };
-        let (m, _) = inside.message("hmm</think>Paris.");
-        assert_eq!(
-            (m["reasoning_content"].as_str(), m["content"].as_str()),
-            (Some("hmm"), Some("Paris."))
-        );
-    }
 }

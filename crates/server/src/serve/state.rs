@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use metrale_kernels::registry::SamplingPresets;
 use metrale_sampling::SamplingParams;
-use metrale_tokenizer::Tokenizer;
+use metrale_tokenizer::{RenderOptions, Tokenizer};
+use metrale_toolcall::ThinkStart;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -17,6 +18,7 @@ use super::engine::{
 use super::error::{ApiError, Dialect};
 use super::metrics::Metrics;
 use super::params::Body;
+use super::reply::think_start;
 
 /// Largest accepted request body.
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -43,8 +45,19 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Tool-call wire format for requests with tools (`--tool-call-parser`, else MODEL.toml).
     pub tool_parser: Option<metrale_toolcall::Format>,
-    /// Whether the model writes `<think>` blocks (MODEL.toml), split into `reasoning_content`.
+    /// Whether chat answers are split at `<think>` blocks into `reasoning_content` and thinking
+    /// blocks (`--reasoning-parser`, else MODEL.toml).
     pub reasoning: bool,
+    /// Render chat templates with `enable_thinking=false` unless a request says otherwise
+    /// (`--disable-thinking`).
+    pub disable_thinking: bool,
+    /// The server's cap on reasoning tokens per sequence (`--max-thinking-budget`, else
+    /// MODEL.toml); requests may lower it.
+    pub max_thinking_budget: Option<usize>,
+    /// Token ids of `\n</think>\n\n`, appended when a thinking budget runs out.
+    pub think_close: Vec<u32>,
+    /// Cap on `max_tokens` for requests that offer tools (`--tool-max-tokens`).
+    pub tool_max_tokens: usize,
     /// Server start, seconds since the epoch (the `created` of the model).
     pub created: u64,
 }
@@ -142,6 +155,43 @@ pub fn sampling_params(
     Ok(params)
 }
 
+/// A conversation through the chat template and the tokenizer.
+pub struct ChatPrompt {
+    /// Prompt ids.
+    pub ids: Vec<u32>,
+    /// Where the answer starts relative to a `<think>` block; `None` when the reasoning parser
+    /// is off.
+    pub think: Option<ThinkStart>,
+}
+
+/// Renders `messages` (OpenAI-shaped, as templates take them) and tokenizes the result.
+pub fn chat_prompt(
+    state: &AppState,
+    messages: &[Value],
+    options: &RenderOptions,
+) -> Result<ChatPrompt, ApiError> {
+    let template = state.tokenizer.chat_template().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template; use /v1/completions",
+        )
+    })?;
+    let text = template.render(messages, options).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("the chat template refused these messages: {e}"),
+        )
+    })?;
+    let ids = state
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    Ok(ChatPrompt {
+        ids,
+        think: state.reasoning.then(|| think_start(&text)),
+    })
+}
+
 /// Checks the prompt fits and works out the token budget.
 pub fn token_budget(
     state: &AppState,
@@ -196,6 +246,7 @@ pub async fn submit_n(
             stop_tokens: req.stop_tokens.clone(),
             logprobs: req.logprobs,
             deadline: state.request_timeout.map(|t| Instant::now() + t),
+            thinking: req.thinking.clone(),
         };
         match state.engine.submit(one).await {
             Ok(rx) => rxs.push(rx),
