@@ -108,7 +108,9 @@ def load_model(path: str, dtype, gguf_file=None):
         if "accelerate" not in str(e):
             raise
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to("cuda")
-    return model.to(dtype).eval()
+    # .to() casts buffers as well as weights; a bf16 model keeps RoPE's inv_freq in f32, so only
+    # widen (never narrow) after loading.
+    return (model if dtype == torch.bfloat16 else model.to(dtype)).eval()
 
 
 @torch.inference_mode()
@@ -279,7 +281,11 @@ def main():
 
     bf16_summary = None
     if args.also_bf16:
-        model = model.to(torch.bfloat16)
+        # A fresh bf16 load, not model.to(bfloat16): .to() would also cast the f32 buffers (RoPE's
+        # inv_freq) that transformers keeps in f32 in a model loaded in bf16.
+        del model
+        torch.cuda.empty_cache()
+        model = load_model(args.model, torch.bfloat16, args.gguf_file)
         p16, d16 = teacher_forced(model, prompt, decode_ids)
         tensors["prompt_logits_bf16"] = p16.cpu()
         tensors["decode_logits_bf16"] = d16.cpu()

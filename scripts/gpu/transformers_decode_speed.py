@@ -12,9 +12,10 @@ Modes, each measured the same way on a freshly loaded model:
   eager           model.generate with the default dynamic KV cache, no compilation.
   static_compile  the recipe of the transformers "Optimizing inference" guide:
                   generation_config.cache_implementation = "static" and
-                  model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True).
-                  (generate() additionally auto-compiles its decode steps whenever the cache is static;
-                  that is part of what this recipe measures.)
+                  model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True),
+                  each call preceded by torch.compiler.cudagraph_mark_step_begin() and its logits
+                  copied out of the CUDA graph's memory (see run_mode), generate()'s own
+                  auto-compilation disabled.
   static_auto     (optional) static cache only, relying on generate()'s own auto-compilation.
 
 Method: W warm-up generate() calls of N tokens (they trigger compilation and CUDA-graph capture), one
@@ -115,12 +116,22 @@ def run_mode(mode: str, args, dtype):
     # eager: explicitly the default dynamic cache (not compileable, so generate() never compiles).
     model.generation_config.cache_implementation = None if mode == "eager" else "static"
     if mode == "static_compile":
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        # On 2026-11-30 this mode failed on the H200 with "accessing tensor output of CUDAGraphs
-        # that has been overwritten by a subsequent run": generate() also auto-compiles the decode
-        # step when the cache is static, and the two CUDA-graph trees overwrite each other's
-        # outputs. Keep the guide's hand-compiled forward as the only compilation.
-        model.generation_config.disable_compile = True
+        # The guide's recipe, made to survive generate(): with mode="reduce-overhead" every call
+        # replays a CUDA graph whose outputs live in memory the next replay overwrites, and
+        # generate() still reads the previous step's outputs (2026-11-30 on the H200: "accessing
+        # tensor output of CUDAGraphs that has been overwritten by a subsequent run", with and
+        # without generate()'s own auto-compilation). So each call marks a new step and hands
+        # generate() a copy of the logits (V floats per row: negligible next to the weights).
+        compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+        def forward(*a, **kw):
+            torch.compiler.cudagraph_mark_step_begin()
+            out = compiled(*a, **kw)
+            out.logits = out.logits.clone()
+            return out
+
+        model.forward = forward
+        model.generation_config.disable_compile = True  # one compilation: ours
     compile_config = None  # None: generate() uses its default CompileConfig when it auto-compiles
     cc = getattr(model.generation_config, "compile_config", None)
     if mode != "eager" and cc is not None:
