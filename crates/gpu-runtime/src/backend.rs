@@ -85,6 +85,9 @@ pub enum GpuError {
     /// A graph capture was misused (nested, unbalanced, or an uncapturable operation inside it).
     #[error("graph capture: {0}")]
     Capture(String),
+    /// A GPU library call (cuBLASLt) failed.
+    #[error("{0}")]
+    Library(String),
 }
 
 /// GPU memory, kernel launch, streams, events and graphs, with three implementations.
@@ -141,6 +144,14 @@ pub trait GpuBackend: Send + Sync {
         stream: Stream,
     ) -> Result<(), GpuError>;
 
+    /// Queues the dense product `C = A · W^T (+ bias)` described by `op`. `kernel` is the handle
+    /// of `op`'s own GEMM kernel ([`GemmOp::kernel_name`]), which backends without a better
+    /// implementation launch; the CUDA backend uses cuBLASLt when it is installed.
+    fn gemm(&self, op: &GemmOp, kernel: KernelHandle, stream: Stream) -> Result<(), GpuError> {
+        let (config, args) = op.kernel_launch();
+        self.launch(kernel, &config, &args, stream)
+    }
+
     // Streams and events.
     /// The stream every backend starts with.
     fn default_stream(&self) -> Stream {
@@ -166,6 +177,79 @@ pub trait GpuBackend: Send + Sync {
     fn end_capture(&self, stream: Stream) -> Result<Graph, GpuError>;
     /// Replays a graph on `stream`.
     fn launch_graph(&self, graph: Graph, stream: Stream) -> Result<(), GpuError>;
+}
+
+/// A dense product in HF Linear layout: `C[m, n] = A[m, k] · W[n, k]^T (+ bias[n])`, bf16 inputs,
+/// f32 accumulation, bf16 or f32 output.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmOp {
+    /// Output, bf16 or f32 `[m, n]`.
+    pub c: DevicePtr,
+    /// bf16 `[m, k]`.
+    pub a: DevicePtr,
+    /// bf16 `[n, k]`.
+    pub w: DevicePtr,
+    /// bf16 `[n]`, or null.
+    pub bias: DevicePtr,
+    /// Rows of A and C.
+    pub m: u32,
+    /// Rows of W, columns of C.
+    pub n: u32,
+    /// Reduction length.
+    pub k: u32,
+    /// Whether `c` is f32 (else bf16).
+    pub f32_out: bool,
+}
+
+impl GemmOp {
+    /// The kernel that computes this product on backends without a library.
+    pub fn kernel_name(&self) -> KernelName {
+        use metrale_kernels::KernelAbi;
+        if self.f32_out {
+            metrale_kernels::ops::GemmF32Out::NAME
+        } else {
+            metrale_kernels::ops::Gemm::NAME
+        }
+    }
+
+    /// That kernel's launch.
+    pub fn kernel_launch(&self) -> (LaunchConfig, Vec<KernelArg>) {
+        use metrale_kernels::KernelAbi;
+        use metrale_kernels::ops::{Gemm, GemmF32Out};
+        let GemmOp {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+            f32_out,
+        } = *self;
+        if f32_out {
+            let g = GemmF32Out {
+                c,
+                a,
+                w,
+                bias,
+                m,
+                n,
+                k,
+            };
+            (g.launch_config(), g.args())
+        } else {
+            let g = Gemm {
+                c,
+                a,
+                w,
+                bias,
+                m,
+                n,
+                k,
+            };
+            (g.launch_config(), g.args())
+        }
+    }
 }
 
 /// Launches a typed kernel: resolves nothing per call beyond the handle it is given.

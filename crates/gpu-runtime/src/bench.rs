@@ -10,10 +10,13 @@ use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 use metrale_kernels::ops::*;
 use metrale_kernels::{Kernel, KernelAbi};
 
-use crate::{GpuBackend, GpuError};
+use crate::{GemmOp, GpuBackend, GpuError};
 
 /// Builds a launch from the case's device buffers.
 type BuildLaunch = Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>;
+
+/// Builds a library GEMM from the case's buffers and (m, n, k).
+type LibraryGemm = fn(&[DevicePtr], (u32, u32, u32)) -> GemmOp;
 
 /// One benchmark: a kernel at one shape.
 pub struct BenchCase {
@@ -31,6 +34,10 @@ pub struct BenchCase {
     uploads: Vec<Vec<u8>>,
     /// Builds the launch from the allocated buffers, then the uploads, in order.
     build: BuildLaunch,
+    /// Time [`GpuBackend::gemm`] (cuBLASLt on CUDA) for this product instead of the kernel.
+    library_gemm: Option<LibraryGemm>,
+    /// (m, n, k) for `library_gemm`.
+    dims: (u32, u32, u32),
 }
 
 /// The timing of one case.
@@ -115,6 +122,8 @@ fn gemv_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, f32_out: bool) -> Be
             (n as usize * k as usize * 2, 0x3C),
         ],
         uploads: vec![],
+        library_gemm: None,
+        dims: (0, 0, 0),
         build: Box::new(move |p| {
             let (c, a, w, bias) = (p[0], p[1], p[2], DevicePtr::NULL);
             if f32_out {
@@ -154,6 +163,8 @@ fn gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
             (n as usize * k as usize * 2, 0x3C),
         ],
         uploads: vec![],
+        library_gemm: None,
+        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(Gemm {
                 c: p[0],
@@ -168,82 +179,123 @@ fn gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
     }
 }
 
-/// Decode attention over `seqs` sequences of `context` cached tokens each.
-fn attention_decode_case(s: &Shape, seqs: u32, context: u32) -> BenchCase {
+/// The same product through [`GpuBackend::gemm`] (cuBLASLt on CUDA).
+fn library_gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
+    let mut case = gemm_case(s, what, m, n, k);
+    case.label = format!("{} {what} m={m} n={n} k={k} (GpuBackend::gemm)", s.name);
+    case.dims = (m, n, k);
+    case.library_gemm = Some(|p, (m, n, k)| GemmOp {
+        c: p[0],
+        a: p[1],
+        w: p[2],
+        bias: DevicePtr::NULL,
+        m,
+        n,
+        k,
+        f32_out: false,
+    });
+    case
+}
+
+/// Partials room and block target of the model's split attention (crates/model-engine).
+const PARTIALS: u32 = 32768;
+const TARGET_BLOCKS: u32 = 264;
+
+/// Attention of `tokens` query tokens per sequence (the last `tokens` positions of a `context`
+/// long sequence; 1 = decode) over `seqs` sequences, split as the model splits it. With more than
+/// one split the combine kernel is timed as its own row.
+fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<BenchCase> {
     let block = 16u32;
     let blocks_per_seq = context.div_ceil(block);
     let tables: Vec<i32> = (0..seqs * blocks_per_seq).map(|b| b as i32).collect();
     let kv_row = (s.kv_heads * s.head_dim) as usize;
     let cache = (seqs * blocks_per_seq * block) as usize * kv_row * 2;
     let (qh, kvh, hd) = (s.q_heads, s.kv_heads, s.head_dim);
-    BenchCase {
+    let n = seqs * tokens;
+    let (keys_per_split, splits) = attention_splits(n, qh, context, PARTIALS, TARGET_BLOCKS);
+    let mut token_seq = Vec::new();
+    let mut positions = Vec::new();
+    for q in 0..seqs as i32 {
+        for t in 0..tokens {
+            token_seq.push(q);
+            positions.push((context - tokens + t) as i32);
+        }
+    }
+    // Keys each query reads (causal), for the bytes and FLOPs.
+    let keys: u64 = positions.iter().map(|&p| p as u64 + 1).sum();
+    let what = if tokens == 1 {
+        format!("decode attention seqs={seqs} context={context}")
+    } else {
+        format!("prefill attention tokens={tokens}")
+    };
+    let partials = (n * qh * splits) as usize * (hd as usize + 2) * 4;
+    let attention = BenchCase {
         kernel: PagedAttention::NAME,
-        label: format!("{} decode attention seqs={seqs} context={context}", s.name),
-        bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2),
-        flops: 4 * seqs as u64 * context as u64 * (qh * hd) as u64,
+        label: format!("{} {what} splits={splits}", s.name),
+        // K and V once per kv head (GQA groups share them through L2), q and out once.
+        bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2)
+            + 2 * 2 * (n * qh * hd) as u64,
+        flops: 4 * keys * (qh * hd) as u64,
         buffers: vec![
-            ((seqs * qh * hd) as usize * 2, 0),
-            ((seqs * qh * hd) as usize * 2, 0x3C),
+            ((n * qh * hd) as usize * 2, 0),
+            (partials, 0),
+            ((n * qh * hd) as usize * 2, 0x3C),
             (cache, 0x3C),
             (cache, 0x3C),
         ],
         uploads: vec![
             i32_bytes(&tables),
-            i32_bytes(&(0..seqs as i32).collect::<Vec<_>>()),
-            i32_bytes(&vec![context as i32 - 1; seqs as usize]),
+            i32_bytes(&token_seq),
+            i32_bytes(&positions),
         ],
+        library_gemm: None,
+        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(PagedAttention {
                 out: p[0],
-                q: p[1],
-                k_cache: p[2],
-                v_cache: p[3],
-                block_tables: p[4],
-                token_seq: p[5],
-                positions: p[6],
-                tokens: seqs,
+                partials: p[1],
+                q: p[2],
+                k_cache: p[3],
+                v_cache: p[4],
+                block_tables: p[5],
+                token_seq: p[6],
+                positions: p[7],
+                tokens: n,
                 q_heads: qh,
                 kv_heads: kvh,
                 head_dim: hd,
                 block_size: block,
                 max_blocks_per_seq: blocks_per_seq,
+                keys_per_split,
+                splits,
                 scale: 1.0 / (hd as f32).sqrt(),
             })
         }),
+    };
+    let mut out = vec![attention];
+    if splits > 1 {
+        out.push(BenchCase {
+            kernel: AttentionCombine::NAME,
+            label: format!("{} {what} combine of {splits} splits", s.name),
+            bytes: partials as u64 + (n * qh * hd) as u64 * 2,
+            flops: 3 * (n * qh * hd * splits) as u64,
+            buffers: vec![((n * qh * hd) as usize * 2, 0), (partials, 0)],
+            uploads: vec![],
+            library_gemm: None,
+            dims: (0, 0, 0),
+            build: Box::new(move |p| {
+                launch_of(AttentionCombine {
+                    out: p[0],
+                    partials: p[1],
+                    tokens: n,
+                    q_heads: qh,
+                    head_dim: hd,
+                    splits,
+                })
+            }),
+        });
     }
-}
-
-/// Causal prefill attention of one sequence of `tokens` tokens.
-fn attention_prefill_case(s: &Shape, tokens: u32) -> BenchCase {
-    let mut case = attention_decode_case(s, 1, tokens);
-    let (qh, kvh, hd) = (s.q_heads, s.kv_heads, s.head_dim);
-    let blocks = tokens.div_ceil(16);
-    case.label = format!("{} prefill attention tokens={tokens}", s.name);
-    case.flops = 2 * tokens as u64 * tokens as u64 * (qh * hd) as u64; // causal: half of 4·T²·d
-    case.buffers[0].0 = (tokens * qh * hd) as usize * 2;
-    case.buffers[1].0 = (tokens * qh * hd) as usize * 2;
-    case.bytes += 2 * 2 * (tokens * qh * hd) as u64;
-    case.uploads[1] = i32_bytes(&vec![0; tokens as usize]);
-    case.uploads[2] = i32_bytes(&(0..tokens as i32).collect::<Vec<_>>());
-    case.build = Box::new(move |p| {
-        launch_of(PagedAttention {
-            out: p[0],
-            q: p[1],
-            k_cache: p[2],
-            v_cache: p[3],
-            block_tables: p[4],
-            token_seq: p[5],
-            positions: p[6],
-            tokens,
-            q_heads: qh,
-            kv_heads: kvh,
-            head_dim: hd,
-            block_size: 16,
-            max_blocks_per_seq: blocks,
-            scale: 1.0 / (hd as f32).sqrt(),
-        })
-    });
-    case
+    out
 }
 
 fn norm_case(s: &Shape, rows: u32) -> BenchCase {
@@ -260,6 +312,8 @@ fn norm_case(s: &Shape, rows: u32) -> BenchCase {
             (h as usize * 2, 0x3C),
         ],
         uploads: vec![],
+        library_gemm: None,
+        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(AddRmsNorm {
                 out: p[0],
@@ -286,6 +340,8 @@ fn silu_case(s: &Shape, tokens: u32) -> BenchCase {
             ((tokens * i) as usize * 4, 0x3C),
         ],
         uploads: vec![],
+        library_gemm: None,
+        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(SiluMul {
                 out: p[0],
@@ -314,14 +370,22 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     out.push(norm_case(s, 1));
     out.push(silu_case(s, 1));
     for context in [1024u32, 8192] {
-        out.push(attention_decode_case(s, 1, context));
+        out.extend(attention_cases(s, 1, 1, context));
     }
-    out.push(attention_decode_case(s, 64, 1024));
+    out.extend(attention_cases(s, 64, 1, 1024));
+    // Batched decode through the library GEMM.
+    for m in [16u32, 64] {
+        out.push(library_gemm_case(s, "gate_up", m, 2 * i, h));
+        out.push(library_gemm_case(s, "down", m, h, i));
+    }
     for &t in prefill_tokens {
         out.push(gemm_case(s, "q_proj", t, qd, h));
         out.push(gemm_case(s, "gate_up", t, 2 * i, h));
         out.push(gemm_case(s, "down", t, h, i));
-        out.push(attention_prefill_case(s, t));
+        out.push(library_gemm_case(s, "q_proj", t, qd, h));
+        out.push(library_gemm_case(s, "gate_up", t, 2 * i, h));
+        out.push(library_gemm_case(s, "down", t, h, i));
+        out.extend(attention_cases(s, 1, t, t));
         out.push(norm_case(s, t));
         out.push(silu_case(s, t));
     }
@@ -354,14 +418,19 @@ pub fn run(
             ptrs.push(p);
         }
         let (config, args) = (case.build)(&ptrs);
+        let op = case.library_gemm.map(|f| f(&ptrs, case.dims));
+        let once = || match &op {
+            Some(op) => gpu.gemm(op, handle, stream),
+            None => gpu.launch(handle, &config, &args, stream),
+        };
         for _ in 0..warmup {
-            gpu.launch(handle, &config, &args, stream)?;
+            once()?;
         }
         let mut times = Vec::new();
         for _ in 0..batches {
             gpu.record_event(start, stream)?;
             for _ in 0..per_batch {
-                gpu.launch(handle, &config, &args, stream)?;
+                once()?;
             }
             gpu.record_event(end, stream)?;
             gpu.synchronize(stream)?;
@@ -398,7 +467,7 @@ mod tests {
             inter: 96,
             q_heads: 4,
             kv_heads: 2,
-            head_dim: 16,
+            head_dim: 64,
             vocab: 300,
         };
         let gpu = HostBackend::new(1 << 28);

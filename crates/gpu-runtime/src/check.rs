@@ -17,7 +17,7 @@ use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 use metrale_kernels::ops::*;
 use metrale_kernels::{Kernel, KernelAbi};
 
-use crate::{GpuBackend, GpuError};
+use crate::{GemmOp, GpuBackend, GpuError};
 
 /// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
 pub const BF16_ELEMENT_RTOL: f32 = 1.0 / 64.0;
@@ -101,7 +101,12 @@ pub struct Case {
     shape: String,
     buffers: Vec<Buffer>,
     build: Build,
+    /// Run through [`GpuBackend::gemm`] (cuBLASLt on CUDA) instead of launching the kernel.
+    gemm: Option<GemmBuild>,
 }
+
+/// Builds a library GEMM from the case's buffers.
+type GemmBuild = Box<dyn Fn(&[DevicePtr]) -> GemmOp>;
 
 fn launch_of<K: Kernel>(k: K) -> (LaunchConfig, Vec<KernelArg>) {
     (k.launch_config(), k.args())
@@ -143,6 +148,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         }
         out.push(Case {
             kernel: Embedding::NAME,
+            gemm: None,
             shape: format!("tokens={tokens} hidden={hidden} vocab={vocab}"),
             buffers: vec![
                 Buffer {
@@ -175,6 +181,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let n = (rows * cols) as usize;
         out.push(Case {
             kernel: RmsNorm::NAME,
+            gemm: None,
             shape: format!("rows={rows} cols={cols}"),
             buffers: vec![
                 Buffer {
@@ -205,6 +212,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             let residual: Vec<f32> = (0..n).map(|_| 2.0 * rng.normal()).collect();
             out.push(Case {
                 kernel: AddRmsNorm::NAME,
+                gemm: None,
                 shape: format!("rows={rows} cols={cols} input={with_input}"),
                 buffers: vec![
                     Buffer {
@@ -263,6 +271,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         }
         out.push(Case {
             kernel: RopeNeox::NAME,
+            gemm: None,
             shape: format!(
                 "tokens={tokens} heads={heads} head_dim={head_dim} stride={stride} offset={offset}"
             ),
@@ -303,6 +312,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
     for &(tokens, inter) in &[(1u32, 1536u32), (17, 12288), (5, 1000)] {
         out.push(Case {
             kernel: SiluMul::NAME,
+            gemm: None,
             shape: format!("tokens={tokens} inter={inter}"),
             buffers: vec![
                 Buffer {
@@ -328,6 +338,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
     for &n in &[1u32, 1000, 4096 * 7 + 3] {
         out.push(Case {
             kernel: Add::NAME,
+            gemm: None,
             shape: format!("n={n}"),
             buffers: vec![
                 Buffer {
@@ -365,6 +376,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let scale = 1.0 / (k as f32).sqrt();
         out.push(Case {
             kernel: Gemm::NAME,
+            gemm: None,
             shape: format!("m={m} n={n} k={k} bias={bias}"),
             buffers: vec![
                 Buffer {
@@ -397,6 +409,68 @@ pub fn cases(seed: u64) -> Vec<Case> {
             }),
         });
     }
+    // The same products through GpuBackend::gemm (cuBLASLt on CUDA), bf16 and f32 out.
+    for &(m, n, k, bias, f32_out) in &[
+        (64u32, 2048u32, 1000u32, true, false),
+        (300, 4096, 4096, false, false),
+        (9, 6144, 1024, true, false),
+        (17, 4099, 1024, false, true),
+    ] {
+        let scale = 1.0 / (k as f32).sqrt();
+        let op = GemmOp {
+            c: DevicePtr::NULL,
+            a: DevicePtr::NULL,
+            w: DevicePtr::NULL,
+            bias: DevicePtr::NULL,
+            m,
+            n,
+            k,
+            f32_out,
+        };
+        out.push(Case {
+            kernel: op.kernel_name(),
+            gemm: Some(Box::new(move |p| GemmOp {
+                c: p[0],
+                a: p[1],
+                w: p[2],
+                bias: if bias { p[3] } else { DevicePtr::NULL },
+                ..op
+            })),
+            shape: format!("m={m} n={n} k={k} bias={bias} via GpuBackend::gemm"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; (m * n) as usize * if f32_out { 4 } else { 2 }],
+                    output: Some(if f32_out {
+                        OutputKind::F32
+                    } else {
+                        OutputKind::Bf16
+                    }),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, (n * k) as usize, scale),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n as usize, 1.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                GemmOp {
+                    c: p[0],
+                    a: p[1],
+                    w: p[2],
+                    bias: if bias { p[3] } else { DevicePtr::NULL },
+                    ..op
+                }
+                .kernel_launch()
+            }),
+        });
+    }
     // GEMV: the decode shapes (m = 1..8), an odd k (scalar path), and bias.
     for &(m, n, k, bias) in &[
         (1u32, 4096u32, 4096u32, false),
@@ -407,6 +481,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
     ] {
         out.push(Case {
             kernel: Gemv::NAME,
+            gemm: None,
             shape: format!("m={m} n={n} k={k} bias={bias}"),
             buffers: vec![
                 Buffer {
@@ -442,6 +517,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
     for &(m, n, k) in &[(1u32, 49152u32, 576u32), (3, 1000, 130), (17, 4099, 1024)] {
         out.push(Case {
             kernel: GemmF32Out::NAME,
+            gemm: None,
             shape: format!("m={m} n={n} k={k}"),
             buffers: vec![
                 Buffer {
@@ -474,6 +550,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
     for &(m, n, k) in &[(1u32, 151936u32, 1024u32), (8, 49152, 576), (3, 1000, 130)] {
         out.push(Case {
             kernel: GemvF32Out::NAME,
+            gemm: None,
             shape: format!("m={m} n={n} k={k}"),
             buffers: vec![
                 Buffer {
@@ -531,57 +608,120 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let row = (kv_heads * head_dim) as usize;
         let q_len = tokens as usize * (q_heads * head_dim) as usize;
         let scale = 1.0 / (head_dim as f32).sqrt();
+        let q = bf16_normal(&mut rng, q_len, 1.0);
+        let k_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
+        let v_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
+        // Once whole (the output compared), once split in 16-key pieces (the partials compared).
+        for keys_per_split in [0u32, 16] {
+            let splits = if keys_per_split == 0 {
+                1
+            } else {
+                (context as u32).div_ceil(keys_per_split)
+            };
+            let partials =
+                tokens as usize * q_heads as usize * splits as usize * (head_dim as usize + 2);
+            out.push(Case {
+                kernel: PagedAttention::NAME,
+                gemm: None,
+                shape: format!(
+                    "seqs={seqs} tokens={tokens} ctx={context} heads={q_heads}/{kv_heads} d={head_dim} splits={splits}"
+                ),
+                buffers: vec![
+                    Buffer {
+                        init: vec![0; q_len * 2],
+                        output: (splits == 1).then_some(OutputKind::Bf16),
+                    },
+                    Buffer {
+                        init: vec![0; partials * 4],
+                        output: (splits > 1).then_some(OutputKind::F32),
+                    },
+                    Buffer {
+                        init: q.clone(),
+                        output: None,
+                    },
+                    Buffer {
+                        init: k_cache.clone(),
+                        output: None,
+                    },
+                    Buffer {
+                        init: v_cache.clone(),
+                        output: None,
+                    },
+                    Buffer {
+                        init: i32_bytes(&tables),
+                        output: None,
+                    },
+                    Buffer {
+                        init: i32_bytes(&token_seq),
+                        output: None,
+                    },
+                    Buffer {
+                        init: i32_bytes(&positions),
+                        output: None,
+                    },
+                ],
+                build: Box::new(move |p| {
+                    launch_of(PagedAttention {
+                        out: p[0],
+                        partials: p[1],
+                        q: p[2],
+                        k_cache: p[3],
+                        v_cache: p[4],
+                        block_tables: p[5],
+                        token_seq: p[6],
+                        positions: p[7],
+                        tokens,
+                        q_heads,
+                        kv_heads,
+                        head_dim,
+                        block_size,
+                        max_blocks_per_seq: max_blocks as u32,
+                        keys_per_split,
+                        splits,
+                        scale,
+                    })
+                }),
+            });
+        }
+    }
+    // Merging split partials, some splits empty (l = 0).
+    for &(tokens, q_heads, head_dim, splits) in &[(1u32, 32u32, 128u32, 8u32), (5, 9, 64, 3)] {
+        let d = head_dim as usize;
+        let mut parts = Vec::new();
+        for _ in 0..tokens * q_heads * splits {
+            let empty = rng.below(4) == 0;
+            for _ in 0..d {
+                parts.push(if empty { 0.0 } else { 3.0 * rng.normal() });
+            }
+            parts.push(if empty { 0.0 } else { 2.0 * rng.normal() });
+            parts.push(if empty {
+                0.0
+            } else {
+                1.0 + 10.0 * rng.uniform()
+            });
+        }
         out.push(Case {
-            kernel: PagedAttention::NAME,
-            shape: format!(
-                "seqs={seqs} tokens={tokens} ctx={context} heads={q_heads}/{kv_heads} d={head_dim}"
-            ),
+            kernel: AttentionCombine::NAME,
+            gemm: None,
+            shape: format!("tokens={tokens} heads={q_heads} d={head_dim} splits={splits}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0; q_len * 2],
+                    init: vec![0; (tokens * q_heads * head_dim * 2) as usize],
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
-                    init: bf16_normal(&mut rng, q_len, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: i32_bytes(&tables),
-                    output: None,
-                },
-                Buffer {
-                    init: i32_bytes(&token_seq),
-                    output: None,
-                },
-                Buffer {
-                    init: i32_bytes(&positions),
+                    init: f32_bytes(&parts),
                     output: None,
                 },
             ],
             build: Box::new(move |p| {
-                launch_of(PagedAttention {
+                launch_of(AttentionCombine {
                     out: p[0],
-                    q: p[1],
-                    k_cache: p[2],
-                    v_cache: p[3],
-                    block_tables: p[4],
-                    token_seq: p[5],
-                    positions: p[6],
+                    partials: p[1],
                     tokens,
                     q_heads,
-                    kv_heads,
                     head_dim,
-                    block_size,
-                    max_blocks_per_seq: max_blocks as u32,
-                    scale,
+                    splits,
                 })
             }),
         });
@@ -593,6 +733,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let cache = (tokens as usize * 3 + 2) * row as usize;
         out.push(Case {
             kernel: KvCacheWrite::NAME,
+            gemm: None,
             shape: format!("tokens={tokens} row={row}"),
             buffers: vec![
                 Buffer {
@@ -634,6 +775,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let n = (rows * cols) as usize;
         out.push(Case {
             kernel: ArgmaxBf16::NAME,
+            gemm: None,
             shape: format!("rows={rows} cols={cols}"),
             buffers: vec![
                 Buffer {
@@ -657,6 +799,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let logits: Vec<f32> = (0..n).map(|_| rng.normal() * 4.0).collect();
         out.push(Case {
             kernel: ArgmaxF32::NAME,
+            gemm: None,
             shape: format!("rows={rows} cols={cols}"),
             buffers: vec![
                 Buffer {
@@ -692,7 +835,10 @@ fn run_on(gpu: &dyn GpuBackend, case: &Case) -> Result<Vec<Vec<u8>>, GpuError> {
     }
     let (config, args) = (case.build)(&ptrs);
     let stream = gpu.default_stream();
-    gpu.launch(handle, &config, &args, stream)?;
+    match &case.gemm {
+        Some(op) => gpu.gemm(&op(&ptrs), handle, stream)?,
+        None => gpu.launch(handle, &config, &args, stream)?,
+    }
     gpu.synchronize(stream)?;
     let mut results = Vec::new();
     for (b, &p) in case.buffers.iter().zip(&ptrs) {

@@ -17,7 +17,9 @@ use cudarc::driver::sys;
 use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig, SmArch};
 use metrale_kernels::TargetKernels;
 
-use crate::backend::{Event, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream};
+use crate::backend::{
+    Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream,
+};
 
 /// The name of a driver result code (`CUDA_ERROR_OUT_OF_MEMORY`).
 pub(crate) fn error_name(code: sys::CUresult) -> String {
@@ -131,6 +133,8 @@ pub struct CudaBackend {
     /// (module name, CUmodule)
     modules: Vec<(&'static str, usize)>,
     state: Mutex<CudaState>,
+    /// cuBLASLt, created on the first GEMM (None inside: not installed, or METRALE_GEMM=kernel).
+    blaslt: std::sync::OnceLock<Option<crate::blaslt::BlasLt>>,
 }
 
 impl CudaBackend {
@@ -168,6 +172,7 @@ impl CudaBackend {
             target,
             modules: Vec::new(),
             state: Mutex::new(CudaState::default()),
+            blaslt: std::sync::OnceLock::new(),
         };
         backend.bind()?;
         let main = backend.new_stream()?;
@@ -249,6 +254,9 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        // cuBLASLt's handle and workspace go first, while the context is still held.
+        let _ = self.bind();
+        drop(self.blaslt.take());
         let state = std::mem::take(&mut *self.state());
         // SAFETY: every handle below was created by this backend in its context and is destroyed
         // exactly once here; errors are ignored because nothing can be done about them in drop.
@@ -426,6 +434,32 @@ impl GpuBackend for CudaBackend {
         }
         state.kernels.push((name, function as usize));
         Ok(KernelHandle(state.kernels.len() as u32 - 1))
+    }
+
+    fn gemm(&self, op: &GemmOp, kernel: KernelHandle, stream: Stream) -> Result<(), GpuError> {
+        let lib = self.blaslt.get_or_init(|| {
+            if std::env::var("METRALE_GEMM").is_ok_and(|v| v == "kernel") {
+                return None;
+            }
+            self.bind().ok()?;
+            crate::blaslt::BlasLt::new().unwrap_or_else(|e| {
+                eprintln!("met: cuBLASLt unavailable ({e}); GEMMs use the built-in kernel");
+                None
+            })
+        });
+        match lib {
+            Some(lib) => {
+                let s = self.stream(stream)?;
+                self.bind()?;
+                lib.matmul(
+                    op.c.0, op.a.0, op.w.0, op.bias.0, op.m, op.n, op.k, op.f32_out, s,
+                )
+            }
+            None => {
+                let (config, args) = op.kernel_launch();
+                self.launch(kernel, &config, &args, stream)
+            }
+        }
     }
 
     fn launch(

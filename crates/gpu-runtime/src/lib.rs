@@ -16,6 +16,7 @@
 
 mod backend;
 pub mod bench;
+mod blaslt;
 mod capture;
 pub mod check;
 mod cuda;
@@ -25,7 +26,8 @@ mod pool;
 pub mod probe;
 
 pub use backend::{
-    Event, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream, launch_kernel,
+    Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream,
+    launch_kernel,
 };
 pub use cuda::CudaBackend;
 pub use host::HostBackend;

@@ -229,6 +229,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (Gemv::NAME, run::<Gemv>),
         (GemvF32Out::NAME, run::<GemvF32Out>),
         (PagedAttention::NAME, run::<PagedAttention>),
+        (AttentionCombine::NAME, run::<AttentionCombine>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
     ]
 };

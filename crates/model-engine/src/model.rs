@@ -18,11 +18,11 @@ use std::sync::Arc;
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
-use metrale_gpu_runtime::{GpuBackend, GpuError, KernelHandle, launch_kernel};
+use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, KernelHandle, launch_kernel};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    AddRmsNorm, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, KvCacheWrite,
-    PagedAttention, RmsNorm, RopeNeox, SiluMul,
+    AddRmsNorm, AttentionCombine, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
+    KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul, attention_splits,
 };
 
 use crate::weights::{self, DeviceWeights, LoadProgress};
@@ -116,6 +116,7 @@ struct Kernels {
     gemv_f32out: KernelHandle,
     silu_mul: KernelHandle,
     attention: KernelHandle,
+    attention_combine: KernelHandle,
     kv_write: KernelHandle,
 }
 
@@ -135,10 +136,18 @@ struct Scratch {
     mlp: DevicePtr,
     gathered: DevicePtr,
     logits: DevicePtr,
+    /// Split-K attention partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
+    partials: DevicePtr,
     /// The per-step integer inputs, packed so a step uploads them in one copy: for a step of n
     /// tokens, ids, positions, token_seq and slots (n entries each), then the block tables.
     step_inputs: DevicePtr,
 }
+
+/// Room for split-K attention partials ((token, head, split) triples): 64 decode rows of 32
+/// heads can split 16 ways, 1 row 512 ways.
+const ATTENTION_PARTIALS: u32 = 32768;
+/// Blocks a split attention launch aims for: about two per SM of an H200.
+const ATTENTION_TARGET_BLOCKS: u32 = 264;
 
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
 pub struct Model {
@@ -176,6 +185,7 @@ impl Model {
             gemv_f32out: g.kernel(GemvF32Out::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
+            attention_combine: g.kernel(AttentionCombine::NAME)?,
             kv_write: g.kernel(KvCacheWrite::NAME)?,
         };
         let weights = weights::load(&config, source, g, progress)?;
@@ -206,6 +216,7 @@ impl Model {
             mlp: alloc(t * h * 2)?,
             logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 4)?,
             gathered: alloc(options.max_logit_rows.max(1) * h * 2)?,
+            partials: alloc(ATTENTION_PARTIALS as usize * (hd + 2) * 4)?,
             step_inputs,
         };
         let cache_bytes = options.num_blocks * options.block_size * kvd * 2;
@@ -394,22 +405,29 @@ impl Model {
                     s,
                 )
             } else {
-                launch_kernel(
-                    g,
-                    k.gemm,
-                    &Gemm {
-                        c: out,
-                        a,
-                        w,
-                        bias,
-                        m,
-                        n: n_,
-                        k: k_,
-                    },
-                    s,
-                )
+                let op = GemmOp {
+                    c: out,
+                    a,
+                    w,
+                    bias,
+                    m,
+                    n: n_,
+                    k: k_,
+                    f32_out: false,
+                };
+                g.gemm(&op, k.gemm, s)
             }
         };
+        // Split the attention's context across blocks when the step has too few (token, head)
+        // pairs to fill the GPU (decode); the split is the same for every layer.
+        let max_context = step.positions.iter().max().map_or(1, |&p| p + 1);
+        let (keys_per_split, splits) = attention_splits(
+            n,
+            qh,
+            max_context,
+            ATTENTION_PARTIALS,
+            ATTENTION_TARGET_BLOCKS,
+        );
         launch_kernel(
             g,
             k.embedding,
@@ -506,6 +524,7 @@ impl Model {
                 k.attention,
                 &PagedAttention {
                     out: sc.attn,
+                    partials: sc.partials,
                     q,
                     k_cache: self.k_cache[l],
                     v_cache: self.v_cache[l],
@@ -518,10 +537,27 @@ impl Model {
                     head_dim: hd,
                     block_size: o.block_size as u32,
                     max_blocks_per_seq: width as u32,
+                    keys_per_split,
+                    splits,
                     scale: 1.0 / (hd as f32).sqrt(),
                 },
                 s,
             )?;
+            if splits > 1 {
+                launch_kernel(
+                    g,
+                    k.attention_combine,
+                    &AttentionCombine {
+                        out: sc.attn,
+                        partials: sc.partials,
+                        tokens: n,
+                        q_heads: qh,
+                        head_dim: hd,
+                        splits,
+                    },
+                    s,
+                )?;
+            }
             gemm(sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
             launch_kernel(
                 g,
@@ -617,7 +653,7 @@ impl Model {
             };
             launch_kernel(g, k.gemv_f32out, &head, s)?;
         } else {
-            let head = GemmF32Out {
+            let head = GemmOp {
                 c: out,
                 a,
                 w,
@@ -625,8 +661,9 @@ impl Model {
                 m: rows as u32,
                 n: vocab,
                 k: h,
+                f32_out: true,
             };
-            launch_kernel(g, k.gemm_f32out, &head, s)?;
+            g.gemm(&head, k.gemm_f32out, s)?;
         }
         g.synchronize(s)?;
         let mut logits = vec![0f32; rows * c.vocab_size];

@@ -7,90 +7,190 @@
 // h / (q_heads / kv_heads). Scores, probabilities and the weighted sum of values are f32, with an
 // online (running max) softmax; the output is rounded to bf16 once.
 //
-// Version 1: one block of 4 warps per (token, query head); warp w takes keys w, w+4, ...; each
-// lane holds head_dim / 32 elements (head_dim <= 256); the 4 partial softmaxes are merged in shared
-// memory at the end. Prefill is O(tokens x context) like decode, without K/V reuse across queries.
-// Launch: grid = (tokens, q_heads), block = 128.
+// Version 2 (split-K, "flash decoding"): grid = (tokens, q_heads, splits), block = 4 warps. Split
+// z takes keys [z * keys_per_split, (z + 1) * keys_per_split) of the token's context (one split
+// takes the whole context). A warp takes
+// 32 keys at a time, one per lane: each lane reads its key's whole row with 16-byte loads (up to
+// 32 rows, 8 KiB, in flight per warp) against the scaled query in shared memory; the tile's
+// probabilities are then broadcast lane by lane while each lane accumulates its head_dim / 32
+// output dims from the (coalesced) value rows. The 4 warps' running softmaxes merge in shared
+// memory. With one split the block writes the bf16 output; with more, it writes its partial
+// (acc[head_dim], m, l) to `partials` and attention_combine_bf16 merges them. An empty split
+// writes m = 0, l = 0, acc = 0.
+// Batch-1 decode has q_heads blocks per split, so splitting the context is what fills the GPU.
 #include "common.cuh"
 
 namespace {
 constexpr int WARPS = 4;
-constexpr int MAX_PER_LANE = 8;  // head_dim <= 256
-}  // namespace
 
-extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
-    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
-    const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,
-    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ token_seq,
-    const int32_t* __restrict__ positions, uint32_t tokens, uint32_t q_heads, uint32_t kv_heads,
-    uint32_t head_dim, uint32_t block_size, uint32_t max_blocks_per_seq, float scale) {
+template <int HD>
+__device__ __forceinline__ void attend(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+    const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
+    uint32_t keys_per_split, float scale) {
+    constexpr int PER_LANE = HD / 32;  // output dims per lane
+    constexpr int CHUNKS = HD / 8;     // 16-byte pieces of a key row
+    __shared__ __align__(16) float qs[HD];
     __shared__ float part_m[WARPS], part_l[WARPS];
-    __shared__ float part_acc[WARPS][MAX_PER_LANE * 32];
+    __shared__ float part_acc[WARPS][HD];
 
-    const uint32_t t = blockIdx.x, h = blockIdx.y;
-    if (t >= tokens || h >= q_heads) return;
+    const uint32_t t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t kvh = h / (q_heads / kv_heads);
     const int32_t seq = token_seq[t];
-    const int32_t pos = positions[t];
+    const uint32_t ctx = (uint32_t)positions[t] + 1;
+    const uint32_t begin = split * keys_per_split;
+    const uint32_t end = splits == 1 ? ctx : min(begin + keys_per_split, ctx);
     const int32_t* table = block_tables + (size_t)seq * max_blocks_per_seq;
-    const size_t row = (size_t)kv_heads * head_dim;
+    const size_t row = (size_t)kv_heads * HD;
 
-    float qv[MAX_PER_LANE], acc[MAX_PER_LANE];
-    const __nv_bfloat16* qh = q + ((size_t)t * q_heads + h) * head_dim;
+    const __nv_bfloat16* qh = q + ((size_t)t * q_heads + h) * HD;
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = metrale::to_f32(qh[d]) * scale;
+    __syncthreads();
+
+    float m = -INFINITY, l = 0.0f, acc[PER_LANE];
 #pragma unroll
-    for (int i = 0; i < MAX_PER_LANE; ++i) {
-        const uint32_t d = lane + 32 * i;
-        qv[i] = d < head_dim ? metrale::to_f32(qh[d]) : 0.0f;
-        acc[i] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int32_t j = warp; j <= pos; j += WARPS) {
-        const int32_t block = table[j / block_size];
-        const size_t base = ((size_t)block * block_size + j % block_size) * row + (size_t)kvh * head_dim;
-        float dot = 0.0f;
+    for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.0f;
+
+    for (uint32_t tile = begin + warp * 32; tile < end; tile += WARPS * 32) {
+        const uint32_t j = tile + lane;
+        const bool valid = j < end;
+        size_t base = 0;
+        float s = -INFINITY;
+        if (valid) {
+            base = ((size_t)table[j / block_size] * block_size + j % block_size) * row +
+                   (size_t)kvh * HD;
+            const uint4* k4 = reinterpret_cast<const uint4*>(k_cache + base);
+            uint4 kv[CHUNKS];
 #pragma unroll
-        for (int i = 0; i < MAX_PER_LANE; ++i) {
-            const uint32_t d = lane + 32 * i;
-            if (d < head_dim) dot += qv[i] * metrale::to_f32(k_cache[base + d]);
+            for (int c = 0; c < CHUNKS; ++c) kv[c] = __ldg(k4 + c);
+            float dot = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) {
+                const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kv[c]);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 kf = __bfloat1622float2(k2[e]);
+                    dot = fmaf(qs[c * 8 + 2 * e], kf.x, dot);
+                    dot = fmaf(qs[c * 8 + 2 * e + 1], kf.y, dot);
+                }
+            }
+            s = dot;
         }
-        const float s = metrale::warp_sum(dot) * scale;
-        const float m_new = fmaxf(m, s);
-        const float corr = __expf(m - m_new);
-        const float p = __expf(s - m_new);
-        l = l * corr + p;
+        const float m_new = fmaxf(m, metrale::warp_max(s));
+        const float p = valid ? __expf(s - m_new) : 0.0f;
+        const float corr = __expf(m - m_new);  // 0 on the first tile (m = -inf)
+        l = l * corr + metrale::warp_sum(p);
 #pragma unroll
-        for (int i = 0; i < MAX_PER_LANE; ++i) {
-            const uint32_t d = lane + 32 * i;
-            const float v = d < head_dim ? metrale::to_f32(v_cache[base + d]) : 0.0f;
-            acc[i] = acc[i] * corr + p * v;
+        for (int i = 0; i < PER_LANE; ++i) acc[i] *= corr;
+        const uint32_t n = min(32u, end - tile);
+        for (uint32_t kk = 0; kk < n; ++kk) {
+            const float pk = __shfl_sync(0xffffffffu, p, kk);
+            const size_t vb = __shfl_sync(0xffffffffu, base, kk);
+            const __nv_bfloat16* vrow = v_cache + vb + lane * PER_LANE;
+            if constexpr (PER_LANE == 2) {
+                const float2 vf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow));
+                acc[0] = fmaf(pk, vf.x, acc[0]);
+                acc[1] = fmaf(pk, vf.y, acc[1]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < PER_LANE; i += 2) {
+                    const float2 vf =
+                        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + i));
+                    acc[i] = fmaf(pk, vf.x, acc[i]);
+                    acc[i + 1] = fmaf(pk, vf.y, acc[i + 1]);
+                }
+            }
         }
         m = m_new;
     }
+
     if (lane == 0) {
         part_m[warp] = m;
         part_l[warp] = l;
     }
 #pragma unroll
-    for (int i = 0; i < MAX_PER_LANE; ++i) part_acc[warp][lane + 32 * i] = acc[i];
+    for (int i = 0; i < PER_LANE; ++i) part_acc[warp][lane * PER_LANE + i] = acc[i];
     __syncthreads();
-    if (warp != 0) return;
     float big = -INFINITY;
+#pragma unroll
     for (int w = 0; w < WARPS; ++w) big = fmaxf(big, part_m[w]);
     float total = 0.0f, weight[WARPS];
+#pragma unroll
     for (int w = 0; w < WARPS; ++w) {
         weight[w] = part_l[w] > 0.0f ? __expf(part_m[w] - big) : 0.0f;
         total += part_l[w] * weight[w];
     }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    __nv_bfloat16* o = out + ((size_t)t * q_heads + h) * head_dim;
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float a = 0.0f;
 #pragma unroll
-    for (int i = 0; i < MAX_PER_LANE; ++i) {
-        const uint32_t d = lane + 32 * i;
-        if (d < head_dim) {
-            float v = 0.0f;
-            for (int w = 0; w < WARPS; ++w) v += part_acc[w][d] * weight[w];
-            o[d] = metrale::to_bf16(v * inv);
+        for (int w = 0; w < WARPS; ++w) a += part_acc[w][d] * weight[w];
+        if (splits == 1) {
+            out[((size_t)t * q_heads + h) * HD + d] =
+                metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
+        } else {
+            float* part = partials + (((size_t)t * q_heads + h) * splits + split) * (HD + 2);
+            part[d] = a;
+            if (d == 0) {
+                part[HD] = total > 0.0f ? big : 0.0f;
+                part[HD + 1] = total;
+            }
         }
+    }
+}
+}  // namespace
+
+// Launch: grid = (tokens, q_heads, splits), block = 128 (gridDim.z must equal `splits`).
+// head_dim must be 64, 128 or 256;
+// `partials` is f32 [tokens, q_heads, splits, head_dim + 2] (unused, may be null, when splits = 1).
+extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+    const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale) {
+    if (blockIdx.x >= tokens || blockIdx.y >= q_heads || gridDim.z != splits) return;
+#define METRALE_ATTEND(HD)                                                                     \
+    attend<HD>(out, partials, q, k_cache, v_cache, block_tables, token_seq, positions, q_heads, \
+               kv_heads, block_size, max_blocks_per_seq, keys_per_split, scale)
+    switch (head_dim) {
+        case 64: METRALE_ATTEND(64); break;
+        case 128: METRALE_ATTEND(128); break;
+        case 256: METRALE_ATTEND(256); break;
+        default: break;
+    }
+#undef METRALE_ATTEND
+}
+
+// Merges the splits' partials of paged_attention_bf16:
+// out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M), M = max of m_z over splits with l_z > 0.
+// Launch: grid = (tokens, q_heads), block = 128.
+extern "C" __global__ void __launch_bounds__(128) attention_combine_bf16(
+    __nv_bfloat16* __restrict__ out, const float* __restrict__ partials, uint32_t tokens,
+    uint32_t q_heads, uint32_t head_dim, uint32_t splits) {
+    const uint32_t t = blockIdx.x, h = blockIdx.y;
+    if (t >= tokens || h >= q_heads) return;
+    const size_t stride = head_dim + 2;
+    const float* part = partials + ((size_t)t * q_heads + h) * splits * stride;
+    float big = -INFINITY;
+    for (uint32_t z = 0; z < splits; ++z)
+        if (part[z * stride + head_dim + 1] > 0.0f) big = fmaxf(big, part[z * stride + head_dim]);
+    float total = 0.0f;
+    for (uint32_t z = 0; z < splits; ++z) {
+        const float lz = part[z * stride + head_dim + 1];
+        if (lz > 0.0f) total += lz * __expf(part[z * stride + head_dim] - big);
+    }
+    for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (uint32_t z = 0; z < splits; ++z) {
+            const float lz = part[z * stride + head_dim + 1];
+            if (lz > 0.0f) a += part[z * stride + d] * __expf(part[z * stride + head_dim] - big);
+        }
+        out[((size_t)t * q_heads + h) * head_dim + d] =
+            metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
     }
 }

@@ -15,6 +15,13 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
 // Sum over the whole block; every thread gets the result. blockDim.x must be a multiple of 32
 // and at most 1024. `scratch` holds 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

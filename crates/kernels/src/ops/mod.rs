@@ -14,7 +14,7 @@ mod rope;
 
 pub use activation::SiluMul;
 pub use argmax::{ArgmaxBf16, ArgmaxF32};
-pub use attention::{KvCacheWrite, PagedAttention};
+pub use attention::{AttentionCombine, KvCacheWrite, PagedAttention, attention_splits};
 pub use elementwise::Add;
 pub use embedding::Embedding;
 pub use gemm::{GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out};

@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Dense bf16 GEMMs through cuBLASLt, for the shapes where NVIDIA's library beats our own kernels
+//! (prefill and batched decode; batch-1 decode keeps the GEMV kernel).
+//!
+//! The product is the engine's Linear layout, row-major `C[M, N] = A[M, K] · W[N, K]^T (+ bias)`
+//! with f32 accumulation. cuBLASLt is column-major, so the call computes the same memory as
+//! `C'[N, M] = W'^T · A'` where `W'` is `W` read as a column-major `[K, N]` (leading dimension K)
+//! and `A'` is `A` read as `[K, M]`: `transa = T`, `transb = N`, `m = N`, `n = M`, `k = K`. The
+//! bias is a per-row vector of `C'`, which is cuBLASLt's `EPILOGUE_BIAS`.
+//!
+//! A plan (descriptors and the heuristic's first algorithm) is built once per shape and reused.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::sys;
+
+use crate::GpuError;
+
+/// Workspace cuBLASLt may use per call (its documented recommendation for Hopper is 32 MiB).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn check(status: lt::cublasStatus_t, what: &str) -> Result<(), GpuError> {
+    if status == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(GpuError::Library(format!("cuBLASLt {what}: {status:?}")))
+    }
+}
+
+/// The shape key of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    m: u32,
+    n: u32,
+    k: u32,
+    bias: bool,
+    f32_out: bool,
+}
+
+struct Plan {
+    desc: lt::cublasLtMatmulDesc_t,
+    w_layout: lt::cublasLtMatrixLayout_t,
+    a_layout: lt::cublasLtMatrixLayout_t,
+    c_layout: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the descriptors are plain host-side objects that cuBLASLt only reads during a call;
+// they are created and destroyed under the owning BlasLt and used behind its mutex.
+unsafe impl Send for Plan {}
+
+/// A cuBLASLt handle, its workspace and the plans built so far.
+pub struct BlasLt {
+    handle: lt::cublasLtHandle_t,
+    workspace: sys::CUdeviceptr,
+    plans: Mutex<HashMap<Key, Plan>>,
+}
+
+// SAFETY: the handle is used from one thread at a time (calls take the plans mutex), and the
+// workspace is device memory owned by this value.
+unsafe impl Send for BlasLt {}
+// SAFETY: as above; every use of the handle happens while holding `plans`.
+unsafe impl Sync for BlasLt {}
+
+impl BlasLt {
+    /// Loads cuBLASLt and creates a handle and workspace in the current CUDA context, or `None`
+    /// when the library is not installed.
+    pub fn new() -> Result<Option<Self>, GpuError> {
+        // SAFETY: only probes for the shared library.
+        if !unsafe { lt::is_culib_present() } {
+            return Ok(None);
+        }
+        let mut handle: lt::cublasLtHandle_t = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check(unsafe { lt::cublasLtCreate(&mut handle) }, "create")?;
+        let mut workspace: sys::CUdeviceptr = 0;
+        // SAFETY: out-pointer to a local; the caller made the context current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut workspace, WORKSPACE_BYTES) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(GpuError::Library(format!(
+                "cuBLASLt workspace of {WORKSPACE_BYTES} bytes: {r:?}"
+            )));
+        }
+        Ok(Some(BlasLt {
+            handle,
+            workspace,
+            plans: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    fn plan(&self, key: Key) -> Result<Plan, GpuError> {
+        let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
+        // SAFETY: all calls below pass pointers to locals that outlive the call and sizes that
+        // match the attribute types cuBLASLt documents.
+        unsafe {
+            check(
+                lt::cublasLtMatmulDescCreate(
+                    &mut desc,
+                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    lt::cudaDataType_t::CUDA_R_32F,
+                ),
+                "matmul descriptor",
+            )?;
+            let set = |attr, value: &i32| {
+                check(
+                    lt::cublasLtMatmulDescSetAttribute(
+                        desc,
+                        attr,
+                        value as *const i32 as *const c_void,
+                        4,
+                    ),
+                    "matmul attribute",
+                )
+            };
+            set(
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &1, // CUBLAS_OP_T
+            )?;
+            set(
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                &0, // CUBLAS_OP_N
+            )?;
+            if key.bias {
+                set(
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    &(lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as i32),
+                )?;
+                set(
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &(lt::cudaDataType_t::CUDA_R_16BF as i32),
+                )?;
+            }
+            let layout = |dtype, rows: u32, cols: u32, ld: u32| {
+                let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
+                check(
+                    lt::cublasLtMatrixLayoutCreate(
+                        &mut l,
+                        dtype,
+                        rows.into(),
+                        cols.into(),
+                        ld.into(),
+                    ),
+                    "matrix layout",
+                )
+                .map(|()| l)
+            };
+            let bf16 = lt::cudaDataType_t::CUDA_R_16BF;
+            let out = if key.f32_out {
+                lt::cudaDataType_t::CUDA_R_32F
+            } else {
+                bf16
+            };
+            let w_layout = layout(bf16, key.k, key.n, key.k)?;
+            let a_layout = layout(bf16, key.k, key.m, key.k)?;
+            let c_layout = layout(out, key.n, key.m, key.n)?;
+
+            let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
+            check(lt::cublasLtMatmulPreferenceCreate(&mut pref), "preference")?;
+            let ws = WORKSPACE_BYTES as u64;
+            check(
+                lt::cublasLtMatmulPreferenceSetAttribute(
+                    pref,
+                    lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const u64 as *const c_void,
+                    8,
+                ),
+                "preference attribute",
+            )?;
+            let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+            let mut found = 0i32;
+            let status = lt::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                desc,
+                w_layout,
+                a_layout,
+                c_layout,
+                c_layout,
+                pref,
+                1,
+                &mut result,
+                &mut found,
+            );
+            lt::cublasLtMatmulPreferenceDestroy(pref);
+            check(status, "heuristic")?;
+            if found == 0 {
+                return Err(GpuError::Library(format!(
+                    "cuBLASLt has no algorithm for m={} n={} k={}",
+                    key.m, key.n, key.k
+                )));
+            }
+            Ok(Plan {
+                desc,
+                w_layout,
+                a_layout,
+                c_layout,
+                algo: result.algo,
+            })
+        }
+    }
+
+    /// Queues `C = A · W^T (+ bias)` on `stream`; `c` is bf16, or f32 when `f32_out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        c: u64,
+        a: u64,
+        w: u64,
+        bias: u64,
+        m: u32,
+        n: u32,
+        k: u32,
+        f32_out: bool,
+        stream: sys::CUstream,
+    ) -> Result<(), GpuError> {
+        let key = Key {
+            m,
+            n,
+            k,
+            bias: bias != 0,
+            f32_out,
+        };
+        let mut plans = self.plans.lock().expect("cuBLASLt plans poisoned");
+        let plan = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(key)?),
+        };
+        let (alpha, beta) = (1f32, 0f32);
+        // SAFETY: the descriptors belong to this handle; the device pointers are the caller's
+        // allocations of the sizes the layouts describe; the bias pointer is set on the
+        // descriptor for this call only (plans are per bias-or-not, and used under the mutex).
+        unsafe {
+            if key.bias {
+                check(
+                    lt::cublasLtMatmulDescSetAttribute(
+                        plan.desc,
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        &bias as *const u64 as *const c_void,
+                        8,
+                    ),
+                    "bias pointer",
+                )?;
+            }
+            check(
+                lt::cublasLtMatmul(
+                    self.handle,
+                    plan.desc,
+                    &alpha as *const f32 as *const c_void,
+                    w as *const c_void,
+                    plan.w_layout,
+                    a as *const c_void,
+                    plan.a_layout,
+                    &beta as *const f32 as *const c_void,
+                    c as *const c_void,
+                    plan.c_layout,
+                    c as *mut c_void,
+                    plan.c_layout,
+                    &plan.algo,
+                    self.workspace as *mut c_void,
+                    WORKSPACE_BYTES,
+                    stream as lt::cudaStream_t,
+                ),
+                "matmul",
+            )
+        }
+    }
+}
+
+impl Drop for BlasLt {
+    fn drop(&mut self) {
+        let plans = std::mem::take(self.plans.get_mut().expect("cuBLASLt plans poisoned"));
+        // SAFETY: every object was created by this value and is destroyed once.
+        unsafe {
+            for plan in plans.into_values() {
+                lt::cublasLtMatrixLayoutDestroy(plan.w_layout);
+                lt::cublasLtMatrixLayoutDestroy(plan.a_layout);
+                lt::cublasLtMatrixLayoutDestroy(plan.c_layout);
+                lt::cublasLtMatmulDescDestroy(plan.desc);
+            }
+            lt::cublasLtDestroy(self.handle);
+            sys::cuMemFree_v2(self.workspace);
+        }
+    }
+}
