@@ -92,18 +92,34 @@ parity)
     golden=$RES/smollm2_golden.json
     [ -f "$golden" ] || golden=crates/server/tests/fixtures/smollm2_golden.json
     python3 - "$golden" "$met" "$gguf" > "$RES/cuda-greedy.txt" 2>&1 <<'PY'
+# CUDA greedy transcripts against the host backend's (the acceptance) and against transformers'
+# golden ids up to its first EOS (the golden runs past EOS; the engine stops there).
 import json, subprocess, sys
 golden, met, gguf = sys.argv[1:]
 g = json.load(open(golden))
-ok = 0
-for case in g["cases"]:
-    r = subprocess.run([met, "generate", "--backend", "cuda", "--model-from-path", gguf, "--chat", "--prompt", case["prompt"],
+eos = g.get("eos_token_id", 2)
+def ids(backend, prompt):
+    r = subprocess.run([met, "generate", "--backend", backend, "--model-from-path", gguf, "--chat", "--prompt", prompt,
                         "--max-tokens", str(g["max_new_tokens"]), "--temperature", "0", "--print-ids"], capture_output=True, text=True)
-    ids = json.loads(next(l for l in r.stderr.splitlines() if l.startswith("output ids:"))[len("output ids:"):])
-    same = ids == case["output_ids"]
-    ok += same
-    print(json.dumps({"prompt": case["prompt"], "cuda_ids": ids, "golden_ids": case["output_ids"], "equal": same, "text": r.stdout.strip()}))
-print(f"{ok}/{len(g['cases'])} CUDA greedy transcripts equal the golden (= host) ids")
+    line = next((l for l in r.stderr.splitlines() if l.startswith("output ids:")), None)
+    if line is None:
+        raise SystemExit(f"{backend}: no ids; stderr: {r.stderr[-500:]}")
+    return json.loads(line[len("output ids:"):]), r.stdout.strip()
+same_host = same_golden = 0
+for case in g["cases"]:
+    cuda, text = ids("cuda", case["prompt"])
+    host, _ = ids("host", case["prompt"])
+    want = case["output_ids"]
+    want = want[:want.index(eos)] if eos in want else want
+    first = next((i for i, (a, b) in enumerate(zip(cuda, want)) if a != b), None)
+    margin = case["top2_margins"][first] if first is not None else None
+    same_host += cuda == host
+    same_golden += first is None and (len(cuda) == len(want) or len(cuda) >= g["max_new_tokens"])
+    print(json.dumps({"prompt": case["prompt"], "cuda_ids": cuda, "host_ids": host, "cuda_equals_host": cuda == host,
+                      "golden_ids_to_eos": want, "first_difference_from_golden": first,
+                      "golden_top2_margin_there": margin, "text": text}))
+print(f"{same_host}/{len(g['cases'])} CUDA greedy transcripts equal the host backend's; "
+      f"{same_golden}/{len(g['cases'])} equal transformers' golden up to EOS")
 PY
     record "cuda greedy vs golden" "$(tail -n1 "$RES/cuda-greedy.txt")"
   fi
