@@ -47,6 +47,8 @@ stash)
   ls -la "$STASH"
   ;;
 prep)
+  # A machine can come back with /root from an earlier session: start the results afresh.
+  find "$RES" -mindepth 1 -delete
   "$met" --version | tee "$RES/met-version.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
   "$met" check-kernels > "$RES/check-kernels.txt" 2>&1; record "met check-kernels" "exit $? ($(tail -n1 "$RES/check-kernels.txt"))"
