@@ -897,7 +897,10 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     let ms = w.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
                         / w.len().max(1) as f64;
                     let rms = ms.sqrt() as f32;
-                    (BF16_ELEMENT_RTOL, (BF16_ELEMENT_ATOL_OF_RMS * rms).max(1e-6))
+                    (
+                        BF16_ELEMENT_RTOL,
+                        (BF16_ELEMENT_ATOL_OF_RMS * rms).max(1e-6),
+                    )
                 };
                 let (mut diff2, mut ref2) = (0f64, 0f64);
                 for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
