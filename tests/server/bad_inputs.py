@@ -279,6 +279,66 @@ def main() -> int:
         field_case("thinking_budget_is_string", "thinking_budget", "lots"),
     ]
 
+    # --- Structured output and grammars (chat, completions) ---------------------------------------
+    def param_is(param: str, *reason: str) -> Callable[[Response], None]:
+        """The error's `param` is `param`, and its message gives the grammar library's reason."""
+        def check(r: Response) -> None:
+            err = json.loads(r.content)["error"]
+            expect_eq(err.get("param"), param, "error.param")
+            for word in reason:
+                expect(word in err["message"], f"the message does not give the reason ({word!r}): {err['message']!r}")
+        return check
+
+    def grammar_case(name: str, param: str, body: dict, *reason: str, path: str = C, make=chat) -> Case:
+        return Case(name, "POST", path, make(**body), fields=(param,), check=param_is(param, *reason))
+
+    def json_schema(schema: Any, **extra: Any) -> dict:
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, **extra}}}
+
+    rf_schema = "response_format.json_schema.schema"
+    cases += [
+        grammar_case("response_format_not_object", "response_format", {"response_format": "json"}),
+        grammar_case("response_format_type_unknown", "response_format.type", {"response_format": {"type": "yaml"}}),
+        grammar_case("response_format_type_missing", "response_format.type", {"response_format": {}}),
+        grammar_case("response_format_json_schema_missing", "response_format.json_schema",
+                     {"response_format": {"type": "json_schema"}}),
+        grammar_case("json_schema_without_schema", rf_schema,
+                     {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+        grammar_case("json_schema_schema_is_string", rf_schema, json_schema("{}")),
+        grammar_case("json_schema_strict_not_bool", "response_format.json_schema.strict",
+                     json_schema({}, strict="yes")),
+        grammar_case("json_schema_invalid_type", rf_schema,
+                     json_schema({"type": "object", "properties": {"a": {"type": "nonsense"}}}), "nonsense"),
+        grammar_case("json_schema_dangling_ref", rf_schema, json_schema({"$ref": "#/$defs/missing"}), "missing"),
+        grammar_case("json_schema_strict_unsupported_keyword", rf_schema,
+                     json_schema({"type": "array", "uniqueItems": True}, strict=True), "uniqueItems"),
+        grammar_case("guided_json_unsatisfiable", "guided_json",
+                     {"guided_json": {"type": "integer", "minimum": 5, "maximum": 2}}, "minimum"),
+        grammar_case("guided_json_not_a_schema", "guided_json", {"guided_json": 5}),
+        grammar_case("guided_regex_invalid", "guided_regex", {"guided_regex": "(ab"}, "unclosed group"),
+        grammar_case("guided_regex_is_list", "guided_regex", {"guided_regex": ["a"]}),
+        grammar_case("guided_grammar_invalid_lark", "guided_grammar", {"guided_grammar": "start: ("}),
+        grammar_case("guided_grammar_unknown_rule", "guided_grammar", {"guided_grammar": "start: foo"}, "foo"),
+        grammar_case("guided_choice_empty", "guided_choice", {"guided_choice": []}),
+        grammar_case("structured_outputs_regex_invalid", "structured_outputs.regex",
+                     {"structured_outputs": {"regex": "(ab"}}, "unclosed group"),
+        grammar_case("structured_outputs_unknown_key", "structured_outputs.structural_tag",
+                     {"structured_outputs": {"structural_tag": {}}}),
+        grammar_case("two_grammars_at_once", "guided_regex",
+                     {"response_format": {"type": "json_object"}, "guided_regex": "a"}, "response_format"),
+        grammar_case("completion_guided_regex_invalid", "guided_regex", {"guided_regex": "[z-a]"}, path=T,
+                     make=completion),
+        grammar_case("completion_response_format_type_unknown", "response_format.type",
+                     {"response_format": {"type": "yaml"}}, path=T, make=completion),
+        grammar_case("completion_json_schema_without_schema", rf_schema,
+                     {"response_format": {"type": "json_schema", "json_schema": {}}}, path=T, make=completion),
+        # --tool-grammar auto: a tool list the grammar cannot express is parsed only, not refused.
+        Case("tool_choice_required_with_a_schema_the_grammar_refuses_is_parsed_only", "POST", C,
+             chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+                 "type": "object", "properties": {"a": {"type": "nonsense"}}}}}], tool_choice="required"),
+             status=(200,)),
+    ]
+
     # --- /v1/completions ------------------------------------------------------------------------
     cases += [
         field_case("completion_prompt_missing", "prompt", DROP, path=T, make=completion),

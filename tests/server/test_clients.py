@@ -4,7 +4,7 @@
 Greedy answers are compared with `met generate --temperature 0` (run as a subprocess), 16 clients
 at once must each get the text they get alone, stop strings never leak, usage adds up, and the
 server is idle afterwards (no active request, no KV block in use). Tool calls and reasoning are
-in tool_tests.py. See tests/server/README.md.
+in tool_tests.py, constrained decoding in grammar_tests.py. See tests/server/README.md.
 
     python tests/server/test_clients.py --base-url http://127.0.0.1:8888
 """
@@ -33,6 +33,7 @@ from common import (
     preflight,
     wait_idle,
 )
+from grammar_tests import add_grammar_tests
 from tool_tests import add_tool_tests
 
 # Prompts are short and max_tokens small: the CI server runs on two CPU cores.
@@ -504,6 +505,11 @@ def main() -> int:
     # Tool calls and reasoning (tool_tests.py)
 
     reasoning_server = add_tool_tests(runner, oa, an, model, args)
+
+    # -------------------------------------------------------------------------------------------
+    # Constrained decoding (grammar_tests.py)
+
+    add_grammar_tests(runner, oa, an, model, args)
 
     # -------------------------------------------------------------------------------------------
     # Concurrency

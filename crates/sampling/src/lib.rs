@@ -4,10 +4,12 @@
 //! This crate owns the path from a row of logits to a token id: the request's knobs
 //! ([`SamplingParams`], checked once by [`SamplingParams::validate`]), and the per-sequence state
 //! that applies them ([`Sampler`]: logit bias, repetition, presence and frequency penalties,
-//! temperature, top-k, top-p, min-p, and a seeded draw). It must never touch a GPU, do I/O (it
-//! reads the clock only to seed a sampler given no seed), or know a model or a tokenizer: the
-//! engine hands it logits and gets a token back. A greedy sequence whose argmax ran on the device
-//! only reports its token through [`Sampler::record`].
+//! temperature, top-k, top-p, min-p, and a seeded draw, optionally restricted to an allowed-token
+//! bitset, which is how a grammar's mask reaches it: [`Sampler::sample_allowed`]). It must never
+//! touch a GPU, do I/O (it reads the clock only to seed a sampler given no seed), or know a model,
+//! a tokenizer or a grammar: the engine hands it logits (and a mask) and gets a token back. A
+//! greedy sequence whose argmax ran on the device only reports its token through
+//! [`Sampler::record`].
 //!
 //! The central design decision is reproducibility: a seed names one token sequence on every
 //! platform and toolchain. Hence the crate's own generator ([`rng`]), its own exponential instead
@@ -21,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod filters;
+mod mask;
 mod params;
 mod penalties;
 pub mod rng;

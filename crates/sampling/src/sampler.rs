@@ -7,6 +7,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::filters::{self, Candidate};
+use crate::mask;
 use crate::penalties::{TokenHistory, apply_logit_bias};
 use crate::rng::Xoshiro256StarStar;
 use crate::{SamplingParams, softmax};
@@ -79,14 +80,45 @@ impl Sampler {
     /// # Panics
     /// If `logits` is empty.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.sample_where(logits, None)
+    }
+
+    /// [`Sampler::sample`] restricted to the tokens of an allowed-token bitset (a grammar's
+    /// mask): token `i` is bit `i % 32` of `allowed[i / 32]`, and tokens past the bitset are not
+    /// allowed.
+    ///
+    /// The mask applies between steps 2 and 3, after the bias and the penalties and before the
+    /// temperature and the filters, so that top-k, top-p and min-p choose among allowed tokens
+    /// only and renormalise over them. On return `logits` holds the biased and penalised logits
+    /// with every token the bitset does not allow at `-inf`. The returned token is always
+    /// allowed when any token of `logits` is: if every allowed logit is NaN or `-inf`, it is the
+    /// lowest allowed id. (A bitset that allows nothing gives what [`Sampler::sample`] gives for
+    /// all-`-inf` logits; a grammar's mask is never empty.)
+    ///
+    /// # Panics
+    /// If `logits` is empty.
+    pub fn sample_allowed(&mut self, logits: &mut [f32], allowed: &[u32]) -> u32 {
+        self.sample_where(logits, Some(allowed))
+    }
+
+    fn sample_where(&mut self, logits: &mut [f32], allowed: Option<&[u32]>) -> u32 {
         assert!(!logits.is_empty(), "cannot sample from an empty vocabulary");
         apply_logit_bias(&self.params.logit_bias, logits);
         self.history.apply_penalties(&self.params, logits);
-        let token = if self.params.is_greedy() {
+        if let Some(allowed) = allowed {
+            mask::apply(allowed, logits);
+        }
+        let mut token = if self.params.is_greedy() {
             filters::argmax(logits)
         } else {
             self.draw(logits)
         };
+        if let Some(allowed) = allowed
+            && !mask::is_allowed(allowed, token)
+        {
+            // Only when every allowed logit is NaN or -inf: the argmax fell on a banned token.
+            token = mask::first_allowed(allowed, logits.len()).unwrap_or(token);
+        }
         self.record(token);
         token
     }

@@ -347,3 +347,81 @@ fn bias_comes_first_then_repetition_then_presence() {
     // (-1 + 5) / 2 - 0.5: bias before the repetition penalty, presence after it.
     assert_eq!(logits[0], 1.5);
 }
+
+/// The bitset of `tokens` over a vocabulary of `n`: token `i` at bit `i % 32` of word `i / 32`.
+fn bitset(n: usize, tokens: &[u32]) -> Vec<u32> {
+    let mut words = vec![0_u32; n.div_ceil(32)];
+    for &t in tokens {
+        words[t as usize / 32] |= 1 << (t % 32);
+    }
+    words
+}
+
+#[test]
+fn an_allowed_bitset_restricts_every_draw() {
+    let mut rng = Xoshiro256StarStar::seed_from_u64(7);
+    let allowed_tokens = [3, 40, 41, 99];
+    let allowed = bitset(100, &allowed_tokens);
+    for (seed, params) in [
+        (1, busy_params()),
+        (2, SamplingParams::default()),
+        (3, greedy()),
+    ] {
+        let mut sampler = seeded(seed, params);
+        for _ in 0..200 {
+            let mut logits = random_logits(&mut rng, 100, 8.0);
+            let token = sampler.sample_allowed(&mut logits, &allowed);
+            assert!(allowed_tokens.contains(&token), "drew {token}");
+            assert!(
+                (0..100).all(|i| allowed_tokens.contains(&i) == logits[i as usize].is_finite()),
+                "the logits of banned tokens are -inf on return"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_mask_applies_after_bias_and_penalties_and_before_the_filters() {
+    // A +100 bias on a banned token does not bring it back.
+    let mut sampler = Sampler::new(
+        SamplingParams {
+            logit_bias: vec![(0, 100.0)],
+            ..greedy()
+        },
+        &[],
+    );
+    assert_eq!(sampler.sample_allowed(&mut [0.0, 1.0, 2.0], &[0b110]), 2);
+    // top_k 1 keeps the best *allowed* token, not the best token.
+    let mut sampler = seeded(
+        5,
+        SamplingParams {
+            top_k: Some(1),
+            ..SamplingParams::default()
+        },
+    );
+    for _ in 0..20 {
+        assert_eq!(sampler.sample_allowed(&mut [5.0, 1.0, 0.5], &[0b110]), 1);
+    }
+    // A seeded masked draw is as reproducible as an unmasked one.
+    let logits = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6];
+    let mut a = seeded(9, busy_params());
+    let mut b = seeded(9, busy_params());
+    for _ in 0..50 {
+        assert_eq!(
+            a.sample_allowed(&mut logits.to_vec(), &[0b101101]),
+            b.sample_allowed(&mut logits.to_vec(), &[0b101101])
+        );
+    }
+}
+
+#[test]
+fn an_allowed_token_wins_even_when_every_allowed_logit_is_minus_infinity() {
+    let inf = f32::NEG_INFINITY;
+    for params in [greedy(), SamplingParams::default()] {
+        let mut sampler = seeded(3, params);
+        assert_eq!(
+            sampler.sample_allowed(&mut [1.0, inf, inf, 2.0], &[0b0110]),
+            1
+        );
+    }
+}

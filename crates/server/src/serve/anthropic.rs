@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use metrale_tokenizer::RenderOptions;
 use serde_json::{Value, json};
 
+use super::constraint::{GrammarRequest, constraint};
 use super::engine::{Finish, GenerationRequest, StreamEvent};
 use super::error::{ApiError, Dialect};
 use super::openai::read_json;
@@ -287,6 +288,16 @@ pub async fn messages(
         .to_string();
     let input_tokens = p.prompt.ids.len();
     let think = p.prompt.think;
+    let grammar = constraint(
+        &state,
+        GrammarRequest {
+            tools: Some(&p.tools),
+            requested: None,
+            think,
+        },
+    )
+    .await
+    .map_err(anthropic)?;
     let req = GenerationRequest {
         thinking: request_budget(&state, think, p.budget_tokens),
         prompt: p.prompt.ids,
@@ -296,6 +307,7 @@ pub async fn messages(
         stop_tokens: state.eos.clone(),
         logprobs: None,
         deadline: None,
+        grammar,
     };
     let mut rxs = submit_n(&state, req, 1, Dialect::Anthropic).await?;
     let rx = rxs.pop().expect("one receiver");

@@ -5,10 +5,12 @@
 //! HTTP handlers never touch the model. They send a [`Command`] and get back a channel of
 //! [`StreamEvent`]s. Each loop iteration: take new commands; end sequences whose client went away
 //! or whose deadline passed; ask the scheduler for a step plan (continuous batching with chunked
-//! prefill); run it as one `Model::forward`; sample the rows that want logits (or, for a sequence
-//! whose thinking budget is spent, append its block's closing tokens instead); hand the sampled
-//! tokens back to the scheduler; turn them into text (streaming detokeniser, stop strings) and
-//! send it. Every ended sequence returns its KV blocks through the scheduler.
+//! prefill); run it as one `Model::forward`; sample the rows that want logits (under the
+//! sequence's grammar mask when it has one, see [`super::constraint`]; or, for a sequence whose
+//! thinking budget is spent, append its block's closing tokens instead); hand the sampled tokens
+//! back to the scheduler; turn them into text (streaming detokeniser, stop strings) and send it;
+//! end a sequence whose grammar is complete. Every ended sequence returns its KV blocks through
+//! the scheduler.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use metrale_scheduler::{FinishReason as SchedFinish, NewSequence, Rejected, Sche
 use metrale_tokenizer::{DecodeStream, Tokenizer};
 use tokio::sync::{mpsc, oneshot};
 
+use super::constraint::{Constraint, GrammarState};
 use super::metrics::Metrics;
 use super::stop::{StopMatcher, StopOutcome};
 use super::thinking::{BudgetTracker, ThinkingBudget};
@@ -29,7 +32,7 @@ use super::thinking::{BudgetTracker, ThinkingBudget};
 /// Why a generation ended, as the APIs report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
-    /// End-of-sequence token.
+    /// End-of-sequence token, or the request's grammar is complete.
     Stop,
     /// A stop string (its index in the request's list).
     StopString(usize),
@@ -94,6 +97,8 @@ pub struct GenerationRequest {
     pub deadline: Option<Instant>,
     /// Cap on the tokens spent inside `<think>` blocks (see [`super::thinking`]).
     pub thinking: Option<ThinkingBudget>,
+    /// The grammar the output must follow, compiled at admission (see [`super::constraint`]).
+    pub grammar: Option<Constraint>,
 }
 
 /// Why a request was not admitted.
@@ -156,6 +161,8 @@ struct Active {
     first_token_seen: bool,
     deadline: Option<Instant>,
     budget: Option<BudgetTracker>,
+    /// The sequence's walk through its grammar; `None` (no cost) for unconstrained requests.
+    grammar: Option<GrammarState>,
 }
 
 /// Starts the engine thread.
@@ -190,6 +197,23 @@ struct Engine {
     metrics: Arc<Metrics>,
     active: HashMap<SeqId, Active>,
     next_id: u64,
+}
+
+/// One constrained draw: the grammar's bitset, the masked sample, the grammar advanced. On a
+/// grammar failure the token drawn without the mask comes back with the error, so the step stays
+/// whole and the caller ends the sequence.
+fn constrained(
+    g: &mut GrammarState,
+    sampler: &mut Sampler,
+    row: &mut [f32],
+) -> Result<u32, (u32, metrale_grammar::GrammarError)> {
+    let token = match g.allowed() {
+        Ok(Some(allowed)) => sampler.sample_allowed(row, allowed),
+        // Waiting for a thinking block to close: unconstrained.
+        Ok(None) => sampler.sample(row),
+        Err(e) => return Err((sampler.sample(row), e)),
+    };
+    g.advance(token).map(|()| token).map_err(|e| (token, e))
 }
 
 /// `log_softmax(row)[token]` and the top `k` entries.
@@ -268,6 +292,10 @@ impl Engine {
         &mut self,
         req: GenerationRequest,
     ) -> Result<mpsc::UnboundedReceiver<StreamEvent>, SubmitError> {
+        let grammar = match req.grammar.as_ref().map(Constraint::start).transpose() {
+            Ok(g) => g,
+            Err(e) => return Err(SubmitError::Invalid(e.to_string())),
+        };
         let id = SeqId(self.next_id);
         self.next_id += 1;
         let now = Instant::now();
@@ -311,6 +339,7 @@ impl Engine {
                 first_token_seen: false,
                 deadline: req.deadline,
                 budget: req.thinking.map(BudgetTracker::new),
+                grammar,
             },
         );
         Ok(rx)
@@ -431,6 +460,7 @@ impl Engine {
         let vocab = self.model.config().vocab_size;
         let mut sampled = Vec::with_capacity(row_seqs.len());
         let mut lps: HashMap<SeqId, TokenLogprob> = HashMap::new();
+        let mut grammar_failed: Vec<(SeqId, String)> = Vec::new();
         for (r, &seq) in row_seqs.iter().enumerate() {
             let Some(a) = self.active.get_mut(&seq) else {
                 continue;
@@ -440,14 +470,21 @@ impl Engine {
             let raw = lp_k.map(|_| row.clone());
             // A spent thinking budget appends the block's closing tokens instead of sampling.
             let forced = a.budget.as_mut().and_then(BudgetTracker::forced_token);
-            let token = match forced {
-                Some(token) => {
+            let token = match (forced, a.grammar.as_mut()) {
+                (Some(token), _) => {
+                    // A thinking block's closing text: never fed to a grammar, which waits for it.
                     a.sampler.record(token);
                     token
                 }
-                // grammar: a request's token mask (tool_choice required / named, --tool-grammar)
-                // applies to `row` here, before sampling.
-                None => a.sampler.sample(&mut row),
+                (None, None) => a.sampler.sample(&mut row),
+                // The mask applies after the bias and penalties, before temperature and filters.
+                (None, Some(g)) => match constrained(g, &mut a.sampler, &mut row) {
+                    Ok(token) => token,
+                    Err((token, e)) => {
+                        grammar_failed.push((seq, format!("constrained decoding failed: {e}")));
+                        token
+                    }
+                },
             };
             if let (Some(k), Some(raw)) = (lp_k, raw) {
                 lps.insert(seq, logprobs_of(&raw, token, k));
@@ -459,6 +496,10 @@ impl Engine {
             .scheduler
             .complete_step(&sampled, now)
             .map_err(|e| anyhow::anyhow!("scheduler: {e}"))?;
+        for (seq, message) in grammar_failed {
+            tracing::warn!("request {}: {message}", seq.0);
+            self.end(seq, None, Some(message));
+        }
         for ev in events {
             let Some(a) = self.active.get_mut(&ev.seq) else {
                 continue;
@@ -485,6 +526,10 @@ impl Engine {
             if let Some(budget) = a.budget.as_mut() {
                 budget.observe(&text);
             }
+            let complete = a.grammar.as_mut().is_some_and(|g| {
+                g.observe(&text);
+                g.is_finished()
+            });
             let logprobs: Vec<TokenLogprob> = lps.remove(&ev.seq).into_iter().collect();
             match a.stop.push(&text) {
                 StopOutcome::Emit(t) => {
@@ -493,7 +538,10 @@ impl Engine {
                         tokens: vec![ev.token],
                         logprobs,
                     });
-                    if ev.finish.is_some() {
+                    // A grammar completed by the last allowed token is a stop, not a length.
+                    if complete {
+                        self.end(ev.seq, Some(Finish::Stop), None);
+                    } else if ev.finish.is_some() {
                         self.end(ev.seq, Some(Finish::Length), None);
                     }
                 }

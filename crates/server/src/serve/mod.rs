@@ -2,12 +2,15 @@
 //! `met serve`: the OpenAI- and Anthropic-compatible HTTP server.
 //!
 //! Start-up: open the checkpoint, pick the backend and kernel target, size the KV pool, load the
-//! weights, start the engine thread, bind, and only then log `Listening on`. Requests flow
-//! handler → [`engine::EngineHandle`] → engine thread (scheduler + model) → per-request channel
-//! → JSON or SSE. Ctrl-C / SIGTERM stop accepting, let in-flight requests finish (up to
+//! weights (while the grammar engine is built over the vocabulary on its own thread), start the
+//! engine thread, bind, and only then log `Listening on`. Requests flow handler (validation; a
+//! request's grammar compiled, see [`constraint`]) → [`engine::EngineHandle`] → engine thread
+//! (scheduler + model + per-sequence sampler, masked by the sequence's grammar) → per-request
+//! channel → JSON or SSE. Ctrl-C / SIGTERM stop accepting, let in-flight requests finish (up to
 //! [`DRAIN`]), then stop the engine.
 
 mod anthropic;
+mod constraint;
 mod engine;
 mod error;
 mod metrics;
@@ -17,6 +20,7 @@ mod params;
 mod reply;
 mod state;
 mod stop;
+mod structured;
 mod thinking;
 mod tools;
 
@@ -33,6 +37,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrale_cache::DEFAULT_BLOCK_SIZE;
+use metrale_grammar::GrammarEngine;
 use metrale_model_engine::{Model, ModelOptions};
 use metrale_scheduler::{Policy, Scheduler, SchedulerConfig};
 
@@ -64,14 +69,17 @@ pub enum ReasoningParserArg {
     None,
 }
 
-/// Constrained decoding of tool calls (`--tool-grammar`). Parsed, not yet enforced.
+/// Constrained decoding of tool calls a request demands (`--tool-grammar`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ToolGrammarArg {
-    /// Let the model and the request decide (once enforced).
+    /// Constrain `tool_choice` required / named (Anthropic any / tool) to calls in the
+    /// server's tool-call format; when that cannot be done (no grammar for this vocabulary, a
+    /// tool list the grammar cannot express) parse the unconstrained answer instead.
     Auto,
-    /// Constrain tool calls (once enforced).
+    /// As `auto`, but refuse to start without a tool-call format and a grammar engine, and
+    /// answer a request whose tools cannot be constrained with 400.
     On,
-    /// Parse only, never constrain.
+    /// Never constrain tool calls: parse them from the unconstrained answer.
     Off,
 }
 
@@ -120,8 +128,13 @@ pub struct Args {
     /// `tools`.
     #[arg(long, default_value_t = 8192)]
     tool_max_tokens: usize,
-    /// Constrained decoding of tool calls (auto, on, off). Accepted, but not enforced yet: every
-    /// value parses tool calls from unconstrained output.
+    /// Constrained decoding of tool calls when a request's `tool_choice` demands one (`required`,
+    /// a named function; Anthropic `any`, `tool`): the answer is masked, token by token, to
+    /// calls in the tool-call format whose arguments follow each tool's schema. `auto`: do so
+    /// when the server has a tool-call format and a grammar for its vocabulary, else parse only;
+    /// `on`: the same, but refuse to start (or answer 400) where it cannot; `off`: parse only.
+    /// `tool_choice: auto` is never constrained. With the reasoning parser on, the grammar
+    /// starts after the `<think>` block closes.
     #[arg(long, value_enum, default_value_t = ToolGrammarArg::Auto)]
     tool_grammar: ToolGrammarArg,
     /// Reasoning format of chat answers: `think` splits <think> blocks into `reasoning_content`
@@ -398,6 +411,40 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         num_blocks * block_size,
         (num_blocks as u64 * kv_block_bytes) as f64 / (1u64 << 30) as f64
     );
+    // The tool-call format, checked before the long weight load.
+    let behavior = placement.target.map(|t| t.behavior).unwrap_or_default();
+    let tool_parser = match args
+        .tool_call_parser
+        .as_deref()
+        .or(behavior.tool_call_parser)
+    {
+        Some(name) => Some(
+            name.parse::<metrale_toolcall::Format>()
+                .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?,
+        ),
+        None => None,
+    };
+    if args.tool_max_tokens == 0 {
+        bail!("--tool-max-tokens must be at least 1");
+    }
+    if args.tool_grammar == ToolGrammarArg::On && tool_parser.is_none() {
+        bail!(
+            "--tool-grammar on needs a tool-call format, and this model has none: pass --tool-call-parser"
+        );
+    }
+    // The grammar engine reads the whole vocabulary (about a second for 150k ids): built once,
+    // on its own thread while the weights load.
+    let grammar_build = {
+        let tokenizer = tokenizer.clone();
+        let vocab_size = config.vocab_size;
+        std::thread::Builder::new()
+            .name("met-grammar".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                GrammarEngine::new(&tokenizer, vocab_size).map(|e| (e, started.elapsed()))
+            })
+            .context("starting the grammar engine's thread")?
+    };
     let started = std::time::Instant::now();
     let mut last = usize::MAX;
     let mut progress = |done: usize, total: usize, bytes: u64| {
@@ -434,25 +481,25 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         policy,
     })
     .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
-    let behavior = placement.target.map(|t| t.behavior).unwrap_or_default();
-    let tool_parser = match args
-        .tool_call_parser
-        .as_deref()
-        .or(behavior.tool_call_parser)
-    {
-        Some(name) => Some(
-            name.parse::<metrale_toolcall::Format>()
-                .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?,
-        ),
-        None => None,
+    let grammar_engine = match grammar_build.join() {
+        Ok(Ok((engine, took))) => {
+            tracing::info!(
+                "constrained decoding: grammar engine over {} ids ready in {:.2}s",
+                engine.vocab_size(),
+                took.as_secs_f64()
+            );
+            Ok(Arc::new(engine))
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("building the grammar engine panicked".to_owned()),
     };
-    if args.tool_max_tokens == 0 {
-        bail!("--tool-max-tokens must be at least 1");
-    }
-    // grammar: `--tool-grammar` is parsed but not yet acted on; the grammar crate takes it from here.
-    if args.tool_grammar == ToolGrammarArg::On {
+    if let Err(why) = &grammar_engine {
+        if args.tool_grammar == ToolGrammarArg::On {
+            bail!("--tool-grammar on: constrained decoding is not available for this model: {why}");
+        }
         tracing::warn!(
-            "--tool-grammar on: constrained decoding is not implemented yet; tool calls are parsed from unconstrained output"
+            "constrained decoding is not available for this model ({why}): requests with \
+             response_format or guided_* get 400, and tool_choice required / named is parsed only"
         );
     }
     let reasoning = match args.reasoning_parser {
@@ -466,6 +513,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let think_close = tokenizer
         .encode(thinking::CLOSE_THINK, false)
         .context("tokenizing the text that closes a thinking block")?;
+    let think_open = match tokenizer.encode("<think>", false).as_deref() {
+        Ok([id]) => Some(*id),
+        _ => None,
+    };
+    let grammar = constraint::GrammarSupport {
+        engine: grammar_engine,
+        tool_grammar: args.tool_grammar,
+        wire: tool_parser.map(constraint::wire_of),
+        think_open,
+    };
     let metrics = Arc::new(metrics::Metrics::default());
     let (engine, engine_thread) =
         engine::start(model, scheduler, tokenizer.clone(), metrics.clone());
@@ -502,6 +559,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         max_thinking_budget,
         think_close,
         tool_max_tokens: args.tool_max_tokens,
+        grammar,
     });
     let app = router(state, tokens);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio_stream::StreamMap;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::constraint::{GrammarRequest, constraint};
 use super::engine::{GenerationRequest, StreamEvent, TokenLogprob};
 use super::error::{ApiError, Dialect};
 use super::params::{Body, content_text};
@@ -22,6 +23,7 @@ use super::state::{
     AppState, chat_prompt, collect, openai_finish, sampling_params, submit_n, token_budget,
     unix_now,
 };
+use super::structured;
 use super::thinking::request_budget;
 use super::tools;
 
@@ -245,6 +247,7 @@ pub async fn chat_completions(
     let stop = b.stop_list("stop", 16, false)?;
     let tools = tools::openai_tools(&b)?;
     let tool_parser = tools.parser(&state, "tool_choice")?;
+    let format = structured::requested(&b)?;
     let extra = b
         .object("chat_template_kwargs")?
         .cloned()
@@ -283,6 +286,15 @@ pub async fn chat_completions(
     if tools.offered() {
         max_tokens = max_tokens.min(state.tool_max_tokens);
     }
+    let grammar = constraint(
+        &state,
+        GrammarRequest {
+            tools: Some(&tools),
+            requested: format,
+            think: prompt.think,
+        },
+    )
+    .await?;
     let req = GenerationRequest {
         thinking: request_budget(&state, prompt.think, thinking_budget),
         prompt: prompt.ids,
@@ -292,6 +304,7 @@ pub async fn chat_completions(
         stop_tokens: state.eos.clone(),
         logprobs: c.logprobs,
         deadline: None,
+        grammar,
     };
     let rxs = submit_n(&state, req, c.n, Dialect::OpenAi).await?;
     let id = request_id("chatcmpl");
@@ -398,6 +411,7 @@ pub async fn completions(
     }
     let prompt = completion_prompt(&b, &state)?;
     let c = common(&b, false)?;
+    let requested = structured::requested(&b)?;
     let params = sampling_params(&b, &state, 2.0)?;
     let stop = b.stop_list("stop", 16, false)?;
     let max_tokens = token_budget(
@@ -406,6 +420,15 @@ pub async fn completions(
         Some(b.int("max_tokens", 1, i64::MAX)?.unwrap_or(16)),
         "max_tokens",
     )?;
+    let grammar = constraint(
+        &state,
+        GrammarRequest {
+            tools: None,
+            requested,
+            think: None,
+        },
+    )
+    .await?;
     let req = GenerationRequest {
         prompt,
         params,
@@ -415,6 +438,7 @@ pub async fn completions(
         logprobs: c.logprobs,
         deadline: None,
         thinking: None,
+        grammar,
     };
     let rxs = submit_n(&state, req, c.n, Dialect::OpenAi).await?;
     let id = request_id("cmpl");

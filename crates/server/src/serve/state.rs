@@ -12,6 +12,7 @@ use metrale_toolcall::ThinkStart;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::constraint::GrammarSupport;
 use super::engine::{
     EngineHandle, Finish, GenerationRequest, StreamEvent, SubmitError, TokenLogprob,
 };
@@ -58,6 +59,8 @@ pub struct AppState {
     pub think_close: Vec<u32>,
     /// Cap on `max_tokens` for requests that offer tools (`--tool-max-tokens`).
     pub tool_max_tokens: usize,
+    /// Constrained decoding: the grammar engine, `--tool-grammar` and the tool-call wire.
+    pub grammar: GrammarSupport,
     /// Server start, seconds since the epoch (the `created` of the model).
     pub created: u64,
 }
@@ -227,7 +230,8 @@ pub fn token_budget(
     })
 }
 
-/// Submits `n` copies of a request (seeds `seed + i`) and returns their event channels.
+/// Submits `n` copies of a request (seeds `seed + i`) and returns their event channels. Each copy
+/// walks its own grammar (the engine starts one per sequence).
 pub async fn submit_n(
     state: &AppState,
     req: GenerationRequest,
@@ -247,6 +251,7 @@ pub async fn submit_n(
             logprobs: req.logprobs,
             deadline: state.request_timeout.map(|t| Instant::now() + t),
             thinking: req.thinking.clone(),
+            grammar: req.grammar.clone(),
         };
         match state.engine.submit(one).await {
             Ok(rx) => rxs.push(rx),

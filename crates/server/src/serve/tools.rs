@@ -51,14 +51,12 @@ impl Tools {
 
     /// The wire format to parse the answer with: none when no tool is offered or calls are
     /// turned off, else the server's parser. A request that demands a call from a server with
-    /// no parser is refused, since the call could never be recognised.
+    /// no parser is refused, since the call could never be recognised. (Whether the demanded
+    /// call is also enforced by a grammar is [`super::constraint`]'s decision.)
     pub fn parser(&self, state: &AppState, field: &str) -> Result<Option<Format>, ApiError> {
         if !self.offered() || self.choice == ToolChoice::None {
             return Ok(None);
         }
-        // grammar: `Required` and `Named` are honoured by parsing only. The tool-call grammar
-        // (crates/grammar) will turn them, and `--tool-grammar`, into a token mask that goes to
-        // the engine with the GenerationRequest and applies at its sampling point.
         match (state.tool_parser, &self.choice) {
             (None, ToolChoice::Required | ToolChoice::Named(_)) => Err(ApiError::invalid(
                 field,
