@@ -8,7 +8,8 @@
 #                     function of the bf16 weights, plus transformers' own bf16 logits beside it)
 #   smollm2           SmolLM2 golden transcripts and reference logits from transformers
 #   parity            met parity for every checkpoint; greedy transcripts on CUDA vs the goldens
-#   speed             Qwen3-8B batch-1 decode: transformers eager and static+compile, then met
+#   speed             Qwen3-8B batch-1 decode: transformers eager and static+compile, then met;
+#                     met bench-model (TTFT and batched decode step against the memory floor)
 #   serve             met serve --backend cuda with a random checkpoint; tests/server/load_test.py
 #
 # Logs and small results collect in $RES (outside the repo, kept while the machine is warm); each
@@ -141,6 +142,8 @@ speed)
       --ignore-eos --max-seq-len 1024 > "$RES/met-decode-$m-$i.txt" 2>&1
   done
   record "met decode $m" "$(grep 'tok/s' "$RES/met-decode-$m-2.txt")"
+  timeout 300 "$met" bench-model --model-from-path "$CKPT/$m" --json "$RES/bench-model-$m.json" > "$RES/bench-model-$m.md" 2>&1
+  record "met bench-model $m (TTFT 128/1024/8192, decode step at batch 1/8/32/64)" "exit $?"
   finish
   ;;
 serve)

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod bench_kernels;
+mod bench_model;
 mod check_kernels;
 mod doctor;
 mod generate;
@@ -51,6 +52,9 @@ enum Command {
     /// Time the decode and prefill kernels at a model's shapes on this GPU (µs per launch,
     /// achieved GB/s and TFLOP/s against the rooflines). Needs a GPU.
     BenchKernels(bench_kernels::Args),
+    /// Time the model's forward step as the server runs it: time to first logits for prompts of
+    /// several lengths, and decode step time at several batch sizes against its memory floor.
+    BenchModel(bench_model::Args),
     /// Compare the model's logits with a reference file from transformers
     /// (scripts/gpu/reference_logits.py) at every position; exits non-zero above the tolerance.
     Parity(parity::Args),
@@ -65,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Command::Doctor(args) => doctor::run(&args),
         Command::CheckKernels(args) => check_kernels::run(&args),
         Command::BenchKernels(args) => bench_kernels::run(&args),
+        Command::BenchModel(args) => bench_model::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Parity(args) => parity::run(&args),
         Command::Serve(args) => serve::run(&args),

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! `met bench-model`: the model-level rows of the speed table, measured through `Model::forward`
+//! exactly as the server runs it (step inputs uploaded, logits copied back).
+//!
+//! - prefill: time to first logits for a prompt of P tokens (one step, logits of the last row);
+//! - decode: the time of one decode step at batch B, every sequence holding C cached tokens,
+//!   against the step's memory floor (every weight byte once, plus every cached K/V byte the
+//!   step attends to, over the measured read bandwidth; an untied input embedding is not counted,
+//!   the step gathers only B of its rows).
+//!
+//! Token ids are drawn from a fixed-seed generator. The KV cache of the decode rows is reserved
+//! but not filled by a prefill: a step's cost does not depend on the cached values, and filling
+//! 64 contexts of 1k tokens with the per-query prefill attention would cost more device time than
+//! the measurement. Every configuration is run once untimed first (cuBLASLt plans its shapes on
+//! first use), then timed; the median is reported.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::bail;
+use metrale_cache::{BlockAllocator, BlockTable, DEFAULT_BLOCK_SIZE};
+use metrale_model_engine::{Model, ModelOptions, StepInput};
+
+use crate::load::{self, ModelArgs};
+
+/// Options of `met bench-model`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt lengths whose time to first logits is measured (comma-separated).
+    #[arg(long, default_value = "128,1024,8192", value_delimiter = ',')]
+    prefill: Vec<usize>,
+    /// Decode batch sizes (comma-separated).
+    #[arg(long, default_value = "1,8,32,64", value_delimiter = ',')]
+    batches: Vec<usize>,
+    /// Cached tokens per sequence in the decode rows.
+    #[arg(long, default_value_t = 1024)]
+    context: usize,
+    /// Timed repetitions per row (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Memory read bandwidth for the floor column, TB/s (measured on the H200: DESIGN.md).
+    #[arg(long, default_value_t = 4.19)]
+    hbm_tb_s: f64,
+    /// Write the rows as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    kind: &'static str,
+    batch: usize,
+    tokens: usize,
+    ms: f64,
+    floor_ms: Option<f64>,
+    tok_s: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `met bench-model`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    if args.repeats == 0 || args.batches.contains(&0) || args.prefill.contains(&0) {
+        bail!("--repeats, --batches and --prefill must be positive");
+    }
+    let (checkpoint, config, references) = load::open_checkpoint(&args.model)?;
+    let placement = load::place(&args.model, &config, references)?;
+    eprintln!("met: {}", placement.description);
+    let block_size = DEFAULT_BLOCK_SIZE;
+    let max_batch = args.batches.iter().copied().max().unwrap_or(1);
+    let max_prefill = args.prefill.iter().copied().max().unwrap_or(1);
+    let max_seq_len = max_prefill.max(args.context + 1) + 1;
+    let blocks_per_seq = max_seq_len.div_ceil(block_size);
+    let options = ModelOptions {
+        max_tokens_per_step: max_prefill.max(max_batch),
+        max_seqs: max_batch,
+        max_logit_rows: max_batch,
+        max_seq_len,
+        num_blocks: (max_batch.max(1) + 1) * blocks_per_seq,
+        block_size,
+    };
+    if max_seq_len > config.max_position_embeddings {
+        bail!(
+            "--context/--prefill need {max_seq_len} positions; the model has {}",
+            config.max_position_embeddings
+        );
+    }
+    let mut model = Model::load(
+        config.clone(),
+        checkpoint.source(),
+        placement.gpu.clone(),
+        options,
+        &mut |_, _, _| {},
+    )?;
+    let mut allocator = BlockAllocator::new(options.num_blocks);
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next_id = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % config.vocab_size.min(32000) as u64) as u32
+    };
+    let mut rows = Vec::new();
+
+    for &p in &args.prefill {
+        let mut table = BlockTable::default();
+        table.reserve(p, block_size, &mut allocator)?;
+        let tokens: Vec<u32> = (0..p).map(|_| next_id()).collect();
+        let positions: Vec<u32> = (0..p as u32).collect();
+        let seq = vec![0u32; p];
+        let step = StepInput {
+            tokens: &tokens,
+            positions: &positions,
+            token_seq: &seq,
+            block_tables: &[&table],
+            logit_rows: &[p - 1],
+        };
+        model.forward(&step)?;
+        let mut times = Vec::new();
+        for _ in 0..args.repeats {
+            let t = Instant::now();
+            model.forward(&step)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        table.release(&mut allocator)?;
+        let ms = median(times);
+        rows.push(Row {
+            kind: "prefill (time to first logits)",
+            batch: 1,
+            tokens: p,
+            ms,
+            floor_ms: None,
+            tok_s: p as f64 / ms * 1e3,
+        });
+    }
+
+    let kv_per_token = ModelOptions::kv_bytes_per_block(&config, 1) as f64;
+    // A decode step reads every weight once, except an untied input embedding, of which it
+    // gathers only B rows (a tied one is read whole as the LM head).
+    let untied_embedding = if config.tie_word_embeddings {
+        0.0
+    } else {
+        (config.vocab_size * config.hidden_size * 2) as f64
+    };
+    for &b in &args.batches {
+        let mut tables = Vec::new();
+        for _ in 0..b {
+            let mut t = BlockTable::default();
+            t.reserve(args.context + 1, block_size, &mut allocator)?;
+            tables.push(t);
+        }
+        let refs: Vec<&BlockTable> = tables.iter().collect();
+        let tokens: Vec<u32> = (0..b).map(|_| next_id()).collect();
+        let positions = vec![args.context as u32; b];
+        let seq: Vec<u32> = (0..b as u32).collect();
+        let logit_rows: Vec<usize> = (0..b).collect();
+        let step = StepInput {
+            tokens: &tokens,
+            positions: &positions,
+            token_seq: &seq,
+            block_tables: &refs,
+            logit_rows: &logit_rows,
+        };
+        model.forward(&step)?;
+        let mut times = Vec::new();
+        for _ in 0..args.repeats {
+            let t = Instant::now();
+            model.forward(&step)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        for mut t in tables {
+            t.release(&mut allocator)?;
+        }
+        let ms = median(times);
+        let bytes = model.weight_bytes() as f64 - untied_embedding
+            + b as f64 * (args.context + 1) as f64 * kv_per_token;
+        rows.push(Row {
+            kind: "decode step",
+            batch: b,
+            tokens: args.context,
+            ms,
+            floor_ms: Some(bytes / (args.hbm_tb_s * 1e12) * 1e3),
+            tok_s: b as f64 / ms * 1e3,
+        });
+    }
+
+    println!("met {}", crate::long_version());
+    println!("{}", placement.description);
+    println!("| row | batch | tokens | ms | floor ms | of floor | tok/s |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let (floor, of) = match r.floor_ms {
+            Some(f) => (format!("{f:.3}"), format!("{:.0}%", 100.0 * f / r.ms)),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "| {} | {} | {} | {:.3} | {floor} | {of} | {:.1} |",
+            r.kind, r.batch, r.tokens, r.ms, r.tok_s
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
