@@ -112,25 +112,43 @@ fn run(
     let start = Instant::now();
     let chunk = model.options().max_tokens_per_step;
     let prompt = request.prompt;
-    let mut logits = Vec::new();
+    // Greedy without bias or penalties takes the argmax on the device: one id comes back per
+    // step instead of a row of logits.
+    let device_argmax = request.sampler.params().is_plain_greedy();
+    let pick = |model: &mut Model, input: &StepInput, sampler: &mut Sampler| {
+        if device_argmax {
+            let token = model.forward_argmax(input)?[0];
+            sampler.record(token);
+            Ok::<u32, ModelError>(token)
+        } else {
+            let mut logits = model.forward(input)?;
+            Ok(sampler.sample(&mut logits))
+        }
+    };
+    let mut first = None;
     for begin in (0..prompt.len()).step_by(chunk) {
         let end = (begin + chunk).min(prompt.len());
         let positions: Vec<u32> = (begin as u32..end as u32).collect();
         let seq = vec![0u32; end - begin];
         let last = [end - begin - 1];
         let rows: &[usize] = if end == prompt.len() { &last } else { &[] };
-        logits = model.forward(&StepInput {
+        let input = StepInput {
             tokens: &prompt[begin..end],
             positions: &positions,
             token_seq: &seq,
             block_tables: &[table],
             logit_rows: rows,
-        })?;
+        };
+        if rows.is_empty() {
+            model.forward(&input)?;
+        } else {
+            first = Some(pick(model, &input, &mut request.sampler)?);
+        }
     }
+    let mut next = first.ok_or_else(|| ModelError::InvalidStep("empty prompt".into()))?;
     let mut tokens = Vec::new();
     let mut first_token_at = None;
     let finish = loop {
-        let next = request.sampler.sample(&mut logits);
         if first_token_at.is_none() {
             first_token_at = Some(start.elapsed());
         }
@@ -145,13 +163,14 @@ fn run(
         if tokens.len() >= request.max_new_tokens || pos + 1 >= total {
             break FinishReason::Length;
         }
-        logits = model.forward(&StepInput {
+        let input = StepInput {
             tokens: &[next],
             positions: &[pos as u32],
             token_seq: &[0],
             block_tables: &[table],
             logit_rows: &[0],
-        })?;
+        };
+        next = pick(model, &input, &mut request.sampler)?;
     };
     let ttft = first_token_at.unwrap_or_default();
     Ok(Generated {

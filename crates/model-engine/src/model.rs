@@ -21,8 +21,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, KernelHandle, launch_kernel};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    AddRmsNorm, AttentionCombine, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul, attention_splits,
+    AddRmsNorm, ArgmaxF32, AttentionCombine, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv,
+    GemvF32Out, KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul, attention_splits,
 };
 
 use crate::weights::{self, DeviceWeights, LoadProgress};
@@ -117,6 +117,7 @@ struct Kernels {
     silu_mul: KernelHandle,
     attention: KernelHandle,
     attention_combine: KernelHandle,
+    argmax_f32: KernelHandle,
     kv_write: KernelHandle,
 }
 
@@ -136,6 +137,8 @@ struct Scratch {
     mlp: DevicePtr,
     gathered: DevicePtr,
     logits: DevicePtr,
+    /// i32 `[max_logit_rows]`: the device-side argmax of each logits row.
+    argmax: DevicePtr,
     /// Split-K attention partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
     partials: DevicePtr,
     /// The per-step integer inputs, packed so a step uploads them in one copy: for a step of n
@@ -186,6 +189,7 @@ impl Model {
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             attention_combine: g.kernel(AttentionCombine::NAME)?,
+            argmax_f32: g.kernel(ArgmaxF32::NAME)?,
             kv_write: g.kernel(KvCacheWrite::NAME)?,
         };
         let weights = weights::load(&config, source, g, progress)?;
@@ -217,6 +221,7 @@ impl Model {
             logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 4)?,
             gathered: alloc(options.max_logit_rows.max(1) * h * 2)?,
             partials: alloc(ATTENTION_PARTIALS as usize * (hd + 2) * 4)?,
+            argmax: alloc(options.max_logit_rows.max(1) * 4)?,
             step_inputs,
         };
         let cache_bytes = options.num_blocks * options.block_size * kvd * 2;
@@ -339,6 +344,42 @@ impl Model {
 
     /// Runs one step and returns the logits of `step.logit_rows`, row-major `[rows, vocab]`.
     pub fn forward(&mut self, step: &StepInput) -> Result<Vec<f32>, ModelError> {
+        let rows = self.run(step)?;
+        let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());
+        g.synchronize(s)?;
+        let mut logits = vec![0f32; rows * self.config.vocab_size];
+        if rows > 0 {
+            g.copy_d2h(self.scratch.logits, bytemuck::cast_slice_mut(&mut logits))?;
+        }
+        Ok(logits)
+    }
+
+    /// Runs one step and returns the argmax of each row of `step.logit_rows` (the lowest id on
+    /// ties, NaN never chosen: what a greedy sampler without bias or penalties picks), taken on
+    /// the device so that only one id per row comes back instead of the row's logits.
+    pub fn forward_argmax(&mut self, step: &StepInput) -> Result<Vec<u32>, ModelError> {
+        let rows = self.run(step)?;
+        let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());
+        let mut ids = vec![0i32; rows];
+        if rows > 0 {
+            let argmax = ArgmaxF32 {
+                out: self.scratch.argmax,
+                logits: self.scratch.logits,
+                rows: rows as u32,
+                cols: self.config.vocab_size as u32,
+            };
+            launch_kernel(g, self.kernels.argmax_f32, &argmax, s)?;
+        }
+        g.synchronize(s)?;
+        if rows > 0 {
+            g.copy_d2h(self.scratch.argmax, bytemuck::cast_slice_mut(&mut ids))?;
+        }
+        Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+
+    /// Queues one step up to the logits of `step.logit_rows` in `scratch.logits`; returns the
+    /// number of rows. Nothing is synchronised.
+    fn run(&mut self, step: &StepInput) -> Result<usize, ModelError> {
         self.validate(step)?;
         let g = self.gpu.as_ref();
         let s = g.default_stream();
@@ -612,8 +653,7 @@ impl Model {
 
         let rows = step.logit_rows.len();
         if rows == 0 {
-            g.synchronize(s)?;
-            return Ok(Vec::new());
+            return Ok(0);
         }
         // Logits only for the rows asked for: a contiguous run is used in place, otherwise the
         // rows are gathered first.
@@ -665,10 +705,7 @@ impl Model {
             };
             g.gemm(&head, k.gemm_f32out, s)?;
         }
-        g.synchronize(s)?;
-        let mut logits = vec![0f32; rows * c.vocab_size];
-        g.copy_d2h(sc.logits, bytemuck::cast_slice_mut(&mut logits))?;
-        Ok(logits)
+        Ok(rows)
     }
 }
 

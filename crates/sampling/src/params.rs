@@ -157,6 +157,16 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
+    /// Whether the next token is exactly the argmax of the raw logits: greedy with no logit bias
+    /// and no penalty. An engine may then take the argmax on the device (first index on ties,
+    /// NaN never wins, as [`Sampler::sample`] does) and report it with [`Sampler::record`].
+    ///
+    /// [`Sampler::record`]: crate::Sampler::record
+    /// [`Sampler::sample`]: crate::Sampler::sample
+    pub fn is_plain_greedy(&self) -> bool {
+        self.is_greedy() && self.logit_bias.is_empty() && !self.has_penalties()
+    }
+
     /// Whether any of the three penalties is on.
     pub(crate) fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0

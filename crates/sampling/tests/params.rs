@@ -64,6 +64,36 @@ fn default_is_plain_sampling() {
 }
 
 #[test]
+fn plain_greedy_means_no_bias_and_no_penalty() {
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..SamplingParams::default()
+    };
+    assert!(greedy.is_plain_greedy());
+    assert!(!SamplingParams::default().is_plain_greedy());
+    for p in [
+        SamplingParams {
+            repetition_penalty: 1.1,
+            ..greedy.clone()
+        },
+        SamplingParams {
+            presence_penalty: 0.5,
+            ..greedy.clone()
+        },
+        SamplingParams {
+            frequency_penalty: -0.5,
+            ..greedy.clone()
+        },
+        SamplingParams {
+            logit_bias: vec![(3, 1.0)],
+            ..greedy.clone()
+        },
+    ] {
+        assert!(p.is_greedy() && !p.is_plain_greedy(), "{p:?}");
+    }
+}
+
+#[test]
 fn temperature_must_be_finite_and_non_negative() {
     refuses_each("temperature", &[-0.5, f32::NAN, f32::INFINITY], |p, v| {
         p.temperature = v

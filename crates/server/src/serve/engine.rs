@@ -449,13 +449,25 @@ impl Engine {
         }
         let flat = plan.flatten();
         let table_refs: Vec<&BlockTable> = plan.block_tables.iter().collect();
-        let logits = self.model.forward(&StepInput {
+        let input = StepInput {
             tokens: &flat.tokens,
             positions: &flat.positions,
             token_seq: &flat.token_seq,
             block_tables: &table_refs,
             logit_rows: &flat.logit_rows,
-        })?;
+        };
+        // When every row samples greedily with no bias, penalty, grammar or logprobs, the argmax
+        // is taken on the device and one id per row comes back instead of the row's logits.
+        let device_argmax = flat.logit_seqs.iter().all(|q| {
+            self.active.get(q).is_none_or(|a| {
+                a.grammar.is_none() && a.logprobs.is_none() && a.sampler.params().is_plain_greedy()
+            })
+        });
+        let (logits, argmax) = if device_argmax {
+            (Vec::new(), self.model.forward_argmax(&input)?)
+        } else {
+            (self.model.forward(&input)?, Vec::new())
+        };
         let row_seqs = flat.logit_seqs;
         let vocab = self.model.config().vocab_size;
         let mut sampled = Vec::with_capacity(row_seqs.len());
@@ -465,11 +477,17 @@ impl Engine {
             let Some(a) = self.active.get_mut(&seq) else {
                 continue;
             };
+            // A spent thinking budget appends the block's closing tokens instead of sampling.
+            let forced = a.budget.as_mut().and_then(BudgetTracker::forced_token);
+            if device_argmax {
+                let token = forced.unwrap_or(argmax[r]);
+                a.sampler.record(token);
+                sampled.push((seq, token));
+                continue;
+            }
             let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
             let lp_k = a.logprobs;
             let raw = lp_k.map(|_| row.clone());
-            // A spent thinking budget appends the block's closing tokens instead of sampling.
-            let forced = a.budget.as_mut().and_then(BudgetTracker::forced_token);
             let token = match (forced, a.grammar.as_mut()) {
                 (Some(token), _) => {
                     // A thinking block's closing text: never fed to a grammar, which waits for it.
