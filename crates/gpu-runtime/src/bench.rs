@@ -353,6 +353,29 @@ fn silu_case(s: &Shape, tokens: u32) -> BenchCase {
     }
 }
 
+/// The device-side argmax of f32 logit rows (greedy decode).
+fn argmax_case(s: &Shape, rows: u32) -> BenchCase {
+    let v = s.vocab;
+    BenchCase {
+        kernel: ArgmaxF32::NAME,
+        label: format!("{} argmax rows={rows}", s.name),
+        bytes: rows as u64 * v as u64 * 4,
+        flops: rows as u64 * v as u64,
+        buffers: vec![(rows as usize * 4, 0), (rows as usize * v as usize * 4, 0x3C)],
+        uploads: vec![],
+        library_gemm: None,
+        dims: (0, 0, 0),
+        build: Box::new(move |p| {
+            launch_of(ArgmaxF32 {
+                out: p[0],
+                logits: p[1],
+                rows,
+                cols: v,
+            })
+        }),
+    }
+}
+
 /// The decode path's kernels at batch 1 (and the GEMV at batch 8), decode attention at several
 /// contexts, and the prefill GEMMs and attention at `prefill_tokens`, for one model shape.
 pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
@@ -369,6 +392,8 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     }
     out.push(norm_case(s, 1));
     out.push(silu_case(s, 1));
+    out.push(argmax_case(s, 1));
+    out.push(argmax_case(s, 64));
     for context in [1024u32, 8192] {
         out.extend(attention_cases(s, 1, 1, context));
     }

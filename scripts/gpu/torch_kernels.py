@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
+"""The PyTorch side of the kernel table: the op(s) PyTorch runs for each row of
+`met bench-kernels`, on the same shapes, timed the same way (CUDA events around batches of
+launches, the median batch), written as JSON rows whose labels match bench-kernels' labels.
+
+    python3 scripts/gpu/torch_kernels.py --shape qwen3-8b --json /root/results/torch-kernels-qwen3-8b.json
+
+What "the same thing" means per row (bf16 tensors, as transformers runs the model):
+  GEMV / GEMM        F.linear(a, w)                           (cuBLAS; the LM head returns bf16)
+  add+rmsnorm        the HF Qwen3RMSNorm after a residual add: h = h + x; y = w * norm(h.float()).to(bf16)
+  silu*mul           F.silu(gate) * up over the halves of one [tokens, 2I] tensor
+  decode attention   F.scaled_dot_product_attention(q, K, V, enable_gqa=True) over a contiguous
+                     [batch, kv_heads, context, head_dim] cache (transformers' static-cache layout)
+  prefill attention  the same, causal, over [1, heads, tokens, head_dim]
+  argmax             logits.argmax(-1) over f32 logits
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {
+    "qwen3-8b": dict(hidden=4096, inter=12288, q_heads=32, kv_heads=8, head_dim=128, vocab=151936),
+    "qwen3-0.6b": dict(hidden=1024, inter=3072, q_heads=16, kv_heads=8, head_dim=128, vocab=151936),
+}
+
+
+def timed(fn, warmup=3, batches=5, per_batch=20):
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(batches):
+        start.record()
+        for _ in range(per_batch):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / per_batch)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def rows_for(name, s, prefill):
+    h, i = s["hidden"], s["inter"]
+    qh, kvh, hd = s["q_heads"], s["kv_heads"], s["head_dim"]
+    qd, kvd = qh * hd, kvh * hd
+    bf = torch.bfloat16
+    dev = "cuda"
+    out = []
+
+    def linear_row(what, m, n, k):
+        a = torch.randn(m, k, device=dev, dtype=bf)
+        w = torch.randn(n, k, device=dev, dtype=bf) / k**0.5
+        us = timed(lambda: F.linear(a, w))
+        out.append({"label": f"{name} {what} m={m} n={n} k={k}", "op": "F.linear", "us": us,
+                    "bytes": (n * k + m * k + m * n) * 2, "flops": 2 * m * n * k})
+
+    for m in (1, 8):
+        linear_row("q_proj", m, qd, h)
+        linear_row("k_proj", m, kvd, h)
+        linear_row("o_proj", m, h, qd)
+        linear_row("gate_up", m, 2 * i, h)
+        linear_row("down", m, h, i)
+        linear_row("lm_head", m, s["vocab"], h)
+    for m in (16, 64):
+        linear_row("gate_up", m, 2 * i, h)
+        linear_row("down", m, h, i)
+
+    def norm_row(rows):
+        hid = torch.randn(rows, h, device=dev, dtype=bf)
+        x = torch.randn(rows, h, device=dev, dtype=bf)
+        w = torch.ones(h, device=dev, dtype=bf)
+
+        def f():
+            r = hid + x
+            v = r.float()
+            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return w * v.to(bf)
+        out.append({"label": f"{name} add+rmsnorm rows={rows}", "op": "HF add + RMSNorm (eager)",
+                    "us": timed(f), "bytes": rows * h * 2 * 4, "flops": 4 * rows * h})
+
+    def silu_row(t):
+        gu = torch.randn(t, 2 * i, device=dev, dtype=bf)
+        g, u = gu[:, :i], gu[:, i:]
+        out.append({"label": f"{name} silu*mul tokens={t}", "op": "F.silu(g) * u",
+                    "us": timed(lambda: F.silu(g) * u), "bytes": t * i * 6, "flops": 5 * t * i})
+
+    def attention_row(seqs, tokens, context):
+        q = torch.randn(seqs, qh, tokens, hd, device=dev, dtype=bf)
+        k = torch.randn(seqs, kvh, context, hd, device=dev, dtype=bf)
+        v = torch.randn(seqs, kvh, context, hd, device=dev, dtype=bf)
+        causal = tokens > 1
+        us = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
+        what = (f"decode attention seqs={seqs} context={context}" if tokens == 1
+                else f"prefill attention tokens={tokens}")
+        keys = seqs * (tokens * (tokens + 1) // 2 if causal else context)
+        out.append({"label": f"{name} {what}", "op": "F.scaled_dot_product_attention",
+                    "us": us, "bytes": 2 * seqs * context * kvd * 2 + 2 * 2 * seqs * tokens * qd,
+                    "flops": 4 * keys * qd})
+
+    norm_row(1)
+    silu_row(1)
+    attention_row(1, 1, 1024)
+    attention_row(1, 1, 8192)
+    attention_row(64, 1, 1024)
+    for t in prefill:
+        linear_row("q_proj", t, qd, h)
+        linear_row("gate_up", t, 2 * i, h)
+        linear_row("down", t, h, i)
+        attention_row(1, t, t)
+        norm_row(t)
+        silu_row(t)
+    for rows in (1, 64):
+        logits = torch.randn(rows, s["vocab"], device=dev, dtype=torch.float32)
+        out.append({"label": f"{name} argmax rows={rows}", "op": "logits.argmax(-1)",
+                    "us": timed(lambda: logits.argmax(-1)), "bytes": rows * s["vocab"] * 4, "flops": rows * s["vocab"]})
+    for r in out:
+        r["gb_s"] = r["bytes"] / r["us"] / 1e3
+        r["tflop_s"] = r["flops"] / r["us"] / 1e6
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    ap.add_argument("--prefill", default="128,1024,8192")
+    ap.add_argument("--json", required=True, type=Path)
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    prefill = [int(x) for x in args.prefill.split(",") if x]
+    with torch.inference_mode():
+        rows = rows_for(args.shape, SHAPES[args.shape], prefill)
+    report = {"producer": "scripts/gpu/torch_kernels.py", "shape": args.shape, "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(0), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "rows": rows}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    for r in rows:
+        print(f"{r['label']:<60} {r['op']:<32} {r['us']:10.2f} us {r['gb_s']:8.0f} GB/s {r['tflop_s']:8.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
