@@ -257,6 +257,19 @@ def add_grammar_tests(runner, oa, an, model: Callable[[], str], args) -> None:
             expect_eq(finish, "tool_calls", f"{what}: finish_reason")
             expect_eq(content, None, f"{what}: content next to the calls")
 
+    @runner.test("tool_choice_required_without_parallel_calls_makes_one")
+    def _():
+        def one(i: int):
+            kw = dict(model=model(), messages=TOOL_PROMPT, tools=TOOLS, tool_choice="required",
+                      parallel_tool_calls=False, max_tokens=TOOL_MAX, temperature=1.0, seed=150 + i)
+            return chat_calls(kw, stream=i % 2 == 1)
+
+        for i, (calls, content, finish) in enumerate(parallel(one, 4)):
+            what = f"seed {150 + i} ({'streamed' if i % 2 else 'whole'}), parallel_tool_calls false"
+            check_calls(calls, what)
+            expect_eq(len(calls), 1, f"{what}: number of calls")
+            expect_eq(finish, "tool_calls", f"{what}: finish_reason")
+
     @runner.test("tool_choice_named_always_calls_that_tool")
     def _():
         named = {"type": "function", "function": {"name": "get_time"}}

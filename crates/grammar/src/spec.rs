@@ -46,7 +46,8 @@ impl GrammarSpec {
     /// ignored rather than refused: a client's tool list should not fail a request).
     ///
     /// The output is the calls and nothing else: `ToolChoiceMode::Required` allows one or more
-    /// calls of any offered tool, `ToolChoiceMode::Named` exactly one call of that tool. Errors
+    /// calls of any offered tool, `ToolChoiceMode::RequiredOne` exactly one call of any offered
+    /// tool, `ToolChoiceMode::Named` exactly one call of that tool. Errors
     /// when there are no tools, a name is empty or repeated, or the named tool is not offered.
     pub fn tool_calls(
         wire: ToolWire,

@@ -94,6 +94,9 @@ pub struct ToolSpec {
 pub enum ToolChoiceMode {
     /// One or more calls, each of any offered tool (`tool_choice: "required"`).
     Required,
+    /// Exactly one call, of any offered tool (`tool_choice: "required"` with
+    /// `parallel_tool_calls: false`).
+    RequiredOne,
     /// Exactly one call, of the tool with this name (`tool_choice: {"function": {"name": ...}}`).
     Named(String),
 }
@@ -159,6 +162,7 @@ impl ToolCallGrammar {
     pub(crate) fn cache_key(&self) -> String {
         let choice = match &self.choice {
             ToolChoiceMode::Required => "required".to_owned(),
+            ToolChoiceMode::RequiredOne => "required_one".to_owned(),
             ToolChoiceMode::Named(n) => format!("named={n}"),
         };
         let tools: Vec<Value> = self
@@ -172,7 +176,7 @@ impl ToolCallGrammar {
     /// The tools a call may name.
     fn callable(&self) -> Vec<&ToolSpec> {
         match &self.choice {
-            ToolChoiceMode::Required => self.tools.iter().collect(),
+            ToolChoiceMode::Required | ToolChoiceMode::RequiredOne => self.tools.iter().collect(),
             ToolChoiceMode::Named(n) => self.tools.iter().filter(|t| &t.name == n).collect(),
         }
     }
@@ -190,7 +194,10 @@ impl ToolCallGrammar {
             Some(id) => format!("<[{id}]>"),
             None => lit(text),
         };
-        let one = matches!(self.choice, ToolChoiceMode::Named(_));
+        let one = matches!(
+            self.choice,
+            ToolChoiceMode::Named(_) | ToolChoiceMode::RequiredOne
+        );
         let mut g = String::new();
         match self.wire {
             ToolWire::Hermes | ToolWire::Qwen3Xml => {

@@ -101,6 +101,9 @@ fn check_wire(vocab: &Vocab, wire: ToolWire, choice: ToolChoiceMode, seed0: u64)
                 assert_eq!(parsed.tool_calls.len(), 1, "{why}");
                 assert_eq!(&parsed.tool_calls[0].name, name, "{why}");
             }
+            if choice == ToolChoiceMode::RequiredOne {
+                assert_eq!(parsed.tool_calls.len(), 1, "{why}");
+            }
             for call in &parsed.tool_calls {
                 let tool = tools
                     .iter()
@@ -116,7 +119,10 @@ fn check_wire(vocab: &Vocab, wire: ToolWire, choice: ToolChoiceMode, seed0: u64)
             }
         }
     }
-    if choice == ToolChoiceMode::Required {
+    if matches!(
+        choice,
+        ToolChoiceMode::Required | ToolChoiceMode::RequiredOne
+    ) {
         assert!(
             names_seen.len() > 1,
             "{wire:?}: only {names_seen:?} was ever called"
@@ -128,6 +134,7 @@ fn check_both_choices(wire: ToolWire) {
     let v = qwen3();
     check_wire(v, wire, ToolChoiceMode::Required, 0);
     check_wire(v, wire, ToolChoiceMode::Named("search".into()), 100);
+    check_wire(v, wire, ToolChoiceMode::RequiredOne, 300);
 }
 
 #[test]

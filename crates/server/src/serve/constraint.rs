@@ -128,6 +128,7 @@ fn demanded(tools: &Tools) -> Option<ToolChoiceMode> {
         return None;
     }
     match &tools.choice {
+        ToolChoice::Required if tools.single_call => Some(ToolChoiceMode::RequiredOne),
         ToolChoice::Required => Some(ToolChoiceMode::Required),
         ToolChoice::Named(name) => Some(ToolChoiceMode::Named(name.clone())),
         ToolChoice::Auto | ToolChoice::None => None,

@@ -36,6 +36,10 @@ pub struct Tools {
     pub defs: Vec<Value>,
     /// What the model may do with them.
     pub choice: ToolChoice,
+    /// At most one call per answer (OpenAI `parallel_tool_calls: false`, Anthropic
+    /// `tool_choice.disable_parallel_tool_use: true`): enforced when a call is demanded and
+    /// constrained.
+    pub single_call: bool,
 }
 
 impl Tools {
@@ -242,8 +246,12 @@ pub fn openai_tools(b: &Body) -> Result<Tools, ApiError> {
             ));
         }
     };
-    b.bool("parallel_tool_calls")?;
-    let tools = Tools { defs, choice };
+    let single_call = b.bool("parallel_tool_calls")? == Some(false);
+    let tools = Tools {
+        defs,
+        choice,
+        single_call,
+    };
     tools.check_choice("tool_choice")?;
     Ok(tools)
 }
@@ -283,6 +291,11 @@ pub fn anthropic_tools(b: &Body) -> Result<Tools, ApiError> {
         defs.push(json!({"type": "function", "function": function}));
     }
     check_unique(&defs, "tools", "name")?;
+    let single_call = b
+        .object("tool_choice")?
+        .and_then(|o| o.get("disable_parallel_tool_use"))
+        .and_then(Value::as_bool)
+        == Some(true);
     let choice = match b.object("tool_choice")? {
         None => ToolChoice::Auto,
         Some(o) => {
@@ -308,7 +321,11 @@ pub fn anthropic_tools(b: &Body) -> Result<Tools, ApiError> {
             }
         }
     };
-    let tools = Tools { defs, choice };
+    let tools = Tools {
+        defs,
+        choice,
+        single_call,
+    };
     tools.check_choice("tool_choice")?;
     Ok(tools)
 }

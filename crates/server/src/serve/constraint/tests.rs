@@ -280,11 +280,17 @@ fn only_a_demanded_call_picks_the_tool_grammar() {
     let tools = |choice| Tools {
         defs: vec![json!({"type": "function", "function": {"name": "f"}})],
         choice,
+        single_call: false,
     };
     assert_eq!(
         demanded(&tools(ToolChoice::Required)),
         Some(ToolChoiceMode::Required)
     );
+    let single = Tools {
+        single_call: true,
+        ..tools(ToolChoice::Required)
+    };
+    assert_eq!(demanded(&single), Some(ToolChoiceMode::RequiredOne));
     assert_eq!(
         demanded(&tools(ToolChoice::Named("f".into()))),
         Some(ToolChoiceMode::Named("f".into()))
@@ -294,6 +300,7 @@ fn only_a_demanded_call_picks_the_tool_grammar() {
     let none = Tools {
         defs: vec![],
         choice: ToolChoice::Required,
+        single_call: false,
     };
     assert_eq!(demanded(&none), None);
 }
