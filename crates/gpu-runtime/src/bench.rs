@@ -361,7 +361,10 @@ fn argmax_case(s: &Shape, rows: u32) -> BenchCase {
         label: format!("{} argmax rows={rows}", s.name),
         bytes: rows as u64 * v as u64 * 4,
         flops: rows as u64 * v as u64,
-        buffers: vec![(rows as usize * 4, 0), (rows as usize * v as usize * 4, 0x3C)],
+        buffers: vec![
+            (rows as usize * 4, 0),
+            (rows as usize * v as usize * 4, 0x3C),
+        ],
         uploads: vec![],
         library_gemm: None,
         dims: (0, 0, 0),
