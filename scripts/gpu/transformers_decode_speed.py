@@ -111,6 +111,35 @@ def timed_generate(model, ids, mask, n_new: int, pad_id):
     return dt
 
 
+def summarize(mode, args, model, firsts, totals, warm, load_s, compile_config):
+    """The result row of one mode from its timings (see the module doc for the method)."""
+    N = args.new_tokens
+    t_first, t_total = median(firsts), median(totals)
+    decode_s = t_total - t_first
+    decode_tok_s = args.batch * (N - 1) / decode_s if decode_s > 0 else float("nan")
+    weight_bytes = streamed_weight_bytes(model)
+    roofline_tok_s = args.batch * args.hbm_tb_s * 1e12 / weight_bytes
+    result = {
+        "mode": mode,
+        "decode_tok_s": round(decode_tok_s, 2),
+        "ms_per_step": round(1e3 * decode_s / (N - 1), 3),
+        "ttft_ms": round(1e3 * t_first, 2),
+        "total_s": round(t_total, 4),
+        "end_to_end_tok_s": round(args.batch * N / t_total, 2),
+        "t_first_s": [round(x, 5) for x in firsts],
+        "t_total_s": [round(x, 4) for x in totals],
+        "warmup_s": [round(x, 2) for x in warm],
+        "load_s": round(load_s, 1),
+        "streamed_weight_bytes": weight_bytes,
+        "roofline_tok_s": round(roofline_tok_s, 1),
+        "fraction_of_roofline": round(decode_tok_s / roofline_tok_s, 4),
+        "compile_config": compile_config,
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+    }
+    print(f"[{mode}] {json.dumps(result)}", flush=True)
+    return result
+
+
 def make_static_cache(model, batch: int, max_len: int, dtype):
     from transformers import StaticCache
     try:  # transformers 5: shapes and dtype are taken from the first update
@@ -158,30 +187,8 @@ def run_loop_mode(args, dtype):
     for _ in range(args.repeats):
         firsts.append(timed(1))
         totals.append(timed(N))
-    t_first, t_total = median(firsts), median(totals)
-    decode_s = t_total - t_first
-    decode_tok_s = args.batch * (N - 1) / decode_s if decode_s > 0 else float("nan")
-    weight_bytes = streamed_weight_bytes(model)
-    roofline_tok_s = args.batch * args.hbm_tb_s * 1e12 / weight_bytes
-    result = {
-        "mode": "static_compile_loop",
-        "decode_tok_s": round(decode_tok_s, 2),
-        "ms_per_step": round(1e3 * decode_s / (N - 1), 3),
-        "ttft_ms": round(1e3 * t_first, 2),
-        "total_s": round(t_total, 4),
-        "end_to_end_tok_s": round(args.batch * N / t_total, 2),
-        "t_first_s": [round(x, 5) for x in firsts],
-        "t_total_s": [round(x, 4) for x in totals],
-        "warmup_s": [round(x, 2) for x in warm],
-        "load_s": round(load_s, 1),
-        "streamed_weight_bytes": weight_bytes,
-        "roofline_tok_s": round(roofline_tok_s, 1),
-        "fraction_of_roofline": round(decode_tok_s / roofline_tok_s, 4),
-        "compile_config": {"mode": "reduce-overhead", "fullgraph": True, "driver": "manual greedy loop"},
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-    }
-    print(f"[static_compile_loop] {json.dumps(result)}", flush=True)
-    return result
+    return summarize("static_compile_loop", args, model, firsts, totals, warm, load_s,
+                     {"mode": "reduce-overhead", "fullgraph": True, "driver": "manual greedy loop"})
 
 
 def run_mode(mode: str, args, dtype):
@@ -232,32 +239,7 @@ def run_mode(mode: str, args, dtype):
     for _ in range(args.repeats):
         firsts.append(timed_generate(model, ids, mask, 1, pad_id))
         totals.append(timed_generate(model, ids, mask, N, pad_id))
-    t_first = median(firsts)
-    t_total = median(totals)
-    decode_s = t_total - t_first
-    decode_tok_s = args.batch * (N - 1) / decode_s if decode_s > 0 else float("nan")
-
-    weight_bytes = streamed_weight_bytes(model)
-    roofline_tok_s = args.batch * args.hbm_tb_s * 1e12 / weight_bytes
-    result = {
-        "mode": mode,
-        "decode_tok_s": round(decode_tok_s, 2),
-        "ms_per_step": round(1e3 * decode_s / (N - 1), 3),
-        "ttft_ms": round(1e3 * t_first, 2),
-        "total_s": round(t_total, 4),
-        "end_to_end_tok_s": round(args.batch * N / t_total, 2),
-        "t_first_s": [round(x, 5) for x in firsts],
-        "t_total_s": [round(x, 4) for x in totals],
-        "warmup_s": [round(x, 2) for x in warm],
-        "load_s": round(load_s, 1),
-        "streamed_weight_bytes": weight_bytes,
-        "roofline_tok_s": round(roofline_tok_s, 1),
-        "fraction_of_roofline": round(decode_tok_s / roofline_tok_s, 4),
-        "compile_config": compile_config,
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-    }
-    print(f"[{mode}] {json.dumps(result)}", flush=True)
-    return result
+    return summarize(mode, args, model, firsts, totals, warm, load_s, compile_config)
 
 
 def main():
