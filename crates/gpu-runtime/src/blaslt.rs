@@ -9,6 +9,8 @@
 //! bias is a per-row vector of `C'`, which is cuBLASLt's `EPILOGUE_BIAS`.
 //!
 //! A plan (descriptors and the heuristic's first algorithm) is built once per shape and reused.
+//! The heuristic is asked with cuBLASLt's default alignment assumptions (256-byte aligned
+//! operands): callers pass allocation bases or 256-byte aligned offsets into them.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

@@ -659,11 +659,14 @@ impl Model {
         // rows are gathered first.
         let row_bytes = c.hidden_size * 2;
         let first = step.logit_rows[0];
-        let contiguous = step
-            .logit_rows
-            .iter()
-            .enumerate()
-            .all(|(i, &r)| r == first + i);
+        // In place only at a 256-byte aligned start: cuBLASLt's algorithms assume that alignment
+        // of their operands (hidden 576, SmolLM2, gives rows 128-byte aligned).
+        let contiguous = (first * row_bytes).is_multiple_of(256)
+            && step
+                .logit_rows
+                .iter()
+                .enumerate()
+                .all(|(i, &r)| r == first + i);
         let input = if contiguous {
             sc.x.offset(first * row_bytes)
         } else {
