@@ -354,6 +354,41 @@ impl Model {
         Ok(logits)
     }
 
+    /// Runs a prefill-shaped step (up to 16 tokens, above the GEMV's row limit) and a
+    /// decode-shaped step through the first KV blocks, so that one-time set-up on the first use
+    /// of each path (a GEMM library's handle, workspace and plans) is paid before the first
+    /// request. Call it before the pool is in use: it writes garbage keys and values into those
+    /// blocks, which a later sequence overwrites before it reads them.
+    pub fn warm_up(&mut self) -> Result<(), ModelError> {
+        let o = self.options;
+        let n = o.max_tokens_per_step.min(16).min(o.max_seq_len);
+        let blocks = n.div_ceil(o.block_size);
+        if n == 0 || blocks > o.num_blocks {
+            return Ok(());
+        }
+        let table = BlockTable {
+            blocks: (0..blocks as u32).collect(),
+        };
+        let tokens = vec![0u32; n];
+        let positions: Vec<u32> = (0..n as u32).collect();
+        let seq = vec![0u32; n];
+        self.forward_argmax(&StepInput {
+            tokens: &tokens,
+            positions: &positions,
+            token_seq: &seq,
+            block_tables: &[&table],
+            logit_rows: &[n - 1],
+        })?;
+        self.forward_argmax(&StepInput {
+            tokens: &tokens[..1],
+            positions: &positions[n - 1..],
+            token_seq: &seq[..1],
+            block_tables: &[&table],
+            logit_rows: &[0],
+        })?;
+        Ok(())
+    }
+
     /// Runs one step and returns the argmax of each row of `step.logit_rows` (the lowest id on
     /// ties, NaN never chosen: what a greedy sampler without bias or penalties picks), taken on
     /// the device so that only one id per row comes back instead of the row's logits.

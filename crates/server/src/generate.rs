@@ -46,6 +46,10 @@ pub struct Args {
     /// Keep generating past end-of-sequence tokens (for benchmarks: exactly --max-tokens tokens).
     #[arg(long)]
     ignore_eos: bool,
+    /// Run one warm-up step before the prompt, as `met serve` does on a GPU, so that TTFT does
+    /// not include one-time set-up (the GEMM library's handle and plans).
+    #[arg(long)]
+    warm_up: bool,
 }
 
 /// Loads the tokenizer that belongs to the checkpoint.
@@ -143,6 +147,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &mut progress,
     )?;
     eprintln!(" in {:.1}s", started.elapsed().as_secs_f64());
+    if args.warm_up {
+        let t = Instant::now();
+        model.warm_up()?;
+        eprintln!(
+            "met: warm-up step in {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
 
     let presets = placement.target.map(|t| t.sampling).unwrap_or_default();
     let params = SamplingParams {

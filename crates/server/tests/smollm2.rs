@@ -49,6 +49,36 @@ fn capital_of_france() {
     );
 }
 
+/// The warm-up step writes garbage into the first KV blocks; a request after it reuses them and
+/// must still give the same answer.
+#[test]
+fn warm_up_leaves_the_answer_unchanged() {
+    let model = smollm2();
+    let out = met(&[
+        "generate",
+        "--backend",
+        "host",
+        "--model-from-path",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--warm-up",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warm-up step in"), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "The capital of France is Paris.",
+        "{stderr}"
+    );
+}
+
 /// The engine's greedy ids must equal the reference's, except that at a step where the reference
 /// itself is tied at bf16 precision (its top-2 margin within one bf16 step of the top logit) either
 /// token is correct, and the transcripts may part there. At least three prompts must match whole.

@@ -457,7 +457,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             last = pct;
         }
     };
-    let model = Model::load(
+    let mut model = Model::load(
         config.clone(),
         checkpoint.source(),
         gpu,
@@ -465,6 +465,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &mut progress,
     )?;
     tracing::info!("weights loaded in {:.1}s", started.elapsed().as_secs_f64());
+    if model.gpu().kind() == "cuda" {
+        // The first request should not pay the GEMM library's set-up.
+        let t = std::time::Instant::now();
+        model.warm_up()?;
+        tracing::info!("warm-up step in {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
     let policy = match args.scheduler {
         PolicyArg::Fifo => Policy::Fifo,
         PolicyArg::Slai => Policy::Slai {
