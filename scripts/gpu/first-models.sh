@@ -139,7 +139,7 @@ speed)
   prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
   for i in 1 2; do
     "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
-      --ignore-eos --max-seq-len 1024 > "$RES/met-decode-$m-$i.txt" 2>&1
+      --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$m-$i.txt" 2>&1
   done
   record "met decode $m" "$(grep 'tok/s' "$RES/met-decode-$m-2.txt")"
   timeout 300 "$met" bench-model --model-from-path "$CKPT/$m" --json "$RES/bench-model-$m.json" > "$RES/bench-model-$m.md" 2>&1

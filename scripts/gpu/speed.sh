@@ -52,7 +52,7 @@ models)
     record "met bench-model $m" "exit $?"
     prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
     "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
-      --ignore-eos --max-seq-len 1024 > "$RES/met-decode-$m.txt" 2>&1
+      --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$m.txt" 2>&1
     record "met generate $m batch 1" "$(grep 'tok/s' "$RES/met-decode-$m.txt")"
     batches=${HF_BATCHES:-1 8 32}
     [ "$m" = qwen3-0.6b ] && batches=1
