@@ -18,7 +18,7 @@ use std::sync::Arc;
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
-use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, KernelHandle, launch_kernel};
+use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, AttentionCombine, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv,
@@ -165,6 +165,11 @@ pub struct Model {
     scratch: Scratch,
     kernels: Kernels,
     owned: Vec<DevicePtr>,
+    /// Replay decode steps from captured graphs (`METRALE_CUDA_GRAPHS=1`; off by default until
+    /// measured on the GPU).
+    use_graphs: bool,
+    /// Captured decode steps, by (sequences, keys per attention split, splits).
+    graphs: std::collections::HashMap<(u32, u32, u32), Graph>,
 }
 
 impl Model {
@@ -248,7 +253,14 @@ impl Model {
             scratch,
             kernels,
             owned,
+            use_graphs: std::env::var("METRALE_CUDA_GRAPHS").is_ok_and(|v| v == "1"),
+            graphs: std::collections::HashMap::new(),
         })
+    }
+
+    /// Whether decode steps are replayed from captured graphs.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
     }
 
     /// The config the model was built from.
@@ -416,22 +428,58 @@ impl Model {
     /// number of rows. Nothing is synchronised.
     fn run(&mut self, step: &StepInput) -> Result<usize, ModelError> {
         self.validate(step)?;
+        let inputs = self.upload(step)?;
+        let n = step.tokens.len() as u32;
+        let qh = self.config.num_heads as u32;
+        let max_context = step.positions.iter().max().map_or(1, |&p| p + 1);
+        // A pure decode step (one token per sequence, each with a logit row, in order) can be
+        // replayed from a graph: everything it launches depends only on the number of
+        // sequences and the attention split, which is rounded to a power-of-two bucket here so
+        // that a handful of graphs cover every context length.
+        let pure_decode = step.block_tables.len() == step.tokens.len()
+            && step.logit_rows.iter().copied().eq(0..step.tokens.len())
+            && step.token_seq.iter().copied().eq(0..n);
+        if !(self.use_graphs && pure_decode) {
+            let split = attention_splits(
+                n,
+                qh,
+                max_context,
+                ATTENTION_PARTIALS,
+                ATTENTION_TARGET_BLOCKS,
+            );
+            return self.enqueue(step, inputs, split);
+        }
+        let (per, _) = attention_splits(
+            n,
+            qh,
+            max_context,
+            ATTENTION_PARTIALS,
+            ATTENTION_TARGET_BLOCKS,
+        );
+        let per = per.next_power_of_two().max(64);
+        let split = (per, max_context.div_ceil(per));
+        let key = (n, split.0, split.1);
+        let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());
+        if let Some(&graph) = self.graphs.get(&key) {
+            g.launch_graph(graph, s)?;
+            return Ok(step.logit_rows.len());
+        }
+        g.begin_capture(s)?;
+        let rows = self.enqueue(step, inputs, split);
+        let graph = g.end_capture(s);
+        let (rows, graph) = (rows?, graph?);
+        self.graphs.insert(key, graph);
+        g.launch_graph(graph, s)?;
+        Ok(rows)
+    }
+
+    /// Uploads the step's integer inputs in one copy; returns where each part landed:
+    /// ids, positions, token_seq, slots, block tables.
+    fn upload(&self, step: &StepInput) -> Result<[DevicePtr; 5], ModelError> {
         let g = self.gpu.as_ref();
-        let s = g.default_stream();
-        let c = &self.config;
         let o = &self.options;
         let sc = &self.scratch;
-        let k = &self.kernels;
-        let n = step.tokens.len() as u32;
-        let (h, inter, hd) = (
-            c.hidden_size as u32,
-            c.intermediate_size as u32,
-            c.head_dim as u32,
-        );
-        let (qh, kvh) = (c.num_heads as u32, c.num_kv_heads as u32);
-        let (qd, kvd) = (qh * hd, kvh * hd);
-        let eps = c.rms_norm_eps;
-
+        let n = step.tokens.len();
         let ids: Vec<i32> = step.tokens.iter().map(|&t| t as i32).collect();
         let positions: Vec<i32> = step.positions.iter().map(|&p| p as i32).collect();
         let token_seq: Vec<i32> = step.token_seq.iter().map(|&q| q as i32).collect();
@@ -453,9 +501,36 @@ impl Model {
             .collect();
         let packed = [ids, positions, token_seq, slots, tables].concat();
         g.copy_h2d(bytemuck::cast_slice(&packed), sc.step_inputs)?;
-        let region = |i: usize| sc.step_inputs.offset(i * n as usize * 4);
-        let (ids, positions, token_seq, slots, tables) =
-            (region(0), region(1), region(2), region(3), region(4));
+        let region = |i: usize| sc.step_inputs.offset(i * n * 4);
+        Ok([region(0), region(1), region(2), region(3), region(4)])
+    }
+
+    /// Queues the step's kernels (the inputs already uploaded) up to the logits of
+    /// `step.logit_rows` in `scratch.logits`; returns the number of rows. Reads from `step` only
+    /// its sizes and logit rows, so that a captured graph replays it for any step of the same
+    /// shape.
+    fn enqueue(
+        &self,
+        step: &StepInput,
+        [ids, positions, token_seq, slots, tables]: [DevicePtr; 5],
+        (keys_per_split, splits): (u32, u32),
+    ) -> Result<usize, ModelError> {
+        let g = self.gpu.as_ref();
+        let s = g.default_stream();
+        let c = &self.config;
+        let o = &self.options;
+        let sc = &self.scratch;
+        let k = &self.kernels;
+        let n = step.tokens.len() as u32;
+        let (h, inter, hd) = (
+            c.hidden_size as u32,
+            c.intermediate_size as u32,
+            c.head_dim as u32,
+        );
+        let (qh, kvh) = (c.num_heads as u32, c.num_kv_heads as u32);
+        let (qd, kvd) = (qh * hd, kvh * hd);
+        let eps = c.rms_norm_eps;
+        let width = o.max_blocks_per_seq();
 
         // Decode-sized products stream the weight with the GEMV kernel; the rest use the GEMM.
         let gemm = |out: DevicePtr,
@@ -494,16 +569,8 @@ impl Model {
                 g.gemm(&op, k.gemm, s)
             }
         };
-        // Split the attention's context across blocks when the step has too few (token, head)
-        // pairs to fill the GPU (decode); the split is the same for every layer.
-        let max_context = step.positions.iter().max().map_or(1, |&p| p + 1);
-        let (keys_per_split, splits) = attention_splits(
-            n,
-            qh,
-            max_context,
-            ATTENTION_PARTIALS,
-            ATTENTION_TARGET_BLOCKS,
-        );
+        // The attention's context is split across blocks when the step has too few (token,
+        // head) pairs to fill the GPU (decode); the split is the same for every layer.
         launch_kernel(
             g,
             k.embedding,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{met, smollm2};
+use common::{met, met_with_env, smollm2};
 
 fn ids_after(stderr: &str, label: &str) -> Vec<u32> {
     let line = stderr
@@ -77,6 +77,39 @@ fn warm_up_leaves_the_answer_unchanged() {
         "The capital of France is Paris.",
         "{stderr}"
     );
+}
+
+/// Decode steps replayed from captured graphs (METRALE_CUDA_GRAPHS=1; the host backend records
+/// and replays them too) give the same tokens as steps launched one kernel at a time, across
+/// enough steps for the attention split bucket to change.
+#[test]
+fn graph_replay_gives_the_same_tokens() {
+    let model = smollm2();
+    let args = [
+        "generate",
+        "--backend",
+        "host",
+        "--model-from-path",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        "Write a haiku about the sea.",
+        "--max-tokens",
+        "40",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--print-ids",
+    ];
+    let ids = |out: std::process::Output| {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        ids_after(&stderr, "output ids:")
+    };
+    let direct = ids(met_with_env(&args, "METRALE_CUDA_GRAPHS", "0"));
+    let replayed = ids(met_with_env(&args, "METRALE_CUDA_GRAPHS", "1"));
+    assert_eq!(direct.len(), 40);
+    assert_eq!(replayed, direct);
 }
 
 /// The engine's greedy ids must equal the reference's, except that at a step where the reference

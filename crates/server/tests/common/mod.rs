@@ -14,6 +14,15 @@ pub fn met(args: &[&str]) -> Output {
         .expect("met runs")
 }
 
+/// Runs `met` with `args` and one extra environment variable.
+pub fn met_with_env(args: &[&str], key: &str, value: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_met"))
+        .args(args)
+        .env(key, value)
+        .output()
+        .expect("met runs")
+}
+
 /// The test-data directory of scripts/fetch-test-data.sh.
 pub fn test_data() -> PathBuf {
     let dir = std::env::var_os("METRALE_TEST_DATA")
