@@ -15,9 +15,6 @@ use crate::{GemmOp, GpuBackend, GpuError};
 /// Builds a launch from the case's device buffers.
 type BuildLaunch = Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>;
 
-/// Builds a library GEMM from the case's buffers and (m, n, k).
-type LibraryGemm = fn(&[DevicePtr], (u32, u32, u32)) -> GemmOp;
-
 /// One benchmark: a kernel at one shape.
 pub struct BenchCase {
     /// The kernel.
@@ -34,10 +31,9 @@ pub struct BenchCase {
     uploads: Vec<Vec<u8>>,
     /// Builds the launch from the allocated buffers, then the uploads, in order.
     build: BuildLaunch,
-    /// Time [`GpuBackend::gemm`] (cuBLASLt on CUDA) for this product instead of the kernel.
-    library_gemm: Option<LibraryGemm>,
-    /// (m, n, k) for `library_gemm`.
-    dims: (u32, u32, u32),
+    /// Time [`GpuBackend::gemm`] (cuBLASLt on CUDA) for this product instead of the kernel; its
+    /// c, a and w are buffers 0, 1 and 2.
+    library_gemm: Option<GemmOp>,
 }
 
 /// The timing of one case.
@@ -123,7 +119,6 @@ fn gemv_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, f32_out: bool) -> Be
         ],
         uploads: vec![],
         library_gemm: None,
-        dims: (0, 0, 0),
         build: Box::new(move |p| {
             let (c, a, w, bias) = (p[0], p[1], p[2], DevicePtr::NULL);
             if f32_out {
@@ -151,6 +146,20 @@ fn gemv_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, f32_out: bool) -> Be
     }
 }
 
+/// `C[m, n] = A[m, k] · W[n, k]^T` with bf16 output, pointers left null.
+fn product(m: u32, n: u32, k: u32) -> GemmOp {
+    GemmOp {
+        c: DevicePtr::NULL,
+        a: DevicePtr::NULL,
+        w: DevicePtr::NULL,
+        bias: DevicePtr::NULL,
+        m,
+        n,
+        k,
+        f32_out: false,
+    }
+}
+
 fn gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
     BenchCase {
         kernel: Gemm::NAME,
@@ -164,17 +173,14 @@ fn gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
         ],
         uploads: vec![],
         library_gemm: None,
-        dims: (0, 0, 0),
         build: Box::new(move |p| {
-            launch_of(Gemm {
+            GemmOp {
                 c: p[0],
                 a: p[1],
                 w: p[2],
-                bias: DevicePtr::NULL,
-                m,
-                n,
-                k,
-            })
+                ..product(m, n, k)
+            }
+            .kernel_launch()
         }),
     }
 }
@@ -183,17 +189,7 @@ fn gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
 fn library_gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
     let mut case = gemm_case(s, what, m, n, k);
     case.label = format!("{} {what} m={m} n={n} k={k} (GpuBackend::gemm)", s.name);
-    case.dims = (m, n, k);
-    case.library_gemm = Some(|p, (m, n, k)| GemmOp {
-        c: p[0],
-        a: p[1],
-        w: p[2],
-        bias: DevicePtr::NULL,
-        m,
-        n,
-        k,
-        f32_out: false,
-    });
+    case.library_gemm = Some(product(m, n, k));
     case
 }
 
@@ -249,7 +245,6 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
             i32_bytes(&positions),
         ],
         library_gemm: None,
-        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(PagedAttention {
                 out: p[0],
@@ -282,7 +277,6 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
             buffers: vec![((n * qh * hd) as usize * 2, 0), (partials, 0)],
             uploads: vec![],
             library_gemm: None,
-            dims: (0, 0, 0),
             build: Box::new(move |p| {
                 launch_of(AttentionCombine {
                     out: p[0],
@@ -313,7 +307,6 @@ fn norm_case(s: &Shape, rows: u32) -> BenchCase {
         ],
         uploads: vec![],
         library_gemm: None,
-        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(AddRmsNorm {
                 out: p[0],
@@ -341,7 +334,6 @@ fn silu_case(s: &Shape, tokens: u32) -> BenchCase {
         ],
         uploads: vec![],
         library_gemm: None,
-        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(SiluMul {
                 out: p[0],
@@ -367,7 +359,6 @@ fn argmax_case(s: &Shape, rows: u32) -> BenchCase {
         ],
         uploads: vec![],
         library_gemm: None,
-        dims: (0, 0, 0),
         build: Box::new(move |p| {
             launch_of(ArgmaxF32 {
                 out: p[0],
@@ -446,7 +437,12 @@ pub fn run(
             ptrs.push(p);
         }
         let (config, args) = (case.build)(&ptrs);
-        let op = case.library_gemm.map(|f| f(&ptrs, case.dims));
+        let op = case.library_gemm.map(|op| GemmOp {
+            c: ptrs[0],
+            a: ptrs[1],
+            w: ptrs[2],
+            ..op
+        });
         let once = || match &op {
             Some(op) => gpu.gemm(op, handle, stream),
             None => gpu.launch(handle, &config, &args, stream),

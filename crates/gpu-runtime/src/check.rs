@@ -139,6 +139,116 @@ pub struct CaseResult {
     pub first_mismatch: Option<(usize, usize, f64, f64)>,
 }
 
+/// Which implementation a dense-product case runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Product {
+    /// The GEMM kernel (`Gemm` or `GemmF32Out`).
+    Kernel,
+    /// [`GpuBackend::gemm`]: cuBLASLt on CUDA, the GEMM kernel elsewhere.
+    Library,
+    /// The decode GEMV (`Gemv` or `GemvF32Out`).
+    Gemv,
+}
+
+/// `C = A · W^T (+ bias)` with buffers c, a (N(0, 1)), w (N(0, 1/k), unit-scale outputs), bias.
+fn product_case(
+    rng: &mut Rng,
+    product: Product,
+    m: u32,
+    n: u32,
+    k: u32,
+    bias: bool,
+    f32_out: bool,
+) -> Case {
+    let op = GemmOp {
+        c: DevicePtr::NULL,
+        a: DevicePtr::NULL,
+        w: DevicePtr::NULL,
+        bias: DevicePtr::NULL,
+        m,
+        n,
+        k,
+        f32_out,
+    };
+    let bind = move |p: &[DevicePtr]| GemmOp {
+        c: p[0],
+        a: p[1],
+        w: p[2],
+        bias: if bias { p[3] } else { DevicePtr::NULL },
+        ..op
+    };
+    let kernel = match (product, f32_out) {
+        (Product::Gemv, false) => Gemv::NAME,
+        (Product::Gemv, true) => GemvF32Out::NAME,
+        _ => op.kernel_name(),
+    };
+    let via = if product == Product::Library {
+        " via GpuBackend::gemm"
+    } else {
+        ""
+    };
+    Case {
+        kernel,
+        gemm: (product == Product::Library).then(|| Box::new(bind) as GemmBuild),
+        shape: format!("m={m} n={n} k={k} bias={bias}{via}"),
+        buffers: vec![
+            Buffer {
+                init: vec![0; (m * n) as usize * if f32_out { 4 } else { 2 }],
+                output: Some(if f32_out {
+                    OutputKind::F32
+                } else {
+                    OutputKind::Bf16
+                }),
+            },
+            Buffer {
+                init: bf16_normal(rng, (m * k) as usize, 1.0),
+                output: None,
+            },
+            Buffer {
+                init: bf16_normal(rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
+                output: None,
+            },
+            Buffer {
+                init: bf16_normal(rng, n as usize, 1.0),
+                output: None,
+            },
+        ],
+        build: Box::new(move |p| {
+            let GemmOp {
+                c,
+                a,
+                w,
+                bias,
+                m,
+                n,
+                k,
+                ..
+            } = bind(p);
+            match (product, f32_out) {
+                (Product::Gemv, false) => launch_of(Gemv {
+                    c,
+                    a,
+                    w,
+                    bias,
+                    m,
+                    n,
+                    k,
+                }),
+                (Product::Gemv, true) => launch_of(GemvF32Out {
+                    c,
+                    a,
+                    w,
+                    bias,
+                    m,
+                    n,
+                    k,
+                }),
+                _ => bind(p).kernel_launch(),
+            }
+        }),
+    }
+}
+
 /// Every case, with inputs drawn from `seed`.
 pub fn cases(seed: u64) -> Vec<Case> {
     let mut rng = Rng::new(seed);
@@ -371,7 +481,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
         });
     }
 
-    // GEMM: decode (m = 1), awkward (nothing a multiple of the tile), prefill-like, and with bias.
+    // Dense products. GEMM kernel: decode (m = 1), awkward (nothing a multiple of the tile),
+    // prefill-like, and with bias; the same through GpuBackend::gemm (cuBLASLt on CUDA); the GEMV
+    // at decode shapes (m = 1..8), an odd k (scalar path), and bias; the f32-output forms.
     for &(m, n, k, bias) in &[
         (1u32, 576u32, 576u32, false),
         (1, 4096, 4096, false),
@@ -379,105 +491,32 @@ pub fn cases(seed: u64) -> Vec<Case> {
         (130, 1536, 576, false),
         (64, 2048, 1000, true),
     ] {
-        let scale = 1.0 / (k as f32).sqrt();
-        out.push(Case {
-            kernel: Gemm::NAME,
-            gemm: None,
-            shape: format!("m={m} n={n} k={k} bias={bias}"),
-            buffers: vec![
-                Buffer {
-                    init: vec![0; (m * n * 2) as usize],
-                    output: Some(OutputKind::Bf16),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (n * k) as usize, scale),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, n as usize, 1.0),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                launch_of(Gemm {
-                    c: p[0],
-                    a: p[1],
-                    w: p[2],
-                    bias: if bias { p[3] } else { DevicePtr::NULL },
-                    m,
-                    n,
-                    k,
-                })
-            }),
-        });
+        out.push(product_case(
+            &mut rng,
+            Product::Kernel,
+            m,
+            n,
+            k,
+            bias,
+            false,
+        ));
     }
-    // The same products through GpuBackend::gemm (cuBLASLt on CUDA), bf16 and f32 out.
     for &(m, n, k, bias, f32_out) in &[
         (64u32, 2048u32, 1000u32, true, false),
         (300, 4096, 4096, false, false),
         (9, 6144, 1024, true, false),
         (17, 4099, 1024, false, true),
     ] {
-        let scale = 1.0 / (k as f32).sqrt();
-        let op = GemmOp {
-            c: DevicePtr::NULL,
-            a: DevicePtr::NULL,
-            w: DevicePtr::NULL,
-            bias: DevicePtr::NULL,
+        out.push(product_case(
+            &mut rng,
+            Product::Library,
             m,
             n,
             k,
+            bias,
             f32_out,
-        };
-        out.push(Case {
-            kernel: op.kernel_name(),
-            gemm: Some(Box::new(move |p| GemmOp {
-                c: p[0],
-                a: p[1],
-                w: p[2],
-                bias: if bias { p[3] } else { DevicePtr::NULL },
-                ..op
-            })),
-            shape: format!("m={m} n={n} k={k} bias={bias} via GpuBackend::gemm"),
-            buffers: vec![
-                Buffer {
-                    init: vec![0; (m * n) as usize * if f32_out { 4 } else { 2 }],
-                    output: Some(if f32_out {
-                        OutputKind::F32
-                    } else {
-                        OutputKind::Bf16
-                    }),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (n * k) as usize, scale),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, n as usize, 1.0),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                GemmOp {
-                    c: p[0],
-                    a: p[1],
-                    w: p[2],
-                    bias: if bias { p[3] } else { DevicePtr::NULL },
-                    ..op
-                }
-                .kernel_launch()
-            }),
-        });
+        ));
     }
-    // GEMV: the decode shapes (m = 1..8), an odd k (scalar path), and bias.
     for &(m, n, k, bias) in &[
         (1u32, 4096u32, 4096u32, false),
         (1, 49152, 576, false),
@@ -485,105 +524,21 @@ pub fn cases(seed: u64) -> Vec<Case> {
         (3, 1000, 130, false),
         (2, 77, 12288, true),
     ] {
-        out.push(Case {
-            kernel: Gemv::NAME,
-            gemm: None,
-            shape: format!("m={m} n={n} k={k} bias={bias}"),
-            buffers: vec![
-                Buffer {
-                    init: vec![0; (m * n * 2) as usize],
-                    output: Some(OutputKind::Bf16),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, n as usize, 1.0),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                launch_of(Gemv {
-                    c: p[0],
-                    a: p[1],
-                    w: p[2],
-                    bias: if bias { p[3] } else { DevicePtr::NULL },
-                    m,
-                    n,
-                    k,
-                })
-            }),
-        });
+        out.push(product_case(&mut rng, Product::Gemv, m, n, k, bias, false));
     }
     for &(m, n, k) in &[(1u32, 49152u32, 576u32), (3, 1000, 130), (17, 4099, 1024)] {
-        out.push(Case {
-            kernel: GemmF32Out::NAME,
-            gemm: None,
-            shape: format!("m={m} n={n} k={k}"),
-            buffers: vec![
-                Buffer {
-                    init: vec![0; (m * n * 4) as usize],
-                    output: Some(OutputKind::F32),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                launch_of(GemmF32Out {
-                    c: p[0],
-                    a: p[1],
-                    w: p[2],
-                    bias: DevicePtr::NULL,
-                    m,
-                    n,
-                    k,
-                })
-            }),
-        });
+        out.push(product_case(
+            &mut rng,
+            Product::Kernel,
+            m,
+            n,
+            k,
+            false,
+            true,
+        ));
     }
-
     for &(m, n, k) in &[(1u32, 151936u32, 1024u32), (8, 49152, 576), (3, 1000, 130)] {
-        out.push(Case {
-            kernel: GemvF32Out::NAME,
-            gemm: None,
-            shape: format!("m={m} n={n} k={k}"),
-            buffers: vec![
-                Buffer {
-                    init: vec![0; (m * n * 4) as usize],
-                    output: Some(OutputKind::F32),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (m * k) as usize, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                launch_of(GemvF32Out {
-                    c: p[0],
-                    a: p[1],
-                    w: p[2],
-                    bias: DevicePtr::NULL,
-                    m,
-                    n,
-                    k,
-                })
-            }),
-        });
+        out.push(product_case(&mut rng, Product::Gemv, m, n, k, false, true));
     }
 
     // Paged attention: decode of two sequences with shuffled blocks, a causal prefill, GQA ratios,
