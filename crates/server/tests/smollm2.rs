@@ -7,6 +7,33 @@ mod common;
 
 use common::{met, met_with_env, smollm2};
 
+/// `met generate` arguments: the host backend, greedy, `prompt` as one chat message, then `extra`.
+fn greedy_chat(prompt: &str, max_tokens: &str, extra: &[&str]) -> Vec<String> {
+    let model = smollm2();
+    [
+        "generate",
+        "--backend",
+        "host",
+        "--model-from-path",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        max_tokens,
+        "--temperature",
+        "0",
+    ]
+    .into_iter()
+    .chain(extra.iter().copied())
+    .map(str::to_owned)
+    .collect()
+}
+
+fn run(args: &[String]) -> std::process::Output {
+    met(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 fn ids_after(stderr: &str, label: &str) -> Vec<u32> {
     let line = stderr
         .lines()
@@ -17,21 +44,7 @@ fn ids_after(stderr: &str, label: &str) -> Vec<u32> {
 
 #[test]
 fn capital_of_france() {
-    let model = smollm2();
-    let out = met(&[
-        "generate",
-        "--backend",
-        "host",
-        "--model-from-path",
-        model.to_str().unwrap(),
-        "--chat",
-        "--prompt",
-        "What is the capital of France?",
-        "--max-tokens",
-        "16",
-        "--temperature",
-        "0",
-    ]);
+    let out = run(&greedy_chat("What is the capital of France?", "16", &[]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(
@@ -53,22 +66,11 @@ fn capital_of_france() {
 /// must still give the same answer.
 #[test]
 fn warm_up_leaves_the_answer_unchanged() {
-    let model = smollm2();
-    let out = met(&[
-        "generate",
-        "--backend",
-        "host",
-        "--model-from-path",
-        model.to_str().unwrap(),
-        "--chat",
-        "--prompt",
+    let out = run(&greedy_chat(
         "What is the capital of France?",
-        "--max-tokens",
         "16",
-        "--temperature",
-        "0",
-        "--warm-up",
-    ]);
+        &["--warm-up"],
+    ));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("warm-up step in"), "{stderr}");
@@ -84,23 +86,12 @@ fn warm_up_leaves_the_answer_unchanged() {
 /// enough steps for the attention split bucket to change.
 #[test]
 fn graph_replay_gives_the_same_tokens() {
-    let model = smollm2();
-    let args = [
-        "generate",
-        "--backend",
-        "host",
-        "--model-from-path",
-        model.to_str().unwrap(),
-        "--chat",
-        "--prompt",
+    let args = greedy_chat(
         "Write a haiku about the sea.",
-        "--max-tokens",
         "40",
-        "--temperature",
-        "0",
-        "--ignore-eos",
-        "--print-ids",
-    ];
+        &["--ignore-eos", "--print-ids"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let ids = |out: std::process::Output| {
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{stderr}");
@@ -120,26 +111,11 @@ fn greedy_ids_match_transformers() {
     let fixture: serde_json::Value =
         serde_json::from_str(include_str!("fixtures/smollm2_golden.json")).expect("fixture parses");
     let max_new = fixture["max_new_tokens"].as_u64().unwrap().to_string();
-    let model = smollm2();
     let cases = fixture["cases"].as_array().unwrap();
     let mut whole = 0;
     for case in cases {
         let prompt = case["prompt"].as_str().unwrap();
-        let out = met(&[
-            "generate",
-            "--backend",
-            "host",
-            "--model-from-path",
-            model.to_str().unwrap(),
-            "--chat",
-            "--prompt",
-            prompt,
-            "--max-tokens",
-            &max_new,
-            "--temperature",
-            "0",
-            "--print-ids",
-        ]);
+        let out = run(&greedy_chat(prompt, &max_new, &["--print-ids"]));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         let want_prompt: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
