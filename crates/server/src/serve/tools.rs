@@ -291,12 +291,12 @@ pub fn anthropic_tools(b: &Body) -> Result<Tools, ApiError> {
         defs.push(json!({"type": "function", "function": function}));
     }
     check_unique(&defs, "tools", "name")?;
-    let single_call = b
-        .object("tool_choice")?
+    let tool_choice = b.object("tool_choice")?;
+    let single_call = tool_choice
         .and_then(|o| o.get("disable_parallel_tool_use"))
         .and_then(Value::as_bool)
         == Some(true);
-    let choice = match b.object("tool_choice")? {
+    let choice = match tool_choice {
         None => ToolChoice::Auto,
         Some(o) => {
             if o.get("disable_parallel_tool_use")
