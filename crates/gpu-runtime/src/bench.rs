@@ -199,7 +199,9 @@ const TARGET_BLOCKS: u32 = 264;
 
 /// Attention of `tokens` query tokens per sequence (the last `tokens` positions of a `context`
 /// long sequence; 1 = decode) over `seqs` sequences, split as the model splits it. With more than
-/// one split the combine kernel is timed as its own row.
+/// one split the combine kernel is timed as its own row; prefill shapes (more than one token) also
+/// time the tensor-core prefill kernel over the same tokens, next to the per-query kernel. The
+/// FLOPs are causal: 4 · head_dim · q_heads per (query, visible key) pair.
 fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<BenchCase> {
     let block = 16u32;
     let blocks_per_seq = context.div_ceil(block);
@@ -208,7 +210,7 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
     let cache = (seqs * blocks_per_seq * block) as usize * kv_row * 2;
     let (qh, kvh, hd) = (s.q_heads, s.kv_heads, s.head_dim);
     let n = seqs * tokens;
-    let (keys_per_split, splits) = attention_splits(n, qh, context, PARTIALS, TARGET_BLOCKS);
+    let (keys_per_split, splits) = attention_splits(n, qh, kvh, context, PARTIALS, TARGET_BLOCKS);
     let mut token_seq = Vec::new();
     let mut positions = Vec::new();
     for q in 0..seqs as i32 {
@@ -268,6 +270,42 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
         }),
     };
     let mut out = vec![attention];
+    if tokens > 1 && PrefillAttention::supports_head_dim(hd) {
+        let tiles = prefill_attention_tiles(&token_seq, &positions);
+        let num_tiles = tiles.len() as u32;
+        out.push(BenchCase {
+            kernel: PrefillAttention::NAME,
+            label: format!("{} {what} (tensor cores, {num_tiles} tiles)", s.name),
+            bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2)
+                + 2 * 2 * (n * qh * hd) as u64,
+            flops: 4 * keys * (qh * hd) as u64,
+            buffers: vec![
+                ((n * qh * hd) as usize * 2, 0),
+                ((n * qh * hd) as usize * 2, 0x3C),
+                (cache, 0x3C),
+                (cache, 0x3C),
+            ],
+            uploads: vec![i32_bytes(&tables), i32_bytes(&tiles.concat())],
+            library_gemm: None,
+            build: Box::new(move |p| {
+                launch_of(PrefillAttention {
+                    out: p[0],
+                    q: p[1],
+                    k_cache: p[2],
+                    v_cache: p[3],
+                    block_tables: p[4],
+                    tiles: p[5],
+                    num_tiles,
+                    q_heads: qh,
+                    kv_heads: kvh,
+                    head_dim: hd,
+                    block_size: block,
+                    max_blocks_per_seq: blocks_per_seq,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                })
+            }),
+        });
+    }
     if splits > 1 {
         out.push(BenchCase {
             kernel: AttentionCombine::NAME,
@@ -290,6 +328,61 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
         });
     }
     out
+}
+
+/// The fused qk-norm + RoPE + KV-cache write after the QKV product, for `tokens` tokens at the
+/// last positions of a table of at least 4096 rows (Qwen3 shapes: both norms on). The memory
+/// floor: the QKV rows read and written once, each token's cos/sin rows, positions and slots.
+fn qkv_post_case(s: &Shape, tokens: u32) -> BenchCase {
+    let (qh, kvh, hd) = (s.q_heads, s.kv_heads, s.head_dim);
+    let heads = u64::from(qh + 2 * kvh);
+    let t = tokens as usize;
+    let max_position = tokens.max(4096);
+    let positions: Vec<i32> = (max_position - tokens..max_position)
+        .map(|p| p as i32)
+        .collect();
+    let slots: Vec<i32> = (0..tokens as i32).collect();
+    let table = max_position as usize * hd as usize / 2 * 4;
+    let what = if tokens == 1 { "decode" } else { "prefill" };
+    BenchCase {
+        kernel: QkvRopeKvWrite::NAME,
+        label: format!("{} qk-norm+rope+kv-write {what} tokens={tokens}", s.name),
+        bytes: u64::from(tokens) * (2 * heads * u64::from(hd) * 2 + u64::from(hd) * 4 + 8)
+            + 2 * u64::from(hd) * 2,
+        flops: 6 * u64::from(tokens) * u64::from(qh + kvh) * u64::from(hd),
+        buffers: vec![
+            (t * (qh * hd) as usize * 2, 0),
+            (t * (kvh * hd) as usize * 2, 0),
+            (t * (kvh * hd) as usize * 2, 0),
+            (t * heads as usize * hd as usize * 2, 0x3C),
+            (hd as usize * 2, 0x3C),
+            (hd as usize * 2, 0x3C),
+            (table, 0x3C),
+            (table, 0x3C),
+        ],
+        uploads: vec![i32_bytes(&positions), i32_bytes(&slots)],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(QkvRopeKvWrite {
+                q_out: p[0],
+                k_cache: p[1],
+                v_cache: p[2],
+                qkv: p[3],
+                q_norm: p[4],
+                k_norm: p[5],
+                cos: p[6],
+                sin: p[7],
+                positions: p[8],
+                slots: p[9],
+                tokens,
+                q_heads: qh,
+                kv_heads: kvh,
+                head_dim: hd,
+                max_position,
+                eps: 1e-6,
+            })
+        }),
+    }
 }
 
 fn norm_case(s: &Shape, rows: u32) -> BenchCase {
@@ -378,6 +471,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     let mut out = Vec::new();
     for m in [1u32, 8] {
         out.push(gemv_case(s, "q_proj", m, qd, h, false));
+        out.push(gemv_case(s, "qkv_proj", m, qd + 2 * kvd, h, false));
         out.push(gemv_case(s, "k_proj", m, kvd, h, false));
         out.push(gemv_case(s, "o_proj", m, h, qd, false));
         out.push(gemv_case(s, "gate_up", m, 2 * i, h, false));
@@ -385,6 +479,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(gemv_case(s, "lm_head", m, s.vocab, h, true));
     }
     out.push(norm_case(s, 1));
+    out.push(qkv_post_case(s, 1));
     out.push(silu_case(s, 1));
     out.push(argmax_case(s, 1));
     out.push(argmax_case(s, 64));
@@ -406,6 +501,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(library_gemm_case(s, "down", t, h, i));
         out.extend(attention_cases(s, 1, t, t));
         out.push(norm_case(s, t));
+        out.push(qkv_post_case(s, t));
         out.push(silu_case(s, t));
     }
     out

@@ -249,6 +249,129 @@ fn product_case(
     }
 }
 
+/// The fused qk-norm + RoPE + KV-cache write at Qwen3-8B (32/8 heads), Qwen3-0.6B (16/8) and
+/// SmolLM2 (9/3, head_dim 64, no qk-norm) shapes, decode (1 token) and a prefill chunk (300),
+/// plus head_dim 96 (the scalar path) and 256 (32 lanes per head). Positions are random in a
+/// 4096-row table; token 2 is past the table (not rotated) and token 1 has a negative slot; the
+/// other tokens write distinct, shuffled slots of a cache with spare rows (compared whole).
+fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(tokens, q_heads, kv_heads, head_dim, norms) in &[
+        (1u32, 32u32, 8u32, 128u32, true),
+        (300, 32, 8, 128, true),
+        (1, 16, 8, 128, true),
+        (300, 16, 8, 128, true),
+        (1, 9, 3, 64, false),
+        (300, 9, 3, 64, false),
+        (5, 4, 2, 96, true),
+        (3, 8, 1, 256, false),
+    ] {
+        let max_position = 4096u32;
+        let (t, d) = (tokens as usize, head_dim as usize);
+        let half = d / 2;
+        let heads = (q_heads + 2 * kv_heads) as usize;
+        let kv_row = kv_heads as usize * d;
+        let num_slots = 2 * t + 3;
+        let mut positions: Vec<i32> = (0..t)
+            .map(|_| 1 + rng.below(u64::from(max_position) - 1) as i32)
+            .collect();
+        let mut slots: Vec<i32> = (0..num_slots as i32).collect();
+        for i in (1..slots.len()).rev() {
+            slots.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        slots.truncate(t);
+        if t > 2 {
+            positions[2] = max_position as i32 + 3;
+            slots[1] = -1;
+        }
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for pos in 0..max_position {
+            for i in 0..half {
+                let angle = pos as f32 * 1e6f32.powf(-2.0 * i as f32 / d as f32);
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let norm_weight = |rng: &mut Rng| {
+            let w: Vec<bf16> = (0..d)
+                .map(|_| bf16::from_f32(1.0 + 0.5 * rng.normal()))
+                .collect();
+            bytemuck::cast_slice(&w).to_vec()
+        };
+        out.push(Case {
+            kernel: QkvRopeKvWrite::NAME,
+            gemm: None,
+            shape: format!(
+                "tokens={tokens} heads={q_heads}/{kv_heads} d={head_dim} qk_norm={norms}"
+            ),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; t * q_heads as usize * d * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(rng, num_slots * kv_row, 1.0),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(rng, num_slots * kv_row, 1.0),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(rng, t * heads * d, 2.0),
+                    output: None,
+                },
+                Buffer {
+                    init: norm_weight(rng),
+                    output: None,
+                },
+                Buffer {
+                    init: norm_weight(rng),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&positions),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&slots),
+                    output: None,
+                },
+                Buffer {
+                    init: f32_bytes(&cos),
+                    output: None,
+                },
+                Buffer {
+                    init: f32_bytes(&sin),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                let norm = |ptr: DevicePtr| if norms { ptr } else { DevicePtr::NULL };
+                launch_of(QkvRopeKvWrite {
+                    q_out: p[0],
+                    k_cache: p[1],
+                    v_cache: p[2],
+                    qkv: p[3],
+                    q_norm: norm(p[4]),
+                    k_norm: norm(p[5]),
+                    positions: p[6],
+                    slots: p[7],
+                    cos: p[8],
+                    sin: p[9],
+                    tokens,
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                    max_position,
+                    eps: 1e-6,
+                })
+            }),
+        });
+    }
+    out
+}
+
 /// Every case, with inputs drawn from `seed`.
 pub fn cases(seed: u64) -> Vec<Case> {
     let mut rng = Rng::new(seed);
@@ -523,6 +646,14 @@ pub fn cases(seed: u64) -> Vec<Case> {
         (8, 1536, 576, true),
         (3, 1000, 130, false),
         (2, 77, 12288, true),
+        // K split across 2 warps per column (Qwen3-8B k/v at m = 1); m = 4, the last FMA row
+        // count; the MMA form (m > 4) split 8 ways, on a ragged n with a short K slice and bias,
+        // and on an odd k (its scalar fallback).
+        (1, 1024, 4096, false),
+        (4, 1024, 4096, true),
+        (8, 1024, 4096, false),
+        (5, 77, 576, true),
+        (6, 100, 130, false),
     ] {
         out.push(product_case(&mut rng, Product::Gemv, m, n, k, bias, false));
     }
@@ -537,7 +668,12 @@ pub fn cases(seed: u64) -> Vec<Case> {
             true,
         ));
     }
-    for &(m, n, k) in &[(1u32, 151936u32, 1024u32), (8, 49152, 576), (3, 1000, 130)] {
+    for &(m, n, k) in &[
+        (1u32, 151936u32, 1024u32),
+        (8, 49152, 576),
+        (3, 1000, 130),
+        (7, 4099, 1024),
+    ] {
         out.push(product_case(&mut rng, Product::Gemv, m, n, k, false, true));
     }
 
@@ -645,6 +781,95 @@ pub fn cases(seed: u64) -> Vec<Case> {
             });
         }
     }
+    // Tensor-core prefill attention over query tiles: one whole tile, 200 tokens (the last tile
+    // of 8), a second chunk starting at position 100, two sequences plus a decode token in one
+    // launch; GQA 1 and 4, head_dim 64 and 128; cache blocks shuffled. The output has 64 spare
+    // rows past the last token, which the kernel must leave at zero (zero, not noise, so that the
+    // metric's absolute floor stays a fraction of the attention output's RMS).
+    for &(ref runs, q_heads, kv_heads, head_dim) in &[
+        (vec![(0usize, 64usize)], 8u32, 8u32, 128u32),
+        (vec![(0, 200)], 16, 4, 128),
+        (vec![(100, 150)], 16, 4, 64),
+        (vec![(0, 70), (37, 30), (300, 1)], 8, 2, 64),
+        (vec![(0, 70), (37, 30), (300, 1)], 4, 4, 128),
+    ] {
+        let block_size = 16u32;
+        let seqs = runs.len();
+        let max_blocks = runs
+            .iter()
+            .map(|&(first, n)| (first + n).div_ceil(block_size as usize))
+            .max()
+            .unwrap_or(0);
+        let num_blocks = seqs * max_blocks + 3;
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let tables: Vec<i32> = ids[..seqs * max_blocks].to_vec();
+        let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
+        for (s, &(first, n)) in runs.iter().enumerate() {
+            for p in first..first + n {
+                token_seq.push(s as i32);
+                positions.push(p as i32);
+            }
+        }
+        let tiles = prefill_attention_tiles(&token_seq, &positions);
+        let num_tiles = tiles.len() as u32;
+        let tokens = token_seq.len();
+        let row = (kv_heads * head_dim) as usize;
+        let width = (q_heads * head_dim) as usize;
+        let cache = num_blocks * block_size as usize * row;
+        let shape =
+            format!("runs={runs:?} tiles={num_tiles} heads={q_heads}/{kv_heads} d={head_dim}");
+        out.push(Case {
+            kernel: PrefillAttention::NAME,
+            gemm: None,
+            shape,
+            buffers: vec![
+                Buffer {
+                    init: vec![0; (tokens + 64) * width * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, tokens * width, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, cache, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, cache, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&tables),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&tiles.concat()),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(PrefillAttention {
+                    out: p[0],
+                    q: p[1],
+                    k_cache: p[2],
+                    v_cache: p[3],
+                    block_tables: p[4],
+                    tiles: p[5],
+                    num_tiles,
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                    block_size,
+                    max_blocks_per_seq: max_blocks as u32,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                })
+            }),
+        });
+    }
     // Merging split partials, some splits empty (l = 0).
     for &(tokens, q_heads, head_dim, splits) in &[(1u32, 32u32, 128u32, 8u32), (5, 9, 64, 3)] {
         let d = head_dim as usize;
@@ -731,6 +956,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
             }),
         });
     }
+
+    out.extend(qkv_post_cases(&mut rng));
 
     for &(rows, cols) in &[(1u32, 49152u32), (4, 151936), (3, 1000)] {
         let n = (rows * cols) as usize;

@@ -135,6 +135,10 @@ pub struct CudaBackend {
     state: Mutex<CudaState>,
     /// cuBLASLt, created on the first GEMM (None inside: not installed, or METRALE_GEMM=kernel).
     blaslt: std::sync::OnceLock<Option<crate::blaslt::BlasLt>>,
+    /// Launch every kernel with programmatic stream serialization (`METRALE_PDL=1`): a kernel may
+    /// be scheduled while the one before it drains, and waits in `griddepcontrol.wait` (every
+    /// kernel of ours starts with it, common.cuh) until that one's writes are visible.
+    pdl: bool,
 }
 
 impl CudaBackend {
@@ -173,6 +177,7 @@ impl CudaBackend {
             modules: Vec::new(),
             state: Mutex::new(CudaState::default()),
             blaslt: std::sync::OnceLock::new(),
+            pdl: std::env::var("METRALE_PDL").is_ok_and(|v| v == "1"),
         };
         backend.bind()?;
         let main = backend.new_stream()?;
@@ -501,6 +506,29 @@ impl GpuBackend for CudaBackend {
             .collect();
         let [gx, gy, gz] = config.grid;
         let [bx, by, bz] = config.block;
+        if self.pdl {
+            // SAFETY: the attribute is plain data; its union member is the one `id` names.
+            let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attribute.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attribute.value.programmaticStreamSerializationAllowed = 1;
+            let launch = sys::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: bx,
+                blockDimY: by,
+                blockDimZ: bz,
+                sharedMemBytes: config.shared_mem_bytes,
+                hStream: s,
+                attrs: &mut attribute,
+                numAttrs: 1,
+            };
+            // SAFETY: as for cuLaunchKernel below; `launch` and `attribute` outlive the call.
+            return check("cuLaunchKernelEx", unsafe {
+                sys::cuLaunchKernelEx(&launch, function, params.as_mut_ptr(), std::ptr::null_mut())
+            });
+        }
         // SAFETY: `params` holds one pointer per argument of the kernel's signature (the typed
         // argument structs in metrale-kernels mirror the C signatures), each to a live slot at
         // least as large as the argument; both outlive the call, which copies the values.

@@ -230,7 +230,9 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvF32Out::NAME, run::<GemvF32Out>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (AttentionCombine::NAME, run::<AttentionCombine>),
+        (PrefillAttention::NAME, run::<PrefillAttention>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
+        (QkvRopeKvWrite::NAME, run::<QkvRopeKvWrite>),
     ]
 };
 

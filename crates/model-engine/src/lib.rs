@@ -13,6 +13,7 @@
 
 pub mod generate;
 pub mod model;
+mod profile;
 pub mod rope;
 pub mod weights;
 

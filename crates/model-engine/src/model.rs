@@ -8,8 +8,9 @@
 //!
 //! Per layer (pre-norm; the residual stream `h` is f32, every other activation bf16, and each
 //! kernel computes in f32 and rounds its output once; docs/precision.md says why):
-//! `x = norm(h)`; `q, k, v = x Wq (+bq), x Wk (+bk), x Wv (+bv)`; `q, k = qk_norm(q, k)` (Qwen3);
-//! `q, k = rope(q, k)`; cache `k, v`; `a = attention(q, cache)`; `h += a Wo`; `x = norm(h)`;
+//! `x = norm(h)`; `q | k | v = x Wqkv (+bqkv)` (one product); `q, k = rope(qk_norm(q, k))`
+//! (qk-norm on Qwen3) with `k, v` written to the cache, in one kernel; `a = attention(q, cache)`
+//! (tensor-core tiles for prefill runs, split-K for decode); `h += a Wo`; `x = norm(h)`;
 //! `h += down(silu(x Wgate) * x Wup)`. Logits are `norm(h) Wlm` for the requested rows, accumulated
 //! and returned in f32.
 
@@ -19,12 +20,13 @@ use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
-use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, AttentionCombine, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv,
-    GemvF32Out, KvCacheWrite, PagedAttention, RmsNorm, RopeNeox, SiluMul, attention_splits,
+    GemvF32Out, PagedAttention, PrefillAttention, QkvRopeKvWrite, SiluMul, attention_splits,
 };
+use metrale_kernels::{Kernel, KernelAbi};
 
+use crate::profile::Profiler;
 use crate::weights::{self, DeviceWeights, LoadProgress};
 
 /// What can go wrong loading or running the model.
@@ -107,9 +109,8 @@ pub struct StepInput<'a> {
 
 struct Kernels {
     embedding: KernelHandle,
-    rmsnorm: KernelHandle,
     add_rmsnorm: KernelHandle,
-    rope: KernelHandle,
+    qkv_post: KernelHandle,
     gemm: KernelHandle,
     gemv: KernelHandle,
     gemm_f32out: KernelHandle,
@@ -117,19 +118,18 @@ struct Kernels {
     silu_mul: KernelHandle,
     attention: KernelHandle,
     attention_combine: KernelHandle,
+    prefill_attention: KernelHandle,
     argmax_f32: KernelHandle,
-    kv_write: KernelHandle,
 }
 
 /// Device buffers sized once for `max_tokens_per_step` tokens.
 struct Scratch {
     hidden: DevicePtr,
     x: DevicePtr,
+    /// `[tokens, (heads + 2 * kv_heads) * head_dim]`: the fused q | k | v product.
+    qkv: DevicePtr,
+    /// `[tokens, heads * head_dim]`: q after qk-norm and RoPE.
     q: DevicePtr,
-    k: DevicePtr,
-    v: DevicePtr,
-    qn: DevicePtr,
-    kn: DevicePtr,
     attn: DevicePtr,
     o: DevicePtr,
     gate_up: DevicePtr,
@@ -142,8 +142,46 @@ struct Scratch {
     /// Split-K attention partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
     partials: DevicePtr,
     /// The per-step integer inputs, packed so a step uploads them in one copy: for a step of n
-    /// tokens, ids, positions, token_seq and slots (n entries each), then the block tables.
+    /// tokens, ids, positions, token_seq and slots (n entries each), the prefill attention's
+    /// query tiles (room for n tiles of 4), then the block tables.
     step_inputs: DevicePtr,
+}
+
+/// Where a step's uploaded integer inputs landed on the device.
+#[derive(Clone, Copy)]
+struct StepBuffers {
+    ids: DevicePtr,
+    positions: DevicePtr,
+    token_seq: DevicePtr,
+    slots: DevicePtr,
+    /// The prefill attention's query tiles, `num_tiles` of (seq, first token, first position,
+    /// count).
+    tiles: DevicePtr,
+    num_tiles: u32,
+    tables: DevicePtr,
+}
+
+/// Most query tokens of one prefill attention tile.
+const PREFILL_TILE: u32 = 64;
+
+/// The step's query tiles for the tensor-core prefill attention: runs of consecutive tokens of
+/// one sequence at consecutive positions, cut every [`PREFILL_TILE`] tokens; 4 i32 each (sequence,
+/// first token, first position, count). Never more tiles than tokens.
+fn prefill_tiles(step: &StepInput) -> Vec<i32> {
+    let mut tiles: Vec<[i32; 4]> = Vec::new();
+    for (t, (&seq, &pos)) in step.token_seq.iter().zip(step.positions).enumerate() {
+        if let Some(last) = tiles.last_mut() {
+            let extends = last[0] == seq as i32
+                && last[2] + last[3] == pos as i32
+                && (last[3] as u32) < PREFILL_TILE;
+            if extends {
+                last[3] += 1;
+                continue;
+            }
+        }
+        tiles.push([seq as i32, t as i32, pos as i32, 1]);
+    }
+    tiles.concat()
 }
 
 /// Room for split-K attention partials ((token, head, split) triples): 64 decode rows of 32
@@ -165,11 +203,13 @@ pub struct Model {
     scratch: Scratch,
     kernels: Kernels,
     owned: Vec<DevicePtr>,
-    /// Replay decode steps from captured graphs (`METRALE_CUDA_GRAPHS=1`; off by default until
-    /// measured on the GPU).
+    /// Replay decode steps from captured graphs (on unless `METRALE_CUDA_GRAPHS=0`; measured on
+    /// the H200 at batch 1: Qwen3-8B 127.9 -> 140.7 tok/s, Qwen3-0.6B 401.6 -> 493.7 tok/s).
     use_graphs: bool,
     /// Captured decode steps, by (sequences, keys per attention split, splits).
     graphs: std::collections::HashMap<(u32, u32, u32), Graph>,
+    /// Per-launch timing (`set_profile`).
+    profiler: Option<std::sync::Mutex<Profiler>>,
 }
 
 impl Model {
@@ -184,9 +224,8 @@ impl Model {
         let g = gpu.as_ref();
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
-            rmsnorm: g.kernel(RmsNorm::NAME)?,
             add_rmsnorm: g.kernel(AddRmsNorm::NAME)?,
-            rope: g.kernel(RopeNeox::NAME)?,
+            qkv_post: g.kernel(QkvRopeKvWrite::NAME)?,
             gemm: g.kernel(Gemm::NAME)?,
             gemv: g.kernel(Gemv::NAME)?,
             gemm_f32out: g.kernel(GemmF32Out::NAME)?,
@@ -194,8 +233,8 @@ impl Model {
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             attention_combine: g.kernel(AttentionCombine::NAME)?,
+            prefill_attention: g.kernel(PrefillAttention::NAME)?,
             argmax_f32: g.kernel(ArgmaxF32::NAME)?,
-            kv_write: g.kernel(KvCacheWrite::NAME)?,
         };
         let weights = weights::load(&config, source, g, progress)?;
         let mut owned = Vec::new();
@@ -209,15 +248,12 @@ impl Model {
         let (h, i, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let rows = options.max_seqs.max(1);
-        let step_inputs = alloc((4 * t + rows * options.max_blocks_per_seq()) * 4)?;
+        let step_inputs = alloc((8 * t + rows * options.max_blocks_per_seq()) * 4)?;
         let scratch = Scratch {
             hidden: alloc(t * h * 4)?,
             x: alloc(t * h * 2)?,
+            qkv: alloc(t * (qd + 2 * kvd) * 2)?,
             q: alloc(t * qd * 2)?,
-            k: alloc(t * kvd * 2)?,
-            v: alloc(t * kvd * 2)?,
-            qn: alloc(t * qd * 2)?,
-            kn: alloc(t * kvd * 2)?,
             attn: alloc(t * qd * 2)?,
             o: alloc(t * h * 2)?,
             gate_up: alloc(t * 2 * i * 2)?,
@@ -253,8 +289,9 @@ impl Model {
             scratch,
             kernels,
             owned,
-            use_graphs: std::env::var("METRALE_CUDA_GRAPHS").is_ok_and(|v| v == "1"),
+            use_graphs: std::env::var("METRALE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: std::collections::HashMap::new(),
+            profiler: None,
         })
     }
 
@@ -439,25 +476,24 @@ impl Model {
         let pure_decode = step.block_tables.len() == step.tokens.len()
             && step.logit_rows.iter().copied().eq(0..step.tokens.len())
             && step.token_seq.iter().copied().eq(0..n);
-        if !(self.use_graphs && pure_decode) {
-            let split = attention_splits(
-                n,
-                qh,
-                max_context,
-                ATTENTION_PARTIALS,
-                ATTENTION_TARGET_BLOCKS,
-            );
-            return self.enqueue(step, inputs, split);
-        }
-        let (per, _) = attention_splits(
+        let split = attention_splits(
             n,
             qh,
+            self.config.num_kv_heads as u32,
             max_context,
             ATTENTION_PARTIALS,
             ATTENTION_TARGET_BLOCKS,
         );
-        let per = per.next_power_of_two().max(64);
+        if !pure_decode {
+            return self.enqueue(step, inputs, split);
+        }
+        // Decode steps take the bucketed split with or without graphs, so that replaying a graph
+        // computes bit for bit what launching the step directly would.
+        let per = split.0.next_power_of_two().max(64);
         let split = (per, max_context.div_ceil(per));
+        if !self.use_graphs || self.profiler.is_some() {
+            return self.enqueue(step, inputs, split);
+        }
         let key = (n, split.0, split.1);
         let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());
         if let Some(&graph) = self.graphs.get(&key) {
@@ -473,9 +509,8 @@ impl Model {
         Ok(rows)
     }
 
-    /// Uploads the step's integer inputs in one copy; returns where each part landed:
-    /// ids, positions, token_seq, slots, block tables.
-    fn upload(&self, step: &StepInput) -> Result<[DevicePtr; 5], ModelError> {
+    /// Uploads the step's integer inputs in one copy; returns where each part landed.
+    fn upload(&self, step: &StepInput) -> Result<StepBuffers, ModelError> {
         let g = self.gpu.as_ref();
         let o = &self.options;
         let sc = &self.scratch;
@@ -499,10 +534,22 @@ impl Model {
             .iter()
             .flat_map(|t| t.padded_row(width, 0))
             .collect();
-        let packed = [ids, positions, token_seq, slots, tables].concat();
+        let tiles = prefill_tiles(step);
+        let num_tiles = (tiles.len() / 4) as u32;
+        let mut packed = [ids, positions, token_seq, slots, tiles].concat();
+        packed.resize(8 * n, 0);
+        packed.extend(tables);
         g.copy_h2d(bytemuck::cast_slice(&packed), sc.step_inputs)?;
         let region = |i: usize| sc.step_inputs.offset(i * n * 4);
-        Ok([region(0), region(1), region(2), region(3), region(4)])
+        Ok(StepBuffers {
+            ids: region(0),
+            positions: region(1),
+            token_seq: region(2),
+            slots: region(3),
+            tiles: region(4),
+            num_tiles,
+            tables: region(8),
+        })
     }
 
     /// Queues the step's kernels (the inputs already uploaded) up to the logits of
@@ -512,11 +559,23 @@ impl Model {
     fn enqueue(
         &self,
         step: &StepInput,
-        [ids, positions, token_seq, slots, tables]: [DevicePtr; 5],
+        inputs: StepBuffers,
         (keys_per_split, splits): (u32, u32),
     ) -> Result<usize, ModelError> {
+        let StepBuffers {
+            ids,
+            positions,
+            token_seq,
+            slots,
+            tiles,
+            num_tiles,
+            tables,
+        } = inputs;
         let g = self.gpu.as_ref();
         let s = g.default_stream();
+        if let Some(p) = &self.profiler {
+            p.lock().expect("profiler lock").begin(g)?;
+        }
         let c = &self.config;
         let o = &self.options;
         let sc = &self.scratch;
@@ -533,17 +592,19 @@ impl Model {
         let width = o.max_blocks_per_seq();
 
         // Decode-sized products stream the weight with the GEMV kernel; the rest use the GEMM.
-        let gemm = |out: DevicePtr,
+        let gemm = |label: &'static str,
+                    out: DevicePtr,
                     a: DevicePtr,
                     w: DevicePtr,
                     bias: DevicePtr,
                     m: u32,
                     n_: u32,
-                    k_: u32| {
+                    k_: u32|
+         -> Result<(), ModelError> {
             if m <= GEMV_MAX_ROWS {
-                launch_kernel(
-                    g,
+                self.launch(
                     k.gemv,
+                    label,
                     &Gemv {
                         c: out,
                         a,
@@ -553,7 +614,6 @@ impl Model {
                         n: n_,
                         k: k_,
                     },
-                    s,
                 )
             } else {
                 let op = GemmOp {
@@ -566,14 +626,19 @@ impl Model {
                     k: k_,
                     f32_out: false,
                 };
-                g.gemm(&op, k.gemm, s)
+                g.gemm(&op, k.gemm, s)?;
+                self.mark(label)
             }
         };
-        // The attention's context is split across blocks when the step has too few (token,
-        // head) pairs to fill the GPU (decode); the split is the same for every layer.
-        launch_kernel(
-            g,
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Steps where some sequence brings more than one token (prefill chunks) run attention on
+        // tensor cores over query tiles; decode steps split each token's context across blocks
+        // when there are too few (token, head) pairs to fill the GPU (the split is the same for
+        // every layer). The tile kernel covers head dims 64 and 128.
+        let tensor_core_prefill = n as usize > step.block_tables.len() && matches!(hd, 64 | 128);
+        self.launch(
             k.embedding,
+            "embedding",
             &Embedding {
                 out: sc.hidden,
                 table: self.weights.embedding,
@@ -582,14 +647,13 @@ impl Model {
                 hidden: h,
                 vocab: c.vocab_size as u32,
             },
-            s,
         )?;
         for (l, w) in self.weights.layers.iter().enumerate() {
             // Layer 0 normalises the embeddings as they are; later layers first add the previous
             // layer's MLP output into the residual.
-            launch_kernel(
-                g,
+            self.launch(
                 k.add_rmsnorm,
+                "add_rmsnorm",
                 &AddRmsNorm {
                     out: sc.x,
                     residual: sc.hidden,
@@ -599,112 +663,93 @@ impl Model {
                     cols: h,
                     eps,
                 },
-                s,
             )?;
-            gemm(sc.q, sc.x, w.q, w.q_bias, n, qd, h)?;
-            gemm(sc.k, sc.x, w.k, w.k_bias, n, kvd, h)?;
-            gemm(sc.v, sc.x, w.v, w.v_bias, n, kvd, h)?;
-            let (q, kk) = if c.qk_norm {
-                launch_kernel(
-                    g,
-                    k.rmsnorm,
-                    &RmsNorm {
-                        out: sc.qn,
-                        input: sc.q,
-                        weight: w.q_norm,
-                        rows: n * qh,
-                        cols: hd,
-                        eps,
-                    },
-                    s,
-                )?;
-                launch_kernel(
-                    g,
-                    k.rmsnorm,
-                    &RmsNorm {
-                        out: sc.kn,
-                        input: sc.k,
-                        weight: w.k_norm,
-                        rows: n * kvh,
-                        cols: hd,
-                        eps,
-                    },
-                    s,
-                )?;
-                (sc.qn, sc.kn)
-            } else {
-                (sc.q, sc.k)
-            };
-            let rope = |x: DevicePtr, heads: u32| RopeNeox {
-                x,
-                positions,
-                cos: self.rope_cos,
-                sin: self.rope_sin,
-                tokens: n,
-                heads,
-                head_dim: hd,
-                token_stride: heads * hd,
-                max_position: o.max_seq_len as u32,
-            };
-            launch_kernel(g, k.rope, &rope(q, qh), s)?;
-            launch_kernel(g, k.rope, &rope(kk, kvh), s)?;
-            launch_kernel(
-                g,
-                k.kv_write,
-                &KvCacheWrite {
+            gemm("qkv", sc.qkv, sc.x, w.qkv, w.qkv_bias, n, qd + 2 * kvd, h)?;
+            self.launch(
+                k.qkv_post,
+                "qkv_post",
+                &QkvRopeKvWrite {
+                    qkv: sc.qkv,
+                    q_out: sc.q,
                     k_cache: self.k_cache[l],
                     v_cache: self.v_cache[l],
-                    k: kk,
-                    v: sc.v,
                     slots,
-                    tokens: n,
-                    row: kvd,
-                },
-                s,
-            )?;
-            launch_kernel(
-                g,
-                k.attention,
-                &PagedAttention {
-                    out: sc.attn,
-                    partials: sc.partials,
-                    q,
-                    k_cache: self.k_cache[l],
-                    v_cache: self.v_cache[l],
-                    block_tables: tables,
-                    token_seq,
+                    q_norm: w.q_norm,
+                    k_norm: w.k_norm,
                     positions,
+                    cos: self.rope_cos,
+                    sin: self.rope_sin,
                     tokens: n,
                     q_heads: qh,
                     kv_heads: kvh,
                     head_dim: hd,
-                    block_size: o.block_size as u32,
-                    max_blocks_per_seq: width as u32,
-                    keys_per_split,
-                    splits,
-                    scale: 1.0 / (hd as f32).sqrt(),
+                    max_position: o.max_seq_len as u32,
+                    eps,
                 },
-                s,
             )?;
-            if splits > 1 {
-                launch_kernel(
-                    g,
-                    k.attention_combine,
-                    &AttentionCombine {
+            if tensor_core_prefill {
+                self.launch(
+                    k.prefill_attention,
+                    "prefill_attention",
+                    &PrefillAttention {
+                        out: sc.attn,
+                        q: sc.q,
+                        k_cache: self.k_cache[l],
+                        v_cache: self.v_cache[l],
+                        block_tables: tables,
+                        tiles,
+                        num_tiles,
+                        q_heads: qh,
+                        kv_heads: kvh,
+                        head_dim: hd,
+                        block_size: o.block_size as u32,
+                        max_blocks_per_seq: width as u32,
+                        scale,
+                    },
+                )?;
+            } else {
+                self.launch(
+                    k.attention,
+                    "attention",
+                    &PagedAttention {
                         out: sc.attn,
                         partials: sc.partials,
+                        q: sc.q,
+                        k_cache: self.k_cache[l],
+                        v_cache: self.v_cache[l],
+                        block_tables: tables,
+                        token_seq,
+                        positions,
                         tokens: n,
                         q_heads: qh,
+                        kv_heads: kvh,
                         head_dim: hd,
+                        block_size: o.block_size as u32,
+                        max_blocks_per_seq: width as u32,
+                        keys_per_split,
                         splits,
+                        scale,
                     },
-                    s,
                 )?;
+                if splits > 1 {
+                    self.launch(
+                        k.attention_combine,
+                        "attention_combine",
+                        &AttentionCombine {
+                            out: sc.attn,
+                            partials: sc.partials,
+                            tokens: n,
+                            q_heads: qh,
+                            head_dim: hd,
+                            splits,
+                        },
+                    )?;
+                }
             }
-            gemm(sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
-            launch_kernel(
-                g,
+            gemm("o", sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
+            self.launch(
                 k.add_rmsnorm,
+                "add_rmsnorm",
                 &AddRmsNorm {
                     out: sc.x,
                     residual: sc.hidden,
@@ -714,9 +759,9 @@ impl Model {
                     cols: h,
                     eps,
                 },
-                s,
             )?;
             gemm(
+                "gate_up",
                 sc.gate_up,
                 sc.x,
                 w.gate_up,
@@ -725,22 +770,21 @@ impl Model {
                 2 * inter,
                 h,
             )?;
-            launch_kernel(
-                g,
+            self.launch(
                 k.silu_mul,
+                "silu_mul",
                 &SiluMul {
                     out: sc.act,
                     gate_up: sc.gate_up,
                     tokens: n,
                     inter,
                 },
-                s,
             )?;
-            gemm(sc.mlp, sc.act, w.down, DevicePtr::NULL, n, h, inter)?;
+            gemm("down", sc.mlp, sc.act, w.down, DevicePtr::NULL, n, h, inter)?;
         }
-        launch_kernel(
-            g,
+        self.launch(
             k.add_rmsnorm,
+            "add_rmsnorm",
             &AddRmsNorm {
                 out: sc.x,
                 residual: sc.hidden,
@@ -750,7 +794,6 @@ impl Model {
                 cols: h,
                 eps,
             },
-            s,
         )?;
 
         let rows = step.logit_rows.len();
@@ -796,7 +839,7 @@ impl Model {
                 n: vocab,
                 k: h,
             };
-            launch_kernel(g, k.gemv_f32out, &head, s)?;
+            self.launch(k.gemv_f32out, "lm_head", &head)?;
         } else {
             let head = GemmOp {
                 c: out,
@@ -809,8 +852,45 @@ impl Model {
                 f32_out: true,
             };
             g.gemm(&head, k.gemm_f32out, s)?;
+            self.mark("lm_head")?;
         }
         Ok(rows)
+    }
+
+    /// Launches one kernel on the default stream (and, when profiling, marks its end).
+    fn launch<K: Kernel>(
+        &self,
+        handle: KernelHandle,
+        label: &'static str,
+        args: &K,
+    ) -> Result<(), ModelError> {
+        let g = self.gpu.as_ref();
+        launch_kernel(g, handle, args, g.default_stream())?;
+        self.mark(label)
+    }
+
+    /// When profiling, records the end of the work queued so far under `label`.
+    fn mark(&self, label: &'static str) -> Result<(), ModelError> {
+        if let Some(p) = &self.profiler {
+            p.lock()
+                .expect("profiler lock")
+                .mark(self.gpu.as_ref(), label)?;
+        }
+        Ok(())
+    }
+
+    /// Times every launch of the following steps (graph replay is off meanwhile); read the last
+    /// step's times with [`Model::profile`].
+    pub fn set_profile(&mut self, on: bool) {
+        self.profiler = on.then(|| std::sync::Mutex::new(Profiler::default()));
+    }
+
+    /// The last step's launches in order, with their milliseconds (empty unless profiling).
+    pub fn profile(&self) -> Result<Vec<(&'static str, f64)>, ModelError> {
+        match &self.profiler {
+            Some(p) => Ok(p.lock().expect("profiler lock").times(self.gpu.as_ref())?),
+            None => Ok(Vec::new()),
+        }
     }
 }
 
@@ -819,5 +899,47 @@ impl Drop for Model {
         for &p in self.owned.iter().chain(&self.weights.allocations) {
             let _ = self.gpu.free(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiles_of(tokens: &[(u32, u32)]) -> Vec<[i32; 4]> {
+        let seq: Vec<u32> = tokens.iter().map(|t| t.0).collect();
+        let pos: Vec<u32> = tokens.iter().map(|t| t.1).collect();
+        let ids = vec![0u32; tokens.len()];
+        let table = BlockTable::default();
+        let step = StepInput {
+            tokens: &ids,
+            positions: &pos,
+            token_seq: &seq,
+            block_tables: &[&table],
+            logit_rows: &[],
+        };
+        prefill_tiles(&step)
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
+            .collect()
+    }
+
+    #[test]
+    fn prefill_tiles_cut_runs_every_64_tokens() {
+        let tokens: Vec<(u32, u32)> = (0..150).map(|p| (0, 10 + p)).collect();
+        assert_eq!(
+            tiles_of(&tokens),
+            vec![[0, 0, 10, 64], [0, 64, 74, 64], [0, 128, 138, 22]]
+        );
+    }
+
+    #[test]
+    fn prefill_tiles_split_at_sequence_and_position_breaks() {
+        // A decode row of sequence 1, a prefill chunk of sequence 0, then a gap in positions.
+        let tokens = [(1, 40), (0, 0), (0, 1), (0, 2), (0, 7), (1, 41)];
+        assert_eq!(
+            tiles_of(&tokens),
+            vec![[1, 0, 40, 1], [0, 1, 0, 3], [0, 4, 7, 1], [1, 5, 41, 1]]
+        );
     }
 }

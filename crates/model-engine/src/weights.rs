@@ -134,12 +134,11 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorRole> {
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub(crate) input_norm: DevicePtr,
-    pub(crate) q: DevicePtr,
-    pub(crate) k: DevicePtr,
-    pub(crate) v: DevicePtr,
-    pub(crate) q_bias: DevicePtr,
-    pub(crate) k_bias: DevicePtr,
-    pub(crate) v_bias: DevicePtr,
+    /// q rows, then k rows, then v rows: `[(heads + 2 * kv_heads) * head_dim, hidden]`, so one
+    /// product computes all three.
+    pub(crate) qkv: DevicePtr,
+    /// The three biases in the same order, or NULL.
+    pub(crate) qkv_bias: DevicePtr,
     pub(crate) q_norm: DevicePtr,
     pub(crate) k_norm: DevicePtr,
     pub(crate) o: DevicePtr,
@@ -255,19 +254,21 @@ impl Uploader<'_> {
         }
     }
 
-    /// Two weights with the same columns, stacked row-wise into one device tensor.
-    fn get_stacked(
-        &mut self,
-        first: TensorRole,
-        second: TensorRole,
-    ) -> Result<DevicePtr, ModelError> {
-        let a = self.source.load(&first.hf_name())?;
-        let b = self.source.load(&second.hf_name())?;
-        let fused = HostTensor {
-            shape: vec![a.shape[0] + b.shape[0], a.shape[1]],
-            data: [a.data, b.data].concat(),
-        };
-        self.put(&fused, 2)
+    /// Tensors with the same trailing shape, stacked along their first axis into one device
+    /// tensor.
+    fn get_stacked(&mut self, roles: &[TensorRole]) -> Result<DevicePtr, ModelError> {
+        let mut shape = Vec::new();
+        let mut data = Vec::new();
+        for &role in roles {
+            let t = self.source.load(&role.hf_name())?;
+            if shape.is_empty() {
+                shape = t.shape.clone();
+            } else {
+                shape[0] += t.shape[0];
+            }
+            data.extend_from_slice(&t.data);
+        }
+        self.put(&HostTensor { shape, data }, roles.len())
     }
 }
 
@@ -293,18 +294,23 @@ fn load_inner(
     for l in 0..c.num_layers {
         layers.push(LayerWeights {
             input_norm: u.get(TensorRole::InputNorm(l))?,
-            q: u.get(TensorRole::Q(l))?,
-            k: u.get(TensorRole::K(l))?,
-            v: u.get(TensorRole::V(l))?,
-            q_bias: u.get_if(c.attention_bias, TensorRole::QBias(l))?,
-            k_bias: u.get_if(c.attention_bias, TensorRole::KBias(l))?,
-            v_bias: u.get_if(c.attention_bias, TensorRole::VBias(l))?,
+            // q, k and v fused row-wise: one [(H + 2 KV) D, hidden] weight, one product.
+            qkv: u.get_stacked(&[TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)])?,
+            qkv_bias: if c.attention_bias {
+                u.get_stacked(&[
+                    TensorRole::QBias(l),
+                    TensorRole::KBias(l),
+                    TensorRole::VBias(l),
+                ])?
+            } else {
+                DevicePtr::NULL
+            },
             q_norm: u.get_if(c.qk_norm, TensorRole::QNorm(l))?,
             k_norm: u.get_if(c.qk_norm, TensorRole::KNorm(l))?,
             o: u.get(TensorRole::O(l))?,
             post_norm: u.get(TensorRole::PostNorm(l))?,
             // gate and up fused row-wise: one [2I, H] weight, one GEMM.
-            gate_up: u.get_stacked(TensorRole::Gate(l), TensorRole::Up(l))?,
+            gate_up: u.get_stacked(&[TensorRole::Gate(l), TensorRole::Up(l)])?,
             down: u.get(TensorRole::Down(l))?,
         });
     }

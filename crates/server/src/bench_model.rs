@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! `met bench-model`: the model-level rows of the speed table, measured through `Model::forward`
-//! exactly as the server runs it (step inputs uploaded, logits copied back).
+//! `met bench-model`: the model-level rows of the speed table, measured through the model's step
+//! exactly as the server runs a greedy batch (step inputs uploaded, decode steps replayed from
+//! their CUDA graph, the argmax of each row taken on the device and copied back).
 //!
 //! - prefill: time to first logits for a prompt of P tokens (one step, logits of the last row);
 //! - decode: the time of one decode step at batch B, every sequence holding C cached tokens,
@@ -47,6 +48,10 @@ pub struct Args {
     /// Write the rows as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// After the timed rows, run each configuration once more with an event after every launch
+    /// and print where its time went, per kernel label (graph replay is off for that run).
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -107,6 +112,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         (seed % config.vocab_size.min(32000) as u64) as u32
     };
     let mut rows = Vec::new();
+    let mut profiles = Vec::new();
 
     for &p in &args.prefill {
         let mut table = BlockTable::default();
@@ -121,12 +127,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             block_tables: &[&table],
             logit_rows: &[p - 1],
         };
-        model.forward(&step)?;
+        model.forward_argmax(&step)?;
         let mut times = Vec::new();
         for _ in 0..args.repeats {
             let t = Instant::now();
-            model.forward(&step)?;
+            model.forward_argmax(&step)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if args.profile {
+            profiles.push((
+                format!("prefill {p} tokens"),
+                profile_step(&mut model, &step)?,
+            ));
         }
         table.release(&mut allocator)?;
         let ms = median(times);
@@ -167,12 +179,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             block_tables: &refs,
             logit_rows: &logit_rows,
         };
-        model.forward(&step)?;
+        model.forward_argmax(&step)?;
         let mut times = Vec::new();
         for _ in 0..args.repeats {
             let t = Instant::now();
-            model.forward(&step)?;
+            model.forward_argmax(&step)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if args.profile {
+            profiles.push((
+                format!("decode batch {b}, context {}", args.context),
+                profile_step(&mut model, &step)?,
+            ));
         }
         for mut t in tables {
             t.release(&mut allocator)?;
@@ -204,8 +222,50 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             r.kind, r.batch, r.tokens, r.ms, r.tok_s
         );
     }
+    for (what, launches) in &profiles {
+        print_profile(what, launches);
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One more run of `step` with an event after every launch; the launches in order with their ms.
+fn profile_step(model: &mut Model, step: &StepInput) -> anyhow::Result<Vec<(&'static str, f64)>> {
+    model.set_profile(true);
+    model.forward_argmax(step)?;
+    let launches = model.profile()?;
+    model.set_profile(false);
+    Ok(launches)
+}
+
+/// Where a step's GPU time went: per label, launches, total ms and share, largest first.
+fn print_profile(what: &str, launches: &[(&'static str, f64)]) {
+    let total: f64 = launches.iter().map(|(_, ms)| ms).sum();
+    let mut by_label: Vec<(&str, usize, f64)> = Vec::new();
+    for &(label, ms) in launches {
+        match by_label.iter_mut().find(|(l, _, _)| *l == label) {
+            Some(entry) => {
+                entry.1 += 1;
+                entry.2 += ms;
+            }
+            None => by_label.push((label, 1, ms)),
+        }
+    }
+    by_label.sort_by(|a, b| b.2.total_cmp(&a.2));
+    println!();
+    println!(
+        "profile: {what}: {} launches, {total:.3} ms between the first and last event",
+        launches.len()
+    );
+    println!("| launch | count | ms | share | µs each |");
+    println!("|---|---|---|---|---|");
+    for (label, count, ms) in by_label {
+        println!(
+            "| {label} | {count} | {ms:.3} | {:.1}% | {:.1} |",
+            100.0 * ms / total.max(1e-12),
+            1e3 * ms / count as f64
+        );
+    }
 }

@@ -81,7 +81,7 @@ fn warm_up_leaves_the_answer_unchanged() {
     );
 }
 
-/// Decode steps replayed from captured graphs (METRALE_CUDA_GRAPHS=1; the host backend records
+/// Decode steps replayed from captured graphs (the default; the host backend records
 /// and replays them too) give the same tokens as steps launched one kernel at a time, across
 /// enough steps for the attention split bucket to change.
 #[test]

@@ -7,6 +7,7 @@
 extern "C" __global__ void silu_mul_bf16(__nv_bfloat16* __restrict__ out,
                                          const __nv_bfloat16* __restrict__ gate_up,
                                          uint32_t tokens, uint32_t inter) {
+    metrale::grid_dependency_sync();
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)tokens * inter) return;
     const size_t t = idx / inter;

@@ -57,10 +57,12 @@ __device__ void argmax_row(int32_t* out, const T* logits, uint32_t rows, uint32_
 extern "C" __global__ void argmax_bf16(int32_t* __restrict__ out,
                                        const __nv_bfloat16* __restrict__ logits, uint32_t rows,
                                        uint32_t cols) {
+    metrale::grid_dependency_sync();
     argmax_row(out, logits, rows, cols);
 }
 
 extern "C" __global__ void argmax_f32(int32_t* __restrict__ out, const float* __restrict__ logits,
                                       uint32_t rows, uint32_t cols) {
+    metrale::grid_dependency_sync();
     argmax_row(out, logits, rows, cols);
 }

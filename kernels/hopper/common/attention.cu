@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-// Causal grouped-query attention over a paged KV cache, for prefill and decode alike.
+// Causal grouped-query attention over a paged KV cache, for decode (and any step the tensor-core
+// prefill kernel, prefill_attention.cu, does not take).
 //
 // Token t of sequence s = token_seq[t] at position p = positions[t] attends to keys 0..=p of
 // its sequence, which live in the cache blocks block_tables[s][*] (block_size tokens each; the
@@ -7,23 +8,24 @@
 // h / (q_heads / kv_heads). Scores, probabilities and the weighted sum of values are f32, with an
 // online (running max) softmax; the output is rounded to bf16 once.
 //
-// Version 2 (split-K, "flash decoding"): grid = (tokens, q_heads, splits), block = 4 warps. Split
-// z takes keys [z * keys_per_split, (z + 1) * keys_per_split) of the token's context (one split
-// takes the whole context). A warp takes
-// 32 keys at a time, one per lane: each lane reads its key's whole row with 16-byte loads (up to
-// 32 rows, 8 KiB, in flight per warp) against the scaled query in shared memory; the tile's
+// Split-K ("flash decoding"), grouped by kv head: grid = (tokens, kv_heads, splits), block = 4
+// warps. A block serves all G = q_heads / kv_heads query heads (up to 8) that share its kv head,
+// so each key and value row is read once per block, not once per query head. Split z takes keys
+// [z * keys_per_split, (z + 1) * keys_per_split) of the token's context (one split takes the
+// whole context). A warp takes 32 keys at a time, one per lane: each lane reads its key's whole
+// row with 16-byte loads and scores it against the G scaled queries in shared memory; the tile's
 // probabilities are then broadcast lane by lane while each lane accumulates its head_dim / 32
-// output dims from the (coalesced) value rows. The 4 warps' running softmaxes merge in shared
-// memory. With one split the block writes the bf16 output; with more, it writes its partial
-// (acc[head_dim], m, l) to `partials` and attention_combine_bf16 merges them. An empty split
-// writes m = 0, l = 0, acc = 0.
-// Batch-1 decode has q_heads blocks per split, so splitting the context is what fills the GPU.
+// output dims of every head from the (coalesced) value rows. The 4 warps' running softmaxes merge
+// in shared memory. With one split the block writes the bf16 output; with more, it writes each
+// head's partial (acc[head_dim], m, l) to `partials` and attention_combine_bf16 merges them. An
+// empty split writes m = 0, l = 0, acc = 0.
+// Batch-1 decode has kv_heads blocks per split, so splitting the context is what fills the GPU.
 #include "common.cuh"
 
 namespace {
 constexpr int WARPS = 4;
 
-template <int HD>
+template <int HD, int G>
 __device__ __forceinline__ void attend(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
@@ -33,13 +35,17 @@ __device__ __forceinline__ void attend(
     uint32_t keys_per_split, float scale) {
     constexpr int PER_LANE = HD / 32;  // output dims per lane
     constexpr int CHUNKS = HD / 8;     // 16-byte pieces of a key row
-    __shared__ __align__(16) float qs[HD];
-    __shared__ float part_m[WARPS], part_l[WARPS];
-    __shared__ float part_acc[WARPS][HD];
+    // Dynamic shared memory, laid out per instantiation (attention_smem_floats):
+    // qs[G][HD], part_acc[WARPS][G][HD], part_m[WARPS][G], part_l[WARPS][G].
+    extern __shared__ __align__(16) float smem[];
+    float(*qs)[HD] = reinterpret_cast<float(*)[HD]>(smem);
+    float(*part_acc)[G][HD] = reinterpret_cast<float(*)[G][HD]>(smem + G * HD);
+    float(*part_m)[G] = reinterpret_cast<float(*)[G]>(smem + (WARPS + 1) * G * HD);
+    float(*part_l)[G] = reinterpret_cast<float(*)[G]>(smem + (WARPS + 1) * G * HD + WARPS * G);
 
-    const uint32_t t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const uint32_t t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t kvh = h / (q_heads / kv_heads);
+    const uint32_t h0 = kvh * G;  // first query head of the group
     const int32_t seq = token_seq[t];
     const uint32_t ctx = (uint32_t)positions[t] + 1;
     const uint32_t begin = split * keys_per_split;
@@ -47,19 +53,27 @@ __device__ __forceinline__ void attend(
     const int32_t* table = block_tables + (size_t)seq * max_blocks_per_seq;
     const size_t row = (size_t)kv_heads * HD;
 
-    const __nv_bfloat16* qh = q + ((size_t)t * q_heads + h) * HD;
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = metrale::to_f32(qh[d]) * scale;
+    const __nv_bfloat16* qg = q + ((size_t)t * q_heads + h0) * HD;
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
+        qs[i / HD][i % HD] = metrale::to_f32(qg[i]) * scale;
     __syncthreads();
 
-    float m = -INFINITY, l = 0.0f, acc[PER_LANE];
+    float m[G], l[G], acc[G][PER_LANE];
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.0f;
+    for (int g = 0; g < G; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) acc[g][i] = 0.0f;
+    }
 
     for (uint32_t tile = begin + warp * 32; tile < end; tile += WARPS * 32) {
         const uint32_t j = tile + lane;
         const bool valid = j < end;
         size_t base = 0;
-        float s = -INFINITY;
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[g] = -INFINITY;
         if (valid) {
             base = ((size_t)table[j / block_size] * block_size + j % block_size) * row +
                    (size_t)kvh * HD;
@@ -67,72 +81,83 @@ __device__ __forceinline__ void attend(
             uint4 kv[CHUNKS];
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) kv[c] = __ldg(k4 + c);
-            float dot = 0.0f;
+            float dot[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) dot[g] = 0.0f;
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
                 const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kv[c]);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const float2 kf = __bfloat1622float2(k2[e]);
-                    dot = fmaf(qs[c * 8 + 2 * e], kf.x, dot);
-                    dot = fmaf(qs[c * 8 + 2 * e + 1], kf.y, dot);
+#pragma unroll
+                    for (int g = 0; g < G; ++g) {
+                        dot[g] = fmaf(qs[g][c * 8 + 2 * e], kf.x, dot[g]);
+                        dot[g] = fmaf(qs[g][c * 8 + 2 * e + 1], kf.y, dot[g]);
+                    }
                 }
             }
-            s = dot;
-        }
-        const float m_new = fmaxf(m, metrale::warp_max(s));
-        const float p = valid ? __expf(s - m_new) : 0.0f;
-        const float corr = __expf(m - m_new);  // 0 on the first tile (m = -inf)
-        l = l * corr + metrale::warp_sum(p);
 #pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) acc[i] *= corr;
+            for (int g = 0; g < G; ++g) s[g] = dot[g];
+        }
+        float p[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const float m_new = fmaxf(m[g], metrale::warp_max(s[g]));
+            p[g] = valid ? __expf(s[g] - m_new) : 0.0f;
+            const float corr = __expf(m[g] - m_new);  // 0 on the first tile (m = -inf)
+            l[g] = l[g] * corr + metrale::warp_sum(p[g]);
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) acc[g][i] *= corr;
+            m[g] = m_new;
+        }
         const uint32_t n = min(32u, end - tile);
         for (uint32_t kk = 0; kk < n; ++kk) {
-            const float pk = __shfl_sync(0xffffffffu, p, kk);
             const size_t vb = __shfl_sync(0xffffffffu, base, kk);
-            const __nv_bfloat16* vrow = v_cache + vb + lane * PER_LANE;
-            if constexpr (PER_LANE == 2) {
-                const float2 vf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow));
-                acc[0] = fmaf(pk, vf.x, acc[0]);
-                acc[1] = fmaf(pk, vf.y, acc[1]);
-            } else {
+            const __nv_bfloat162* vrow =
+                reinterpret_cast<const __nv_bfloat162*>(v_cache + vb + lane * PER_LANE);
+            float2 vf[PER_LANE / 2];
 #pragma unroll
-                for (int i = 0; i < PER_LANE; i += 2) {
-                    const float2 vf =
-                        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + i));
-                    acc[i] = fmaf(pk, vf.x, acc[i]);
-                    acc[i + 1] = fmaf(pk, vf.y, acc[i + 1]);
+            for (int i = 0; i < PER_LANE / 2; ++i) vf[i] = __bfloat1622float2(vrow[i]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float pk = __shfl_sync(0xffffffffu, p[g], kk);
+#pragma unroll
+                for (int i = 0; i < PER_LANE / 2; ++i) {
+                    acc[g][2 * i] = fmaf(pk, vf[i].x, acc[g][2 * i]);
+                    acc[g][2 * i + 1] = fmaf(pk, vf[i].y, acc[g][2 * i + 1]);
                 }
             }
         }
-        m = m_new;
     }
 
-    if (lane == 0) {
-        part_m[warp] = m;
-        part_l[warp] = l;
-    }
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) part_acc[warp][lane * PER_LANE + i] = acc[i];
+    for (int g = 0; g < G; ++g) {
+        if (lane == 0) {
+            part_m[warp][g] = m[g];
+            part_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) part_acc[warp][g][lane * PER_LANE + i] = acc[g][i];
+    }
     __syncthreads();
-    float big = -INFINITY;
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        const int g = i / HD, d = i % HD;
+        float big = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) big = fmaxf(big, part_m[w]);
-    float total = 0.0f, weight[WARPS];
+        for (int w = 0; w < WARPS; ++w) big = fmaxf(big, part_m[w][g]);
+        float total = 0.0f, a = 0.0f;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-        weight[w] = part_l[w] > 0.0f ? __expf(part_m[w] - big) : 0.0f;
-        total += part_l[w] * weight[w];
-    }
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float a = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) a += part_acc[w][d] * weight[w];
+        for (int w = 0; w < WARPS; ++w) {
+            const float weight = part_l[w][g] > 0.0f ? __expf(part_m[w][g] - big) : 0.0f;
+            total += part_l[w][g] * weight;
+            a += part_acc[w][g][d] * weight;
+        }
+        const size_t head = (size_t)t * q_heads + h0 + g;
         if (splits == 1) {
-            out[((size_t)t * q_heads + h) * HD + d] =
-                metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
+            out[head * HD + d] = metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
         } else {
-            float* part = partials + (((size_t)t * q_heads + h) * splits + split) * (HD + 2);
+            float* part = partials + (head * splits + split) * (HD + 2);
             part[d] = a;
             if (d == 0) {
                 part[HD] = total > 0.0f ? big : 0.0f;
@@ -141,10 +166,35 @@ __device__ __forceinline__ void attend(
         }
     }
 }
+
+template <int HD>
+__device__ __forceinline__ void attend_group(
+    uint32_t group, __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+    const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
+    uint32_t keys_per_split, float scale) {
+#define METRALE_ATTEND(G)                                                                      \
+    attend<HD, G>(out, partials, q, k_cache, v_cache, block_tables, token_seq, positions,      \
+                  q_heads, kv_heads, block_size, max_blocks_per_seq, keys_per_split, scale)
+    switch (group) {
+        case 1: METRALE_ATTEND(1); break;
+        case 2: METRALE_ATTEND(2); break;
+        case 3: METRALE_ATTEND(3); break;
+        case 4: METRALE_ATTEND(4); break;
+        case 5: METRALE_ATTEND(5); break;
+        case 6: METRALE_ATTEND(6); break;
+        case 7: METRALE_ATTEND(7); break;
+        case 8: METRALE_ATTEND(8); break;
+        default: break;
+    }
+#undef METRALE_ATTEND
+}
 }  // namespace
 
-// Launch: grid = (tokens, q_heads, splits), block = 128 (gridDim.z must equal `splits`).
-// head_dim must be 64, 128 or 256;
+// Launch: grid = (tokens, kv_heads, splits), block = 128 (gridDim.z must equal `splits`).
+// head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8;
 // `partials` is f32 [tokens, q_heads, splits, head_dim + 2] (unused, may be null, when splits = 1).
 extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
@@ -153,10 +203,13 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions, uint32_t tokens,
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale) {
-    if (blockIdx.x >= tokens || blockIdx.y >= q_heads || gridDim.z != splits) return;
+    metrale::grid_dependency_sync();
+    if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
+    const uint32_t group = q_heads / kv_heads;
 #define METRALE_ATTEND(HD)                                                                     \
-    attend<HD>(out, partials, q, k_cache, v_cache, block_tables, token_seq, positions, q_heads, \
-               kv_heads, block_size, max_blocks_per_seq, keys_per_split, scale)
+    attend_group<HD>(group, out, partials, q, k_cache, v_cache, block_tables, token_seq,       \
+                     positions, q_heads, kv_heads, block_size, max_blocks_per_seq,             \
+                     keys_per_split, scale)
     switch (head_dim) {
         case 64: METRALE_ATTEND(64); break;
         case 128: METRALE_ATTEND(128); break;
@@ -172,6 +225,7 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
 extern "C" __global__ void __launch_bounds__(128) attention_combine_bf16(
     __nv_bfloat16* __restrict__ out, const float* __restrict__ partials, uint32_t tokens,
     uint32_t q_heads, uint32_t head_dim, uint32_t splits) {
+    metrale::grid_dependency_sync();
     const uint32_t t = blockIdx.x, h = blockIdx.y;
     if (t >= tokens || h >= q_heads) return;
     const size_t stride = head_dim + 2;

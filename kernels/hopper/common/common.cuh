@@ -6,6 +6,16 @@
 
 namespace metrale {
 
+// Programmatic dependent launch. The CUDA backend may launch a kernel while the one before it on
+// the stream is still draining (METRALE_PDL=1); such a kernel must not touch global memory, read
+// or write, until the previous grid has finished and its writes are visible. Every kernel entry
+// calls this first; it also lets the next kernel be scheduled as soon as this one's blocks start
+// retiring. Without a programmatic dependency both instructions do nothing.
+__device__ __forceinline__ void grid_dependency_sync() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
 

@@ -9,6 +9,7 @@ extern "C" __global__ void embedding_f32(float* __restrict__ out,
                                          const __nv_bfloat16* __restrict__ table,
                                          const int32_t* __restrict__ ids, uint32_t tokens,
                                          uint32_t hidden, uint32_t vocab) {
+    metrale::grid_dependency_sync();
     const uint32_t t = blockIdx.x;
     if (t >= tokens) return;
     const int32_t id = ids[t];

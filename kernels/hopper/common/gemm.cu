@@ -89,6 +89,7 @@ __device__ void gemm_tile(OutT* __restrict__ c, const __nv_bfloat16* __restrict_
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16(__nv_bfloat16* c, const __nv_bfloat16* a,
                                                             const __nv_bfloat16* w, const __nv_bfloat16* bias,
                                                             uint32_t m, uint32_t n, uint32_t k) {
+    metrale::grid_dependency_sync();
     gemm_tile(c, a, w, bias, m, n, k);
 }
 
@@ -96,5 +97,6 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16(__nv_bfloat16* c, co
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16_f32out(float* c, const __nv_bfloat16* a,
                                                                    const __nv_bfloat16* w, const __nv_bfloat16* bias,
                                                                    uint32_t m, uint32_t n, uint32_t k) {
+    metrale::grid_dependency_sync();
     gemm_tile(c, a, w, bias, m, n, k);
 }

@@ -1,108 +1,315 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 // Skinny GEMM for decode: C[M, N] = A[M, K] * W[N, K]^T (+ bias), M <= 8 rows.
 //
-// At decode the weight is read once per step and every byte of it is used M times, so the kernel
-// is a weight stream: one warp per output column n reads W's row n with 16-byte loads (8 bf16),
-// multiplies it with every row of A (small, served from L1/L2) and reduces across the warp. Grid
-// = ceil(N / 8) blocks of 8 warps. K not a multiple of 8 takes a scalar path (no vector loads on
-// misaligned rows). f32 accumulation, one rounding at the output (none for the f32-output form
-// the LM head uses).
-// Launch: grid = ceil(N / 8), block = 256.
+// At decode the weight is read once per step and each of its bytes is used M times, so the kernel
+// is a weight stream: its speed is the number of weight bytes it keeps in flight. Weight loads are
+// 16 bytes per lane with an L1-no-allocate hint (a weight byte is never read twice, and letting it
+// through L1 would evict A, which every warp of the SM re-reads from there).
+//
+// Work split. A block is 8 warps (256 threads) and covers COLS consecutive output columns. A warp
+// computes `per_warp` columns (1 or 8, below) over one slice of K; the `slices` = 8 * per_warp /
+// COLS warps of a column group split K into equal slices (whole 512-byte pieces of a weight row
+// in the FMA form, 64-byte pieces in the MMA form) and their partial sums meet in shared memory,
+// added in slice order (deterministic). The host
+// picks COLS (`gemv_columns_per_block`, crates/kernels/src/ops/gemm.rs) and launches
+// ceil(N / COLS) blocks; the kernel recovers COLS = next_pow2(ceil(N / gridDim.x)) clamped to
+// [per_warp, 8 * per_warp], which equals the host's choice whenever N >= COLS and otherwise is a
+// smaller power of two that still covers N (more warps per column); a grid too small for COLS is
+// covered by a block-stride loop. So the launch ABI is only (grid, 256 threads).
+//
+// Two inner products, picked by M at compile time (the body is instantiated for M = 1..8):
+// - M <= FMA_MAX_M: one output column per warp. Each lane streams 16-byte chunks of the weight
+//   row, BATCH loads (4 KiB per warp) issued together, and does 8 FMAs per chunk and row of A
+//   (A is re-read from L1). This costs about 8 + 17 M instructions per 16 weight bytes: fine up
+//   to M = 4, issue-bound beyond.
+// - M > FMA_MAX_M: eight output columns per warp through mma.sync m16n8k16 (bf16 in, f32
+//   accumulate), so the arithmetic is two MMAs per 512 weight bytes whatever M is. Lane (g, t)
+//   (g = lane / 4, t = lane % 4) loads 16 bytes of weight row g and of A row g at chunk 4 i + t;
+//   the weight is the B operand (n8 = the 8 columns), A the first 8 rows of the 16-row A operand
+//   (rows 8..15 are zero), and the k slots {2t, 2t + 1, 2t + 8, 2t + 9} of the first MMA take
+//   elements 0..3 of the lane's chunk, those of the second MMA elements 4..7. Both operands use
+//   the same slot -> k map, so the products pair up and the sum over the 32 k is unchanged.
+//
+// K not a multiple of 8 (or A / W not 16-byte aligned) takes a scalar path (no vector loads on
+// misaligned rows). f32 accumulation (FMA or the tensor core's f32 accumulator), bias added in
+// f32, one rounding at the output (none for the f32-output form the LM head uses).
+// Registers: one kernel holds all eight bodies, so it gets the largest one's count; the launch
+// bounds fix it at 80 (3 blocks, 24 warps per SM: at 3 to 4 KiB in flight per warp, about twice
+// the bytes an SM needs in flight to cover HBM latency at full bandwidth), no spills.
+// Launch: grid = ceil(N / COLS), block = 256, COLS in {1, 2, 4, 8} (M <= 4) or {8, 16, 32, 64}.
 #include "common.cuh"
 
 namespace {
 constexpr int MAX_M = 8;
 constexpr int WARPS = 8;
-constexpr int UNROLL = 4;
+// Rows up to which the FMA form is used; must match GEMV_FMA_MAX_ROWS in ops/gemm.rs.
+constexpr int FMA_MAX_M = 4;
+// Output columns per warp in the MMA form (the n of m16n8k16).
+constexpr int TILE = 8;
+// 16-byte weight loads each lane has in flight: 4 KiB per warp.
+constexpr int BATCH = 8;
 
-__device__ __forceinline__ void fma8(float* acc, const uint4& w, const uint4& a) {
-    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&w);
-    const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 wf = __bfloat1622float2(w2[i]);
-        const float2 af = __bfloat1622float2(a2[i]);
-        *acc = fmaf(wf.x, af.x, *acc);
-        *acc = fmaf(wf.y, af.y, *acc);
-    }
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
 }
+
+// The two bf16 of a little-endian pair, widened exactly.
+__device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+__device__ __forceinline__ uint32_t div_ceil(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+__device__ __forceinline__ uint32_t next_pow2(uint32_t x) {
+    return x <= 1 ? 1u : 1u << (32 - __clz(x - 1));
+}
+
 __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = metrale::to_bf16(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
-template <typename Out>
-__device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
-                                     const __nv_bfloat16* __restrict__ w,
-                                     const __nv_bfloat16* __restrict__ bias, uint32_t m,
-                                     uint32_t n, uint32_t k) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t col = blockIdx.x * WARPS + warp;
-    if (col >= n || m > MAX_M) return;
-    float acc[MAX_M];
+// acc[r][0] takes the even elements of the chunk, acc[r][1] the odd ones: two dependency chains.
+// A chunk with live == false contributes nothing (its A loads are skipped, its weights are 0).
+template <int M>
+__device__ __forceinline__ void fma_chunk(float (&acc)[M][2], const uint4& wv,
+                                          const uint4* __restrict__ a, uint32_t chunk,
+                                          uint32_t row_chunks, bool live = true) {
+    const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-    for (int r = 0; r < MAX_M; ++r) acc[r] = 0.0f;
-    const __nv_bfloat16* wrow = w + (size_t)col * k;
-    if (k % 8 == 0) {
-        const uint4* w4 = reinterpret_cast<const uint4*>(wrow);
-        const uint32_t chunks = k / 8;
-        uint32_t i = lane;
-        // Four independent 16-byte weight loads in flight per lane before any is used: at M = 1
-        // a warp otherwise waits one full memory latency per 512 bytes.
-        for (; i + 3 * 32 < chunks; i += 4 * 32) {
-            uint4 wv[UNROLL];
+    for (int r = 0; r < M; ++r) {
+        const uint4 av = live ? __ldg(a + (size_t)r * row_chunks + chunk) : make_uint4(0, 0, 0, 0);
+        const uint32_t x[4] = {av.x, av.y, av.z, av.w};
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) wv[u] = __ldg(w4 + i + u * 32);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-#pragma unroll
-                for (int r = 0; r < MAX_M; ++r) {
-                    if (r < (int)m) {
-                        const uint4 av =
-                            __ldg(reinterpret_cast<const uint4*>(a + (size_t)r * k) + i + u * 32);
-                        fma8(&acc[r], wv[u], av);
-                    }
-                }
-            }
+        for (int j = 0; j < 4; ++j) {
+            acc[r][0] = fmaf(lo(w[j]), lo(x[j]), acc[r][0]);
+            acc[r][1] = fmaf(hi(w[j]), hi(x[j]), acc[r][1]);
         }
-        for (; i < chunks; i += 32) {
-            const uint4 wv = __ldg(w4 + i);
+    }
+}
+
+// out[r] = sum over this warp's slice of K of w_row[k] * a[r, k], on every lane. Warp-uniform.
+template <int M>
+__device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16* __restrict__ w_row,
+                                           const __nv_bfloat16* __restrict__ a, uint32_t k,
+                                           uint32_t slice, uint32_t slices, bool vec, int lane) {
+    float acc[M][2];
 #pragma unroll
-            for (int r = 0; r < MAX_M; ++r) {
-                if (r < (int)m) {
-                    const uint4 av = __ldg(reinterpret_cast<const uint4*>(a + (size_t)r * k) + i);
-                    fma8(&acc[r], wv, av);
-                }
+    for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = 0.0f;
+    if (vec) {
+        const uint32_t chunks = k / 8;
+        // Slices are whole 512-byte pieces of the row, so every warp load is 4 full lines.
+        const uint32_t per = div_ceil(div_ceil(chunks, slices), 32) * 32;
+        const uint32_t begin = min(slice * per, chunks), end = min(begin + per, chunks);
+        const uint4* w4 = reinterpret_cast<const uint4*>(w_row);
+        const uint4* a4 = reinterpret_cast<const uint4*>(a);
+        uint32_t i = begin;
+        for (; i + 32 * BATCH <= end; i += 32 * BATCH) {
+            uint4 wv[BATCH];
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) wv[u] = load_stream(w4 + i + lane + 32 * u);
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) fma_chunk<M>(acc, wv[u], a4, i + lane + 32 * u, chunks);
+        }
+        if (i < end) {
+            // The rest of the slice, fewer than BATCH chunks per lane: predicated loads, still all
+            // issued before the first is used.
+            uint4 wv[BATCH];
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                const uint32_t c = i + lane + 32 * u;
+                wv[u] = c < end ? load_stream(w4 + c) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                const uint32_t c = i + lane + 32 * u;
+                fma_chunk<M>(acc, wv[u], a4, c, chunks, c < end);
             }
         }
     } else {
-        for (uint32_t i = lane; i < k; i += 32) {
-            const float wv = metrale::to_f32(wrow[i]);
+        const uint32_t per = div_ceil(k, slices);
+        const uint32_t begin = min(slice * per, k), end = min(begin + per, k);
+        for (uint32_t e = begin + lane; e < end; e += 32) {
+            const float wf = metrale::to_f32(w_row[e]);
 #pragma unroll
-            for (int r = 0; r < MAX_M; ++r)
-                if (r < (int)m) acc[r] = fmaf(wv, metrale::to_f32(a[(size_t)r * k + i]), acc[r]);
+            for (int r = 0; r < M; ++r)
+                acc[r][0] = fmaf(wf, metrale::to_f32(a[(size_t)r * k + e]), acc[r][0]);
         }
     }
-    const float b = bias != nullptr ? metrale::to_f32(bias[col]) : 0.0f;
 #pragma unroll
-    for (int r = 0; r < MAX_M; ++r) {
-        if (r < (int)m) {
-            const float v = metrale::warp_sum(acc[r]);
-            if (lane == 0) store(&c[(size_t)r * n + col], v + b);
+    for (int r = 0; r < M; ++r) out[r] = metrale::warp_sum(acc[r][0] + acc[r][1]);
+}
+
+// d += A(16 x 16, rows 8..15 zero) * B(16 x 8), bf16 operands, f32 accumulator.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0,
+                                          uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// The MMA form over one slice of K for columns n0..n0+7: on return lane (g, t) holds
+// d[0] += C[g, n0 + 2t] and d[1] += C[g, n0 + 2t + 1] (partial over the slice; rows g >= M are 0).
+// Requires K % 8 == 0 and 16-byte aligned A and W. Warp-uniform.
+template <int M>
+__device__ __forceinline__ void tile_mma(float (&d)[4], const __nv_bfloat16* __restrict__ w,
+                                         const __nv_bfloat16* __restrict__ a, uint32_t n,
+                                         uint32_t k, uint32_t n0, uint32_t slice, uint32_t slices,
+                                         int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t chunks = k / 8;
+    // Slices are whole 32-element blocks: each row's four lanes read 64 contiguous bytes.
+    const uint32_t per = div_ceil(div_ceil(chunks, slices), 4) * 4;
+    const uint32_t begin = min(slice * per, chunks), end = min(begin + per, chunks);
+    const bool w_live = n0 + g < n, a_live = g < M;
+    const uint4* w4 = reinterpret_cast<const uint4*>(w + (size_t)(w_live ? n0 + g : 0) * k);
+    const uint4* a4 = reinterpret_cast<const uint4*>(a + (size_t)(a_live ? g : 0) * k);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    // A second accumulator for the second MMA of each chunk halves the dependent MMA chain.
+    float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    uint32_t i = begin;
+    for (; i + 4 * BATCH <= end; i += 4 * BATCH) {
+        uint4 wv[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) wv[u] = w_live ? load_stream(w4 + i + 4 * u + t) : zero;
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+            const uint4 av = a_live ? __ldg(a4 + i + 4 * u + t) : zero;
+            mma_16816(d, av.x, av.y, wv[u].x, wv[u].y);
+            mma_16816(e, av.z, av.w, wv[u].z, wv[u].w);
         }
+    }
+    if (i < end) {
+        // A lane past the slice's end holds zeros in both operands: the same k slots of every
+        // row and column, so the products it stands for are all zero.
+        uint4 wv[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+            const uint32_t c = i + 4 * u + t;
+            wv[u] = w_live && c < end ? load_stream(w4 + c) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+            if (i + 4 * u < end) {  // warp-uniform: some lane of the block is live
+                const uint32_t c = i + 4 * u + t;
+                const uint4 av = a_live && c < end ? __ldg(a4 + c) : zero;
+                mma_16816(d, av.x, av.y, wv[u].x, wv[u].y);
+                mma_16816(e, av.z, av.w, wv[u].z, wv[u].w);
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) d[q] += e[q];
+}
+
+// partial holds WARPS x (MAX_M x TILE) floats: warp w's partial sum for row r and its j-th
+// column at partial[w * 64 + r * 8 + j].
+template <int M, typename Out>
+__device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+                                     const __nv_bfloat16* __restrict__ w,
+                                     const __nv_bfloat16* __restrict__ bias, uint32_t n,
+                                     uint32_t k, float* partial) {
+    constexpr bool MMA = M > FMA_MAX_M;
+    constexpr uint32_t PER_WARP = MMA ? TILE : 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t cols =
+        min(max(next_pow2(div_ceil(n, gridDim.x)), PER_WARP), PER_WARP * WARPS);
+    const uint32_t slices = WARPS * PER_WARP / cols;
+    const uint32_t group = warp / slices, slice = warp % slices;
+    const bool vec = k % 8 == 0 &&
+                     ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w)) & 15) == 0;
+    float* mine = partial + warp * (MAX_M * TILE);
+    for (uint32_t base = blockIdx.x * cols; base < n; base += gridDim.x * cols) {
+        const uint32_t first = base + group * PER_WARP;
+        if constexpr (MMA) {
+            if (vec) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                tile_mma<M>(d, w, a, n, k, first, slice, slices, lane);
+                const int g = lane >> 2, t = lane & 3;
+                if (g < M) {
+                    mine[g * TILE + 2 * t] = d[0];
+                    mine[g * TILE + 2 * t + 1] = d[1];
+                }
+            } else {
+                for (uint32_t j = 0; j < TILE; ++j) {
+                    float out[M];
+                    if (first + j < n) {
+                        column_dot<M>(out, w + (size_t)(first + j) * k, a, k, slice, slices,
+                                      false, lane);
+                    } else {
+#pragma unroll
+                        for (int r = 0; r < M; ++r) out[r] = 0.0f;
+                    }
+                    if (lane == 0) {
+#pragma unroll
+                        for (int r = 0; r < M; ++r) mine[r * TILE + j] = out[r];
+                    }
+                }
+            }
+        } else {
+            float out[M];
+            if (first < n) {
+                column_dot<M>(out, w + (size_t)first * k, a, k, slice, slices, vec, lane);
+            } else {
+#pragma unroll
+                for (int r = 0; r < M; ++r) out[r] = 0.0f;
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < M; ++r) mine[r * TILE] = out[r];
+            }
+        }
+        __syncthreads();
+        // Consecutive threads take consecutive columns of one row: coalesced stores.
+        for (uint32_t i = threadIdx.x; i < cols * M; i += blockDim.x) {
+            const uint32_t r = i / cols, cc = i % cols, col = base + cc;
+            if (col >= n) continue;
+            const uint32_t grp = cc / PER_WARP, j = cc % PER_WARP;
+            float s = 0.0f;
+            for (uint32_t q = 0; q < slices; ++q)
+                s += partial[(grp * slices + q) * (MAX_M * TILE) + r * TILE + j];
+            if (bias != nullptr) s += metrale::to_f32(bias[col]);
+            store(&c[(size_t)r * n + col], s);
+        }
+        __syncthreads();
+    }
+}
+
+template <typename Out>
+__device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+                                         const __nv_bfloat16* __restrict__ w,
+                                         const __nv_bfloat16* __restrict__ bias, uint32_t m,
+                                         uint32_t n, uint32_t k) {
+    __shared__ float partial[WARPS * MAX_M * TILE];
+    if (n == 0) return;
+    switch (m) {
+        case 1: gemv<1>(c, a, w, bias, n, k, partial); break;
+        case 2: gemv<2>(c, a, w, bias, n, k, partial); break;
+        case 3: gemv<3>(c, a, w, bias, n, k, partial); break;
+        case 4: gemv<4>(c, a, w, bias, n, k, partial); break;
+        case 5: gemv<5>(c, a, w, bias, n, k, partial); break;
+        case 6: gemv<6>(c, a, w, bias, n, k, partial); break;
+        case 7: gemv<7>(c, a, w, bias, n, k, partial); break;
+        case 8: gemv<8>(c, a, w, bias, n, k, partial); break;
+        default: break;  // m = 0, or m > 8 (the host reference refuses it)
     }
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256) gemv_bf16(__nv_bfloat16* __restrict__ c,
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16(__nv_bfloat16* __restrict__ c,
                                                             const __nv_bfloat16* __restrict__ a,
                                                             const __nv_bfloat16* __restrict__ w,
                                                             const __nv_bfloat16* __restrict__ bias,
                                                             uint32_t m, uint32_t n, uint32_t k) {
-    gemv(c, a, w, bias, m, n, k);
+    metrale::grid_dependency_sync();
+    gemv_any(c, a, w, bias, m, n, k);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_bf16_f32out(
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_f32out(
     float* __restrict__ c, const __nv_bfloat16* __restrict__ a,
     const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
     uint32_t n, uint32_t k) {
-    gemv(c, a, w, bias, m, n, k);
+    metrale::grid_dependency_sync();
+    gemv_any(c, a, w, bias, m, n, k);
 }

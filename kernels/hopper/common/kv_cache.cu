@@ -12,6 +12,7 @@ extern "C" __global__ void kv_cache_write_bf16(__nv_bfloat16* __restrict__ k_cac
                                                const __nv_bfloat16* __restrict__ v,
                                                const int32_t* __restrict__ slots, uint32_t tokens,
                                                uint32_t row) {
+    metrale::grid_dependency_sync();
     const uint32_t t = blockIdx.x;
     if (t >= tokens) return;
     const int32_t slot = slots[t];

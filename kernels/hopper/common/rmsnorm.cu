@@ -13,6 +13,7 @@ extern "C" __global__ void rmsnorm_bf16(__nv_bfloat16* __restrict__ out,
                                         const __nv_bfloat16* __restrict__ input,
                                         const __nv_bfloat16* __restrict__ weight, uint32_t rows,
                                         uint32_t cols, float eps) {
+    metrale::grid_dependency_sync();
     __shared__ float scratch[32];
     const uint32_t r = blockIdx.x;
     if (r >= rows) return;
@@ -37,6 +38,7 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
                                               const __nv_bfloat16* __restrict__ input,
                                               const __nv_bfloat16* __restrict__ weight,
                                               uint32_t rows, uint32_t cols, float eps) {
+    metrale::grid_dependency_sync();
     __shared__ float scratch[32];
     const uint32_t r = blockIdx.x;
     if (r >= rows) return;

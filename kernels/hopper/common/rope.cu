@@ -15,6 +15,7 @@ extern "C" __global__ void rope_neox_bf16(__nv_bfloat16* __restrict__ x,
                                           const float* __restrict__ sin_table, uint32_t tokens,
                                           uint32_t heads, uint32_t head_dim,
                                           uint32_t token_stride, uint32_t max_position) {
+    metrale::grid_dependency_sync();
     const uint32_t t = blockIdx.x;
     const uint32_t h = blockIdx.y;
     if (t >= tokens || h >= heads) return;

@@ -34,7 +34,7 @@ kernel_args!(
         tokens: u32,
         /// Query heads.
         q_heads: u32,
-        /// Key/value heads (divides `q_heads`).
+        /// Key/value heads (divides `q_heads`, at most 8 query heads each).
         kv_heads: u32,
         /// Elements per head: 64, 128 or 256.
         head_dim: u32,
@@ -69,20 +69,64 @@ kernel_args!(
     }
 );
 
-/// Keys per split and splits for a launch of `tokens` query tokens over `q_heads` heads whose
-/// longest context is `max_context` keys, given room for `max_partials` partials: split until
-/// the launch has about `target_blocks` blocks, never below 64 keys per split.
+kernel_args!(
+    /// Causal attention of prefill query tiles on tensor cores. Tile `i` of `tiles` is
+    /// `(seq, first_token, first_position, count)`: `count` (1..=64) consecutive tokens of
+    /// sequence `seq` from `first_token` on, at positions `first_position..first_position +
+    /// count`; token `first_token + r` attends to keys `0..=first_position + r` of its sequence in
+    /// the paged cache, so a later chunk of a chunked prefill reads the earlier chunks' keys from
+    /// the cache. Only tokens a tile names are written. Built by [`prefill_attention_tiles`].
+    ///
+    /// The kernel rounds the softmax probabilities to bf16 for the `P V` product (f32 scores,
+    /// max, sums and accumulators; docs/precision.md); the reference computes [`PagedAttention`]'s
+    /// f32 softmax. Head dims 64 and 128 only ([`PrefillAttention::supports_head_dim`]): for
+    /// others the kernel writes nothing and callers use [`PagedAttention`].
+    PrefillAttention => names::prefill_attention::PREFILL_ATTENTION_BF16 {
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        out: DevicePtr,
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        q: DevicePtr,
+        /// bf16 `[num_blocks, block_size, kv_heads, head_dim]`.
+        k_cache: DevicePtr,
+        /// bf16, same layout as `k_cache`.
+        v_cache: DevicePtr,
+        /// i32 `[num_seqs, max_blocks_per_seq]`.
+        block_tables: DevicePtr,
+        /// i32 `[num_tiles, 4]`: `(seq, first_token, first_position, count)` per tile.
+        tiles: DevicePtr,
+        /// Query tiles (the launch's grid x).
+        num_tiles: u32,
+        /// Query heads (the launch's grid y).
+        q_heads: u32,
+        /// Key/value heads (divides `q_heads`).
+        kv_heads: u32,
+        /// Elements per head: 64 or 128.
+        head_dim: u32,
+        /// Tokens per cache block.
+        block_size: u32,
+        /// Columns of `block_tables`.
+        max_blocks_per_seq: u32,
+        /// Score scale (`1 / sqrt(head_dim)`), positive.
+        scale: f32,
+    }
+);
+
+/// Keys per split and splits for a [`PagedAttention`] launch of `tokens` query tokens over
+/// `q_heads` query and `kv_heads` kv heads whose longest context is `max_context` keys, given room
+/// for `max_partials` partials (one per token, query head and split): split until the launch has
+/// about `target_blocks` blocks (one per token, kv head and split), never below 64 keys per split.
 pub fn attention_splits(
     tokens: u32,
     q_heads: u32,
+    kv_heads: u32,
     max_context: u32,
     max_partials: u32,
     target_blocks: u32,
 ) -> (u32, u32) {
-    let rows = (tokens * q_heads).max(1);
-    let want = target_blocks.div_ceil(rows);
+    let blocks = (tokens * kv_heads).max(1);
+    let want = target_blocks.div_ceil(blocks);
     let by_len = max_context / 64;
-    let room = max_partials / rows;
+    let room = max_partials / (tokens * q_heads).max(1);
     let splits = want.min(by_len).min(room).max(1);
     (max_context.div_ceil(splits).max(1), splits)
 }
@@ -146,12 +190,104 @@ impl Kernel for AttentionCombine {
     }
 }
 
+/// One sequence's keys and values of one kv head, read through its block table.
+struct SeqKv<'a> {
+    k_cache: &'a [bf16],
+    v_cache: &'a [bf16],
+    table: &'a [i32],
+    block_size: usize,
+    /// Elements per cache slot: `kv_heads * head_dim`.
+    row: usize,
+    /// Offset of the kv head in a slot: `kv_head * head_dim`.
+    head: usize,
+    head_dim: usize,
+}
+
+impl SeqKv<'_> {
+    /// Element offset of key `j`'s row.
+    fn slot(&self, j: usize) -> usize {
+        (self.table[j / self.block_size] as usize * self.block_size + j % self.block_size)
+            * self.row
+            + self.head
+    }
+
+    /// Attention of query `qv` over `keys`, all f32: the unnormalised weighted sum of the values,
+    /// the largest scaled score and the sum of `exp(score - max)` (zeros, `-inf` and 0 for no
+    /// keys). `scores` is scratch.
+    fn attend(
+        &self,
+        qv: &[f32],
+        keys: std::ops::Range<usize>,
+        scale: f32,
+        scores: &mut Vec<f32>,
+    ) -> (Vec<f32>, f32, f32) {
+        let d = self.head_dim;
+        scores.clear();
+        for j in keys.clone() {
+            let k = &self.k_cache[self.slot(j)..][..d];
+            scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * scale);
+        }
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        let mut acc = vec![0f32; d];
+        for (j, p) in keys.zip(scores.iter()) {
+            let v = &self.v_cache[self.slot(j)..][..d];
+            for (a, x) in acc.iter_mut().zip(v) {
+                *a += p * widen(*x);
+            }
+        }
+        (acc, max, total)
+    }
+
+    /// Attention of query `qv` over keys `0..ctx` as the tensor-core prefill kernel computes it:
+    /// keys in tiles of [`PrefillAttention::TILE_TOKENS`] from key 0, a running max updated per
+    /// tile, each probability rounded to bf16 before it weights its value and before it joins the
+    /// row sum; the normalised f32 output.
+    fn attend_tiled(&self, qv: &[f32], ctx: usize, scale: f32, scores: &mut Vec<f32>) -> Vec<f32> {
+        let d = self.head_dim;
+        let tile = PrefillAttention::TILE_TOKENS as usize;
+        let (mut max, mut total) = (f32::NEG_INFINITY, 0f32);
+        let mut acc = vec![0f32; d];
+        for start in (0..ctx).step_by(tile) {
+            let keys = start..(start + tile).min(ctx);
+            scores.clear();
+            for j in keys.clone() {
+                let k = &self.k_cache[self.slot(j)..][..d];
+                scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * scale);
+            }
+            let new_max = scores.iter().copied().fold(max, f32::max);
+            let corr = (max - new_max).exp();
+            total *= corr;
+            acc.iter_mut().for_each(|a| *a *= corr);
+            for (j, s) in keys.zip(scores.iter()) {
+                let p = widen(bf16::from_f32((s - new_max).exp()));
+                total += p;
+                let v = &self.v_cache[self.slot(j)..][..d];
+                for (a, x) in acc.iter_mut().zip(v) {
+                    *a += p * widen(*x);
+                }
+            }
+            max = new_max;
+        }
+        acc.iter().map(|a| a / total).collect()
+    }
+}
+
 impl Kernel for PagedAttention {
     fn launch_config(&self) -> LaunchConfig {
+        // One block per (token, kv head, split) serves the kv head's whole query group; its
+        // shared memory holds the group's queries and the 4 warps' partial outputs and softmax
+        // state (attention.cu).
+        let group = self.q_heads / self.kv_heads.max(1);
+        let floats = (4 + 1) * group * self.head_dim + 2 * 4 * group;
         LaunchConfig {
-            grid: [self.tokens, self.q_heads, self.splits],
+            grid: [self.tokens, self.kv_heads, self.splits],
             block: [128, 1, 1],
-            shared_mem_bytes: 0,
+            shared_mem_bytes: floats * 4,
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
@@ -166,9 +302,9 @@ impl Kernel for PagedAttention {
             kernel: Self::NAME,
             message,
         };
-        if kvh == 0 || qh % kvh != 0 {
+        if kvh == 0 || qh % kvh != 0 || qh / kvh > 8 {
             return Err(bad(format!(
-                "q_heads {qh} is not a multiple of kv_heads {kvh}"
+                "q_heads {qh} is not a multiple of kv_heads {kvh} by at most 8"
             )));
         }
         let q = host::load_bf16(mem, self.q, t_n * qh * d)?;
@@ -209,37 +345,24 @@ impl Kernel for PagedAttention {
                     "token {t}: context {ctx} exceeds {z} splits of {per} keys"
                 )));
             }
-            let table = &tables[seq * maxb..(seq + 1) * maxb];
             for h in 0..qh {
-                let kv = h / (qh / kvh);
+                let kv = SeqKv {
+                    k_cache: &k_cache,
+                    v_cache: &v_cache,
+                    table: &tables[seq * maxb..(seq + 1) * maxb],
+                    block_size: bs,
+                    row,
+                    head: h / (qh / kvh) * d,
+                    head_dim: d,
+                };
                 let qv = &q[(t * qh + h) * d..][..d];
-                let slot = |j: usize| (table[j / bs] as usize * bs + j % bs) * row + kv * d;
                 for split in 0..z {
                     let keys = if z == 1 {
                         0..ctx
                     } else {
                         (split * per).min(ctx)..((split + 1) * per).min(ctx)
                     };
-                    scores.clear();
-                    for j in keys.clone() {
-                        let k = &k_cache[slot(j)..][..d];
-                        scores.push(
-                            qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * self.scale,
-                        );
-                    }
-                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut total = 0f32;
-                    for s in scores.iter_mut() {
-                        *s = (*s - max).exp();
-                        total += *s;
-                    }
-                    let mut acc = vec![0f32; d];
-                    for (j, p) in keys.zip(&scores) {
-                        let v = &v_cache[slot(j)..][..d];
-                        for (a, x) in acc.iter_mut().zip(v) {
-                            *a += p * widen(*x);
-                        }
-                    }
+                    let (acc, max, total) = kv.attend(qv, keys, self.scale, &mut scores);
                     if z == 1 {
                         let o = &mut out[(t * qh + h) * d..][..d];
                         for (o, a) in o.iter_mut().zip(&acc) {
@@ -261,6 +384,135 @@ impl Kernel for PagedAttention {
             return host::store(mem, self.partials, &parts);
         }
         host::store_bf16(mem, self.out, &out)
+    }
+}
+
+impl PrefillAttention {
+    /// Most query tokens in one tile (the kernel's 4 warps of 16 rows).
+    pub const TILE_TOKENS: u32 = 64;
+
+    /// Whether the kernel covers this head dimension (64 and 128; callers keep
+    /// [`PagedAttention`] for the others).
+    pub const fn supports_head_dim(head_dim: u32) -> bool {
+        matches!(head_dim, 64 | 128)
+    }
+}
+
+/// The query tiles of [`PrefillAttention`] for a step's tokens (`token_seq[t]`, `positions[t]`):
+/// runs of consecutive tokens of one sequence at consecutive positions, cut every
+/// [`PrefillAttention::TILE_TOKENS`] tokens, as `(seq, first_token, first_position, count)`. A
+/// decode token is a tile of one. Never more tiles than tokens.
+pub fn prefill_attention_tiles(token_seq: &[i32], positions: &[i32]) -> Vec<[i32; 4]> {
+    let mut tiles: Vec<[i32; 4]> = Vec::new();
+    for (t, (&seq, &pos)) in token_seq.iter().zip(positions).enumerate() {
+        if let Some([s, _, first, count]) = tiles.last_mut()
+            && *s == seq
+            && *first + *count == pos
+            && (*count as u32) < PrefillAttention::TILE_TOKENS
+        {
+            *count += 1;
+            continue;
+        }
+        tiles.push([seq, t as i32, pos, 1]);
+    }
+    tiles
+}
+
+impl Kernel for PrefillAttention {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            // One block for an empty launch, which returns at once (a zero grid is a driver error).
+            grid: [self.num_tiles.max(1), self.q_heads, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (qh, kvh, d) = (
+            self.q_heads as usize,
+            self.kv_heads as usize,
+            self.head_dim as usize,
+        );
+        let (bs, maxb) = (self.block_size as usize, self.max_blocks_per_seq as usize);
+        let bad = |message: String| HostError::BadArgs {
+            kernel: Self::NAME,
+            message,
+        };
+        if kvh == 0 || qh % kvh != 0 {
+            return Err(bad(format!(
+                "q_heads {qh} is not a multiple of kv_heads {kvh}"
+            )));
+        }
+        if !Self::supports_head_dim(self.head_dim) {
+            return Err(bad(format!(
+                "head_dim {d} is not 64 or 128 (use paged attention)"
+            )));
+        }
+        let tiles = host::load::<i32>(mem, self.tiles, 4 * self.num_tiles as usize)?;
+        let tiles: Vec<[i32; 4]> = tiles
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
+            .collect();
+        for (i, &[seq, first, pos, count]) in tiles.iter().enumerate() {
+            if seq < 0 || first < 0 || pos < 0 || !(1..=Self::TILE_TOKENS as i32).contains(&count) {
+                return Err(bad(format!(
+                    "tile {i} (seq {seq}, first token {first}, first position {pos}, count \
+                     {count}) is not a tile of 1..=64 tokens"
+                )));
+            }
+            if (pos + count) as usize > maxb * bs {
+                return Err(bad(format!(
+                    "tile {i} reaches position {}, outside its block table of {maxb} blocks",
+                    pos + count - 1
+                )));
+            }
+        }
+        let tokens = tiles
+            .iter()
+            .map(|t| (t[1] + t[3]) as usize)
+            .max()
+            .unwrap_or(0);
+        let seqs = tiles.iter().map(|t| t[0] as usize + 1).max().unwrap_or(0);
+        let q = host::load_bf16(mem, self.q, tokens * qh * d)?;
+        let tables = host::load::<i32>(mem, self.block_tables, seqs * maxb)?;
+        let blocks = tables
+            .iter()
+            .map(|&b| b.max(0) as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let row = kvh * d;
+        let k_cache = host::view::<bf16>(mem, self.k_cache, blocks * bs * row)?;
+        let v_cache = host::view::<bf16>(mem, self.v_cache, blocks * bs * row)?;
+        // (token, its q_heads * head_dim outputs): only tokens named by a tile are written.
+        let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut scores = Vec::new();
+        for &[seq, first, pos, count] in &tiles {
+            let (seq, first, pos) = (seq as usize, first as usize, pos as usize);
+            for i in 0..count as usize {
+                let t = first + i;
+                let mut o = vec![0f32; qh * d];
+                for h in 0..qh {
+                    let kv = SeqKv {
+                        k_cache: &k_cache,
+                        v_cache: &v_cache,
+                        table: &tables[seq * maxb..(seq + 1) * maxb],
+                        block_size: bs,
+                        row,
+                        head: h / (qh / kvh) * d,
+                        head_dim: d,
+                    };
+                    let qv = &q[(t * qh + h) * d..][..d];
+                    let out = kv.attend_tiled(qv, pos + i + 1, self.scale, &mut scores);
+                    o[h * d..][..d].copy_from_slice(&out);
+                }
+                rows.push((t, o));
+            }
+        }
+        drop((k_cache, v_cache));
+        for (t, o) in rows {
+            host::store_bf16(mem, self.out.offset(t * qh * d * 2), &o)?;
+        }
+        Ok(())
     }
 }
 
@@ -367,15 +619,179 @@ mod tests {
 
     #[test]
     fn splits_cover_the_context_and_fill_the_gpu() {
-        // Batch-1 decode at 1k context over 32 heads: 9 splits (288 blocks) of 114 keys.
-        assert_eq!(attention_splits(1, 32, 1024, 32768, 264), (114, 9));
+        // Batch-1 decode at 4k context over 8 kv heads: 33 splits (264 blocks) of 125 keys.
+        assert_eq!(attention_splits(1, 32, 8, 4096, 32768, 264), (125, 33));
+        // At 1k, 64 keys per split bound it: 16 splits (128 blocks).
+        assert_eq!(attention_splits(1, 32, 8, 1024, 32768, 264), (64, 16));
         // A large prefill needs no split.
-        assert_eq!(attention_splits(4096, 32, 4096, 32768, 264).1, 1);
-        // Never below 64 keys per split, never beyond the partials' room.
-        assert_eq!(attention_splits(1, 32, 100, 32768, 264), (100, 1));
-        assert_eq!(attention_splits(1, 32, 128, 32768, 264), (64, 2));
-        let (per, splits) = attention_splits(64, 32, 100_000, 32768, 100_000);
+        assert_eq!(attention_splits(4096, 32, 8, 4096, 32768, 264).1, 1);
+        // Never below 64 keys per split, never beyond the partials' room (per query head).
+        assert_eq!(attention_splits(1, 32, 8, 100, 32768, 264), (100, 1));
+        assert_eq!(attention_splits(1, 32, 8, 128, 32768, 264), (64, 2));
+        let (per, splits) = attention_splits(64, 32, 8, 100_000, 32768, 100_000);
         assert!(64 * 32 * splits <= 32768 && per * splits >= 100_000);
+    }
+
+    #[test]
+    fn prefill_tiles_cut_runs_of_one_sequence() {
+        // Sequence 0: positions 10..140 (cut at 64); sequence 1: a decode token; sequence 0
+        // again after a gap in positions.
+        let mut seq = vec![0i32; 130];
+        let mut pos: Vec<i32> = (10..140).collect();
+        seq.push(1);
+        pos.push(7);
+        seq.extend([0, 0]);
+        pos.extend([200, 201]);
+        assert_eq!(
+            prefill_attention_tiles(&seq, &pos),
+            vec![
+                [0, 0, 10, 64],
+                [0, 64, 74, 64],
+                [0, 128, 138, 2],
+                [1, 130, 7, 1],
+                [0, 131, 200, 2]
+            ]
+        );
+        assert!(prefill_attention_tiles(&[], &[]).is_empty());
+    }
+
+    /// A deterministic bf16 fill in [-2, 2).
+    fn noise(n: usize, seed: u64) -> Vec<bf16> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                bf16::from_f32(((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prefill_reference_agrees_with_paged_reference_to_bf16_probabilities() {
+        // Two sequences with out-of-order blocks of 16: a second prefill chunk (positions
+        // 100..170, keys of the first chunk already cached) and a first chunk (0..40), plus a
+        // decode token of a third sequence; GQA 4, head_dim 64.
+        const D: usize = 64;
+        let (qh, kvh, bs, maxb) = (8usize, 2usize, 16usize, 11usize);
+        let tables: Vec<i32> = (0..3 * maxb as i32).map(|b| (b * 7) % 33).collect();
+        let mut token_seq = Vec::new();
+        let mut positions = Vec::new();
+        for (seq, range) in [(0, 100..170), (1, 0..40), (2, 150..151)] {
+            for p in range {
+                token_seq.push(seq);
+                positions.push(p);
+            }
+        }
+        let tokens = token_seq.len();
+        let tiles = prefill_attention_tiles(&token_seq, &positions);
+        assert_eq!(tiles.len(), 4);
+        let mut m = FlatMemory::new();
+        let cache = 33 * bs * kvh * D;
+        let (q, k_cache, v_cache) = (
+            m.put(&noise(tokens * qh * D, 1)),
+            m.put(&noise(cache, 2)),
+            m.put(&noise(cache, 3)),
+        );
+        let block_tables = m.put(&tables);
+        // One spare row past the last token, which neither kernel may write.
+        let sentinel = bf16s(&vec![7.0; (tokens + 1) * qh * D]);
+        let (paged_out, prefill_out) = (m.put(&sentinel), m.put(&sentinel));
+        let scale = 1.0 / (D as f32).sqrt();
+        PagedAttention {
+            out: paged_out,
+            partials: DevicePtr::NULL,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            token_seq: m.put(&token_seq),
+            positions: m.put(&positions),
+            tokens: tokens as u32,
+            q_heads: qh as u32,
+            kv_heads: kvh as u32,
+            head_dim: D as u32,
+            block_size: bs as u32,
+            max_blocks_per_seq: maxb as u32,
+            keys_per_split: 0,
+            splits: 1,
+            scale,
+        }
+        .reference(&mut m)
+        .unwrap();
+        PrefillAttention {
+            out: prefill_out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            tiles: m.put(&tiles.concat()),
+            num_tiles: tiles.len() as u32,
+            q_heads: qh as u32,
+            kv_heads: kvh as u32,
+            head_dim: D as u32,
+            block_size: bs as u32,
+            max_blocks_per_seq: maxb as u32,
+            scale,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let n = (tokens + 1) * qh * D;
+        let (paged, prefill) = (m.get::<bf16>(paged_out, n), m.get::<bf16>(prefill_out, n));
+        // The same attention up to the prefill kernel's bf16 probabilities: a relative L2
+        // difference of the order of bf16's precision, far below that of a wrong key or mask.
+        let live = tokens * qh * D;
+        let (mut diff, mut norm) = (0f64, 0f64);
+        for (a, b) in paged[..live].iter().zip(&prefill[..live]) {
+            let (a, b) = (f64::from(widen(*a)), f64::from(widen(*b)));
+            diff += (a - b) * (a - b);
+            norm += a * a;
+        }
+        let rel = (diff / norm).sqrt();
+        assert!(rel > 0.0 && rel < 5e-3, "relative L2 difference {rel}");
+        assert!(prefill[tokens * qh * D..].iter().all(|&x| x == sentinel[0]));
+        assert!(prefill[..tokens * qh * D].iter().all(|&x| x != sentinel[0]));
+    }
+
+    #[test]
+    fn prefill_reference_refuses_bad_tiles_and_head_dims() {
+        let mut m = FlatMemory::new();
+        let base = causal_setup(&mut m);
+        let k = PrefillAttention {
+            out: base.out,
+            q: base.q,
+            k_cache: base.k_cache,
+            v_cache: base.v_cache,
+            block_tables: base.block_tables,
+            tiles: m.put(&[0i32, 0, 0, 65]),
+            num_tiles: 1,
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim: 64,
+            block_size: 2,
+            max_blocks_per_seq: 2,
+            scale: 1.0,
+        };
+        assert!(k.reference(&mut m).is_err());
+        let past_table = m.put(&[0i32, 0, 2, 3]);
+        let k = PrefillAttention {
+            tiles: past_table,
+            ..k
+        };
+        assert!(k.reference(&mut m).is_err());
+        let ok = m.put(&[0i32, 0, 0, 2]);
+        assert!(
+            PrefillAttention { tiles: ok, ..k }
+                .reference(&mut m)
+                .is_ok()
+        );
+        let k = PrefillAttention {
+            tiles: ok,
+            head_dim: 256,
+            ..k
+        };
+        assert!(k.reference(&mut m).is_err());
     }
 
     #[test]

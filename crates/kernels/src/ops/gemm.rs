@@ -49,8 +49,8 @@ kernel_args!(
 );
 
 kernel_args!(
-    /// The same product for decode-sized `m` (at most [`GEMV_MAX_ROWS`]): a weight stream, one
-    /// warp per output column.
+    /// The same product for decode-sized `m` (at most [`GEMV_MAX_ROWS`]): a weight stream whose
+    /// launch geometry comes from [`gemv_columns_per_block`].
     Gemv => names::gemv::GEMV_BF16 {
         /// bf16 `[m, n]`.
         c: DevicePtr,
@@ -92,6 +92,55 @@ kernel_args!(
 /// Most rows [`Gemv`] takes; larger `m` goes to [`Gemm`].
 pub const GEMV_MAX_ROWS: u32 = 8;
 
+/// Rows up to which the GEMV computes one output column per warp with FMAs; above, a warp
+/// computes [`GEMV_TILE`] columns with tensor-core MMAs. Mirrors `FMA_MAX_M` in gemv.cu.
+const GEMV_FMA_MAX_ROWS: u32 = 4;
+/// Output columns per warp of the GEMV's MMA form (`TILE` in gemv.cu).
+const GEMV_TILE: u64 = 8;
+/// Warps per GEMV block (256 threads).
+const GEMV_WARPS: u64 = 8;
+/// Weight bytes one GEMV warp has in flight: 8 loads of 16 bytes per lane (`BATCH` in gemv.cu).
+const GEMV_BATCH_BYTES: u64 = 4096;
+/// GEMV warps resident at once on the Hopper class: 132 SMs x 3 blocks of 8 warps (the kernel is
+/// built with `__launch_bounds__(256, 3)`: 80 registers per thread).
+const GEMV_RESIDENT_WARPS: u64 = 132 * 3 * GEMV_WARPS;
+
+/// Output columns each 256-thread block of the GEMV covers (the grid is `ceil(n / columns)`).
+///
+/// A warp computes `per_warp` columns (1 for `m <= 4`, 8 for the MMA form) over one slice of K;
+/// the `8 * per_warp / columns` warps of a column group split K evenly and add their partial
+/// sums in shared memory. The rule: pick the split (1, 2, 4 or 8 slices) that puts the most
+/// weight bytes in flight in the first wave of resident warps, counting each warp for at most
+/// one batch (4 KiB) of loads, and the fewest slices among equals. Large products are not split
+/// (every resident warp already has a full batch); a small N with a long K is (Qwen3-8B's k/v at
+/// m = 1: 2 slices, 2048 warps each streaming 4 KiB, the whole 8 MiB in flight at once).
+///
+/// gemv.cu recovers `columns` as `next_pow2(ceil(n / gridDim.x))` clamped to
+/// `[per_warp, 8 * per_warp]`: the same value whenever `n >= columns`, and otherwise a smaller
+/// power of two that still covers `n`.
+pub fn gemv_columns_per_block(m: u32, n: u32, k: u32) -> u32 {
+    let per_warp = if m <= GEMV_FMA_MAX_ROWS { 1 } else { GEMV_TILE };
+    let groups = u64::from(n).div_ceil(per_warp);
+    let group_bytes = per_warp * u64::from(k) * 2;
+    let in_flight = |slices: u64| {
+        (groups * slices).min(GEMV_RESIDENT_WARPS) * (group_bytes / slices).min(GEMV_BATCH_BYTES)
+    };
+    let slices = [2u64, 4, 8].into_iter().fold(1, |best, s| {
+        if in_flight(s) > in_flight(best) {
+            s
+        } else {
+            best
+        }
+    });
+    (per_warp * GEMV_WARPS / slices) as u32
+}
+
+/// The GEMV's launch: `ceil(n / columns)` blocks of 256 threads.
+fn gemv_launch(m: u32, n: u32, k: u32) -> LaunchConfig {
+    let columns = gemv_columns_per_block(m, n, k);
+    LaunchConfig::linear(blocks_for(n.into(), columns).max(1), 256)
+}
+
 /// The GEMV reference: the GEMM's, after checking `m`.
 #[allow(clippy::too_many_arguments)]
 fn gemv_reference(
@@ -115,7 +164,7 @@ fn gemv_reference(
 
 impl Kernel for Gemv {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(blocks_for(self.n.into(), 8), 256)
+        gemv_launch(self.m, self.n, self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let c = gemv_reference(
@@ -134,7 +183,7 @@ impl Kernel for Gemv {
 
 impl Kernel for GemvF32Out {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(blocks_for(self.n.into(), 8), 256)
+        gemv_launch(self.m, self.n, self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let c = gemv_reference(
@@ -277,6 +326,63 @@ impl Kernel for GemmF32Out {
 mod tests {
     use super::*;
     use crate::ops::testing::*;
+
+    #[test]
+    fn gemv_splits_k_only_where_it_adds_bytes_in_flight() {
+        // (m, n, k) -> columns per block.
+        for &(m, n, k, columns) in &[
+            (1u32, 1024u32, 4096u32, 4u32), // Qwen3-8B k/v: 2 slices, 2048 warps x 4 KiB
+            (1, 4096, 4096, 8),             // q, o: no split
+            (1, 6144, 4096, 8),             // fused QKV
+            (1, 24576, 4096, 8),            // gate_up
+            (1, 4096, 12288, 8),            // down
+            (1, 1024, 3072, 4),             // Qwen3-0.6B down: 2 slices of 3 KiB
+            (1, 2048, 1024, 8),             // Qwen3-0.6B q: rows of 2 KiB, no split
+            (4, 1024, 4096, 4),
+            (8, 1024, 4096, 8),   // MMA form: 128 tiles x 8 slices
+            (8, 4096, 4096, 8),   // 512 tiles x 8 slices = 4096 warps
+            (8, 24576, 4096, 32), // 3072 tiles x 2 slices
+            (5, 77, 576, 16),
+        ] {
+            assert_eq!(
+                gemv_columns_per_block(m, n, k),
+                columns,
+                "m={m} n={n} k={k}"
+            );
+        }
+    }
+
+    /// gemv.cu's recovery of the block's column count from the grid, written out in Rust.
+    fn recovered_columns(m: u32, n: u32, grid: u32) -> u32 {
+        let per_warp = if m <= GEMV_FMA_MAX_ROWS {
+            1
+        } else {
+            GEMV_TILE as u32
+        };
+        n.div_ceil(grid)
+            .next_power_of_two()
+            .clamp(per_warp, per_warp * GEMV_WARPS as u32)
+    }
+
+    #[test]
+    fn gemv_kernel_recovers_the_column_count_from_the_grid() {
+        for m in [1u32, 4, 5, 8] {
+            for n in (1u32..3000).chain([4096, 6144, 24576, 151936]) {
+                for k in [8u32, 130, 576, 1024, 4096, 12288] {
+                    let columns = gemv_columns_per_block(m, n, k);
+                    let grid = gemv_launch(m, n, k).grid[0];
+                    let got = recovered_columns(m, n, grid);
+                    assert!(
+                        got.is_power_of_two() && got * grid >= n,
+                        "m={m} n={n} k={k}: {got} x {grid}"
+                    );
+                    if n >= columns {
+                        assert_eq!(got, columns, "m={m} n={n} k={k}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn small_product_with_bias() {

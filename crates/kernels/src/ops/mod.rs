@@ -9,15 +9,20 @@ mod attention;
 mod elementwise;
 mod embedding;
 mod gemm;
+mod qkv_post;
 mod rmsnorm;
 mod rope;
 
 pub use activation::SiluMul;
 pub use argmax::{ArgmaxBf16, ArgmaxF32};
-pub use attention::{AttentionCombine, KvCacheWrite, PagedAttention, attention_splits};
+pub use attention::{
+    AttentionCombine, KvCacheWrite, PagedAttention, PrefillAttention, attention_splits,
+    prefill_attention_tiles,
+};
 pub use elementwise::Add;
 pub use embedding::Embedding;
-pub use gemm::{GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out};
+pub use gemm::{GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, gemv_columns_per_block};
+pub use qkv_post::QkvRopeKvWrite;
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
 pub use rope::RopeNeox;
 

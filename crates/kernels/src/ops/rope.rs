@@ -62,15 +62,22 @@ impl Kernel for RopeNeox {
                 &sin[pos as usize * half..][..half],
             );
             for head in x.chunks_exact_mut(d) {
-                for i in 0..half {
-                    let (a, b) = (head[i], head[i + half]);
-                    head[i] = a * c[i] - b * s[i];
-                    head[i + half] = b * c[i] + a * s[i];
-                }
+                rotate_half(head, c, s);
             }
             host::store_bf16(mem, row, &x)?;
         }
         Ok(())
+    }
+}
+
+/// The reference rotation of one head in f32 (the caller rounds once when storing): pairs
+/// `(i, i + d/2)` turned by the angle whose cosines and sines are `c` and `s` (`d/2` each).
+pub(crate) fn rotate_half(head: &mut [f32], c: &[f32], s: &[f32]) {
+    let half = head.len() / 2;
+    for i in 0..half {
+        let (a, b) = (head[i], head[i + half]);
+        head[i] = a * c[i] - b * s[i];
+        head[i + half] = b * c[i] + a * s[i];
     }
 }
 

@@ -1,0 +1,409 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The attention block's work between the fused QKV product and attention, as one kernel: per-head
+//! RMSNorm of q and k (qk-norm, optional), NeoX RoPE of q and k, and the KV-cache write.
+//!
+//! It replaces rmsnorm(q), rmsnorm(k), rope(q), rope(k) and kv_cache_write, each of which rounded
+//! to bf16: here q and k are rounded once, after the rotation.
+
+use half::bf16;
+use metrale_core::{DevicePtr, LaunchConfig};
+
+use super::blocks_for;
+use super::rope::rotate_half;
+use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
+use crate::names;
+
+kernel_args!(
+    /// For every token `t` of `qkv` (rows `q heads | k heads | v heads`): each q head, normalised
+    /// by `q_norm` (when not null) and rotated by row `positions[t]` of the cos/sin tables (not
+    /// rotated when the position is outside `[0, max_position)`), rounded once to bf16 into
+    /// `q_out`; each k head the same with `k_norm` into row `slots[t]` of `k_cache`; each v head
+    /// copied unchanged into row `slots[t]` of `v_cache`. A negative slot skips the cache writes.
+    /// The norm is [`RmsNorm`](super::RmsNorm)'s formula over one head, the rotation
+    /// [`RopeNeox`](super::RopeNeox)'s, both in f32.
+    QkvRopeKvWrite => names::qkv_post::QKV_ROPE_KV_WRITE_BF16 {
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        q_out: DevicePtr,
+        /// bf16 `[num_slots, kv_heads * head_dim]`.
+        k_cache: DevicePtr,
+        /// bf16 `[num_slots, kv_heads * head_dim]`.
+        v_cache: DevicePtr,
+        /// bf16 `[tokens, (q_heads + 2 * kv_heads) * head_dim]`, the fused QKV product.
+        qkv: DevicePtr,
+        /// bf16 `[head_dim]`, or null for no q norm.
+        q_norm: DevicePtr,
+        /// bf16 `[head_dim]`, or null for no k norm.
+        k_norm: DevicePtr,
+        /// i32 `[tokens]`.
+        positions: DevicePtr,
+        /// i32 `[tokens]`: each token's cache row; negative skips the token's k and v.
+        slots: DevicePtr,
+        /// f32 `[max_position, head_dim / 2]` (RopeNeox's table).
+        cos: DevicePtr,
+        /// f32 `[max_position, head_dim / 2]`.
+        sin: DevicePtr,
+        /// Tokens (`tokens * (q_heads + 2 * kv_heads)` below 2^32).
+        tokens: u32,
+        /// Query heads per token.
+        q_heads: u32,
+        /// Key (and value) heads per token.
+        kv_heads: u32,
+        /// Elements per head (even).
+        head_dim: u32,
+        /// Rows of the cos/sin tables.
+        max_position: u32,
+        /// Added to the mean square in the norms.
+        eps: f32,
+    }
+);
+
+/// Threads per block of the kernel.
+const THREADS: u32 = 256;
+
+/// Lanes that share one (token, head) item: `head_dim / 8` when that is a power of two up to 32
+/// (each lane then owns 4 elements of each half of the head), else 32. Mirrors `lanes_per_head`
+/// in qkv_post.cu.
+fn lanes_per_head(head_dim: u32) -> u32 {
+    let lanes = head_dim / 8;
+    if head_dim.is_multiple_of(8) && lanes.is_power_of_two() && lanes <= 32 {
+        lanes
+    } else {
+        32
+    }
+}
+
+/// The reference norm of one head in f32: `x * (1 / sqrt(mean(x^2) + eps)) * w`, the same
+/// expression as [`RmsNorm`](super::RmsNorm)'s reference (a test holds them together).
+fn normalize_head(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for (v, w) in x.iter_mut().zip(weight) {
+        *v = *v * inv * w;
+    }
+}
+
+impl Kernel for QkvRopeKvWrite {
+    /// One item per (token, head) over `q_heads + 2 * kv_heads` heads; `256 / lanes_per_head`
+    /// items per block of 256 threads.
+    fn launch_config(&self) -> LaunchConfig {
+        let items = u64::from(self.tokens) * u64::from(self.q_heads + 2 * self.kv_heads);
+        let per_block = THREADS / lanes_per_head(self.head_dim);
+        LaunchConfig::linear(blocks_for(items, per_block).max(1), THREADS)
+    }
+
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (tokens, qh, kvh, d) = (
+            self.tokens as usize,
+            self.q_heads as usize,
+            self.kv_heads as usize,
+            self.head_dim as usize,
+        );
+        if d == 0 || d % 2 != 0 {
+            return Err(HostError::BadArgs {
+                kernel: Self::NAME,
+                message: format!("head_dim {d} is not a positive even number"),
+            });
+        }
+        let half = d / 2;
+        let heads = qh + 2 * kvh;
+        let kv_row = kvh * d;
+        let qkv = host::load::<bf16>(mem, self.qkv, tokens * heads * d)?;
+        let positions = host::load::<i32>(mem, self.positions, tokens)?;
+        let slots = host::load::<i32>(mem, self.slots, tokens)?;
+        let table = self.max_position as usize * half;
+        let cos = host::load::<f32>(mem, self.cos, table)?;
+        let sin = host::load::<f32>(mem, self.sin, table)?;
+        let norm = |ptr: DevicePtr| -> Result<Option<Vec<f32>>, HostError> {
+            Ok(if ptr.is_null() {
+                None
+            } else {
+                Some(host::load_bf16(mem, ptr, d)?)
+            })
+        };
+        let (q_norm, k_norm) = (norm(self.q_norm)?, norm(self.k_norm)?);
+        // Norm, then rotation, in f32; the caller rounds once.
+        let transform = |head: &[bf16], weight: &Option<Vec<f32>>, pos: i32| -> Vec<f32> {
+            let mut x: Vec<f32> = head.iter().map(|&v| f32::from(v)).collect();
+            if let Some(w) = weight {
+                normalize_head(&mut x, w, self.eps);
+            }
+            if pos >= 0 && (pos as u32) < self.max_position {
+                let at = pos as usize * half;
+                rotate_half(&mut x, &cos[at..at + half], &sin[at..at + half]);
+            }
+            x
+        };
+        let mut q_out = Vec::with_capacity(tokens * qh * d);
+        for t in 0..tokens {
+            let row = &qkv[t * heads * d..(t + 1) * heads * d];
+            for h in 0..qh {
+                q_out.extend(transform(&row[h * d..(h + 1) * d], &q_norm, positions[t]));
+            }
+            if slots[t] < 0 {
+                continue;
+            }
+            let at = slots[t] as usize * kv_row * 2;
+            let k: Vec<f32> = (qh..qh + kvh)
+                .flat_map(|h| transform(&row[h * d..(h + 1) * d], &k_norm, positions[t]))
+                .collect();
+            host::store_bf16(mem, self.k_cache.offset(at), &k)?;
+            host::store(
+                mem,
+                self.v_cache.offset(at),
+                &row[(qh + kvh) * d..(qh + 2 * kvh) * d],
+            )?;
+        }
+        host::store_bf16(mem, self.q_out, &q_out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::*;
+    use crate::ops::{KvCacheWrite, RmsNorm, RopeNeox};
+
+    /// A small deterministic generator for test data.
+    fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    struct Setup {
+        op: QkvRopeKvWrite,
+        slots_n: usize,
+    }
+
+    /// Three tokens (positions 5, 0 and 99, the last outside the 16-row tables), slots 2, -1, 0;
+    /// 4 q heads, 2 kv heads, head_dim 8; caches of 4 rows filled with a marker.
+    fn setup(m: &mut FlatMemory, norms: bool) -> Setup {
+        let (tokens, qh, kvh, d, max_position) = (3usize, 4usize, 2usize, 8usize, 16u32);
+        let heads = qh + 2 * kvh;
+        let half = d / 2;
+        let slots_n = 4;
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        for pos in 0..max_position {
+            for i in 0..half {
+                let angle = pos as f32 * 10000f32.powf(-2.0 * i as f32 / d as f32);
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let op = QkvRopeKvWrite {
+            q_out: m.put(&bf16s(&vec![0.0; tokens * qh * d])),
+            k_cache: m.put(&bf16s(&vec![7.0; slots_n * kvh * d])),
+            v_cache: m.put(&bf16s(&vec![7.0; slots_n * kvh * d])),
+            qkv: m.put(&bf16s(&values(1, tokens * heads * d, 3.0))),
+            q_norm: if norms {
+                m.put(&bf16s(&values(2, d, 1.5)))
+            } else {
+                DevicePtr::NULL
+            },
+            k_norm: if norms {
+                m.put(&bf16s(&values(3, d, 1.5)))
+            } else {
+                DevicePtr::NULL
+            },
+            positions: m.put(&[5i32, 0, 99]),
+            slots: m.put(&[2i32, -1, 0]),
+            cos: m.put(&cos),
+            sin: m.put(&sin),
+            tokens: tokens as u32,
+            q_heads: qh as u32,
+            kv_heads: kvh as u32,
+            head_dim: d as u32,
+            max_position,
+            eps: 1e-6,
+        };
+        Setup { op, slots_n }
+    }
+
+    #[test]
+    fn without_qk_norm_it_is_rope_then_kv_write_bit_for_bit() {
+        let mut m = FlatMemory::new();
+        let Setup { op, slots_n } = setup(&mut m, false);
+        let (t, qh, kvh, d) = (3usize, 4usize, 2usize, 8usize);
+        let heads = qh + 2 * kvh;
+        op.reference(&mut m).unwrap();
+
+        // The unfused path on a copy of qkv: RoPE in place on the q and the k part of each row,
+        // then the cache write of the (contiguous) k and v parts.
+        let qkv: Vec<bf16> = m.get(op.qkv, t * heads * d);
+        let x = m.put(&qkv);
+        let rope = |x: DevicePtr, rotated: usize| RopeNeox {
+            x,
+            positions: op.positions,
+            cos: op.cos,
+            sin: op.sin,
+            tokens: t as u32,
+            heads: rotated as u32,
+            head_dim: d as u32,
+            token_stride: (heads * d) as u32,
+            max_position: op.max_position,
+        };
+        rope(x, qh).reference(&mut m).unwrap();
+        rope(x.offset(qh * d * 2), kvh).reference(&mut m).unwrap();
+        let roped: Vec<bf16> = m.get(x, t * heads * d);
+        let part = |from: usize, n: usize| -> Vec<bf16> {
+            (0..t)
+                .flat_map(|i| roped[i * heads * d + from..][..n].to_vec())
+                .collect()
+        };
+        let (k, v) = (
+            m.put(&part(qh * d, kvh * d)),
+            m.put(&part((qh + kvh) * d, kvh * d)),
+        );
+        let k_cache = m.put(&bf16s(&vec![7.0; slots_n * kvh * d]));
+        let v_cache = m.put(&bf16s(&vec![7.0; slots_n * kvh * d]));
+        KvCacheWrite {
+            k_cache,
+            v_cache,
+            k,
+            v,
+            slots: op.slots,
+            tokens: t as u32,
+            row: (kvh * d) as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+
+        let bits = |v: Vec<bf16>| v.into_iter().map(bf16::to_bits).collect::<Vec<_>>();
+        assert_eq!(
+            bits(m.get(op.q_out, t * qh * d)),
+            bits(part(0, qh * d)),
+            "q"
+        );
+        let cache = slots_n * kvh * d;
+        assert_eq!(bits(m.get(op.k_cache, cache)), bits(m.get(k_cache, cache)));
+        assert_eq!(bits(m.get(op.v_cache, cache)), bits(m.get(v_cache, cache)));
+        // Slot 1 was nobody's (token 1's slot is -1): still the marker.
+        assert!(
+            f32s(&m.get(op.k_cache.offset(kvh * d * 2), kvh * d))
+                .iter()
+                .all(|&x| x == 7.0)
+        );
+    }
+
+    #[test]
+    fn with_qk_norm_it_is_the_f32_composition_rounded_once() {
+        let mut m = FlatMemory::new();
+        let Setup { op, slots_n } = setup(&mut m, true);
+        let (t, qh, kvh, d) = (3usize, 4usize, 2usize, 8usize);
+        let (heads, half) = (qh + 2 * kvh, d / 2);
+        op.reference(&mut m).unwrap();
+
+        let qkv = f32s(&m.get(op.qkv, t * heads * d));
+        let (qw, kw) = (f32s(&m.get(op.q_norm, d)), f32s(&m.get(op.k_norm, d)));
+        let cos: Vec<f32> = m.get(op.cos, 16 * half);
+        let sin: Vec<f32> = m.get(op.sin, 16 * half);
+        let positions = [5usize, 0, 99];
+        // Written out: norm, rotation, one rounding.
+        let expect = |tok: usize, h: usize, w: &[f32]| -> Vec<f32> {
+            let x = &qkv[(tok * heads + h) * d..][..d];
+            let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let inv = 1.0 / (ms + 1e-6f32).sqrt();
+            let n: Vec<f32> = x.iter().zip(w).map(|(v, w)| v * inv * w).collect();
+            let mut y = n.clone();
+            if positions[tok] < 16 {
+                let (c, s) = (
+                    &cos[positions[tok] * half..][..half],
+                    &sin[positions[tok] * half..][..half],
+                );
+                for i in 0..half {
+                    y[i] = n[i] * c[i] - n[i + half] * s[i];
+                    y[i + half] = n[i + half] * c[i] + n[i] * s[i];
+                }
+            }
+            f32s(&bf16s(&y))
+        };
+        let q_out = f32s(&m.get(op.q_out, t * qh * d));
+        for tok in 0..t {
+            for h in 0..qh {
+                assert_eq!(
+                    q_out[(tok * qh + h) * d..][..d],
+                    expect(tok, h, &qw)[..],
+                    "q token {tok} head {h}"
+                );
+            }
+        }
+        let k_cache = f32s(&m.get(op.k_cache, slots_n * kvh * d));
+        let v_cache = f32s(&m.get(op.v_cache, slots_n * kvh * d));
+        for (tok, slot) in [(0usize, 2usize), (2, 0)] {
+            for h in 0..kvh {
+                assert_eq!(
+                    k_cache[(slot * kvh + h) * d..][..d],
+                    expect(tok, qh + h, &kw)[..],
+                    "k token {tok} head {h}"
+                );
+                assert_eq!(
+                    v_cache[(slot * kvh + h) * d..][..d],
+                    qkv[(tok * heads + qh + kvh + h) * d..][..d],
+                    "v token {tok} head {h}"
+                );
+            }
+        }
+        assert!(k_cache[kvh * d..2 * kvh * d].iter().all(|&x| x == 7.0));
+    }
+
+    #[test]
+    fn the_head_norm_is_rmsnorms_formula() {
+        // RmsNorm's reference rounds once; so must round(normalize_head) on every head.
+        let mut m = FlatMemory::new();
+        let (rows, d) = (6usize, 64usize);
+        let x = values(4, rows * d, 4.0);
+        let w = values(5, d, 2.0);
+        let out = m.put(&bf16s(&vec![0.0; rows * d]));
+        let (xp, wp) = (m.put(&bf16s(&x)), m.put(&bf16s(&w)));
+        RmsNorm {
+            out,
+            input: xp,
+            weight: wp,
+            rows: rows as u32,
+            cols: d as u32,
+            eps: 1e-5,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let (x, w) = (f32s(&bf16s(&x)), f32s(&bf16s(&w)));
+        let mut mine = x.clone();
+        for head in mine.chunks_exact_mut(d) {
+            normalize_head(head, &w, 1e-5);
+        }
+        assert_eq!(f32s(&m.get(out, rows * d)), f32s(&bf16s(&mine)));
+    }
+
+    #[test]
+    fn launch_covers_every_head_of_every_token() {
+        let mut m = FlatMemory::new();
+        let op = setup(&mut m, true).op;
+        for (tokens, qh, kvh, d, blocks) in [
+            (1u32, 32u32, 8u32, 128u32, 3u32), // Qwen3-8B decode: 48 heads, 16 per block
+            (1024, 16, 8, 128, 2048),          // Qwen3-0.6B prefill: 32 heads per token
+            (7, 9, 3, 64, 4),                  // SmolLM2: 105 heads, 32 per block
+            (2, 4, 2, 96, 2),                  // head_dim 96: 32 lanes, 8 per block
+        ] {
+            let k = QkvRopeKvWrite {
+                tokens,
+                q_heads: qh,
+                kv_heads: kvh,
+                head_dim: d,
+                ..op
+            };
+            assert_eq!(k.launch_config().grid, [blocks, 1, 1], "{k:?}");
+            assert_eq!(k.launch_config().block, [256, 1, 1]);
+        }
+        assert_eq!(
+            QkvRopeKvWrite::from_args(&op.args()).unwrap(),
+            op,
+            "the ABI round-trips"
+        );
+    }
+}

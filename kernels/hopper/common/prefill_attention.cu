@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// Causal prefill attention on tensor cores over the paged KV cache (FlashAttention-2 schedule).
+//
+// The launch covers query tiles: up to 64 consecutive step tokens of one sequence at consecutive
+// positions. Token first_token + i of a tile sits at position first_position + i and attends to
+// keys 0..=first_position + i of its sequence; keys of earlier chunks are already in the cache, so
+// a chunked prefill is a tile whose first position is not 0. Query head h reads kv head
+// h / (q_heads / kv_heads); the cache is [num_blocks, block_size, kv_heads, head_dim] and the keys of
+// a sequence are found through its block table, as in paged_attention_bf16.
+//
+// Version 1: grid = (num_tiles, q_heads), block = 4 warps; warp w owns query rows 16w..16w+15 of
+// the tile. The tile's q rows are staged in shared memory once and held as mma A fragments. Keys
+// come in tiles of 64 rows (K and V 64 x head_dim bf16 each, gathered row by row through the block
+// table with 16-byte cp.async; keys past the context are zero-filled, never read): while a warp
+// multiplies S = Q K^T for key tile j the V tile j is in flight, and while it multiplies O += P V
+// the K tile j + 1 is. Scores are f32 (mma.sync m16n8k16 bf16 -> f32), scaled by scale * log2(e)
+// so that the online softmax runs on ex2; the running max and sum are f32. The probabilities are
+// rounded to bf16 to feed the P V mma (f32 accumulation), and the row sum adds the rounded values,
+// so the weights the output is normalised by are the weights it was summed with
+// (docs/precision.md). The output is divided by the row sum and rounded to bf16 once; rows of a
+// tile past its count are never written. Only key tiles that reach past the tile's first position
+// are masked; key tiles past its last position are never visited.
+//
+// Shared memory rows are head_dim bf16 in 16-byte chunks; chunk c of row r is stored at chunk
+// c ^ (r & 7), so the 8 row addresses of every ldmatrix phase fall in distinct bank groups.
+// Blocks take tiles last first: with causal masking the last tiles of a sequence carry the most
+// keys, and starting them first shortens the launch's tail.
+#include "common.cuh"
+
+namespace {
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int TILE_Q = WARPS * 16;  // query rows per block
+constexpr int TILE_K = 64;          // keys per shared-memory tile
+constexpr int MAX_HD = 128;
+constexpr float LOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; with `valid` false the destination is zero-filled and
+// `src` is not read.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and lane l receives
+// elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of each matrix in r[i].
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// The same, transposed: lane l receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x16, row) * b (16x8, col), bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x on the SFU; 2^-inf = 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat162 v) {
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of HD-wide rows.
+template <int HD>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+    return row * HD + ((chunk ^ (row & 7)) << 3);
+}
+
+// Cache block and offset of a key: shifts when block_size is a power of two.
+struct BlockSplit {
+    uint32_t size, shift;
+    bool pow2;
+    __device__ __forceinline__ explicit BlockSplit(uint32_t block_size)
+        : size(block_size), shift(__ffs(block_size) - 1), pow2((block_size & (block_size - 1)) == 0) {}
+    __device__ __forceinline__ uint32_t slot(const int32_t* table, uint32_t key) const {
+        const uint32_t b = pow2 ? key >> shift : key / size;
+        const uint32_t o = pow2 ? key & (size - 1) : key - b * size;
+        return (uint32_t)table[b] * size + o;
+    }
+};
+
+// Starts the copy of keys [k0, k0 + TILE_K) of one kv head into a swizzled shared tile; keys at or
+// past n_keys are zero-filled.
+template <int HD>
+__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* tile, const __nv_bfloat16* cache,
+                                             const int32_t* table, const BlockSplit& blocks,
+                                             uint32_t k0, uint32_t n_keys, uint32_t kv_heads,
+                                             uint32_t kvh) {
+    constexpr int CHUNKS = HD / 8;
+    const int chunk = threadIdx.x % CHUNKS;
+#pragma unroll
+    for (int r = threadIdx.x / CHUNKS; r < TILE_K; r += THREADS / CHUNKS) {
+        const uint32_t key = k0 + r;
+        const bool valid = key < n_keys;
+        const __nv_bfloat16* src = cache;
+        if (valid)
+            src = cache + ((size_t)blocks.slot(table, key) * kv_heads + kvh) * HD + chunk * 8;
+        cp_async_16(smem_addr(tile + swizzle<HD>(r, chunk)), src, valid);
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void attend_tile(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
+    const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ tile_desc,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
+    float scale, __nv_bfloat16* sk, __nv_bfloat16* sv) {
+    constexpr int CHUNKS = HD / 8;      // 16-byte pieces of a row
+    constexpr int KSTEPS = HD / 16;     // k-steps of Q K^T over the head dim
+    constexpr int OUT_TILES = HD / 8;   // 8-dim n-tiles of the output
+    constexpr int KEY_TILES = TILE_K / 8;  // 8-key n-tiles of the scores
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t seq = tile_desc[0], first_token = tile_desc[1], first_pos = tile_desc[2],
+                  count = tile_desc[3];
+    if (count <= 0 || count > TILE_Q || first_pos < 0 || seq < 0) return;
+    const uint32_t h = blockIdx.y;
+    const uint32_t kvh = h / (q_heads / kv_heads);
+    const uint32_t n_keys = (uint32_t)first_pos + (uint32_t)count;
+    const int32_t* table = block_tables + (size_t)seq * max_blocks_per_seq;
+    const BlockSplit blocks(block_size);
+
+    // q rows of the tile into sv (V's buffer is free until the first key tile), rows past count
+    // zero; then key tile 0.
+    {
+        const int chunk = tid % CHUNKS;
+#pragma unroll
+        for (int r = tid / CHUNKS; r < TILE_Q; r += THREADS / CHUNKS) {
+            const bool valid = r < count;
+            const __nv_bfloat16* src = q;
+            if (valid) src = q + ((size_t)(first_token + r) * q_heads + h) * HD + chunk * 8;
+            cp_async_16(smem_addr(sv + swizzle<HD>(r, chunk)), src, valid);
+        }
+    }
+    cp_async_commit();
+    load_kv_tile<HD>(sk, k_cache, table, blocks, 0, n_keys, kv_heads, kvh);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // A fragments of this warp's 16 rows: matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15) of each
+    // 16-dim k-step, which is a0..a3 of mma.m16n8k16.
+    uint32_t qf[KSTEPS][4];
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+        ldmatrix_x4(qf[ks], smem_addr(sv + swizzle<HD>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+
+    // This thread's accumulator rows are g = lane / 4 and g + 8 of the warp's 16; its columns
+    // are 2 (lane % 4) and 2 (lane % 4) + 1 of every 8-wide n-tile.
+    const int g = lane >> 2, tg = lane & 3;
+    const int32_t pos0 = first_pos + warp * 16 + g, pos1 = pos0 + 8;
+    // Warps whose rows are all past count skip the arithmetic (not the loads and barriers).
+    const bool live = warp * 16 < count;
+    const float scale_log2 = scale * LOG2E;
+    float o[OUT_TILES][4];
+#pragma unroll
+    for (int d = 0; d < OUT_TILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    const uint32_t key_tiles = (n_keys + TILE_K - 1) / TILE_K;
+    for (uint32_t j = 0; j < key_tiles; ++j) {
+        const uint32_t k0 = j * TILE_K;
+        // K tile j has landed, and every warp is done with sv (q or V tile j - 1).
+        cp_async_wait<0>();
+        __syncthreads();
+        load_kv_tile<HD>(sv, v_cache, table, blocks, k0, n_keys, kv_heads, kvh);
+        cp_async_commit();
+
+        uint32_t p[TILE_K / 16][4];  // bf16 probabilities as A fragments, per 16-key k-step
+        if (live) {
+            float s[KEY_TILES][4];
+#pragma unroll
+            for (int n = 0; n < KEY_TILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            // B fragments of K^T: matrices (keys 0-7 | 8-15 of a 16-key pair of n-tiles) x
+            // (dims 0-7 | 8-15 of the k-step); lanes 8-15 take the upper dims, 16-31 the upper keys.
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+                for (int np = 0; np < KEY_TILES / 2; ++np) {
+                    uint32_t b[4];
+                    const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    ldmatrix_x4(b, smem_addr(sk + swizzle<HD>(row, 2 * ks + ((lane >> 3) & 1))));
+                    mma_bf16(s[2 * np], qf[ks], b[0], b[1]);
+                    mma_bf16(s[2 * np + 1], qf[ks], b[2], b[3]);
+                }
+            }
+            // Causal mask (which also hides the zero-filled keys past the context) where the key
+            // tile reaches past the tile's first position.
+            if (k0 + TILE_K - 1 > (uint32_t)first_pos) {
+#pragma unroll
+                for (int n = 0; n < KEY_TILES; ++n) {
+                    const int32_t key = (int32_t)k0 + n * 8 + 2 * tg;
+                    if (key > pos0) s[n][0] = -INFINITY;
+                    if (key + 1 > pos0) s[n][1] = -INFINITY;
+                    if (key > pos1) s[n][2] = -INFINITY;
+                    if (key + 1 > pos1) s[n][3] = -INFINITY;
+                }
+            }
+            // Online softmax over the row's 64 keys: 16 per thread, the other 48 in the 3 lanes of
+            // the same quad. Every row has key 0 in tile 0, so m is finite from the first tile on;
+            // the -inf guard only keeps a fully masked row at p = 0 instead of NaN.
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < KEY_TILES; ++n) {
+                mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+            }
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+            }
+            const float new0 = fmaxf(m0, mx0 * scale_log2), new1 = fmaxf(m1, mx1 * scale_log2);
+            const float base0 = new0 == -INFINITY ? 0.0f : new0;
+            const float base1 = new1 == -INFINITY ? 0.0f : new1;
+            const float corr0 = exp2_approx(m0 - base0), corr1 = exp2_approx(m1 - base1);
+            m0 = new0;
+            m1 = new1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < KEY_TILES; ++n) {
+                const __nv_bfloat162 lo =
+                    __floats2bfloat162_rn(exp2_approx(fmaf(s[n][0], scale_log2, -base0)),
+                                          exp2_approx(fmaf(s[n][1], scale_log2, -base0)));
+                const __nv_bfloat162 hi =
+                    __floats2bfloat162_rn(exp2_approx(fmaf(s[n][2], scale_log2, -base1)),
+                                          exp2_approx(fmaf(s[n][3], scale_log2, -base1)));
+                const float2 lf = __bfloat1622float2(lo), hf = __bfloat1622float2(hi);
+                sum0 += lf.x + lf.y;
+                sum1 += hf.x + hf.y;
+                // n-tile n is keys 8 (n % 2)..8 (n % 2) + 7 of k-step n / 2: a0/a1 (rows g / g + 8)
+                // for the lower 8 keys, a2/a3 for the upper.
+                p[n / 2][(n & 1) * 2] = pack_bf16(lo);
+                p[n / 2][(n & 1) * 2 + 1] = pack_bf16(hi);
+            }
+            l0 = l0 * corr0 + sum0;
+            l1 = l1 * corr1 + sum1;
+#pragma unroll
+            for (int d = 0; d < OUT_TILES; ++d) {
+                o[d][0] *= corr0;
+                o[d][1] *= corr0;
+                o[d][2] *= corr1;
+                o[d][3] *= corr1;
+            }
+        }
+
+        // Every warp is done with sk: start key tile j + 1 (an empty group on the last tile keeps
+        // the wait counts uniform), then wait for V tile j.
+        __syncthreads();
+        if (j + 1 < key_tiles)
+            load_kv_tile<HD>(sk, k_cache, table, blocks, k0 + TILE_K, n_keys, kv_heads, kvh);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        if (live) {
+            // B fragments of V (keys x dims, row-major in shared memory) through the transposing
+            // ldmatrix: matrices (keys 0-7 | 8-15 of the k-step) x (dims 0-7 | 8-15 of a pair of
+            // output n-tiles); lanes 8-15 take the upper keys, 16-31 the upper dims.
+#pragma unroll
+            for (int kk = 0; kk < TILE_K / 16; ++kk) {
+#pragma unroll
+                for (int dp = 0; dp < OUT_TILES / 2; ++dp) {
+                    uint32_t b[4];
+                    const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+                    ldmatrix_x4_trans(b, smem_addr(sv + swizzle<HD>(row, 2 * dp + (lane >> 4))));
+                    mma_bf16(o[2 * dp], p[kk], b[0], b[1]);
+                    mma_bf16(o[2 * dp + 1], p[kk], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    if (!live) return;
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const int row0 = warp * 16 + g, row1 = row0 + 8;
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    if (row0 < count) {
+        __nv_bfloat16* dst = out + ((size_t)(first_token + row0) * q_heads + h) * HD + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < OUT_TILES; ++d)
+            *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
+                __floats2bfloat162_rn(o[d][0] * inv0, o[d][1] * inv0);
+    }
+    if (row1 < count) {
+        __nv_bfloat16* dst = out + ((size_t)(first_token + row1) * q_heads + h) * HD + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < OUT_TILES; ++d)
+            *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
+                __floats2bfloat162_rn(o[d][2] * inv1, o[d][3] * inv1);
+    }
+}
+}  // namespace
+
+// Launch: grid = (num_tiles, q_heads), block = 128, no dynamic shared memory (32 KiB static).
+// `tiles` is i32 [num_tiles, 4] = (seq, first_token, first_position, count), count in 1..=64.
+// head_dim must be 64 or 128 (other head dims write nothing: callers keep paged_attention_bf16);
+// scale must be positive.
+extern "C" __global__ void __launch_bounds__(THREADS) prefill_attention_bf16(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
+    const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ tiles, uint32_t num_tiles,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, float scale) {
+    __shared__ __align__(128) __nv_bfloat16 sk[TILE_K * MAX_HD];
+    __shared__ __align__(128) __nv_bfloat16 sv[TILE_K * MAX_HD];
+    metrale::grid_dependency_sync();
+    if (blockIdx.x >= num_tiles || blockIdx.y >= q_heads || kv_heads == 0 ||
+        q_heads % kv_heads != 0 || blockDim.x != THREADS)
+        return;
+    const int32_t* tile_desc = tiles + (size_t)(num_tiles - 1 - blockIdx.x) * 4;
+#define METRALE_PREFILL(HD)                                                                  \
+    attend_tile<HD>(out, q, k_cache, v_cache, block_tables, tile_desc, q_heads, kv_heads,     \
+                    block_size, max_blocks_per_seq, scale, sk, sv)
+    switch (head_dim) {
+        case 64: METRALE_PREFILL(64); break;
+        case 128: METRALE_PREFILL(128); break;
+        default: break;
+    }
+#undef METRALE_PREFILL
+}

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// The attention block's work between the fused QKV product and attention, in one pass: per-head
+// RMSNorm of q and k (Qwen3's qk-norm; skipped where the norm weight is null), NeoX RoPE of q and
+// k, q into its own buffer, k and v into the paged KV cache.
+//
+// qkv is bf16 [tokens, (q_heads + 2 kv_heads) * head_dim], each row q heads | k heads | v heads.
+// Per head, in f32 from the bf16 input: x * rsqrt(mean(x^2) + eps) * w (rmsnorm_bf16's formula),
+// then the pairs (i, i + head_dim / 2) rotated by row positions[t] of the cos/sin tables
+// (rope_neox_bf16's; a position outside [0, max_position) is not rotated), then ONE rounding to
+// bf16 (the unfused path rounds after the norm and again after the rotation). V heads are copied
+// bit for bit. Token t's k and v heads go to cache row slots[t] (the cache is
+// [num_slots, kv_heads * head_dim]); a negative slot skips them (its q is still written).
+//
+// Work split: one item per (token, head) over the q_heads + 2 kv_heads heads of a token, in qkv's
+// order, so item i's input starts at qkv + i * head_dim. L = head_dim / 8 lanes take an item when
+// that is a power of two <= 32 (head_dim 64 -> 8 lanes, 128 -> 16, 256 -> 32): each lane owns 4
+// consecutive elements of each half (8-byte loads and stores, one float4 of cos and of sin), and
+// the sum of squares is a shuffle reduction over the L lanes. Any other head_dim, or a pointer
+// not aligned for those vectors, takes a scalar loop with the same geometry (L = 32 when
+// head_dim / 8 does not fit). A block of 256 threads takes 256 / L consecutive items, and the
+// grid must cover them all (tokens * (q_heads + 2 kv_heads) < 2^32).
+// Registers: 32 (8 blocks, 2048 threads per SM), no spills.
+// Launch: grid = ceil(tokens * (q_heads + 2 kv_heads) / (256 / L)), block = 256.
+#include "common.cuh"
+
+namespace {
+// Lanes per item; must match `lanes_per_head` in crates/kernels/src/ops/qkv_post.rs.
+__device__ __forceinline__ uint32_t lanes_per_head(uint32_t head_dim) {
+    const uint32_t l = head_dim / 8;
+    return head_dim % 8 == 0 && l >= 1 && l <= 32 && (l & (l - 1)) == 0 ? l : 32;
+}
+
+// Sum over an aligned group of `lanes` lanes (a power of two). Every lane of the warp calls it.
+__device__ __forceinline__ float group_sum(float v, uint32_t lanes) {
+    for (uint32_t o = lanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
+    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+__device__ __forceinline__ void unpack4(uint2 v, float (&f)[4]) {
+    f[0] = __uint_as_float(v.x << 16);
+    f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16);
+    f[3] = __uint_as_float(v.y & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+__device__ __forceinline__ uint2 pack4(const float (&f)[4]) {
+    return make_uint2(pack2(f[0], f[1]), pack2(f[2], f[3]));
+}
+
+// Where an item's result goes: q_out, or k_cache / v_cache row `slot` (null: nowhere, a k or v
+// head of a token whose slot is negative, or no item).
+__device__ __forceinline__ __nv_bfloat16* destination(bool live, uint32_t t, uint32_t h,
+                                                     int32_t slot, __nv_bfloat16* q_out,
+                                                     __nv_bfloat16* k_cache,
+                                                     __nv_bfloat16* v_cache, uint32_t q_heads,
+                                                     uint32_t kv_heads, uint32_t head_dim) {
+    if (!live) return nullptr;
+    if (h < q_heads) return q_out + ((uint64_t)t * q_heads + h) * head_dim;
+    if (slot < 0) return nullptr;
+    const uint32_t kv = h - q_heads;
+    return kv < kv_heads ? k_cache + ((uint64_t)slot * kv_heads + kv) * head_dim
+                         : v_cache + ((uint64_t)slot * kv_heads + kv - kv_heads) * head_dim;
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
+    __nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ k_cache,
+    __nv_bfloat16* __restrict__ v_cache, const __nv_bfloat16* __restrict__ qkv,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t max_position, float eps) {
+    metrale::grid_dependency_sync();
+    const uint32_t lanes = lanes_per_head(head_dim);
+    const uint32_t per_block = blockDim.x / lanes;
+    const uint32_t group = threadIdx.x / lanes, j = threadIdx.x % lanes;
+    const uint32_t heads = q_heads + 2 * kv_heads;
+    // Items are counted in 32 bits: tokens * (q_heads + 2 kv_heads) < 2^32.
+    const uint32_t total = tokens * heads;
+    const uint32_t half = head_dim / 2;
+    const bool vec = head_dim == 8 * lanes && aligned(qkv, 8) && aligned(q_out, 8) &&
+                     aligned(k_cache, 8) && aligned(v_cache, 8) && aligned(q_norm, 8) &&
+                     aligned(k_norm, 8) && aligned(cos_table, 16) && aligned(sin_table, 16);
+    // One item per lane group; the grid covers every item (no stride loop: it costs registers).
+    // Lanes past the last item still reach the shuffle, which needs the whole warp.
+    const uint32_t item = blockIdx.x * per_block + group;
+    const bool live = item < total;
+    const uint32_t t = live ? item / heads : 0;
+    const uint32_t h = live ? item % heads : 0;
+    const bool is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+    const __nv_bfloat16* x = qkv + (size_t)(live ? item : 0) * head_dim;
+    // Everything that depends only on the item is loaded before anything branches on it: the
+    // position, the slot and (vector path) this lane's input, one memory latency in all.
+    const int32_t pos = live ? __ldg(positions + t) : -1;
+    const int32_t slot = live && !is_q ? __ldg(slots + t) : -1;
+    // This lane's elements on the vector path: [e, e + 4) and [half + e, half + e + 4).
+    const uint32_t e = 4 * j;
+    uint2 ra = make_uint2(0, 0), rb = make_uint2(0, 0);
+    if (vec && live) {
+        ra = __ldg(reinterpret_cast<const uint2*>(x + e));
+        rb = __ldg(reinterpret_cast<const uint2*>(x + half + e));
+    }
+    __nv_bfloat16* dst =
+        destination(live, t, h, slot, q_out, k_cache, v_cache, q_heads, kv_heads, head_dim);
+    const __nv_bfloat16* norm = is_q ? q_norm : is_v ? nullptr : k_norm;
+    const bool rotate = !is_v && pos >= 0 && (uint32_t)pos < max_position;
+    if (vec) {
+        float a[4], b[4];
+        unpack4(ra, a);
+        unpack4(rb, b);
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ss += a[i] * a[i] + b[i] * b[i];
+        ss = group_sum(ss, lanes);
+        if (dst == nullptr) return;
+        if (is_v) {
+            *reinterpret_cast<uint2*>(dst + e) = ra;
+            *reinterpret_cast<uint2*>(dst + half + e) = rb;
+            return;
+        }
+        if (norm != nullptr) {
+            const float inv = rsqrtf(ss / (float)head_dim + eps);
+            float wa[4], wb[4];
+            unpack4(__ldg(reinterpret_cast<const uint2*>(norm + e)), wa);
+            unpack4(__ldg(reinterpret_cast<const uint2*>(norm + half + e)), wb);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = a[i] * inv * wa[i];
+                b[i] = b[i] * inv * wb[i];
+            }
+        }
+        if (rotate) {
+            const size_t row = (size_t)pos * half + e;
+            const float4 c4 = __ldg(reinterpret_cast<const float4*>(cos_table + row));
+            const float4 s4 = __ldg(reinterpret_cast<const float4*>(sin_table + row));
+            const float c[4] = {c4.x, c4.y, c4.z, c4.w}, s[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float x0 = a[i], x1 = b[i];
+                a[i] = x0 * c[i] - x1 * s[i];
+                b[i] = x1 * c[i] + x0 * s[i];
+            }
+        }
+        *reinterpret_cast<uint2*>(dst + e) = pack4(a);
+        *reinterpret_cast<uint2*>(dst + half + e) = pack4(b);
+    } else {
+        float ss = 0.0f;
+        if (dst != nullptr && norm != nullptr) {
+            for (uint32_t i = j; i < head_dim; i += lanes) {
+                const float v = metrale::to_f32(x[i]);
+                ss += v * v;
+            }
+        }
+        ss = group_sum(ss, lanes);
+        if (dst == nullptr) return;
+        if (is_v) {
+            for (uint32_t i = j; i < head_dim; i += lanes) dst[i] = x[i];
+            return;
+        }
+        const float inv = rsqrtf(ss / (float)head_dim + eps);
+        for (uint32_t i = j; i < half; i += lanes) {
+            float x0 = metrale::to_f32(x[i]), x1 = metrale::to_f32(x[i + half]);
+            if (norm != nullptr) {
+                x0 = x0 * inv * metrale::to_f32(norm[i]);
+                x1 = x1 * inv * metrale::to_f32(norm[i + half]);
+            }
+            if (rotate) {
+                const size_t row = (size_t)pos * half + i;
+                const float c = cos_table[row], s = sin_table[row];
+                const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+                x0 = y0;
+                x1 = y1;
+            }
+            dst[i] = metrale::to_bf16(x0);
+            dst[i + half] = metrale::to_bf16(x1);
+        }
+    }
+}
