@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT OR Apache-2.0
 # The speed issue's harness on the GPU machine, in phases that fit the device tool's 10-minute
-# calls (run `first-models.sh stash <met>` and `MODELS=qwen3-0.6b,qwen3-8b first-models.sh prep`
-# first: this script reuses its stash and checkpoints).
+# calls, run back to back while the machine stays warm (files outside the repo survive only that
+# long): `first-models.sh stash <met>`, then the phases in this order:
 #
-#   kernels   met bench-kernels and scripts/gpu/torch_kernels.py on the same shapes, merged into
-#             the kernel table by scripts/gpu/kernel_table.py (qwen3-8b and qwen3-0.6b)
-#   models    met bench-model (TTFT at 128/1024/8192, decode step at batch 1/8/32/64 against its
-#             memory floor), met generate batch-1 decode, and transformers eager and
-#             static+compile (manual loop) at batch 1, 8 and 32, each in its own process
+#   checkpoints  random-weight checkpoints of the speed models (make_checkpoints.py; needs the
+#             Qwen3 tokenizer carried in .cache/test-data/qwen3-tokenizer); clears $RES
+#   kernels   met check-kernels, then met bench-kernels and scripts/gpu/torch_kernels.py on the
+#             same shapes, merged into the kernel table by scripts/gpu/kernel_table.py
+#   graphs    decode with CUDA graphs off and on (METRALE_CUDA_GRAPHS=0/1): met generate tok/s and
+#             whether the greedy ids agree, and met bench-model's decode steps, per model
+#   met       met bench-model (TTFT at 128/1024/8192, decode step at batch 1/8/32/64 against its
+#             memory floor, per-launch profile; decode steps at 160-token contexts), met generate
+#   peers     transformers eager and static+compile (manual loop) decode at batch 1, 8 and 32, each
+#             in its own process, and transformers TTFT at 128/1024/8192 tokens
+#   parity    reference logits (transformers f32 on the bf16 weights) and met parity on CUDA
+#   summary   scripts/gpu/speed_summary.py: the speed table (JSON + markdown) from all of the above
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -31,8 +38,41 @@ finish() {
 
 phase=${1:?phase}
 case "$phase" in
+checkpoints)
+  # A machine can come back with /root from an earlier session: start the results afresh.
+  find "$RES" -mindepth 1 -delete
+  tok=()
+  [ -d .cache/test-data/qwen3-tokenizer ] && tok+=(--tokenizer qwen3=.cache/test-data/qwen3-tokenizer)
+  models=${SPEED_MODELS:-qwen3-8b qwen3-0.6b}
+  python3 scripts/gpu/make_checkpoints.py --out "$CKPT" --models "${models// /,}" --seed 0 --no-verify "${tok[@]}" \
+    > "$RES/make_checkpoints.log" 2>&1
+  record "make_checkpoints" "exit $? ($(ls "$CKPT" | tr '\n' ' '))"
+  finish
+  ;;
+graphs)
+  "$met" --version | tee "$RES/met-version.txt"
+  prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
+  for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
+    for g in 0 1; do
+      METRALE_CUDA_GRAPHS=$g "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 \
+        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up --print-ids > "$RES/generate-$m-graphs$g.txt" 2>&1
+      record "met generate $m graphs=$g" "exit $? ($(grep -o '[0-9.]* tok/s' "$RES/generate-$m-graphs$g.txt" | tail -1))"
+    done
+    same=$(cmp -s <(grep '^output ids:' "$RES/generate-$m-graphs0.txt") <(grep '^output ids:' "$RES/generate-$m-graphs1.txt") && echo yes || echo NO)
+    record "greedy ids equal with and without graphs ($m)" "$same"
+    for g in 0 1; do
+      METRALE_CUDA_GRAPHS=$g timeout 200 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 1,8,32,64 \
+        --json "$RES/bench-model-$m-graphs$g.json" > "$RES/bench-model-$m-graphs$g.md" 2>&1
+      record "met bench-model $m graphs=$g" "exit $? ($(grep '^| decode' "$RES/bench-model-$m-graphs$g.md" | awk -F'|' '{printf "b%s %sms; ", $3+0, $5+0}'))"
+    done
+  done
+  finish
+  ;;
 kernels)
   "$met" --version | tee "$RES/met-version.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
+  "$met" check-kernels > "$RES/check-kernels.txt" 2>&1
+  record "met check-kernels" "exit $? ($(tail -n1 "$RES/check-kernels.txt"))"
   for shape in qwen3-8b qwen3-0.6b; do
     timeout 150 "$met" bench-kernels --shape $shape --json "$RES/bench-kernels-$shape.json" > "$RES/bench-kernels-$shape.md" 2>&1
     record "met bench-kernels $shape" "exit $?"
@@ -45,25 +85,63 @@ kernels)
   done
   finish
   ;;
-models)
+met)
+  # The engine's model-level rows: TTFT and decode steps at 1k contexts (with a per-launch
+  # profile), decode steps at the transformers runs' mean context, and batch-1 generate.
   "$met" --version | tee "$RES/met-version.txt"
   for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
-    timeout 200 "$met" bench-model --model-from-path "$CKPT/$m" --json "$RES/bench-model-$m.json" > "$RES/bench-model-$m.md" 2>&1
-    record "met bench-model $m" "exit $?"
+    timeout 200 "$met" bench-model --model-from-path "$CKPT/$m" --profile --json "$RES/bench-model-$m.json" \
+      > "$RES/bench-model-$m.md" 2>&1
+    record "met bench-model $m" "exit $? ($(grep -E '^\| (prefill|decode)' "$RES/bench-model-$m.md" | awk -F'|' '{printf "%s b%s %s: %sms; ", substr($2,2,7), $3+0, $4+0, $5+0}'))"
+    timeout 120 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1,8,32 --context 160 \
+      --json "$RES/bench-model-short-$m.json" > "$RES/bench-model-short-$m.md" 2>&1
+    record "met bench-model $m, 160-token contexts" "exit $?"
     prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
     "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
       --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$m.txt" 2>&1
-    record "met generate $m batch 1" "$(grep 'tok/s' "$RES/met-decode-$m.txt")"
-    batches=${HF_BATCHES:-1 8 32}
-    [ "$m" = qwen3-0.6b ] && batches=1
-    for b in $batches; do
-      for mode in ${HF_MODES:-static_compile_loop eager}; do
-        timeout "${HF_TIMEOUT:-240}" python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" --prompt-tokens 32 \
-          --new-tokens 256 --batch "$b" --modes "$mode" --json "$RES/hf-$m-b$b-$mode.json" > "$RES/hf-$m-b$b-$mode.log" 2>&1
-        record "transformers $m batch $b $mode" "exit $? ($(grep -o '"decode_tok_s": [0-9.]*' "$RES/hf-$m-b$b-$mode.log" | head -1))"
-      done
-    done
+    record "met generate $m batch 1" "$(grep -o 'decode [0-9.]* tok/s' "$RES/met-decode-$m.txt")"
   done
+  finish
+  ;;
+peers)
+  # transformers on the same checkpoints, each mode in its own process (a crash in one compile
+  # recipe keeps the others): decode at batch 1 (eager and static+compile), 8 and 32
+  # (static+compile), and TTFT with SDPA.
+  for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
+    runs=${HF_RUNS:-"1:eager 1:static_compile_loop 8:static_compile_loop 32:static_compile_loop"}
+    [ "$m" = qwen3-0.6b ] && runs=${HF_RUNS_SMALL:-"1:eager 1:static_compile_loop"}
+    for run in $runs; do
+      b=${run%%:*}; mode=${run#*:}
+      timeout "${HF_TIMEOUT:-240}" python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" --prompt-tokens 32 \
+        --new-tokens 256 --batch "$b" --modes "$mode" --json "$RES/hf-$m-b$b-$mode.json" > "$RES/hf-$m-b$b-$mode.log" 2>&1
+      record "transformers $m batch $b $mode" "exit $? ($(grep -o '"decode_tok_s": [0-9.]*' "$RES/hf-$m-b$b-$mode.log" | head -1))"
+    done
+    if [ "$m" = qwen3-8b ]; then
+      timeout 200 python3 scripts/gpu/transformers_prefill_speed.py --model "$CKPT/$m" --prompt-tokens 128,1024,8192 \
+        --json "$RES/hf-prefill-$m.json" > "$RES/hf-prefill-$m.log" 2>&1
+      record "transformers $m TTFT 128/1024/8192" "exit $? ($(grep -o '"ttft_ms": [0-9.]*' "$RES/hf-prefill-$m.log" | tr '\n' ' '))"
+    fi
+  done
+  finish
+  ;;
+parity)
+  # Logit parity of the rewritten paths: transformers' f32 function of the bf16 weights as the
+  # reference (first-models.sh's method), met parity on CUDA.
+  for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
+    mkdir -p /root/ref
+    [ -f "/root/ref/$m.safetensors" ] || timeout 300 python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" \
+      --out "/root/ref/$m.safetensors" --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 \
+      --dtype float32 --also-bf16 > "$RES/ref-$m.log" 2>&1
+    "$met" parity --backend cuda --model-from-path "$CKPT/$m" --reference "/root/ref/$m.safetensors" \
+      --json "$RES/parity-$m.json" > "$RES/parity-$m.txt" 2>&1
+    record "parity $m" "exit $? ($(tail -n1 "$RES/parity-$m.txt"))"
+  done
+  finish
+  ;;
+summary)
+  python3 scripts/gpu/speed_summary.py --results "$RES" --ckpt "$CKPT" --json "$RES/summary.json" > "$RES/summary.md" 2>&1
+  record "speed_summary.py" "exit $?"
+  cat "$RES/summary.md"
   finish
   ;;
 *)
