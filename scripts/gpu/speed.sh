@@ -8,8 +8,8 @@
 #             Qwen3 tokenizer carried in .cache/test-data/qwen3-tokenizer); clears $RES
 #   kernels   met check-kernels, then met bench-kernels and scripts/gpu/torch_kernels.py on the
 #             same shapes, merged into the kernel table by scripts/gpu/kernel_table.py
-#   graphs    decode with CUDA graphs off and on (METRALE_CUDA_GRAPHS=0/1): met generate tok/s and
-#             whether the greedy ids agree, and met bench-model's decode steps, per model
+#   graphs    decode under launch variants (graphs off, on, on with PDL): met generate tok/s,
+#             whether the greedy ids agree, and met bench-model's prefill and decode rows
 #   met       met bench-model (TTFT at 128/1024/8192, decode step at batch 1/8/32/64 against its
 #             memory floor, per-launch profile; decode steps at 160-token contexts), met generate
 #   peers     transformers eager and static+compile (manual loop) decode at batch 1, 8 and 32, each
@@ -50,20 +50,26 @@ checkpoints)
   finish
   ;;
 graphs)
+  # Decode under launch variants (env assignments, default: graphs off, graphs on, graphs on with
+  # programmatic dependent launch): met generate tok/s, whether the greedy ids equal the first
+  # variant's, and met bench-model's decode steps.
   "$met" --version | tee "$RES/met-version.txt"
   prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
+  variants=${VARIANTS:-"METRALE_CUDA_GRAPHS=0 METRALE_CUDA_GRAPHS=1 METRALE_CUDA_GRAPHS=1,METRALE_PDL=1"}
   for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
-    for g in 0 1; do
-      METRALE_CUDA_GRAPHS=$g "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 \
-        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up --print-ids > "$RES/generate-$m-graphs$g.txt" 2>&1
-      record "met generate $m graphs=$g" "exit $? ($(grep -o '[0-9.]* tok/s' "$RES/generate-$m-graphs$g.txt" | tail -1))"
-    done
-    same=$(cmp -s <(grep '^output ids:' "$RES/generate-$m-graphs0.txt") <(grep '^output ids:' "$RES/generate-$m-graphs1.txt") && echo yes || echo NO)
-    record "greedy ids equal with and without graphs ($m)" "$same"
-    for g in 0 1; do
-      METRALE_CUDA_GRAPHS=$g timeout 200 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 1,8,32,64 \
-        --json "$RES/bench-model-$m-graphs$g.json" > "$RES/bench-model-$m-graphs$g.md" 2>&1
-      record "met bench-model $m graphs=$g" "exit $? ($(grep '^| decode' "$RES/bench-model-$m-graphs$g.md" | awk -F'|' '{printf "b%s %sms; ", $3+0, $5+0}'))"
+    first=""
+    for v in $variants; do
+      tag=${v//,/-}
+      env ${v//,/ } "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 \
+        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up --print-ids > "$RES/generate-$m-$tag.txt" 2>&1
+      rc=$?
+      ids=$(grep '^output ids:' "$RES/generate-$m-$tag.txt")
+      [ -z "$first" ] && first=$ids
+      same=$([ "$ids" = "$first" ] && echo "same ids" || echo "DIFFERENT ids")
+      record "met generate $m $v" "exit $rc ($(grep -o '[0-9.]* tok/s' "$RES/generate-$m-$tag.txt" | tail -1); $same as the first variant)"
+      env ${v//,/ } timeout 200 "$met" bench-model --model-from-path "$CKPT/$m" --prefill ${PREFILL:-128,1024} --batches 1,8,32,64 \
+        --json "$RES/bench-model-$m-$tag.json" > "$RES/bench-model-$m-$tag.md" 2>&1
+      record "met bench-model $m $v" "exit $? ($(grep -E '^\| (prefill|decode)' "$RES/bench-model-$m-$tag.md" | awk -F'|' '{printf "%s b%s t%s %sms; ", substr($2,2,3), $3+0, $4+0, $5+0}'))"
     done
   done
   finish
