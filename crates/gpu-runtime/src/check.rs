@@ -31,6 +31,13 @@ pub const F32_ELEMENT_ATOL: f32 = 1e-3;
 /// so a purely relative bound would flag correct kernels whenever the summation order differs
 /// (seen on the H200 with cuBLASLt at K = 4096: -1.5736e-4 against -1.6212e-4).
 pub const BF16_ELEMENT_ATOL_OF_RMS: f32 = 1.0 / 512.0;
+/// The bf16 absolute floor of the tensor-core prefill attention, as a fraction of the output's
+/// RMS. It rounds each probability to bf16 before weighting a value (as FlashAttention does), and
+/// its reference does the same; but a probability whose f32 value sits within a few ulps of a
+/// bf16 rounding boundary can round the other way on the GPU (the dot products' summation order
+/// differs), and one such flip moves an output by up to 2^-8 * p * |v| / l, a few times the
+/// default floor for an output near zero (seen on the H200: 1 element of 219136 at 2.4e-4).
+pub const PREFILL_ATTENTION_ATOL_OF_RMS: f32 = 1.0 / 128.0;
 /// Bound on the relative L2 error of a bf16 output.
 pub const BF16_REL_L2: f32 = 1e-2;
 
@@ -1079,10 +1086,12 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     let ms = w.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
                         / w.len().max(1) as f64;
                     let rms = ms.sqrt() as f32;
-                    (
-                        BF16_ELEMENT_RTOL,
-                        (BF16_ELEMENT_ATOL_OF_RMS * rms).max(1e-6),
-                    )
+                    let of_rms = if case.kernel == PrefillAttention::NAME {
+                        PREFILL_ATTENTION_ATOL_OF_RMS
+                    } else {
+                        BF16_ELEMENT_ATOL_OF_RMS
+                    };
+                    (BF16_ELEMENT_RTOL, (of_rms * rms).max(1e-6))
                 };
                 let (mut diff2, mut ref2) = (0f64, 0f64);
                 for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {

@@ -221,29 +221,42 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
 
 // Merges the splits' partials of paged_attention_bf16:
 // out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M), M = max of m_z over splits with l_z > 0.
+// The per-split weights e^(m_z - M) are computed once into shared memory (at most
+// MAX_COMBINE_SPLITS splits), then each thread sums its dims over the splits.
 // Launch: grid = (tokens, q_heads), block = 128.
+constexpr uint32_t MAX_COMBINE_SPLITS = 1024;
+
 extern "C" __global__ void __launch_bounds__(128) attention_combine_bf16(
     __nv_bfloat16* __restrict__ out, const float* __restrict__ partials, uint32_t tokens,
     uint32_t q_heads, uint32_t head_dim, uint32_t splits) {
     metrale::grid_dependency_sync();
+    __shared__ float weight[MAX_COMBINE_SPLITS];
+    __shared__ float scratch[32];
     const uint32_t t = blockIdx.x, h = blockIdx.y;
-    if (t >= tokens || h >= q_heads) return;
+    if (t >= tokens || h >= q_heads || splits > MAX_COMBINE_SPLITS) return;
     const size_t stride = head_dim + 2;
     const float* part = partials + ((size_t)t * q_heads + h) * splits * stride;
     float big = -INFINITY;
-    for (uint32_t z = 0; z < splits; ++z)
+    for (uint32_t z = threadIdx.x; z < splits; z += blockDim.x)
         if (part[z * stride + head_dim + 1] > 0.0f) big = fmaxf(big, part[z * stride + head_dim]);
+    // Block max through the same scratch as block_sum (which synchronises before reusing it).
+    big = metrale::warp_max(big);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = big;
+    __syncthreads();
+    big = -INFINITY;
+    for (uint32_t w = 0; w < blockDim.x / 32; ++w) big = fmaxf(big, scratch[w]);
+    __syncthreads();
     float total = 0.0f;
-    for (uint32_t z = 0; z < splits; ++z) {
+    for (uint32_t z = threadIdx.x; z < splits; z += blockDim.x) {
         const float lz = part[z * stride + head_dim + 1];
-        if (lz > 0.0f) total += lz * __expf(part[z * stride + head_dim] - big);
+        const float wz = lz > 0.0f ? __expf(part[z * stride + head_dim] - big) : 0.0f;
+        weight[z] = wz;
+        total += lz * wz;
     }
+    total = metrale::block_sum(total, scratch);  // its barriers also publish `weight`
     for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
-        for (uint32_t z = 0; z < splits; ++z) {
-            const float lz = part[z * stride + head_dim + 1];
-            if (lz > 0.0f) a += part[z * stride + d] * __expf(part[z * stride + head_dim] - big);
-        }
+        for (uint32_t z = 0; z < splits; ++z) a += part[z * stride + d] * weight[z];
         out[((size_t)t * q_heads + h) * head_dim + d] =
             metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
     }

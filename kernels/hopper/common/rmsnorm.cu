@@ -30,9 +30,25 @@ extern "C" __global__ void rmsnorm_bf16(__nv_bfloat16* __restrict__ out,
     }
 }
 
+namespace {
+constexpr int UNROLL = 4;  // 16-byte pieces per thread in flight per pass
+
+__device__ __forceinline__ float4 widen4(uint2 v) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+__device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
+    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+}  // namespace
+
 // residual[r, :] += input[r, :] in f32 (skipped when input is null); then
 // out[r, :] = bf16(residual * rsqrt(mean(residual^2) + eps) * weight).
 // `residual` is f32 and updated in place; `out` must not alias it.
+// When cols % 4 == 0 (and the rows are aligned) each thread moves 4 columns per access and keeps
+// UNROLL accesses in flight: a decode row (one block) is otherwise a chain of dependent loads.
 extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
                                               float* __restrict__ residual,
                                               const __nv_bfloat16* __restrict__ input,
@@ -44,7 +60,72 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
     if (r >= rows) return;
     float* res = residual + (size_t)r * cols;
     const __nv_bfloat16* x = input == nullptr ? nullptr : input + (size_t)r * cols;
+    __nv_bfloat16* y = out + (size_t)r * cols;
+    const bool vec = cols % 4 == 0 && aligned(res, 16) && aligned(y, 8) && aligned(weight, 8) &&
+                     (x == nullptr || aligned(x, 8));
     float sq = 0.0f;
+    if (vec) {
+        const uint32_t n4 = cols / 4, step = blockDim.x;
+        float4* res4 = reinterpret_cast<float4*>(res);
+        const uint2* x4 = reinterpret_cast<const uint2*>(x);
+        for (uint32_t base = threadIdx.x; base < n4; base += step * UNROLL) {
+            float4 v[UNROLL];
+            uint2 xv[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const uint32_t i = base + u * step;
+                if (i < n4) {
+                    v[u] = res4[i];
+                    if (x != nullptr) xv[u] = x4[i];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const uint32_t i = base + u * step;
+                if (i < n4) {
+                    if (x != nullptr) {
+                        const float4 a = widen4(xv[u]);
+                        v[u].x += a.x;
+                        v[u].y += a.y;
+                        v[u].z += a.z;
+                        v[u].w += a.w;
+                        res4[i] = v[u];
+                    }
+                    sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+                }
+            }
+        }
+        const float inv = rsqrtf(metrale::block_sum(sq, scratch) / (float)cols + eps);
+        // Each thread re-reads only the pieces it wrote itself, so no barrier is needed here.
+        const uint2* w4 = reinterpret_cast<const uint2*>(weight);
+        uint2* y4 = reinterpret_cast<uint2*>(y);
+        for (uint32_t base = threadIdx.x; base < n4; base += step * UNROLL) {
+            float4 v[UNROLL];
+            uint2 wv[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const uint32_t i = base + u * step;
+                if (i < n4) {
+                    v[u] = res4[i];
+                    wv[u] = w4[i];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const uint32_t i = base + u * step;
+                if (i < n4) {
+                    const float4 w = widen4(wv[u]);
+                    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x * inv * w.x, v[u].y * inv * w.y);
+                    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[u].z * inv * w.z, v[u].w * inv * w.w);
+                    uint2 o;
+                    o.x = *reinterpret_cast<const uint32_t*>(&lo);
+                    o.y = *reinterpret_cast<const uint32_t*>(&hi);
+                    y4[i] = o;
+                }
+            }
+        }
+        return;
+    }
     for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) {
         float s = res[i];
         if (x != nullptr) {
@@ -54,7 +135,6 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
         sq += s * s;
     }
     const float inv = rsqrtf(metrale::block_sum(sq, scratch) / (float)cols + eps);
-    __nv_bfloat16* y = out + (size_t)r * cols;
     // Each thread re-reads only the elements it wrote itself, so no barrier is needed here.
     for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) {
         y[i] = metrale::to_bf16(res[i] * inv * metrale::to_f32(weight[i]));

@@ -28,10 +28,10 @@ pub(crate) fn silu(x: f32) -> f32 {
 
 impl Kernel for SiluMul {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(
-            blocks_for(u64::from(self.tokens) * u64::from(self.inter), 256),
-            256,
-        )
+        // 8 elements per thread when rows split into 16-byte pieces (activation.cu).
+        let per_thread = if self.inter.is_multiple_of(8) { 8 } else { 1 };
+        let elements = u64::from(self.tokens) * u64::from(self.inter);
+        LaunchConfig::linear(blocks_for(elements.div_ceil(per_thread).max(1), 256), 256)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (t, n) = (self.tokens as usize, self.inter as usize);

@@ -64,7 +64,7 @@ kernel_args!(
         q_heads: u32,
         /// Elements per head.
         head_dim: u32,
-        /// Splits per (token, head).
+        /// Splits per (token, head), at most [`MAX_COMBINE_SPLITS`].
         splits: u32,
     }
 );
@@ -151,6 +151,9 @@ kernel_args!(
     }
 );
 
+/// Most splits [`AttentionCombine`] merges (its per-split weights live in shared memory).
+pub const MAX_COMBINE_SPLITS: u32 = 1024;
+
 impl Kernel for AttentionCombine {
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig {
@@ -165,6 +168,15 @@ impl Kernel for AttentionCombine {
             self.head_dim as usize,
             self.splits as usize,
         );
+        if self.splits > MAX_COMBINE_SPLITS {
+            return Err(HostError::BadArgs {
+                kernel: Self::NAME,
+                message: format!(
+                    "{} splits; the combine takes at most {MAX_COMBINE_SPLITS}",
+                    self.splits
+                ),
+            });
+        }
         let parts = host::load::<f32>(mem, self.partials, rows * z * (d + 2))?;
         let mut out = vec![0f32; rows * d];
         for (r, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
@@ -250,6 +262,11 @@ impl SeqKv<'_> {
     fn attend_tiled(&self, qv: &[f32], ctx: usize, scale: f32, scores: &mut Vec<f32>) -> Vec<f32> {
         let d = self.head_dim;
         let tile = PrefillAttention::TILE_TOKENS as usize;
+        // The kernel's arithmetic: raw dot products, the max kept in log2 units
+        // (max dot * scale * log2 e) and p = 2^(dot * scale * log2 e - max) with a fused
+        // multiply-add, so that a probability lands on the same side of a bf16 rounding boundary
+        // as on the GPU far more often than with e^(dot * scale - max).
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
         let (mut max, mut total) = (f32::NEG_INFINITY, 0f32);
         let mut acc = vec![0f32; d];
         for start in (0..ctx).step_by(tile) {
@@ -257,14 +274,15 @@ impl SeqKv<'_> {
             scores.clear();
             for j in keys.clone() {
                 let k = &self.k_cache[self.slot(j)..][..d];
-                scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * scale);
+                scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>());
             }
-            let new_max = scores.iter().copied().fold(max, f32::max);
-            let corr = (max - new_max).exp();
+            let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let new_max = max.max(tile_max * scale_log2);
+            let corr = (max - new_max).exp2();
             total *= corr;
             acc.iter_mut().for_each(|a| *a *= corr);
             for (j, s) in keys.zip(scores.iter()) {
-                let p = widen(bf16::from_f32((s - new_max).exp()));
+                let p = widen(bf16::from_f32(s.mul_add(scale_log2, -new_max).exp2()));
                 total += p;
                 let v = &self.v_cache[self.slot(j)..][..d];
                 for (a, x) in acc.iter_mut().zip(v) {
