@@ -135,9 +135,11 @@ pub struct CudaBackend {
     state: Mutex<CudaState>,
     /// cuBLASLt, created on the first GEMM (None inside: not installed, or METRALE_GEMM=kernel).
     blaslt: std::sync::OnceLock<Option<crate::blaslt::BlasLt>>,
-    /// Launch every kernel with programmatic stream serialization (`METRALE_PDL=1`): a kernel may
-    /// be scheduled while the one before it drains, and waits in `griddepcontrol.wait` (every
-    /// kernel of ours starts with it, common.cuh) until that one's writes are visible.
+    /// Launch every kernel with programmatic stream serialization (on unless `METRALE_PDL=0`): a
+    /// kernel may be scheduled while the one before it drains, and waits in `griddepcontrol.wait`
+    /// (every kernel of ours starts with it, common.cuh) until that one's writes are visible.
+    /// Measured on the H200 with decode graphs: Qwen3-8B 156.1 -> 158.8 tok/s, Qwen3-0.6B
+    /// 706.3 -> 728.9 tok/s, the same greedy ids.
     pdl: bool,
 }
 
@@ -177,7 +179,7 @@ impl CudaBackend {
             modules: Vec::new(),
             state: Mutex::new(CudaState::default()),
             blaslt: std::sync::OnceLock::new(),
-            pdl: std::env::var("METRALE_PDL").is_ok_and(|v| v == "1"),
+            pdl: std::env::var("METRALE_PDL").map_or(true, |v| v != "0"),
         };
         backend.bind()?;
         let main = backend.new_stream()?;

@@ -111,21 +111,36 @@ __device__ __forceinline__ void attend(
             for (int i = 0; i < PER_LANE; ++i) acc[g][i] *= corr;
             m[g] = m_new;
         }
+        // Value rows in batches of VB: all of a batch's loads are issued before its first FMA,
+        // so a warp waits for memory once per batch instead of once per key. Keys are still
+        // accumulated in order.
+        constexpr uint32_t VB = HD >= 256 ? 4 : 8;
         const uint32_t n = min(32u, end - tile);
-        for (uint32_t kk = 0; kk < n; ++kk) {
-            const size_t vb = __shfl_sync(0xffffffffu, base, kk);
-            const __nv_bfloat162* vrow =
-                reinterpret_cast<const __nv_bfloat162*>(v_cache + vb + lane * PER_LANE);
-            float2 vf[PER_LANE / 2];
+        for (uint32_t k0 = 0; k0 < n; k0 += VB) {
+            float2 vf[VB][PER_LANE / 2];
 #pragma unroll
-            for (int i = 0; i < PER_LANE / 2; ++i) vf[i] = __bfloat1622float2(vrow[i]);
+            for (uint32_t u = 0; u < VB; ++u) {
+                const uint32_t kk = k0 + u;
+                const size_t vb = __shfl_sync(0xffffffffu, base, kk & 31);
+                if (kk < n) {
+                    const __nv_bfloat162* vrow =
+                        reinterpret_cast<const __nv_bfloat162*>(v_cache + vb + lane * PER_LANE);
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                const float pk = __shfl_sync(0xffffffffu, p[g], kk);
+                    for (int i = 0; i < PER_LANE / 2; ++i) vf[u][i] = __bfloat1622float2(vrow[i]);
+                }
+            }
 #pragma unroll
-                for (int i = 0; i < PER_LANE / 2; ++i) {
-                    acc[g][2 * i] = fmaf(pk, vf[i].x, acc[g][2 * i]);
-                    acc[g][2 * i + 1] = fmaf(pk, vf[i].y, acc[g][2 * i + 1]);
+            for (uint32_t u = 0; u < VB; ++u) {
+                const uint32_t kk = k0 + u;
+                if (kk >= n) break;
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    const float pk = __shfl_sync(0xffffffffu, p[g], kk);
+#pragma unroll
+                    for (int i = 0; i < PER_LANE / 2; ++i) {
+                        acc[g][2 * i] = fmaf(pk, vf[u][i].x, acc[g][2 * i]);
+                        acc[g][2 * i + 1] = fmaf(pk, vf[u][i].y, acc[g][2 * i + 1]);
+                    }
                 }
             }
         }
@@ -193,10 +208,13 @@ __device__ __forceinline__ void attend_group(
 }
 }  // namespace
 
+// At most 128 registers (4 blocks per SM): a batch-64 decode's 512 blocks then fit in one wave.
+// The common instances (head_dim 128, groups up to 4) need no more; the largest (head_dim 256,
+// group 8) spill.
 // Launch: grid = (tokens, kv_heads, splits), block = 128 (gridDim.z must equal `splits`).
 // head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8;
 // `partials` is f32 [tokens, q_heads, splits, head_dim + 2] (unused, may be null, when splits = 1).
-extern "C" __global__ void __launch_bounds__(128) paged_attention_bf16(
+extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_bf16(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,

@@ -7,7 +7,7 @@
 namespace metrale {
 
 // Programmatic dependent launch. The CUDA backend may launch a kernel while the one before it on
-// the stream is still draining (METRALE_PDL=1); such a kernel must not touch global memory, read
+// the stream is still draining (unless METRALE_PDL=0); such a kernel must not touch global memory, read
 // or write, until the previous grid has finished and its writes are visible. Every kernel entry
 // calls this first; it also lets the next kernel be scheduled as soon as this one's blocks start
 // retiring. Without a programmatic dependency both instructions do nothing.

@@ -276,23 +276,6 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
     }
 }
 
-// Before waiting on the previous kernel (programmatic dependent launch), pull this block's first
-// weight columns toward L2: no earlier kernel writes weights, so these reads may start while the
-// previous kernel drains. One 128-byte line per thread per step; the column range is the block's
-// first grid-stride range for the smallest column count gemv() may choose, so it never reaches
-// past the weight.
-__device__ __forceinline__ void prefetch_weights(const __nv_bfloat16* __restrict__ w, uint32_t n,
-                                                 uint32_t k) {
-    if (n == 0) return;
-    const uint32_t cols = min(next_pow2(div_ceil(n, gridDim.x)), (uint32_t)(TILE * WARPS));
-    const size_t first = (size_t)blockIdx.x * cols;
-    if (first >= n) return;
-    const size_t bytes = (size_t)min((size_t)cols, n - first) * k * sizeof(__nv_bfloat16);
-    const char* p = reinterpret_cast<const char*>(w + first * k);
-    for (size_t off = (size_t)threadIdx.x * 128; off < bytes; off += (size_t)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
-}
-
 template <typename Out>
 __device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                          const __nv_bfloat16* __restrict__ w,
@@ -319,7 +302,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16(__nv_bfloat16* __
                                                             const __nv_bfloat16* __restrict__ w,
                                                             const __nv_bfloat16* __restrict__ bias,
                                                             uint32_t m, uint32_t n, uint32_t k) {
-    prefetch_weights(w, n, k);
     metrale::grid_dependency_sync();
     gemv_any(c, a, w, bias, m, n, k);
 }
@@ -328,7 +310,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_f32out(
     float* __restrict__ c, const __nv_bfloat16* __restrict__ a,
     const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
     uint32_t n, uint32_t k) {
-    prefetch_weights(w, n, k);
     metrale::grid_dependency_sync();
     gemv_any(c, a, w, bias, m, n, k);
 }
