@@ -62,6 +62,7 @@ def rows_for(name, s, prefill):
 
     for m in (1, 8):
         linear_row("q_proj", m, qd, h)
+        linear_row("qkv_proj", m, qd + 2 * kvd, h)
         linear_row("k_proj", m, kvd, h)
         linear_row("o_proj", m, h, qd)
         linear_row("gate_up", m, 2 * i, h)
@@ -103,7 +104,41 @@ def rows_for(name, s, prefill):
                     "us": us, "bytes": 2 * seqs * context * kvd * 2 + 2 * 2 * seqs * tokens * qd,
                     "flops": 4 * keys * qd})
 
+    def qkv_post_row(t, what):
+        # What HF runs between the QKV projections and attention, eagerly: per-head RMSNorm of q
+        # and k (Qwen3), NeoX RoPE on both, and the new keys and values written into a cache.
+        qkv = torch.randn(t, qd + 2 * kvd, device=dev, dtype=bf)
+        qw, kw = torch.ones(hd, device=dev, dtype=bf), torch.ones(hd, device=dev, dtype=bf)
+        pos = torch.arange(t, device=dev) + 7
+        inv = 1.0 / (1e6 ** (torch.arange(0, hd, 2, device=dev, dtype=torch.float32) / hd))
+        ang = pos[:, None].float() * inv[None, :]
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(bf)[:, None, :]
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(bf)[:, None, :]
+        k_cache = torch.zeros(t + 64, kvh, hd, device=dev, dtype=bf)
+        v_cache = torch.zeros_like(k_cache)
+        slots = torch.arange(t, device=dev) + 3
+
+        def rms(x, w):
+            v = x.float()
+            return w * (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)).to(bf)
+
+        def rot(x):
+            x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+            return x * cos + torch.cat([-x2, x1], -1) * sin
+
+        def f():
+            q, k, v = qkv.split([qd, kvd, kvd], -1)
+            q = rot(rms(q.view(t, qh, hd), qw))
+            k = rot(rms(k.view(t, kvh, hd), kw))
+            k_cache.index_copy_(0, slots, k)
+            v_cache.index_copy_(0, slots, v.view(t, kvh, hd))
+            return q
+        out.append({"label": f"{name} qk-norm+rope+kv-write {what} tokens={t}",
+                    "op": "HF q/k RMSNorm + RoPE + index_copy_ (eager)", "us": timed(f),
+                    "bytes": t * (qd + 2 * kvd) * 2 * 2, "flops": 10 * t * (qd + kvd)})
+
     norm_row(1)
+    qkv_post_row(1, "decode")
     silu_row(1)
     attention_row(1, 1, 1024)
     attention_row(1, 1, 8192)
@@ -114,6 +149,7 @@ def rows_for(name, s, prefill):
         linear_row("down", t, h, i)
         attention_row(1, t, t)
         norm_row(t)
+        qkv_post_row(t, "prefill")
         silu_row(t)
     for rows in (1, 64):
         logits = torch.randn(rows, s["vocab"], device=dev, dtype=torch.float32)
