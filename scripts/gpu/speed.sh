@@ -79,7 +79,7 @@ kernels)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
   "$met" check-kernels > "$RES/check-kernels.txt" 2>&1
   record "met check-kernels" "exit $? ($(tail -n1 "$RES/check-kernels.txt"))"
-  for shape in qwen3-8b qwen3-0.6b; do
+  for shape in ${KERNEL_SHAPES:-qwen3-8b qwen3-0.6b}; do
     timeout 150 "$met" bench-kernels --shape $shape --json "$RES/bench-kernels-$shape.json" > "$RES/bench-kernels-$shape.md" 2>&1
     record "met bench-kernels $shape" "exit $?"
     timeout 150 python3 scripts/gpu/torch_kernels.py --shape $shape --json "$RES/torch-kernels-$shape.json" \
