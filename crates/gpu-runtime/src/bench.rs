@@ -237,6 +237,8 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
         buffers: vec![
             ((n * qh * hd) as usize * 2, 0),
             (partials, 0),
+            // The split merge's counters: zero, and left at zero by every launch.
+            ((n * kvh) as usize * 4, 0),
             ((n * qh * hd) as usize * 2, 0x3C),
             (cache, 0x3C),
             (cache, 0x3C),
@@ -251,12 +253,13 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
             launch_of(PagedAttention {
                 out: p[0],
                 partials: p[1],
-                q: p[2],
-                k_cache: p[3],
-                v_cache: p[4],
-                block_tables: p[5],
-                token_seq: p[6],
-                positions: p[7],
+                counters: p[2],
+                q: p[3],
+                k_cache: p[4],
+                v_cache: p[5],
+                block_tables: p[6],
+                token_seq: p[7],
+                positions: p[8],
                 tokens: n,
                 q_heads: qh,
                 kv_heads: kvh,
@@ -302,27 +305,6 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
                     block_size: block,
                     max_blocks_per_seq: blocks_per_seq,
                     scale: 1.0 / (hd as f32).sqrt(),
-                })
-            }),
-        });
-    }
-    if splits > 1 {
-        out.push(BenchCase {
-            kernel: AttentionCombine::NAME,
-            label: format!("{} {what} combine of {splits} splits", s.name),
-            bytes: partials as u64 + (n * qh * hd) as u64 * 2,
-            flops: 3 * (n * qh * hd * splits) as u64,
-            buffers: vec![((n * qh * hd) as usize * 2, 0), (partials, 0)],
-            uploads: vec![],
-            library_gemm: None,
-            build: Box::new(move |p| {
-                launch_of(AttentionCombine {
-                    out: p[0],
-                    partials: p[1],
-                    tokens: n,
-                    q_heads: qh,
-                    head_dim: hd,
-                    splits,
                 })
             }),
         });

@@ -715,7 +715,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let q = bf16_normal(&mut rng, q_len, 1.0);
         let k_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
         let v_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
-        // Once whole (the output compared), once split in 16-key pieces (the partials compared).
+        // Once whole, once split in 16-key pieces: the output compared both times; split, also
+        // the partials, and the per-(token, kv head) counters, which must be back at zero.
         for keys_per_split in [0u32, 16] {
             let splits = if keys_per_split == 0 {
                 1
@@ -733,11 +734,15 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 buffers: vec![
                     Buffer {
                         init: vec![0; q_len * 2],
-                        output: (splits == 1).then_some(OutputKind::Bf16),
+                        output: Some(OutputKind::Bf16),
                     },
                     Buffer {
                         init: vec![0; partials * 4],
                         output: (splits > 1).then_some(OutputKind::F32),
+                    },
+                    Buffer {
+                        init: vec![0; (tokens * kv_heads) as usize * 4],
+                        output: Some(OutputKind::I32),
                     },
                     Buffer {
                         init: q.clone(),
@@ -768,12 +773,13 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     launch_of(PagedAttention {
                         out: p[0],
                         partials: p[1],
-                        q: p[2],
-                        k_cache: p[3],
-                        v_cache: p[4],
-                        block_tables: p[5],
-                        token_seq: p[6],
-                        positions: p[7],
+                        counters: p[2],
+                        q: p[3],
+                        k_cache: p[4],
+                        v_cache: p[5],
+                        block_tables: p[6],
+                        token_seq: p[7],
+                        positions: p[8],
                         tokens,
                         q_heads,
                         kv_heads,

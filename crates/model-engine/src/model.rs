@@ -21,8 +21,8 @@ use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
-    AddRmsNorm, ArgmaxF32, AttentionCombine, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv,
-    GemvF32Out, PagedAttention, PrefillAttention, QkvRopeKvWrite, SiluMul, attention_splits,
+    AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
+    PagedAttention, PrefillAttention, QkvRopeKvWrite, SiluMul, attention_splits,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -117,7 +117,6 @@ struct Kernels {
     gemv_f32out: KernelHandle,
     silu_mul: KernelHandle,
     attention: KernelHandle,
-    attention_combine: KernelHandle,
     prefill_attention: KernelHandle,
     argmax_f32: KernelHandle,
 }
@@ -141,6 +140,9 @@ struct Scratch {
     argmax: DevicePtr,
     /// Split-K attention partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
     partials: DevicePtr,
+    /// i32 `[max_tokens_per_step, kv_heads]`, zero between launches: the split attention's
+    /// count of finished blocks per (token, kv head).
+    counters: DevicePtr,
     /// The per-step integer inputs, packed so a step uploads them in one copy: for a step of n
     /// tokens, ids, positions, token_seq and slots (n entries each), the prefill attention's
     /// query tiles (room for n tiles of 4), then the block tables.
@@ -232,7 +234,6 @@ impl Model {
             gemv_f32out: g.kernel(GemvF32Out::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
-            attention_combine: g.kernel(AttentionCombine::NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             argmax_f32: g.kernel(ArgmaxF32::NAME)?,
         };
@@ -262,6 +263,7 @@ impl Model {
             logits: alloc(options.max_logit_rows.max(1) * c.vocab_size * 4)?,
             gathered: alloc(options.max_logit_rows.max(1) * h * 2)?,
             partials: alloc(ATTENTION_PARTIALS as usize * (hd + 2) * 4)?,
+            counters: alloc(t * c.num_kv_heads * 4)?,
             argmax: alloc(options.max_logit_rows.max(1) * 4)?,
             step_inputs,
         };
@@ -275,6 +277,10 @@ impl Model {
         let (cos, sin) = crate::rope::tables(c, options.max_seq_len);
         let rope_cos = alloc(cos.len() * 4)?;
         let rope_sin = alloc(sin.len() * 4)?;
+        // The split attention's counters start at zero; every launch leaves them there.
+        let stream = g.default_stream();
+        g.memset(scratch.counters, 0, t * c.num_kv_heads * 4, stream)?;
+        g.synchronize(stream)?;
         g.copy_h2d(bytemuck::cast_slice(&cos), rope_cos)?;
         g.copy_h2d(bytemuck::cast_slice(&sin), rope_sin)?;
         Ok(Model {
@@ -714,6 +720,7 @@ impl Model {
                     &PagedAttention {
                         out: sc.attn,
                         partials: sc.partials,
+                        counters: sc.counters,
                         q: sc.q,
                         k_cache: self.k_cache[l],
                         v_cache: self.v_cache[l],
@@ -731,20 +738,6 @@ impl Model {
                         scale,
                     },
                 )?;
-                if splits > 1 {
-                    self.launch(
-                        k.attention_combine,
-                        "attention_combine",
-                        &AttentionCombine {
-                            out: sc.attn,
-                            partials: sc.partials,
-                            tokens: n,
-                            q_heads: qh,
-                            head_dim: hd,
-                            splits,
-                        },
-                    )?;
-                }
             }
             gemm("o", sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
             self.launch(

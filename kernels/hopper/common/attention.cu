@@ -17,8 +17,10 @@
 // probabilities are then broadcast lane by lane while each lane accumulates its head_dim / 32
 // output dims of every head from the (coalesced) value rows. The 4 warps' running softmaxes merge
 // in shared memory. With one split the block writes the bf16 output; with more, it writes each
-// head's partial (acc[head_dim], m, l) to `partials` and attention_combine_bf16 merges them. An
-// empty split writes m = 0, l = 0, acc = 0.
+// head's partial (acc[head_dim], m, l) to `partials` (an empty split writes m = 0, l = 0,
+// acc = 0), and the last block of a (token, kv head) to finish - counted in `counters`, which it
+// sets back to zero - merges the splits' partials into the bf16 output, so no combine launch is
+// needed (attention_combine_bf16 remains for callers that want the partials only).
 // Batch-1 decode has kv_heads blocks per split, so splitting the context is what fills the GPU.
 #include "common.cuh"
 
@@ -27,7 +29,7 @@ constexpr int WARPS = 4;
 
 template <int HD, int G>
 __device__ __forceinline__ void attend(
-    __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
@@ -180,18 +182,59 @@ __device__ __forceinline__ void attend(
             }
         }
     }
+    if (splits == 1) return;
+
+    // The last block of this (token, kv head) to finish merges every split's partial.
+    __shared__ int is_last;
+    __shared__ float head_total[G];
+    __threadfence();  // this block's partials are visible before it is counted
+    __syncthreads();
+    int32_t* counter = counters + (size_t)t * kv_heads + kvh;
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)splits - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    // Per-split weights e^(m_z - M) of each head, after the block's own layout in shared memory.
+    float* weight = smem + (WARPS + 1) * G * HD + 2 * WARPS * G;  // [G][splits]
+    for (int g = warp; g < G; g += WARPS) {
+        const float* ph = partials + ((size_t)t * q_heads + h0 + g) * splits * (HD + 2);
+        float big = -INFINITY;
+        for (uint32_t z = lane; z < splits; z += 32)
+            if (__ldcg(ph + z * (HD + 2) + HD + 1) > 0.0f) big = fmaxf(big, __ldcg(ph + z * (HD + 2) + HD));
+        big = metrale::warp_max(big);
+        float total = 0.0f;
+        for (uint32_t z = lane; z < splits; z += 32) {
+            const float lz = __ldcg(ph + z * (HD + 2) + HD + 1);
+            const float wz = lz > 0.0f ? __expf(__ldcg(ph + z * (HD + 2) + HD) - big) : 0.0f;
+            weight[g * splits + z] = wz;
+            total += lz * wz;
+        }
+        total = metrale::warp_sum(total);
+        if (lane == 0) head_total[g] = total;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        const int g = i / HD, d = i % HD;
+        const size_t head = (size_t)t * q_heads + h0 + g;
+        const float* ph = partials + head * splits * (HD + 2);
+        float a = 0.0f;
+        for (uint32_t z = 0; z < splits; ++z) a += __ldcg(ph + z * (HD + 2) + d) * weight[g * splits + z];
+        const float total = head_total[g];
+        out[head * HD + d] = metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
+    }
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
 
 template <int HD>
 __device__ __forceinline__ void attend_group(
     uint32_t group, __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
-    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+    int32_t* __restrict__ counters, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
     uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
     uint32_t keys_per_split, float scale) {
 #define METRALE_ATTEND(G)                                                                      \
-    attend<HD, G>(out, partials, q, k_cache, v_cache, block_tables, token_seq, positions,      \
+    attend<HD, G>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq, positions,      \
                   q_heads, kv_heads, block_size, max_blocks_per_seq, keys_per_split, scale)
     switch (group) {
         case 1: METRALE_ATTEND(1); break;
@@ -213,9 +256,11 @@ __device__ __forceinline__ void attend_group(
 // group 8) spill.
 // Launch: grid = (tokens, kv_heads, splits), block = 128 (gridDim.z must equal `splits`).
 // head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8;
-// `partials` is f32 [tokens, q_heads, splits, head_dim + 2] (unused, may be null, when splits = 1).
+// `partials` is f32 [tokens, q_heads, splits, head_dim + 2] and `counters` i32 [tokens, kv_heads],
+// zero before the launch and zero after it (both unused, may be null, when splits = 1). Dynamic
+// shared memory: ((4 + 1) * G * head_dim + 8 * G + (splits > 1 ? G * splits : 0)) floats.
 extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_bf16(
-    __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions, uint32_t tokens,
@@ -225,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_bf16(
     if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
     const uint32_t group = q_heads / kv_heads;
 #define METRALE_ATTEND(HD)                                                                     \
-    attend_group<HD>(group, out, partials, q, k_cache, v_cache, block_tables, token_seq,       \
+    attend_group<HD>(group, out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,       \
                      positions, q_heads, kv_heads, block_size, max_blocks_per_seq,             \
                      keys_per_split, scale)
     switch (head_dim) {

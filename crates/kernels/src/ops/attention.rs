@@ -11,13 +11,17 @@ kernel_args!(
     /// Causal GQA: token `t` (sequence `token_seq[t]`, position `positions[t]`) attends to keys
     /// `0..=positions[t]` of its sequence in the paged cache. With `splits > 1` split `z` covers
     /// keys `[z * keys_per_split, (z + 1) * keys_per_split)` and writes its unnormalised partial
-    /// `(acc[head_dim], m, l)` to `partials` for [`AttentionCombine`]; with one split the output
-    /// is written directly.
+    /// `(acc[head_dim], m, l)` to `partials`; the last block of each (token, kv head) to finish
+    /// merges them into the output (as [`AttentionCombine`] would). With one split the output is
+    /// written directly.
     PagedAttention => names::attention::PAGED_ATTENTION_BF16 {
-        /// bf16 `[tokens, q_heads * head_dim]` (written when `splits == 1`).
+        /// bf16 `[tokens, q_heads * head_dim]`.
         out: DevicePtr,
         /// f32 `[tokens, q_heads, splits, head_dim + 2]` (written when `splits > 1`).
         partials: DevicePtr,
+        /// i32 `[tokens, kv_heads]`, zero before the launch and after it: the blocks of each
+        /// (token, kv head) done so far (used when `splits > 1`).
+        counters: DevicePtr,
         /// bf16 `[tokens, q_heads * head_dim]`.
         q: DevicePtr,
         /// bf16 `[num_blocks, block_size, kv_heads, head_dim]`.
@@ -178,28 +182,34 @@ impl Kernel for AttentionCombine {
             });
         }
         let parts = host::load::<f32>(mem, self.partials, rows * z * (d + 2))?;
-        let mut out = vec![0f32; rows * d];
-        for (r, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
-            let part = |s: usize| &parts[(r * z + s) * (d + 2)..][..d + 2];
-            let live: Vec<usize> = (0..z).filter(|&s| part(s)[d + 1] > 0.0).collect();
-            let big = live
-                .iter()
-                .map(|&s| part(s)[d])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let total: f32 = live
-                .iter()
-                .map(|&s| part(s)[d + 1] * (part(s)[d] - big).exp())
-                .sum();
-            for (i, x) in o.iter_mut().enumerate() {
-                let a: f32 = live
-                    .iter()
-                    .map(|&s| part(s)[i] * (part(s)[d] - big).exp())
-                    .sum();
-                *x = if total > 0.0 { a / total } else { 0.0 };
-            }
-        }
-        host::store_bf16(mem, self.out, &out)
+        host::store_bf16(mem, self.out, &combine(&parts, rows, d, z))
     }
+}
+
+/// Merges `rows` rows of `z` split partials `(acc[d], m, l)` each into normalised outputs:
+/// `sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M)` over the splits with `l_z > 0`.
+fn combine(parts: &[f32], rows: usize, d: usize, z: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * d];
+    for (r, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
+        let part = |s: usize| &parts[(r * z + s) * (d + 2)..][..d + 2];
+        let live: Vec<usize> = (0..z).filter(|&s| part(s)[d + 1] > 0.0).collect();
+        let big = live
+            .iter()
+            .map(|&s| part(s)[d])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let total: f32 = live
+            .iter()
+            .map(|&s| part(s)[d + 1] * (part(s)[d] - big).exp())
+            .sum();
+        for (i, x) in o.iter_mut().enumerate() {
+            let a: f32 = live
+                .iter()
+                .map(|&s| part(s)[i] * (part(s)[d] - big).exp())
+                .sum();
+            *x = if total > 0.0 { a / total } else { 0.0 };
+        }
+    }
+    out
 }
 
 /// One sequence's keys and values of one kv head, read through its block table.
@@ -301,7 +311,12 @@ impl Kernel for PagedAttention {
         // shared memory holds the group's queries and the 4 warps' partial outputs and softmax
         // state (attention.cu).
         let group = self.q_heads / self.kv_heads.max(1);
-        let floats = (4 + 1) * group * self.head_dim + 2 * 4 * group;
+        let merge = if self.splits > 1 {
+            group * self.splits
+        } else {
+            0
+        };
+        let floats = (4 + 1) * group * self.head_dim + 2 * 4 * group + merge;
         LaunchConfig {
             grid: [self.tokens, self.kv_heads, self.splits],
             block: [128, 1, 1],
@@ -399,7 +414,8 @@ impl Kernel for PagedAttention {
         }
         drop((k_cache, v_cache));
         if z > 1 {
-            return host::store(mem, self.partials, &parts);
+            host::store(mem, self.partials, &parts)?;
+            out = combine(&parts, t_n * qh, d, z);
         }
         host::store_bf16(mem, self.out, &out)
     }
@@ -579,6 +595,7 @@ mod tests {
         PagedAttention {
             out: m.put(&bf16s(&[0.0; 2 * D])),
             partials: m.put(&vec![0f32; 2 * 2 * (D + 2)]),
+            counters: m.put(&[0i32; 2]),
             q: m.put(&bf16s(&[0.0; 2 * D])),
             k_cache,
             v_cache,
@@ -633,6 +650,9 @@ mod tests {
         .unwrap();
         let out = f32s(&m.get(out, 128));
         assert_eq!((out[0], out[1], out[64], out[65]), (10.0, 0.0, 5.0, 5.0));
+        // The split launch merged them itself, into the same output.
+        let merged = f32s(&m.get(k.out, 128));
+        assert_eq!(merged, out);
     }
 
     #[test]
@@ -720,6 +740,7 @@ mod tests {
         PagedAttention {
             out: paged_out,
             partials: DevicePtr::NULL,
+            counters: DevicePtr::NULL,
             q,
             k_cache,
             v_cache,
