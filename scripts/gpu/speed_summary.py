@@ -122,11 +122,11 @@ def main():
                 flops = 2 * n_params * p + 2 * p * p * hd * heads * layers
                 add(m, f"TTFT ms, {p} tokens", r["ms"], "ms", 1, {"transformers SDPA": prefill_peer.get(p)},
                     floor=flops / (args.tc_tflops * 1e12) * 1e3, note="floor: tensor-core FLOPs at peak")
-            else:
+            elif r["kind"] == "decode step":
                 add(m, f"decode step ms, batch {r['batch']}, 1k context", r["ms"], "ms", r["batch"],
                     floor=r["floor_ms"], note="floor: weights + KV bytes over HBM read bandwidth")
         for r in load(res / f"bench-model-short-{m}.json") or []:
-            if r["kind"].startswith("decode") and r["batch"] > 1:
+            if r["kind"] == "decode step" and r["batch"] > 1:
                 b = r["batch"]
                 eager, compiled = hf(res, m, b, "eager"), hf(res, m, b, "static_compile_loop")
                 add(m, f"decode tok/s, batch {b}", r["tok_s"], "tok/s", b,

@@ -212,6 +212,8 @@ pub struct Model {
     graphs: std::collections::HashMap<(u32, u32, u32), Graph>,
     /// Per-launch timing (`set_profile`).
     profiler: Option<std::sync::Mutex<Profiler>>,
+    /// Launch labels left out, for timing experiments (`set_skip`).
+    skip: Vec<&'static str>,
 }
 
 impl Model {
@@ -298,6 +300,7 @@ impl Model {
             use_graphs: std::env::var("METRALE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: std::collections::HashMap::new(),
             profiler: None,
+            skip: Vec::new(),
         })
     }
 
@@ -632,6 +635,9 @@ impl Model {
                     k: k_,
                     f32_out: false,
                 };
+                if self.skip.contains(&label) {
+                    return Ok(());
+                }
                 g.gemm(&op, k.gemm, s)?;
                 self.mark(label)
             }
@@ -844,8 +850,10 @@ impl Model {
                 k: h,
                 f32_out: true,
             };
-            g.gemm(&head, k.gemm_f32out, s)?;
-            self.mark("lm_head")?;
+            if !self.skip.contains(&"lm_head") {
+                g.gemm(&head, k.gemm_f32out, s)?;
+                self.mark("lm_head")?;
+            }
         }
         Ok(rows)
     }
@@ -857,9 +865,46 @@ impl Model {
         label: &'static str,
         args: &K,
     ) -> Result<(), ModelError> {
+        if self.skip.contains(&label) {
+            return Ok(());
+        }
         let g = self.gpu.as_ref();
         launch_kernel(g, handle, args, g.default_stream())?;
         self.mark(label)
+    }
+
+    /// For timing experiments only: leave out every launch with one of these labels (the
+    /// labels of [`Model::profile`]), so that a step's time without them can be measured where
+    /// it matters, inside the replayed graph. The step's outputs are then wrong. Captured graphs
+    /// are set aside (not freed: this is a measuring tool) so that the next decode steps are
+    /// captured without those launches.
+    pub fn set_skip(&mut self, labels: &[&str]) -> Result<(), ModelError> {
+        let known = [
+            "embedding",
+            "add_rmsnorm",
+            "qkv",
+            "qkv_post",
+            "attention",
+            "prefill_attention",
+            "o",
+            "gate_up",
+            "silu_mul",
+            "down",
+            "lm_head",
+        ];
+        self.skip = labels
+            .iter()
+            .map(|l| {
+                known.iter().copied().find(|k| k == l).ok_or_else(|| {
+                    ModelError::InvalidStep(format!(
+                        "unknown launch label `{l}`; the labels are {}",
+                        known.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        self.graphs.clear();
+        Ok(())
     }
 
     /// When profiling, records the end of the work queued so far under `label`.

@@ -52,11 +52,20 @@ pub struct Args {
     /// and print where its time went, per kernel label (graph replay is off for that run).
     #[arg(long)]
     profile: bool,
+    /// Timing experiment: after the rows, time the decode steps again once per launch label
+    /// given here (comma-separated; the labels of --profile), with that label's launches left
+    /// out of the replayed graph. The difference to the full step is what those launches cost
+    /// in place. The outputs of those steps are wrong; they are only timed.
+    #[arg(long, value_delimiter = ',')]
+    skip_each: Vec<String>,
 }
 
 #[derive(serde::Serialize)]
 struct Row {
     kind: &'static str,
+    /// The launch label left out (`--skip-each` rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    without: Option<String>,
     batch: usize,
     tokens: usize,
     ms: f64,
@@ -144,6 +153,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let ms = median(times);
         rows.push(Row {
             kind: "prefill (time to first logits)",
+            without: None,
             batch: 1,
             tokens: p,
             ms,
@@ -161,45 +171,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         (config.vocab_size * config.hidden_size * 2) as f64
     };
     for &b in &args.batches {
-        let mut tables = Vec::new();
-        for _ in 0..b {
-            let mut t = BlockTable::default();
-            t.reserve(args.context + 1, block_size, &mut allocator)?;
-            tables.push(t);
-        }
-        let refs: Vec<&BlockTable> = tables.iter().collect();
-        let tokens: Vec<u32> = (0..b).map(|_| next_id()).collect();
-        let positions = vec![args.context as u32; b];
-        let seq: Vec<u32> = (0..b as u32).collect();
-        let logit_rows: Vec<usize> = (0..b).collect();
-        let step = StepInput {
-            tokens: &tokens,
-            positions: &positions,
-            token_seq: &seq,
-            block_tables: &refs,
-            logit_rows: &logit_rows,
-        };
-        model.forward_argmax(&step)?;
-        let mut times = Vec::new();
-        for _ in 0..args.repeats {
-            let t = Instant::now();
-            model.forward_argmax(&step)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        if args.profile {
+        let (ms, profile) = time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
+        if let Some(launches) = profile {
             profiles.push((
                 format!("decode batch {b}, context {}", args.context),
-                profile_step(&mut model, &step)?,
+                launches,
             ));
         }
-        for mut t in tables {
-            t.release(&mut allocator)?;
-        }
-        let ms = median(times);
         let bytes = model.weight_bytes() as f64 - untied_embedding
             + b as f64 * (args.context + 1) as f64 * kv_per_token;
         rows.push(Row {
             kind: "decode step",
+            without: None,
             batch: b,
             tokens: args.context,
             ms,
@@ -208,6 +191,22 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         });
     }
 
+    for label in &args.skip_each {
+        model.set_skip(&[label.as_str()])?;
+        for &b in &args.batches {
+            let (ms, _) = time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
+            rows.push(Row {
+                kind: "timing experiment (wrong outputs): decode step without",
+                without: Some(label.clone()),
+                batch: b,
+                tokens: args.context,
+                ms,
+                floor_ms: None,
+                tok_s: b as f64 / ms * 1e3,
+            });
+        }
+        model.set_skip(&[])?;
+    }
     println!("met {}", crate::long_version());
     println!("{}", placement.description);
     println!("| row | batch | tokens | ms | floor ms | of floor | tok/s |");
@@ -217,9 +216,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             Some(f) => (format!("{f:.3}"), format!("{:.0}%", 100.0 * f / r.ms)),
             None => ("-".into(), "-".into()),
         };
+        let kind = match &r.without {
+            Some(label) => format!("{} {label}", r.kind),
+            None => r.kind.to_string(),
+        };
         println!(
-            "| {} | {} | {} | {:.3} | {floor} | {of} | {:.1} |",
-            r.kind, r.batch, r.tokens, r.ms, r.tok_s
+            "| {kind} | {} | {} | {:.3} | {floor} | {of} | {:.1} |",
+            r.batch, r.tokens, r.ms, r.tok_s
         );
     }
     for (what, launches) in &profiles {
@@ -229,6 +232,54 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The median time of a decode step of `b` sequences of `args.context` cached tokens (each row's
+/// argmax taken on the device), after one untimed step; with `--profile`, the launches of one
+/// more step with their times.
+#[allow(clippy::type_complexity)]
+fn time_decode(
+    model: &mut Model,
+    allocator: &mut BlockAllocator,
+    next_id: &mut dyn FnMut() -> u32,
+    b: usize,
+    args: &Args,
+) -> anyhow::Result<(f64, Option<Vec<(&'static str, f64)>>)> {
+    let block_size = model.options().block_size;
+    let mut tables = Vec::new();
+    for _ in 0..b {
+        let mut t = BlockTable::default();
+        t.reserve(args.context + 1, block_size, allocator)?;
+        tables.push(t);
+    }
+    let refs: Vec<&BlockTable> = tables.iter().collect();
+    let tokens: Vec<u32> = (0..b).map(|_| next_id()).collect();
+    let positions = vec![args.context as u32; b];
+    let seq: Vec<u32> = (0..b as u32).collect();
+    let logit_rows: Vec<usize> = (0..b).collect();
+    let step = StepInput {
+        tokens: &tokens,
+        positions: &positions,
+        token_seq: &seq,
+        block_tables: &refs,
+        logit_rows: &logit_rows,
+    };
+    model.forward_argmax(&step)?;
+    let mut times = Vec::new();
+    for _ in 0..args.repeats {
+        let t = Instant::now();
+        model.forward_argmax(&step)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let profile = if args.profile {
+        Some(profile_step(model, &step)?)
+    } else {
+        None
+    };
+    for mut t in tables {
+        t.release(allocator)?;
+    }
+    Ok((median(times), profile))
 }
 
 /// One more run of `step` with an event after every launch; the launches in order with their ms.
