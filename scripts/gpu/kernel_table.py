@@ -26,10 +26,14 @@ def base(label: str) -> str:
 def on_path(r) -> bool:
     """Whether the engine launches this row's kernel for this shape on CUDA: the WMMA GEMM is only
     the fallback when cuBLASLt is missing (every GEMM row of the engine's path is the
-    GpuBackend::gemm one), and prefill attention runs on the tensor-core kernel, not the
+    GpuBackend::gemm one), products of at most 8 rows take the GEMV (the library rows there are
+    the measured alternative), and prefill attention runs on the tensor-core kernel, not the
     per-query paged_attention_bf16 kept in the bench for comparison."""
     if r["kernel"] == "gemm_bf16" and "(GpuBackend::gemm)" not in r["label"]:
         return False
+    m = re.search(r" m=(\d+) ", r["label"])
+    if "(GpuBackend::gemm)" in r["label"] and m and int(m.group(1)) <= 8:
+        return False  # the engine takes the GEMV up to 8 rows; this is the library alternative
     if r["kernel"] == "paged_attention_bf16" and "prefill attention" in r["label"]:
         return False
     return True

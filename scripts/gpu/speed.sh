@@ -102,6 +102,15 @@ met)
     timeout 120 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1,8,32 --context 160 \
       --json "$RES/bench-model-short-$m.json" > "$RES/bench-model-short-$m.md" 2>&1
     record "met bench-model $m, 160-token contexts" "exit $?"
+    # Timing experiments: what each kind of launch costs inside the replayed decode graph, and
+    # the library GEMM instead of the GEMV at batch 8.
+    timeout 150 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 1,8 \
+      --skip-each "${SKIP_EACH:-add_rmsnorm,qkv,qkv_post,attention,o,gate_up,silu_mul,down,lm_head}" \
+      --json "$RES/bench-model-skip-$m.json" > "$RES/bench-model-skip-$m.md" 2>&1
+    record "met bench-model $m --skip-each" "exit $?"
+    METRALE_GEMV_MAX_ROWS=1 timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 8 \
+      --json "$RES/bench-model-gemm8-$m.json" > "$RES/bench-model-gemm8-$m.md" 2>&1
+    record "met bench-model $m, batch 8 through the library GEMM" "exit $? ($(grep -E '^\| decode' "$RES/bench-model-gemm8-$m.md" | awk -F'|' '{printf "%sms", $5+0}'))"
     prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
     "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
       --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$m.txt" 2>&1

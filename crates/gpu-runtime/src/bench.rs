@@ -469,8 +469,13 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.extend(attention_cases(s, 1, 1, context));
     }
     out.extend(attention_cases(s, 64, 1, 1024));
-    // Batched decode through the library GEMM.
-    for m in [16u32, 64] {
+    // Batched decode through the library GEMM; at m = 8 beside the GEMV rows above, to choose
+    // the engine's GEMV row limit by measurement.
+    for m in [8u32, 16, 64] {
+        if m == 8 {
+            out.push(library_gemm_case(s, "qkv_proj", m, qd + 2 * kvd, h));
+            out.push(library_gemm_case(s, "o_proj", m, h, qd));
+        }
         out.push(library_gemm_case(s, "gate_up", m, 2 * i, h));
         out.push(library_gemm_case(s, "down", m, h, i));
     }

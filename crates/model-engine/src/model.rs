@@ -214,6 +214,9 @@ pub struct Model {
     profiler: Option<std::sync::Mutex<Profiler>>,
     /// Launch labels left out, for timing experiments (`set_skip`).
     skip: Vec<&'static str>,
+    /// Products of at most this many rows stream the weight with the GEMV kernel; larger ones
+    /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
+    gemv_max_rows: u32,
 }
 
 impl Model {
@@ -301,6 +304,10 @@ impl Model {
             graphs: std::collections::HashMap::new(),
             profiler: None,
             skip: Vec::new(),
+            gemv_max_rows: std::env::var("METRALE_GEMV_MAX_ROWS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(GEMV_MAX_ROWS, |r: u32| r.min(GEMV_MAX_ROWS)),
         })
     }
 
@@ -610,7 +617,7 @@ impl Model {
                     n_: u32,
                     k_: u32|
          -> Result<(), ModelError> {
-            if m <= GEMV_MAX_ROWS {
+            if m <= self.gemv_max_rows {
                 self.launch(
                     k.gemv,
                     label,
@@ -828,7 +835,7 @@ impl Model {
         // The LM head accumulates in f32 and writes f32 logits: no bf16 rounding of the logits,
         // so greedy choices are not decided by ties that only bf16 creates.
         let (out, a, w) = (sc.logits, input, self.weights.lm_head);
-        if rows as u32 <= GEMV_MAX_ROWS {
+        if rows as u32 <= self.gemv_max_rows {
             let head = GemvF32Out {
                 c: out,
                 a,
