@@ -83,6 +83,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if args.repeats == 0 || args.batches.contains(&0) || args.prefill.contains(&0) {
         bail!("--repeats, --batches and --prefill must be positive");
     }
+    if args.model.max_seq_len.is_some() {
+        bail!("bench-model sizes its sequences from --prefill and --context; drop --max-seq-len");
+    }
     let (checkpoint, config, references) = load::open_checkpoint(&args.model)?;
     let placement = load::place(&args.model, &config, references)?;
     eprintln!("met: {}", placement.description);
