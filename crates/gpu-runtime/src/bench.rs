@@ -308,6 +308,49 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
                 })
             }),
         });
+        // Version 2 on its tiles of 128 and on version 1's tiles of 64 (twice the blocks, each
+        // warp's second m-tile idle: the choice for short prompts).
+        let v2_tiles =
+            prefill_attention_tiles_of(&token_seq, &positions, PrefillAttentionV2::TILE_TOKENS);
+        for tiles in [v2_tiles, tiles] {
+            let num_tiles = tiles.len() as u32;
+            let max = tiles.iter().map(|t| t[3]).max().unwrap_or(0);
+            out.push(BenchCase {
+                kernel: PrefillAttentionV2::NAME,
+                label: format!(
+                    "{} {what} (tensor cores v2, {num_tiles} tiles of <={max})",
+                    s.name
+                ),
+                bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2)
+                    + 2 * 2 * (n * qh * hd) as u64,
+                flops: 4 * keys * (qh * hd) as u64,
+                buffers: vec![
+                    ((n * qh * hd) as usize * 2, 0),
+                    ((n * qh * hd) as usize * 2, 0x3C),
+                    (cache, 0x3C),
+                    (cache, 0x3C),
+                ],
+                uploads: vec![i32_bytes(&tables), i32_bytes(&tiles.concat())],
+                library_gemm: None,
+                build: Box::new(move |p| {
+                    launch_of(PrefillAttentionV2 {
+                        out: p[0],
+                        q: p[1],
+                        k_cache: p[2],
+                        v_cache: p[3],
+                        block_tables: p[4],
+                        tiles: p[5],
+                        num_tiles,
+                        q_heads: qh,
+                        kv_heads: kvh,
+                        head_dim: hd,
+                        block_size: block,
+                        max_blocks_per_seq: blocks_per_seq,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                    })
+                }),
+            });
+        }
     }
     out
 }

@@ -794,9 +794,10 @@ pub fn cases(seed: u64) -> Vec<Case> {
             });
         }
     }
-    // Tensor-core prefill attention over query tiles: one whole tile, 200 tokens (the last tile
-    // of 8), a second chunk starting at position 100, two sequences plus a decode token in one
-    // launch; GQA 1 and 4, head_dim 64 and 128; cache blocks shuffled. The output has 64 spare
+    // Tensor-core prefill attention over query tiles, versions 1 and 2: one whole tile, 200 tokens
+    // (the last tile of 8), a second chunk starting at position 100, two sequences plus a decode
+    // token in one launch, 300 tokens (version 2's last tile of 44); GQA 1 and 4, head_dim 64 and
+    // 128; cache blocks shuffled. The output has 64 spare
     // rows past the last token, which the kernel must leave at zero (zero, not noise, so that the
     // metric's absolute floor stays a fraction of the attention output's RMS).
     for &(ref runs, q_heads, kv_heads, head_dim) in &[
@@ -805,6 +806,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         (vec![(100, 150)], 16, 4, 64),
         (vec![(0, 70), (37, 30), (300, 1)], 8, 2, 64),
         (vec![(0, 70), (37, 30), (300, 1)], 4, 4, 128),
+        (vec![(0, 300)], 8, 2, 128),
     ] {
         let block_size = 16u32;
         let seqs = runs.len();
@@ -826,62 +828,99 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 positions.push(p as i32);
             }
         }
-        let tiles = prefill_attention_tiles(&token_seq, &positions);
-        let num_tiles = tiles.len() as u32;
         let tokens = token_seq.len();
         let row = (kv_heads * head_dim) as usize;
         let width = (q_heads * head_dim) as usize;
         let cache = num_blocks * block_size as usize * row;
-        let shape =
-            format!("runs={runs:?} tiles={num_tiles} heads={q_heads}/{kv_heads} d={head_dim}");
-        out.push(Case {
-            kernel: PrefillAttention::NAME,
-            gemm: None,
-            shape,
-            buffers: vec![
-                Buffer {
-                    init: vec![0; (tokens + 64) * width * 2],
-                    output: Some(OutputKind::Bf16),
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, tokens * width, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, cache, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(&mut rng, cache, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: i32_bytes(&tables),
-                    output: None,
-                },
-                Buffer {
-                    init: i32_bytes(&tiles.concat()),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                launch_of(PrefillAttention {
-                    out: p[0],
-                    q: p[1],
-                    k_cache: p[2],
-                    v_cache: p[3],
-                    block_tables: p[4],
-                    tiles: p[5],
-                    num_tiles,
-                    q_heads,
-                    kv_heads,
-                    head_dim,
-                    block_size,
-                    max_blocks_per_seq: max_blocks as u32,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                })
-            }),
-        });
+        let (q, k_cache, v_cache) = (
+            bf16_normal(&mut rng, tokens * width, 1.0),
+            bf16_normal(&mut rng, cache, 1.0),
+            bf16_normal(&mut rng, cache, 1.0),
+        );
+        // Version 1 on its tiles of 64; version 2 on its tiles of 128 and, where that cuts the
+        // step differently, on tiles of 64 (each warp's second m-tile idle).
+        let v1_tiles = prefill_attention_tiles(&token_seq, &positions);
+        let v2_tiles =
+            prefill_attention_tiles_of(&token_seq, &positions, PrefillAttentionV2::TILE_TOKENS);
+        let mut variants = vec![(PrefillAttention::NAME, v1_tiles.clone())];
+        if v2_tiles != v1_tiles {
+            variants.push((PrefillAttentionV2::NAME, v2_tiles));
+        }
+        variants.push((PrefillAttentionV2::NAME, v1_tiles));
+        for (kernel, tiles) in variants {
+            let num_tiles = tiles.len() as u32;
+            let max = tiles.iter().map(|t| t[3]).max().unwrap_or(0);
+            let shape = format!(
+                "runs={runs:?} tiles={num_tiles} (<={max} tokens) heads={q_heads}/{kv_heads} \
+                 d={head_dim}"
+            );
+            out.push(Case {
+                kernel,
+                gemm: None,
+                shape,
+                buffers: vec![
+                    Buffer {
+                        init: vec![0; (tokens + 64) * width * 2],
+                        output: Some(OutputKind::Bf16),
+                    },
+                    Buffer {
+                        init: q.clone(),
+                        output: None,
+                    },
+                    Buffer {
+                        init: k_cache.clone(),
+                        output: None,
+                    },
+                    Buffer {
+                        init: v_cache.clone(),
+                        output: None,
+                    },
+                    Buffer {
+                        init: i32_bytes(&tables),
+                        output: None,
+                    },
+                    Buffer {
+                        init: i32_bytes(&tiles.concat()),
+                        output: None,
+                    },
+                ],
+                build: Box::new(move |p| {
+                    let v1 = PrefillAttention {
+                        out: p[0],
+                        q: p[1],
+                        k_cache: p[2],
+                        v_cache: p[3],
+                        block_tables: p[4],
+                        tiles: p[5],
+                        num_tiles,
+                        q_heads,
+                        kv_heads,
+                        head_dim,
+                        block_size,
+                        max_blocks_per_seq: max_blocks as u32,
+                        scale: 1.0 / (head_dim as f32).sqrt(),
+                    };
+                    if kernel == PrefillAttention::NAME {
+                        return launch_of(v1);
+                    }
+                    launch_of(PrefillAttentionV2 {
+                        out: v1.out,
+                        q: v1.q,
+                        k_cache: v1.k_cache,
+                        v_cache: v1.v_cache,
+                        block_tables: v1.block_tables,
+                        tiles: v1.tiles,
+                        num_tiles,
+                        q_heads,
+                        kv_heads,
+                        head_dim,
+                        block_size,
+                        max_blocks_per_seq: max_blocks as u32,
+                        scale: v1.scale,
+                    })
+                }),
+            });
+        }
     }
     // Merging split partials, some splits empty (l = 0).
     for &(tokens, q_heads, head_dim, splits) in &[(1u32, 32u32, 128u32, 8u32), (5, 9, 64, 3)] {
@@ -1092,7 +1131,9 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     let ms = w.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
                         / w.len().max(1) as f64;
                     let rms = ms.sqrt() as f32;
-                    let of_rms = if case.kernel == PrefillAttention::NAME {
+                    let of_rms = if case.kernel == PrefillAttention::NAME
+                        || case.kernel == PrefillAttentionV2::NAME
+                    {
                         PREFILL_ATTENTION_ATOL_OF_RMS
                     } else {
                         BF16_ELEMENT_ATOL_OF_RMS

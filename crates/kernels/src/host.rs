@@ -231,6 +231,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (PagedAttention::NAME, run::<PagedAttention>),
         (AttentionCombine::NAME, run::<AttentionCombine>),
         (PrefillAttention::NAME, run::<PrefillAttention>),
+        (PrefillAttentionV2::NAME, run::<PrefillAttentionV2>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
         (QkvRopeKvWrite::NAME, run::<QkvRopeKvWrite>),
     ]

@@ -22,7 +22,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    PagedAttention, PrefillAttention, QkvRopeKvWrite, SiluMul, attention_splits,
+    PagedAttention, PrefillAttention, PrefillAttentionV2, QkvRopeKvWrite, SiluMul,
+    attention_splits,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -118,6 +119,7 @@ struct Kernels {
     silu_mul: KernelHandle,
     attention: KernelHandle,
     prefill_attention: KernelHandle,
+    prefill_attention_v2: KernelHandle,
     argmax_f32: KernelHandle,
 }
 
@@ -163,19 +165,15 @@ struct StepBuffers {
     tables: DevicePtr,
 }
 
-/// Most query tokens of one prefill attention tile.
-const PREFILL_TILE: u32 = 64;
-
 /// The step's query tiles for the tensor-core prefill attention: runs of consecutive tokens of
-/// one sequence at consecutive positions, cut every [`PREFILL_TILE`] tokens; 4 i32 each (sequence,
-/// first token, first position, count). Never more tiles than tokens.
-fn prefill_tiles(step: &StepInput) -> Vec<i32> {
+/// one sequence at consecutive positions, cut every `tile` tokens; 4 i32 each (sequence, first
+/// token, first position, count). Never more tiles than tokens.
+fn prefill_tiles(step: &StepInput, tile: u32) -> Vec<i32> {
     let mut tiles: Vec<[i32; 4]> = Vec::new();
     for (t, (&seq, &pos)) in step.token_seq.iter().zip(step.positions).enumerate() {
         if let Some(last) = tiles.last_mut() {
-            let extends = last[0] == seq as i32
-                && last[2] + last[3] == pos as i32
-                && (last[3] as u32) < PREFILL_TILE;
+            let extends =
+                last[0] == seq as i32 && last[2] + last[3] == pos as i32 && (last[3] as u32) < tile;
             if extends {
                 last[3] += 1;
                 continue;
@@ -217,6 +215,9 @@ pub struct Model {
     /// Products of at most this many rows stream the weight with the GEMV kernel; larger ones
     /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
     gemv_max_rows: u32,
+    /// Prefill attention through `prefill_attention_v2_bf16` (128-token query tiles) instead of
+    /// v1 (64): `METRALE_PREFILL_ATTENTION=v2`, off until measured on the GPU.
+    prefill_v2: bool,
 }
 
 impl Model {
@@ -240,6 +241,7 @@ impl Model {
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
+            prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
             argmax_f32: g.kernel(ArgmaxF32::NAME)?,
         };
         let weights = weights::load(&config, source, g, progress)?;
@@ -308,6 +310,7 @@ impl Model {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(GEMV_MAX_ROWS, |r: u32| r.min(GEMV_MAX_ROWS)),
+            prefill_v2: std::env::var("METRALE_PREFILL_ATTENTION").is_ok_and(|v| v == "v2"),
         })
     }
 
@@ -550,7 +553,7 @@ impl Model {
             .iter()
             .flat_map(|t| t.padded_row(width, 0))
             .collect();
-        let tiles = prefill_tiles(step);
+        let tiles = prefill_tiles(step, self.prefill_tile());
         let num_tiles = (tiles.len() / 4) as u32;
         let mut packed = [ids, positions, token_seq, slots, tiles].concat();
         packed.resize(8 * n, 0);
@@ -707,8 +710,14 @@ impl Model {
                 },
             )?;
             if tensor_core_prefill {
+                // v2 takes v1's arguments (tiles of up to 128 tokens).
+                let kernel = if self.prefill_v2 {
+                    k.prefill_attention_v2
+                } else {
+                    k.prefill_attention
+                };
                 self.launch(
-                    k.prefill_attention,
+                    kernel,
                     "prefill_attention",
                     &PrefillAttention {
                         out: sc.attn,
@@ -865,6 +874,15 @@ impl Model {
         Ok(rows)
     }
 
+    /// Query tokens per tile of the prefill attention in use.
+    fn prefill_tile(&self) -> u32 {
+        if self.prefill_v2 {
+            PrefillAttentionV2::TILE_TOKENS
+        } else {
+            PrefillAttention::TILE_TOKENS
+        }
+    }
+
     /// Launches one kernel on the default stream (and, when profiling, marks its end).
     fn launch<K: Kernel>(
         &self,
@@ -963,7 +981,7 @@ mod tests {
             block_tables: &[&table],
             logit_rows: &[],
         };
-        prefill_tiles(&step)
+        prefill_tiles(&step, PrefillAttention::TILE_TOKENS)
             .chunks_exact(4)
             .map(|c| [c[0], c[1], c[2], c[3]])
             .collect()

@@ -357,3 +357,356 @@ extern "C" __global__ void __launch_bounds__(THREADS) prefill_attention_bf16(
     }
 #undef METRALE_PREFILL
 }
+
+// Version 2: 128-row query tiles, each warp two m-tiles of 16 rows that share every K and V
+// fragment it loads, so shared-memory reads per mma FLOP halve against version 1 and L2 reads of
+// K and V per FLOP halve with the doubled tile.
+//
+// grid = (q_heads, num_tiles), block = 4 warps; heads run fastest so that the blocks resident
+// together read the same keys (the query heads of one kv head hit the same L2 lines), and tile
+// num_tiles - 1 - blockIdx.y is taken so the longest tiles start first. Warp w owns rows
+// 16w..16w+15 (m-tile 0) and 64 + 16w..64 + 16w + 15 (m-tile 1): an early and a late run of rows,
+// so that near the diagonal, where late rows see more keys, the warps stay balanced. The q rows
+// are staged once through shared memory and held as A fragments (64 registers at head_dim 128).
+// Keys come in tiles of 32 (K and V each 32 x head_dim bf16), double-buffered: one barrier per
+// key tile, after which tile j + 1 is issued into the other buffer while tile j is multiplied.
+// An m-tile whose rows all precede a key tile, or lie past the tile's count, skips its mma and
+// softmax for it (a warp-uniform test). The arithmetic per key tile is version 1's: scores f32,
+// running max in log2 units, p = ex2(fma(dot, scale log2 e, -max)) rounded to bf16 for the P V
+// mma and for the row sum; the output rescale is skipped when no row's max moved (a factor of
+// exactly 1). Shared memory: 2 stages x (K, V) x 32 x 128 bf16 = 32 KiB static.
+namespace {
+namespace v2 {
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int M_TILES = 2;                    // 16-row m-tiles per warp
+constexpr int TILE_Q = WARPS * 16 * M_TILES;  // query rows per block
+constexpr int TILE_K = 32;                    // keys per shared-memory tile
+constexpr int SUB_K = 16;                     // keys per online-softmax step
+constexpr int STAGES = 2;
+constexpr int MAX_HD = 128;
+constexpr int KEY_TILES = SUB_K / 8;   // 8-key n-tiles of the scores
+constexpr int KEY_STEPS = SUB_K / 16;  // 16-key k-steps of P V
+// The q staging (TILE_Q rows) fits in the key buffers (STAGES x 2 x TILE_K rows).
+static_assert(TILE_Q <= STAGES * 2 * TILE_K, "q rows must fit in the K/V buffers");
+
+// Starts the copy of keys [k0, k0 + TILE_K) of one kv head, K and V, into swizzled shared tiles;
+// keys at or past n_keys are zero-filled.
+template <int HD>
+__device__ __forceinline__ void load_kv(__nv_bfloat16* sk, __nv_bfloat16* sv,
+                                        const __nv_bfloat16* k_cache,
+                                        const __nv_bfloat16* v_cache, const int32_t* table,
+                                        const BlockSplit& blocks, uint32_t k0, uint32_t n_keys,
+                                        uint32_t kv_heads, uint32_t kvh) {
+    constexpr int CHUNKS = HD / 8;
+    const int chunk = threadIdx.x % CHUNKS;
+#pragma unroll
+    for (int r = threadIdx.x / CHUNKS; r < TILE_K; r += THREADS / CHUNKS) {
+        const uint32_t key = k0 + r;
+        const bool valid = key < n_keys;
+        size_t off = 0;
+        if (valid) off = ((size_t)blocks.slot(table, key) * kv_heads + kvh) * HD + chunk * 8;
+        const int dst = swizzle<HD>(r, chunk);
+        cp_async_16(smem_addr(sk + dst), k_cache + off, valid);
+        cp_async_16(smem_addr(sv + dst), v_cache + off, valid);
+    }
+}
+
+// One warp's running state: q A fragments, output accumulators, running max (log2 units) and
+// this thread's share of the row sums, for rows g and g + 8 of each m-tile.
+template <int HD>
+struct WarpState {
+    uint32_t qf[M_TILES][HD / 16][4];
+    float o[M_TILES][HD / 8][4];
+    float m[M_TILES][2];
+    float l[M_TILES][2];
+};
+
+// Online softmax of one m-tile's scores for one key tile: updates the max and sum, rescales the
+// output, and leaves the bf16 probabilities as P V A fragments. `mask` applies the causal mask
+// (keys past pos0 / pos0 + 8 for rows g / g + 8).
+template <int HD>
+__device__ __forceinline__ void softmax(float (&s)[KEY_TILES][4], uint32_t (&p)[KEY_STEPS][4],
+                                        float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
+                                        float scale_log2, bool mask, int32_t k0, int32_t pos0,
+                                        int tg) {
+    if (mask) {
+        const int32_t pos1 = pos0 + 8;
+#pragma unroll
+        for (int n = 0; n < KEY_TILES; ++n) {
+            const int32_t key = k0 + n * 8 + 2 * tg;
+            if (key > pos0) s[n][0] = -INFINITY;
+            if (key + 1 > pos0) s[n][1] = -INFINITY;
+            if (key > pos1) s[n][2] = -INFINITY;
+            if (key + 1 > pos1) s[n][3] = -INFINITY;
+        }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < KEY_TILES; ++n) {
+        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    // A row whose keys in this tile are all masked keeps its max (finite: key 0 is in tile 0)
+    // and adds p = 0; the -inf guard only keeps a row with no key at all at 0 instead of NaN.
+    const float new0 = fmaxf(m[0], mx0 * scale_log2), new1 = fmaxf(m[1], mx1 * scale_log2);
+    const float base0 = new0 == -INFINITY ? 0.0f : new0;
+    const float base1 = new1 == -INFINITY ? 0.0f : new1;
+    const float corr0 = new0 == m[0] ? 1.0f : exp2_approx(m[0] - base0);
+    const float corr1 = new1 == m[1] ? 1.0f : exp2_approx(m[1] - base1);
+    m[0] = new0;
+    m[1] = new1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < KEY_TILES; ++n) {
+        const __nv_bfloat162 lo =
+            __floats2bfloat162_rn(exp2_approx(fmaf(s[n][0], scale_log2, -base0)),
+                                  exp2_approx(fmaf(s[n][1], scale_log2, -base0)));
+        const __nv_bfloat162 hi =
+            __floats2bfloat162_rn(exp2_approx(fmaf(s[n][2], scale_log2, -base1)),
+                                  exp2_approx(fmaf(s[n][3], scale_log2, -base1)));
+        const float2 lf = __bfloat1622float2(lo), hf = __bfloat1622float2(hi);
+        sum0 += lf.x + lf.y;
+        sum1 += hf.x + hf.y;
+        // n-tile n is keys 8 (n % 2)..8 (n % 2) + 7 of k-step n / 2: a0/a1 (rows g / g + 8) for
+        // the lower 8 keys, a2/a3 for the upper.
+        p[n / 2][(n & 1) * 2] = pack_bf16(lo);
+        p[n / 2][(n & 1) * 2 + 1] = pack_bf16(hi);
+    }
+    l[0] = l[0] * corr0 + sum0;
+    l[1] = l[1] * corr1 + sum1;
+    // Past the first tiles the max rarely moves; a factor of exactly 1 changes nothing.
+    if (__any_sync(0xffffffffu, corr0 != 1.0f || corr1 != 1.0f)) {
+#pragma unroll
+        for (int d = 0; d < HD / 8; ++d) {
+            o[d][0] *= corr0;
+            o[d][1] *= corr0;
+            o[d][2] *= corr1;
+            o[d][3] *= corr1;
+        }
+    }
+}
+
+// One key tile for the m-tiles in LIVE (bit t: m-tile t sees a key of the tile): S = Q K^T,
+// online softmax, O += P V. `mask` bit t: m-tile t needs the causal mask.
+// `k_addr` and `v_addr` are this lane's shared byte addresses of its first K and V fragment rows
+// with its swizzle term ((chunk bit ^ row & 7) << 4) folded in: the swizzled chunk of k-step ks
+// (or dim pair dp) is 2 ks ^ that term, one xor with an immediate, because the tile base and row
+// offsets have bits 4-7 clear (the buffer is 1024-aligned and rows are 16 keys apart).
+template <int HD, int LIVE>
+__device__ __forceinline__ void key_tile(WarpState<HD>& st, uint32_t k_addr, uint32_t v_addr,
+                                         float scale_log2, int mask, int32_t k0,
+                                         const int32_t (&pos0)[M_TILES]) {
+    constexpr int KSTEPS = HD / 16;
+    constexpr int OUT_TILES = HD / 8;
+    const int lane = threadIdx.x & 31, tg = lane & 3;
+    float s[M_TILES][KEY_TILES][4];
+#pragma unroll
+    for (int t = 0; t < M_TILES; ++t)
+#pragma unroll
+        for (int n = 0; n < KEY_TILES; ++n) s[t][n][0] = s[t][n][1] = s[t][n][2] = s[t][n][3] = 0.0f;
+    // B fragments of K^T as in version 1: matrices (keys 0-7 | 8-15 of a 16-key pair of n-tiles)
+    // x (dims 0-7 | 8-15 of the k-step); lanes 8-15 take the upper dims, 16-31 the upper keys.
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+        for (int np = 0; np < KEY_TILES / 2; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4(b, (k_addr ^ (ks << 5)) + np * 16 * HD * 2);
+#pragma unroll
+            for (int t = 0; t < M_TILES; ++t) {
+                if (!(LIVE & (1 << t))) continue;
+                mma_bf16(s[t][2 * np], st.qf[t][ks], b[0], b[1]);
+                mma_bf16(s[t][2 * np + 1], st.qf[t][ks], b[2], b[3]);
+            }
+        }
+    }
+    uint32_t p[M_TILES][KEY_STEPS][4];
+#pragma unroll
+    for (int t = 0; t < M_TILES; ++t) {
+        if (!(LIVE & (1 << t))) continue;
+        softmax<HD>(s[t], p[t], st.o[t], st.m[t], st.l[t], scale_log2, (mask >> t) & 1, k0,
+                    pos0[t], tg);
+    }
+    // B fragments of V through the transposing ldmatrix, as in version 1: matrices (keys 0-7 |
+    // 8-15 of the k-step) x (dims 0-7 | 8-15 of a pair of output n-tiles); lanes 8-15 take the
+    // upper keys, 16-31 the upper dims.
+#pragma unroll
+    for (int kk = 0; kk < KEY_STEPS; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < OUT_TILES / 2; ++dp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, (v_addr ^ (dp << 5)) + kk * 16 * HD * 2);
+#pragma unroll
+            for (int t = 0; t < M_TILES; ++t) {
+                if (!(LIVE & (1 << t))) continue;
+                mma_bf16(st.o[t][2 * dp], p[t][kk], b[0], b[1]);
+                mma_bf16(st.o[t][2 * dp + 1], p[t][kk], b[2], b[3]);
+            }
+        }
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void attend_tile(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
+    const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ tile_desc,
+    uint32_t h, uint32_t q_heads, uint32_t kv_heads, uint32_t block_size,
+    uint32_t max_blocks_per_seq, float scale, __nv_bfloat16* smem) {
+    constexpr int CHUNKS = HD / 8;
+    constexpr int KSTEPS = HD / 16;
+    constexpr int OUT_TILES = HD / 8;
+    constexpr int STAGE = 2 * TILE_K * HD;  // elements of one stage: K then V
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t seq = tile_desc[0], first_token = tile_desc[1], first_pos = tile_desc[2],
+                  count = tile_desc[3];
+    if (count <= 0 || count > TILE_Q || first_pos < 0 || seq < 0) return;
+    const uint32_t kvh = h / (q_heads / kv_heads);
+    const uint32_t n_keys = (uint32_t)first_pos + (uint32_t)count;
+    const int32_t* table = block_tables + (size_t)seq * max_blocks_per_seq;
+    const BlockSplit blocks(block_size);
+
+    // q rows of the tile across the whole buffer, rows past count zero.
+    {
+        const int chunk = tid % CHUNKS;
+#pragma unroll
+        for (int r = tid / CHUNKS; r < TILE_Q; r += THREADS / CHUNKS) {
+            const bool valid = r < count;
+            const __nv_bfloat16* src = q;
+            if (valid) src = q + ((size_t)(first_token + r) * q_heads + h) * HD + chunk * 8;
+            cp_async_16(smem_addr(smem + swizzle<HD>(r, chunk)), src, valid);
+        }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    WarpState<HD> st;
+    // Rows of m-tile t: 16 (warp + WARPS t) .. + 15. A fragments as in version 1.
+    int32_t row0[M_TILES], pos0[M_TILES], last[M_TILES];
+#pragma unroll
+    for (int t = 0; t < M_TILES; ++t) {
+        row0[t] = 16 * (warp + WARPS * t);
+        // The last position a row of the m-tile attends from; -1 (no key) when it has no rows.
+        last[t] = row0[t] < count ? first_pos + min(row0[t] + 15, count - 1) : -1;
+        pos0[t] = first_pos + row0[t] + (lane >> 2);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+            ldmatrix_x4(st.qf[t][ks],
+                        smem_addr(smem + swizzle<HD>(row0[t] + (lane & 15), 2 * ks + (lane >> 4))));
+#pragma unroll
+        for (int d = 0; d < OUT_TILES; ++d)
+            st.o[t][d][0] = st.o[t][d][1] = st.o[t][d][2] = st.o[t][d][3] = 0.0f;
+        st.m[t][0] = st.m[t][1] = -INFINITY;
+        st.l[t][0] = st.l[t][1] = 0.0f;
+    }
+    // Every warp holds its q before key tile 0 overwrites the buffer.
+    __syncthreads();
+    load_kv<HD>(smem, smem + TILE_K * HD, k_cache, v_cache, table, blocks, 0, n_keys, kv_heads,
+                kvh);
+    cp_async_commit();
+
+    // K fragment rows: (lane & 7) + 8 (lane / 16), chunk bit (lane / 8) & 1; V fragment rows:
+    // (lane & 7) + 8 ((lane / 8) & 1), chunk bit lane / 16 (version 1's ldmatrix lane roles).
+    const uint32_t smem_base = smem_addr(smem);
+    const uint32_t k_lane = ((lane & 7) + ((lane >> 4) << 3)) * HD * 2 +
+                            ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    const uint32_t v_lane = ((lane & 7) + (((lane >> 3) & 1) << 3)) * HD * 2 +
+                            (((lane >> 4) ^ (lane & 7)) << 4);
+    const float scale_log2 = scale * LOG2E;
+    const uint32_t key_tiles = (n_keys + TILE_K - 1) / TILE_K;
+    for (uint32_t j = 0; j < key_tiles; ++j) {
+        const int32_t k0 = (int32_t)(j * TILE_K);
+        // Key tile j has landed for every thread, and every warp is done with tile j - 1, whose
+        // buffer tile j + 1 now takes.
+        cp_async_wait<0>();
+        __syncthreads();
+        if (j + 1 < key_tiles) {
+            __nv_bfloat16* next = smem + ((j + 1) & 1) * STAGE;
+            load_kv<HD>(next, next + TILE_K * HD, k_cache, v_cache, table, blocks, k0 + TILE_K,
+                        n_keys, kv_heads, kvh);
+        }
+        cp_async_commit();
+        const uint32_t stage = smem_base + (j & 1) * STAGE * 2;
+#pragma unroll
+        for (int c = 0; c < TILE_K / SUB_K; ++c) {
+            const int32_t k = k0 + c * SUB_K;
+            const uint32_t k_addr = stage + c * SUB_K * HD * 2 + k_lane;
+            const uint32_t v_addr = stage + (TILE_K + c * SUB_K) * HD * 2 + v_lane;
+            // Masking where the keys reach past an m-tile's first position (which also hides the
+            // zero-filled keys past the context).
+            const int mask = (k + SUB_K - 1 > first_pos + row0[0] ? 1 : 0) |
+                             (k + SUB_K - 1 > first_pos + row0[1] ? 2 : 0);
+            const bool a0 = k <= last[0], a1 = k <= last[1];
+            if (a0 && a1)
+                key_tile<HD, 3>(st, k_addr, v_addr, scale_log2, mask, k, pos0);
+            else if (a1)
+                key_tile<HD, 2>(st, k_addr, v_addr, scale_log2, mask, k, pos0);
+            else if (a0)
+                key_tile<HD, 1>(st, k_addr, v_addr, scale_log2, mask, k, pos0);
+        }
+    }
+
+    const int g = lane >> 2, tg = lane & 3;
+#pragma unroll
+    for (int t = 0; t < M_TILES; ++t) {
+        float l0 = st.l[t][0], l1 = st.l[t][1];
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+        }
+        const int r0 = row0[t] + g, r1 = r0 + 8;
+        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+        if (r0 < count) {
+            __nv_bfloat16* dst = out + ((size_t)(first_token + r0) * q_heads + h) * HD + 2 * tg;
+#pragma unroll
+            for (int d = 0; d < OUT_TILES; ++d)
+                *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
+                    __floats2bfloat162_rn(st.o[t][d][0] * inv0, st.o[t][d][1] * inv0);
+        }
+        if (r1 < count) {
+            __nv_bfloat16* dst = out + ((size_t)(first_token + r1) * q_heads + h) * HD + 2 * tg;
+#pragma unroll
+            for (int d = 0; d < OUT_TILES; ++d)
+                *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
+                    __floats2bfloat162_rn(st.o[t][d][2] * inv1, st.o[t][d][3] * inv1);
+        }
+    }
+}
+}  // namespace v2
+}  // namespace
+
+// Launch: grid = (q_heads, num_tiles), block = 128, no dynamic shared memory (32 KiB static).
+// `tiles` is i32 [num_tiles, 4] = (seq, first_token, first_position, count), count in 1..=128
+// (tiles of up to 64 are valid too, at half the rows per block). head_dim must be 64 or 128 (other
+// head dims write nothing); scale must be positive.
+extern "C" __global__ void __launch_bounds__(v2::THREADS, 2) prefill_attention_v2_bf16(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
+    const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ tiles, uint32_t num_tiles,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, float scale) {
+    __shared__ __align__(1024) __nv_bfloat16 smem[v2::STAGES * 2 * v2::TILE_K * v2::MAX_HD];
+    metrale::grid_dependency_sync();
+    if (blockIdx.y >= num_tiles || blockIdx.x >= q_heads || kv_heads == 0 ||
+        q_heads % kv_heads != 0 || blockDim.x != v2::THREADS)
+        return;
+    const int32_t* tile_desc = tiles + (size_t)(num_tiles - 1 - blockIdx.y) * 4;
+#define METRALE_PREFILL_V2(HD)                                                                 \
+    v2::attend_tile<HD>(out, q, k_cache, v_cache, block_tables, tile_desc, blockIdx.x, q_heads, \
+                        kv_heads, block_size, max_blocks_per_seq, scale, smem)
+    switch (head_dim) {
+        case 64: METRALE_PREFILL_V2(64); break;
+        case 128: METRALE_PREFILL_V2(128); break;
+        default: break;
+    }
+#undef METRALE_PREFILL_V2
+}

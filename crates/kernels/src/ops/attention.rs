@@ -115,6 +115,44 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`PrefillAttention`] with 128-token query tiles (8 m-tiles of 16 rows, two per warp, sharing
+    /// each K and V fragment) and double-buffered keys: the same arguments and tile format, with
+    /// `count` in 1..=[`PrefillAttentionV2::TILE_TOKENS`] (128; tiles of up to 64 are valid and
+    /// give twice the blocks for short prompts). Its online softmax steps over
+    /// [`PrefillAttentionV2::KEY_TILE`] keys, so its bf16 probabilities round against a running
+    /// max updated every 16 keys instead of every 64: outputs differ from version 1's by bf16
+    /// rounding only. Tiles from [`prefill_attention_tiles_of`] with its tile size.
+    PrefillAttentionV2 => names::prefill_attention::PREFILL_ATTENTION_V2_BF16 {
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        out: DevicePtr,
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        q: DevicePtr,
+        /// bf16 `[num_blocks, block_size, kv_heads, head_dim]`.
+        k_cache: DevicePtr,
+        /// bf16, same layout as `k_cache`.
+        v_cache: DevicePtr,
+        /// i32 `[num_seqs, max_blocks_per_seq]`.
+        block_tables: DevicePtr,
+        /// i32 `[num_tiles, 4]`: `(seq, first_token, first_position, count)` per tile.
+        tiles: DevicePtr,
+        /// Query tiles (the launch's grid y, at most 65535).
+        num_tiles: u32,
+        /// Query heads (the launch's grid x).
+        q_heads: u32,
+        /// Key/value heads (divides `q_heads`).
+        kv_heads: u32,
+        /// Elements per head: 64 or 128.
+        head_dim: u32,
+        /// Tokens per cache block.
+        block_size: u32,
+        /// Columns of `block_tables`.
+        max_blocks_per_seq: u32,
+        /// Score scale (`1 / sqrt(head_dim)`), positive.
+        scale: f32,
+    }
+);
+
 /// Keys per split and splits for a [`PagedAttention`] launch of `tokens` query tokens over
 /// `q_heads` query and `kv_heads` kv heads whose longest context is `max_context` keys, given room
 /// for `max_partials` partials (one per token, query head and split): split until the launch has
@@ -265,13 +303,19 @@ impl SeqKv<'_> {
         (acc, max, total)
     }
 
-    /// Attention of query `qv` over keys `0..ctx` as the tensor-core prefill kernel computes it:
-    /// keys in tiles of [`PrefillAttention::TILE_TOKENS`] from key 0, a running max updated per
-    /// tile, each probability rounded to bf16 before it weights its value and before it joins the
-    /// row sum; the normalised f32 output.
-    fn attend_tiled(&self, qv: &[f32], ctx: usize, scale: f32, scores: &mut Vec<f32>) -> Vec<f32> {
+    /// Attention of query `qv` over keys `0..ctx` as the tensor-core prefill kernels compute it:
+    /// keys in tiles of `tile` (the kernel's online-softmax step) from key 0, a running max
+    /// updated per tile, each probability rounded to bf16 before it weights its value and before
+    /// it joins the row sum; the normalised f32 output.
+    fn attend_tiled(
+        &self,
+        qv: &[f32],
+        ctx: usize,
+        tile: usize,
+        scale: f32,
+        scores: &mut Vec<f32>,
+    ) -> Vec<f32> {
         let d = self.head_dim;
-        let tile = PrefillAttention::TILE_TOKENS as usize;
         // The kernel's arithmetic: raw dot products, the max kept in log2 units
         // (max dot * scale * log2 e) and p = 2^(dot * scale * log2 e - max) with a fused
         // multiply-add, so that a probability lands on the same side of a bf16 rounding boundary
@@ -424,6 +468,8 @@ impl Kernel for PagedAttention {
 impl PrefillAttention {
     /// Most query tokens in one tile (the kernel's 4 warps of 16 rows).
     pub const TILE_TOKENS: u32 = 64;
+    /// Keys per online-softmax step (the kernel's shared-memory key tile).
+    pub const KEY_TILE: u32 = 64;
 
     /// Whether the kernel covers this head dimension (64 and 128; callers keep
     /// [`PagedAttention`] for the others).
@@ -432,17 +478,41 @@ impl PrefillAttention {
     }
 }
 
-/// The query tiles of [`PrefillAttention`] for a step's tokens (`token_seq[t]`, `positions[t]`):
-/// runs of consecutive tokens of one sequence at consecutive positions, cut every
-/// [`PrefillAttention::TILE_TOKENS`] tokens, as `(seq, first_token, first_position, count)`. A
-/// decode token is a tile of one. Never more tiles than tokens.
+impl PrefillAttentionV2 {
+    /// Most query tokens in one tile (the kernel's 4 warps of two 16-row m-tiles).
+    pub const TILE_TOKENS: u32 = 128;
+    /// Keys per online-softmax step (half the kernel's 32-key shared-memory tile).
+    pub const KEY_TILE: u32 = 16;
+
+    /// Whether the kernel covers this head dimension (64 and 128; callers keep
+    /// [`PagedAttention`] for the others).
+    pub const fn supports_head_dim(head_dim: u32) -> bool {
+        matches!(head_dim, 64 | 128)
+    }
+}
+
+/// The query tiles of [`PrefillAttention`] for a step's tokens (`token_seq[t]`, `positions[t]`),
+/// [`PrefillAttention::TILE_TOKENS`] tokens at most: [`prefill_attention_tiles_of`].
 pub fn prefill_attention_tiles(token_seq: &[i32], positions: &[i32]) -> Vec<[i32; 4]> {
+    prefill_attention_tiles_of(token_seq, positions, PrefillAttention::TILE_TOKENS)
+}
+
+/// The query tiles of a step's tokens (`token_seq[t]`, `positions[t]`): runs of consecutive tokens
+/// of one sequence at consecutive positions, cut every `tile_tokens` tokens, as
+/// `(seq, first_token, first_position, count)`. A decode token is a tile of one. Never more tiles
+/// than tokens. `tile_tokens` is at most the kernel's `TILE_TOKENS`
+/// ([`PrefillAttention::TILE_TOKENS`], [`PrefillAttentionV2::TILE_TOKENS`]).
+pub fn prefill_attention_tiles_of(
+    token_seq: &[i32],
+    positions: &[i32],
+    tile_tokens: u32,
+) -> Vec<[i32; 4]> {
     let mut tiles: Vec<[i32; 4]> = Vec::new();
     for (t, (&seq, &pos)) in token_seq.iter().zip(positions).enumerate() {
         if let Some([s, _, first, count]) = tiles.last_mut()
             && *s == seq
             && *first + *count == pos
-            && (*count as u32) < PrefillAttention::TILE_TOKENS
+            && (*count as u32) < tile_tokens
         {
             *count += 1;
             continue;
@@ -462,92 +532,143 @@ impl Kernel for PrefillAttention {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        let (qh, kvh, d) = (
-            self.q_heads as usize,
-            self.kv_heads as usize,
-            self.head_dim as usize,
-        );
-        let (bs, maxb) = (self.block_size as usize, self.max_blocks_per_seq as usize);
-        let bad = |message: String| HostError::BadArgs {
-            kernel: Self::NAME,
-            message,
-        };
-        if kvh == 0 || qh % kvh != 0 {
-            return Err(bad(format!(
-                "q_heads {qh} is not a multiple of kv_heads {kvh}"
-            )));
-        }
-        if !Self::supports_head_dim(self.head_dim) {
-            return Err(bad(format!(
-                "head_dim {d} is not 64 or 128 (use paged attention)"
-            )));
-        }
-        let tiles = host::load::<i32>(mem, self.tiles, 4 * self.num_tiles as usize)?;
-        let tiles: Vec<[i32; 4]> = tiles
-            .chunks_exact(4)
-            .map(|c| [c[0], c[1], c[2], c[3]])
-            .collect();
-        for (i, &[seq, first, pos, count]) in tiles.iter().enumerate() {
-            if seq < 0 || first < 0 || pos < 0 || !(1..=Self::TILE_TOKENS as i32).contains(&count) {
-                return Err(bad(format!(
-                    "tile {i} (seq {seq}, first token {first}, first position {pos}, count \
-                     {count}) is not a tile of 1..=64 tokens"
-                )));
-            }
-            if (pos + count) as usize > maxb * bs {
-                return Err(bad(format!(
-                    "tile {i} reaches position {}, outside its block table of {maxb} blocks",
-                    pos + count - 1
-                )));
-            }
-        }
-        let tokens = tiles
-            .iter()
-            .map(|t| (t[1] + t[3]) as usize)
-            .max()
-            .unwrap_or(0);
-        let seqs = tiles.iter().map(|t| t[0] as usize + 1).max().unwrap_or(0);
-        let q = host::load_bf16(mem, self.q, tokens * qh * d)?;
-        let tables = host::load::<i32>(mem, self.block_tables, seqs * maxb)?;
-        let blocks = tables
-            .iter()
-            .map(|&b| b.max(0) as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let row = kvh * d;
-        let k_cache = host::view::<bf16>(mem, self.k_cache, blocks * bs * row)?;
-        let v_cache = host::view::<bf16>(mem, self.v_cache, blocks * bs * row)?;
-        // (token, its q_heads * head_dim outputs): only tokens named by a tile are written.
-        let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
-        let mut scores = Vec::new();
-        for &[seq, first, pos, count] in &tiles {
-            let (seq, first, pos) = (seq as usize, first as usize, pos as usize);
-            for i in 0..count as usize {
-                let t = first + i;
-                let mut o = vec![0f32; qh * d];
-                for h in 0..qh {
-                    let kv = SeqKv {
-                        k_cache: &k_cache,
-                        v_cache: &v_cache,
-                        table: &tables[seq * maxb..(seq + 1) * maxb],
-                        block_size: bs,
-                        row,
-                        head: h / (qh / kvh) * d,
-                        head_dim: d,
-                    };
-                    let qv = &q[(t * qh + h) * d..][..d];
-                    let out = kv.attend_tiled(qv, pos + i + 1, self.scale, &mut scores);
-                    o[h * d..][..d].copy_from_slice(&out);
-                }
-                rows.push((t, o));
-            }
-        }
-        drop((k_cache, v_cache));
-        for (t, o) in rows {
-            host::store_bf16(mem, self.out.offset(t * qh * d * 2), &o)?;
-        }
-        Ok(())
+        prefill_reference(self, Self::NAME, Self::TILE_TOKENS, Self::KEY_TILE, mem)
     }
+}
+
+impl Kernel for PrefillAttentionV2 {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            // Heads fastest, so that blocks resident together read the same keys; one block for
+            // an empty launch, which returns at once (a zero grid is a driver error).
+            grid: [self.q_heads, self.num_tiles.max(1), 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        // The same arguments as version 1's, read with its own tile and key-tile sizes.
+        let PrefillAttentionV2 {
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            tiles,
+            num_tiles,
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            max_blocks_per_seq,
+            scale,
+        } = *self;
+        let args = PrefillAttention {
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            tiles,
+            num_tiles,
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            max_blocks_per_seq,
+            scale,
+        };
+        prefill_reference(&args, Self::NAME, Self::TILE_TOKENS, Self::KEY_TILE, mem)
+    }
+}
+
+/// The host reference of the prefill attention kernels: `kernel` (for errors) takes tiles of up
+/// to `tile_tokens` tokens and steps its online softmax over `key_tile` keys.
+fn prefill_reference(
+    k: &PrefillAttention,
+    kernel: metrale_core::KernelName,
+    tile_tokens: u32,
+    key_tile: u32,
+    mem: &mut dyn HostMemory,
+) -> Result<(), HostError> {
+    let (qh, kvh, d) = (k.q_heads as usize, k.kv_heads as usize, k.head_dim as usize);
+    let (bs, maxb) = (k.block_size as usize, k.max_blocks_per_seq as usize);
+    let bad = |message: String| HostError::BadArgs { kernel, message };
+    if kvh == 0 || qh % kvh != 0 {
+        return Err(bad(format!(
+            "q_heads {qh} is not a multiple of kv_heads {kvh}"
+        )));
+    }
+    if !PrefillAttention::supports_head_dim(k.head_dim) {
+        return Err(bad(format!(
+            "head_dim {d} is not 64 or 128 (use paged attention)"
+        )));
+    }
+    let tiles = host::load::<i32>(mem, k.tiles, 4 * k.num_tiles as usize)?;
+    let tiles: Vec<[i32; 4]> = tiles
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .collect();
+    for (i, &[seq, first, pos, count]) in tiles.iter().enumerate() {
+        if seq < 0 || first < 0 || pos < 0 || !(1..=tile_tokens as i32).contains(&count) {
+            return Err(bad(format!(
+                "tile {i} (seq {seq}, first token {first}, first position {pos}, count \
+                 {count}) is not a tile of 1..={tile_tokens} tokens"
+            )));
+        }
+        if (pos + count) as usize > maxb * bs {
+            return Err(bad(format!(
+                "tile {i} reaches position {}, outside its block table of {maxb} blocks",
+                pos + count - 1
+            )));
+        }
+    }
+    let tokens = tiles
+        .iter()
+        .map(|t| (t[1] + t[3]) as usize)
+        .max()
+        .unwrap_or(0);
+    let seqs = tiles.iter().map(|t| t[0] as usize + 1).max().unwrap_or(0);
+    let q = host::load_bf16(mem, k.q, tokens * qh * d)?;
+    let tables = host::load::<i32>(mem, k.block_tables, seqs * maxb)?;
+    let blocks = tables
+        .iter()
+        .map(|&b| b.max(0) as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let row = kvh * d;
+    let k_cache = host::view::<bf16>(mem, k.k_cache, blocks * bs * row)?;
+    let v_cache = host::view::<bf16>(mem, k.v_cache, blocks * bs * row)?;
+    // (token, its q_heads * head_dim outputs): only tokens named by a tile are written.
+    let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
+    let mut scores = Vec::new();
+    for &[seq, first, pos, count] in &tiles {
+        let (seq, first, pos) = (seq as usize, first as usize, pos as usize);
+        for i in 0..count as usize {
+            let t = first + i;
+            let mut o = vec![0f32; qh * d];
+            for h in 0..qh {
+                let kv = SeqKv {
+                    k_cache: &k_cache,
+                    v_cache: &v_cache,
+                    table: &tables[seq * maxb..(seq + 1) * maxb],
+                    block_size: bs,
+                    row,
+                    head: h / (qh / kvh) * d,
+                    head_dim: d,
+                };
+                let qv = &q[(t * qh + h) * d..][..d];
+                let out = kv.attend_tiled(qv, pos + i + 1, key_tile as usize, k.scale, &mut scores);
+                o[h * d..][..d].copy_from_slice(&out);
+            }
+            rows.push((t, o));
+        }
+    }
+    drop((k_cache, v_cache));
+    for (t, o) in rows {
+        host::store_bf16(mem, k.out.offset(t * qh * d * 2), &o)?;
+    }
+    Ok(())
 }
 
 impl Kernel for KvCacheWrite {
@@ -831,6 +952,146 @@ mod tests {
             ..k
         };
         assert!(k.reference(&mut m).is_err());
+    }
+
+    #[test]
+    fn prefill_tiles_of_cut_at_the_tile_size() {
+        let seq = vec![0i32; 300];
+        let pos: Vec<i32> = (5..305).collect();
+        assert_eq!(
+            prefill_attention_tiles_of(&seq, &pos, PrefillAttentionV2::TILE_TOKENS),
+            vec![[0, 0, 5, 128], [0, 128, 133, 128], [0, 256, 261, 44]]
+        );
+        assert_eq!(
+            prefill_attention_tiles_of(&seq, &pos, PrefillAttention::TILE_TOKENS),
+            prefill_attention_tiles(&seq, &pos)
+        );
+    }
+
+    /// Version 2's reference on a second chunk of 200 tokens (two 128-token tiles), a first
+    /// chunk and a decode token, GQA 4, head_dim 128, shuffled blocks of 16, against version 1's.
+    #[test]
+    fn prefill_v2_reference_differs_from_v1_by_its_key_tile_only() {
+        const D: usize = 128;
+        let (qh, kvh, bs, maxb, nblocks) = (8usize, 2usize, 16usize, 19usize, 61usize);
+        let tables: Vec<i32> = (0..3 * maxb as i32).map(|b| (b * 7) % 61).collect();
+        let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
+        for (seq, range) in [(0, 100..300), (1, 0..40), (2, 150..151)] {
+            for p in range {
+                token_seq.push(seq);
+                positions.push(p);
+            }
+        }
+        let tokens = token_seq.len();
+        let mut m = FlatMemory::new();
+        let cache = nblocks * bs * kvh * D;
+        let (q, k_cache, v_cache) = (
+            m.put(&noise(tokens * qh * D, 4)),
+            m.put(&noise(cache, 5)),
+            m.put(&noise(cache, 6)),
+        );
+        let block_tables = m.put(&tables);
+        let sentinel = bf16s(&vec![7.0; (tokens + 1) * qh * D]);
+        let n = (tokens + 1) * qh * D;
+        let v1 = PrefillAttention {
+            out: m.put(&sentinel),
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            tiles: DevicePtr::NULL,
+            num_tiles: 0,
+            q_heads: qh as u32,
+            kv_heads: kvh as u32,
+            head_dim: D as u32,
+            block_size: bs as u32,
+            max_blocks_per_seq: maxb as u32,
+            scale: 1.0 / (D as f32).sqrt(),
+        };
+        // The reference for tiles of up to `tile_tokens` and softmax steps of `key_tile` keys, run
+        // on the step cut into tiles of `cut` tokens.
+        let run = |m: &mut FlatMemory, cut: u32, tile_tokens: u32, key_tile: u32| {
+            let tiles = prefill_attention_tiles_of(&token_seq, &positions, cut);
+            let k = PrefillAttention {
+                out: m.put(&sentinel),
+                tiles: m.put(&tiles.concat()),
+                num_tiles: tiles.len() as u32,
+                ..v1
+            };
+            prefill_reference(&k, PrefillAttentionV2::NAME, tile_tokens, key_tile, m).unwrap();
+            m.get::<bf16>(k.out, n)
+        };
+        let v1_out = run(&mut m, 64, 64, PrefillAttention::KEY_TILE);
+        let v2_out = run(&mut m, 128, 128, PrefillAttentionV2::KEY_TILE);
+        // A row does not depend on the tile it is in, only on the key tile.
+        assert_eq!(run(&mut m, 64, 128, PrefillAttentionV2::KEY_TILE), v2_out);
+        assert_eq!(run(&mut m, 128, 128, PrefillAttention::KEY_TILE), v1_out);
+        // Through the op: version 2's tiles of 128 (3 of the 4 tiles are full or 72 long).
+        let tiles = prefill_attention_tiles_of(&token_seq, &positions, 128);
+        assert_eq!(tiles.len(), 4);
+        let k = PrefillAttentionV2 {
+            out: m.put(&sentinel),
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            tiles: m.put(&tiles.concat()),
+            num_tiles: tiles.len() as u32,
+            q_heads: qh as u32,
+            kv_heads: kvh as u32,
+            head_dim: D as u32,
+            block_size: bs as u32,
+            max_blocks_per_seq: maxb as u32,
+            scale: v1.scale,
+        };
+        k.reference(&mut m).unwrap();
+        assert_eq!(m.get::<bf16>(k.out, n), v2_out);
+        // The running max moving every 16 keys instead of 64 changes bf16 roundings only.
+        let live = tokens * qh * D;
+        let (mut diff, mut norm) = (0f64, 0f64);
+        for (a, b) in v1_out[..live].iter().zip(&v2_out[..live]) {
+            let (a, b) = (f64::from(widen(*a)), f64::from(widen(*b)));
+            diff += (a - b) * (a - b);
+            norm += a * a;
+        }
+        let rel = (diff / norm).sqrt();
+        assert!(rel > 0.0 && rel < 5e-3, "relative L2 difference {rel}");
+        assert!(v2_out[live..].iter().all(|&x| x == sentinel[0]));
+        assert!(v2_out[..live].iter().all(|&x| x != sentinel[0]));
+    }
+
+    #[test]
+    fn prefill_v2_reference_takes_tiles_of_128() {
+        let mut m = FlatMemory::new();
+        let base = causal_setup(&mut m);
+        // One sequence of 130 positions over blocks of 2.
+        let table: Vec<i32> = (0..65).map(|b| b % 2).collect();
+        let k = PrefillAttentionV2 {
+            out: m.put(&bf16s(&vec![0.0; 129 * 64])),
+            q: m.put(&bf16s(&vec![0.0; 129 * 64])),
+            k_cache: base.k_cache,
+            v_cache: base.v_cache,
+            block_tables: m.put(&table),
+            tiles: m.put(&[0i32, 0, 0, 129]),
+            num_tiles: 1,
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim: 64,
+            block_size: 2,
+            max_blocks_per_seq: 65,
+            scale: 1.0,
+        };
+        assert!(k.reference(&mut m).is_err());
+        let ok = m.put(&[0i32, 0, 0, 128]);
+        assert!(
+            PrefillAttentionV2 { tiles: ok, ..k }
+                .reference(&mut m)
+                .is_ok()
+        );
+        assert_eq!(
+            PrefillAttentionV2 { tiles: ok, ..k }.launch_config().grid,
+            [1, 1, 1]
+        );
     }
 
     #[test]
