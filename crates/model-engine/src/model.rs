@@ -162,6 +162,10 @@ struct StepBuffers {
     /// count).
     tiles: DevicePtr,
     num_tiles: u32,
+    /// Leading tokens that are runs of one token (the decode rows, which the scheduler puts
+    /// first): in a mixed step they go through the split decode attention, as they would in a
+    /// decode-only step, and the prefill attention takes the tiles after them.
+    decode_rows: u32,
     tables: DevicePtr,
 }
 
@@ -487,7 +491,17 @@ impl Model {
         let inputs = self.upload(step)?;
         let n = step.tokens.len() as u32;
         let qh = self.config.num_heads as u32;
-        let max_context = step.positions.iter().max().map_or(1, |&p| p + 1);
+        // The split decode attention covers the leading decode rows of a mixed step, or the
+        // whole step when the tensor-core prefill kernel does not apply.
+        let paged_rows = if self.tensor_core_prefill(step) {
+            inputs.decode_rows
+        } else {
+            n
+        };
+        let max_context = step.positions[..paged_rows as usize]
+            .iter()
+            .max()
+            .map_or(1, |&p| p + 1);
         // A pure decode step (one token per sequence, each with a logit row, in order) can be
         // replayed from a graph: everything it launches depends only on the number of
         // sequences and the attention split, which is rounded to a power-of-two bucket here so
@@ -496,20 +510,20 @@ impl Model {
             && step.logit_rows.iter().copied().eq(0..step.tokens.len())
             && step.token_seq.iter().copied().eq(0..n);
         let split = attention_splits(
-            n,
+            paged_rows.max(1),
             qh,
             self.config.num_kv_heads as u32,
             max_context,
             ATTENTION_PARTIALS,
             ATTENTION_TARGET_BLOCKS,
         );
+        // Decode rows take the bucketed split with or without graphs, so that replaying a graph
+        // computes bit for bit what launching the step directly would, and in mixed steps too.
+        let per = split.0.next_power_of_two().max(64);
+        let split = (per, max_context.div_ceil(per));
         if !pure_decode {
             return self.enqueue(step, inputs, split);
         }
-        // Decode steps take the bucketed split with or without graphs, so that replaying a graph
-        // computes bit for bit what launching the step directly would.
-        let per = split.0.next_power_of_two().max(64);
-        let split = (per, max_context.div_ceil(per));
         if !self.use_graphs || self.profiler.is_some() {
             return self.enqueue(step, inputs, split);
         }
@@ -555,6 +569,7 @@ impl Model {
             .collect();
         let tiles = prefill_tiles(step, self.prefill_tile());
         let num_tiles = (tiles.len() / 4) as u32;
+        let decode_rows = tiles.chunks_exact(4).take_while(|t| t[3] == 1).count() as u32;
         let mut packed = [ids, positions, token_seq, slots, tiles].concat();
         packed.resize(8 * n, 0);
         packed.extend(tables);
@@ -567,6 +582,7 @@ impl Model {
             slots: region(3),
             tiles: region(4),
             num_tiles,
+            decode_rows,
             tables: region(8),
         })
     }
@@ -588,6 +604,7 @@ impl Model {
             slots,
             tiles,
             num_tiles,
+            decode_rows,
             tables,
         } = inputs;
         let g = self.gpu.as_ref();
@@ -657,7 +674,7 @@ impl Model {
         // tensor cores over query tiles; decode steps split each token's context across blocks
         // when there are too few (token, head) pairs to fill the GPU (the split is the same for
         // every layer). The tile kernel covers head dims 64 and 128.
-        let tensor_core_prefill = n as usize > step.block_tables.len() && matches!(hd, 64 | 128);
+        let tensor_core_prefill = self.tensor_core_prefill(step);
         self.launch(
             k.embedding,
             "embedding",
@@ -709,7 +726,37 @@ impl Model {
                     eps,
                 },
             )?;
-            if tensor_core_prefill {
+            // Decode rows (all of a decode step, the leading ones of a mixed step) through the
+            // split decode attention; the prefill tiles after them on tensor cores. A decode row
+            // thus gets the same arithmetic whether or not a prefill shares its step.
+            let paged_tokens = if tensor_core_prefill { decode_rows } else { n };
+            if paged_tokens > 0 {
+                self.launch(
+                    k.attention,
+                    "attention",
+                    &PagedAttention {
+                        out: sc.attn,
+                        partials: sc.partials,
+                        counters: sc.counters,
+                        q: sc.q,
+                        k_cache: self.k_cache[l],
+                        v_cache: self.v_cache[l],
+                        block_tables: tables,
+                        token_seq,
+                        positions,
+                        tokens: paged_tokens,
+                        q_heads: qh,
+                        kv_heads: kvh,
+                        head_dim: hd,
+                        block_size: o.block_size as u32,
+                        max_blocks_per_seq: width as u32,
+                        keys_per_split,
+                        splits,
+                        scale,
+                    },
+                )?;
+            }
+            if tensor_core_prefill && decode_rows < num_tiles {
                 // v2 takes v1's arguments (tiles of up to 128 tokens).
                 let kernel = if self.prefill_v2 {
                     k.prefill_attention_v2
@@ -725,38 +772,14 @@ impl Model {
                         k_cache: self.k_cache[l],
                         v_cache: self.v_cache[l],
                         block_tables: tables,
-                        tiles,
-                        num_tiles,
+                        // Each decode row is one tile of its own, first.
+                        tiles: tiles.offset(decode_rows as usize * 16),
+                        num_tiles: num_tiles - decode_rows,
                         q_heads: qh,
                         kv_heads: kvh,
                         head_dim: hd,
                         block_size: o.block_size as u32,
                         max_blocks_per_seq: width as u32,
-                        scale,
-                    },
-                )?;
-            } else {
-                self.launch(
-                    k.attention,
-                    "attention",
-                    &PagedAttention {
-                        out: sc.attn,
-                        partials: sc.partials,
-                        counters: sc.counters,
-                        q: sc.q,
-                        k_cache: self.k_cache[l],
-                        v_cache: self.v_cache[l],
-                        block_tables: tables,
-                        token_seq,
-                        positions,
-                        tokens: n,
-                        q_heads: qh,
-                        kv_heads: kvh,
-                        head_dim: hd,
-                        block_size: o.block_size as u32,
-                        max_blocks_per_seq: width as u32,
-                        keys_per_split,
-                        splits,
                         scale,
                     },
                 )?;
@@ -872,6 +895,13 @@ impl Model {
             }
         }
         Ok(rows)
+    }
+
+    /// Whether the step's attention runs on the tensor-core prefill kernel (for its tiles after
+    /// the leading decode rows): some sequence brings more than one token, and the head dim is
+    /// one the kernel covers.
+    fn tensor_core_prefill(&self, step: &StepInput) -> bool {
+        step.tokens.len() > step.block_tables.len() && matches!(self.config.head_dim, 64 | 128)
     }
 
     /// Query tokens per tile of the prefill attention in use.

@@ -4,7 +4,6 @@
 use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
 
-use super::ROW_THREADS;
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
 use crate::names;
 
@@ -53,7 +52,7 @@ fn rows_argmax(values: &[f32], cols: usize) -> Vec<i32> {
 
 impl Kernel for ArgmaxBf16 {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(self.rows, ROW_THREADS)
+        LaunchConfig::linear(self.rows, 1024)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
@@ -67,7 +66,7 @@ impl Kernel for ArgmaxBf16 {
 
 impl Kernel for ArgmaxF32 {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(self.rows, ROW_THREADS)
+        LaunchConfig::linear(self.rows, 1024)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
