@@ -98,7 +98,7 @@ met)
   for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
     timeout 200 "$met" bench-model --model-from-path "$CKPT/$m" --profile --json "$RES/bench-model-$m.json" \
       > "$RES/bench-model-$m.md" 2>&1
-    record "met bench-model $m" "exit $? ($(grep -E '^\| (prefill|decode)' "$RES/bench-model-$m.md" | awk -F'|' '{printf "%s b%s %s: %sms; ", substr($2,2,7), $3+0, $4+0, $5+0}'))"
+    record "met bench-model $m" "exit $? ($(grep -E '^\| (prefill \(|decode step)' "$RES/bench-model-$m.md" | awk -F'|' '{printf "%s b%s %s: %sms; ", substr($2,2,7), $3+0, $4+0, $5+0}'))"
     timeout 120 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1,8,32 --context 160 \
       --json "$RES/bench-model-short-$m.json" > "$RES/bench-model-short-$m.md" 2>&1
     record "met bench-model $m, 160-token contexts" "exit $?"
