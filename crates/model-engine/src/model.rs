@@ -23,7 +23,7 @@ use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, lau
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
     PagedAttention, PrefillAttention, PrefillAttentionV2, QkvRopeKvWrite, SiluMul,
-    attention_splits,
+    attention_splits, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -167,25 +167,6 @@ struct StepBuffers {
     /// decode-only step, and the prefill attention takes the tiles after them.
     decode_rows: u32,
     tables: DevicePtr,
-}
-
-/// The step's query tiles for the tensor-core prefill attention: runs of consecutive tokens of
-/// one sequence at consecutive positions, cut every `tile` tokens; 4 i32 each (sequence, first
-/// token, first position, count). Never more tiles than tokens.
-fn prefill_tiles(step: &StepInput, tile: u32) -> Vec<i32> {
-    let mut tiles: Vec<[i32; 4]> = Vec::new();
-    for (t, (&seq, &pos)) in step.token_seq.iter().zip(step.positions).enumerate() {
-        if let Some(last) = tiles.last_mut() {
-            let extends =
-                last[0] == seq as i32 && last[2] + last[3] == pos as i32 && (last[3] as u32) < tile;
-            if extends {
-                last[3] += 1;
-                continue;
-            }
-        }
-        tiles.push([seq as i32, t as i32, pos as i32, 1]);
-    }
-    tiles.concat()
 }
 
 /// Room for split-K attention partials ((token, head, split) triples): 64 decode rows of 32
@@ -568,9 +549,10 @@ impl Model {
             .iter()
             .flat_map(|t| t.padded_row(width, 0))
             .collect();
-        let tiles = prefill_tiles(step, self.prefill_tile());
-        let num_tiles = (tiles.len() / 4) as u32;
-        let decode_rows = tiles.chunks_exact(4).take_while(|t| t[3] == 1).count() as u32;
+        let tiles = prefill_attention_tiles_of(&token_seq, &positions, self.prefill_tile());
+        let num_tiles = tiles.len() as u32;
+        let decode_rows = tiles.iter().take_while(|t| t[3] == 1).count() as u32;
+        let tiles = tiles.concat();
         let mut packed = [ids, positions, token_seq, slots, tiles].concat();
         packed.resize(8 * n, 0);
         packed.extend(tables);
@@ -758,32 +740,43 @@ impl Model {
                 )?;
             }
             if tensor_core_prefill && decode_rows < num_tiles {
-                // v2 takes v1's arguments (tiles of up to 128 tokens).
-                let kernel = if self.prefill_v2 {
-                    k.prefill_attention_v2
-                } else {
-                    k.prefill_attention
+                let v1 = PrefillAttention {
+                    out: sc.attn,
+                    q: sc.q,
+                    k_cache: self.k_cache[l],
+                    v_cache: self.v_cache[l],
+                    block_tables: tables,
+                    // Each decode row is one tile of its own, first.
+                    tiles: tiles.offset(decode_rows as usize * 16),
+                    num_tiles: num_tiles - decode_rows,
+                    q_heads: qh,
+                    kv_heads: kvh,
+                    head_dim: hd,
+                    block_size: o.block_size as u32,
+                    max_blocks_per_seq: width as u32,
+                    scale,
                 };
-                self.launch(
-                    kernel,
-                    "prefill_attention",
-                    &PrefillAttention {
-                        out: sc.attn,
-                        q: sc.q,
-                        k_cache: self.k_cache[l],
-                        v_cache: self.v_cache[l],
-                        block_tables: tables,
-                        // Each decode row is one tile of its own, first.
-                        tiles: tiles.offset(decode_rows as usize * 16),
-                        num_tiles: num_tiles - decode_rows,
-                        q_heads: qh,
-                        kv_heads: kvh,
-                        head_dim: hd,
-                        block_size: o.block_size as u32,
-                        max_blocks_per_seq: width as u32,
-                        scale,
-                    },
-                )?;
+                if self.prefill_v2 {
+                    // The same arguments; its own launch geometry (heads in grid x).
+                    let v2 = PrefillAttentionV2 {
+                        out: v1.out,
+                        q: v1.q,
+                        k_cache: v1.k_cache,
+                        v_cache: v1.v_cache,
+                        block_tables: v1.block_tables,
+                        tiles: v1.tiles,
+                        num_tiles: v1.num_tiles,
+                        q_heads: v1.q_heads,
+                        kv_heads: v1.kv_heads,
+                        head_dim: v1.head_dim,
+                        block_size: v1.block_size,
+                        max_blocks_per_seq: v1.max_blocks_per_seq,
+                        scale: v1.scale,
+                    };
+                    self.launch(k.prefill_attention_v2, "prefill_attention", &v2)?;
+                } else {
+                    self.launch(k.prefill_attention, "prefill_attention", &v1)?;
+                }
             }
             gemm("o", sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
             self.launch(
@@ -993,47 +986,5 @@ impl Drop for Model {
         for &p in self.owned.iter().chain(&self.weights.allocations) {
             let _ = self.gpu.free(p);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tiles_of(tokens: &[(u32, u32)]) -> Vec<[i32; 4]> {
-        let seq: Vec<u32> = tokens.iter().map(|t| t.0).collect();
-        let pos: Vec<u32> = tokens.iter().map(|t| t.1).collect();
-        let ids = vec![0u32; tokens.len()];
-        let table = BlockTable::default();
-        let step = StepInput {
-            tokens: &ids,
-            positions: &pos,
-            token_seq: &seq,
-            block_tables: &[&table],
-            logit_rows: &[],
-        };
-        prefill_tiles(&step, PrefillAttention::TILE_TOKENS)
-            .chunks_exact(4)
-            .map(|c| [c[0], c[1], c[2], c[3]])
-            .collect()
-    }
-
-    #[test]
-    fn prefill_tiles_cut_runs_every_64_tokens() {
-        let tokens: Vec<(u32, u32)> = (0..150).map(|p| (0, 10 + p)).collect();
-        assert_eq!(
-            tiles_of(&tokens),
-            vec![[0, 0, 10, 64], [0, 64, 74, 64], [0, 128, 138, 22]]
-        );
-    }
-
-    #[test]
-    fn prefill_tiles_split_at_sequence_and_position_breaks() {
-        // A decode row of sequence 1, a prefill chunk of sequence 0, then a gap in positions.
-        let tokens = [(1, 40), (0, 0), (0, 1), (0, 2), (0, 7), (1, 41)];
-        assert_eq!(
-            tiles_of(&tokens),
-            vec![[1, 0, 40, 1], [0, 1, 0, 3], [0, 4, 7, 1], [1, 5, 41, 1]]
-        );
     }
 }

@@ -82,8 +82,8 @@ kernel_args!(
     /// the cache. Only tokens a tile names are written. Built by [`prefill_attention_tiles`].
     ///
     /// The kernel rounds the softmax probabilities to bf16 for the `P V` product (f32 scores,
-    /// max, sums and accumulators; docs/precision.md); the reference computes [`PagedAttention`]'s
-    /// f32 softmax. Head dims 64 and 128 only ([`PrefillAttention::supports_head_dim`]): for
+    /// max, sums and accumulators; docs/precision.md), and the reference does the same, with the
+    /// kernel's 64-key tiles and running max. Head dims 64 and 128 only ([`PrefillAttention::supports_head_dim`]): for
     /// others the kernel writes nothing and callers use [`PagedAttention`].
     PrefillAttention => names::prefill_attention::PREFILL_ATTENTION_BF16 {
         /// bf16 `[tokens, q_heads * head_dim]`.
