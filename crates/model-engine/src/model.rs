@@ -201,8 +201,8 @@ pub struct Model {
     /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
     gemv_max_rows: u32,
     /// Prefill attention through `prefill_attention_v2_bf16` (128-token query tiles) instead of
-    /// v1 (64): `METRALE_PREFILL_ATTENTION=v2`. Off: on the H200 it passes check-kernels but
-    /// fails model parity on Qwen3-0.6B (relative error 1.5; docs/results/2026-11-30-speed-h200).
+    /// v1 (64): `METRALE_PREFILL_ATTENTION=v2`. Off until a harness run times it with correct
+    /// output (Qwen3-0.6B parity 8.2e-3 on the H200 at 622760c; docs/results/2026-11-30-speed-h200).
     prefill_v2: bool,
 }
 
