@@ -274,53 +274,31 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
     };
     let mut out = vec![attention];
     if tokens > 1 && PrefillAttention::supports_head_dim(hd) {
-        let tiles = prefill_attention_tiles(&token_seq, &positions);
-        let num_tiles = tiles.len() as u32;
-        out.push(BenchCase {
-            kernel: PrefillAttention::NAME,
-            label: format!("{} {what} (tensor cores, {num_tiles} tiles)", s.name),
-            bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2)
-                + 2 * 2 * (n * qh * hd) as u64,
-            flops: 4 * keys * (qh * hd) as u64,
-            buffers: vec![
-                ((n * qh * hd) as usize * 2, 0),
-                ((n * qh * hd) as usize * 2, 0x3C),
-                (cache, 0x3C),
-                (cache, 0x3C),
-            ],
-            uploads: vec![i32_bytes(&tables), i32_bytes(&tiles.concat())],
-            library_gemm: None,
-            build: Box::new(move |p| {
-                launch_of(PrefillAttention {
-                    out: p[0],
-                    q: p[1],
-                    k_cache: p[2],
-                    v_cache: p[3],
-                    block_tables: p[4],
-                    tiles: p[5],
-                    num_tiles,
-                    q_heads: qh,
-                    kv_heads: kvh,
-                    head_dim: hd,
-                    block_size: block,
-                    max_blocks_per_seq: blocks_per_seq,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                })
-            }),
-        });
-        // Version 2 on its tiles of 128 and on version 1's tiles of 64 (twice the blocks, each
-        // warp's second m-tile idle: the choice for short prompts).
-        let v2_tiles =
+        // Version 1 on its tiles of 64; version 2 on its tiles of 128 and on tiles of 64 (twice
+        // the blocks, each warp's second m-tile idle: the choice for short prompts).
+        let tiles64 = prefill_attention_tiles(&token_seq, &positions);
+        let tiles128 =
             prefill_attention_tiles_of(&token_seq, &positions, PrefillAttentionV2::TILE_TOKENS);
-        for tiles in [v2_tiles, tiles] {
+        for (v2, tiles) in [(false, tiles64.clone()), (true, tiles128), (true, tiles64)] {
             let num_tiles = tiles.len() as u32;
             let max = tiles.iter().map(|t| t[3]).max().unwrap_or(0);
+            let (kernel, label) = if v2 {
+                (
+                    PrefillAttentionV2::NAME,
+                    format!(
+                        "{} {what} (tensor cores v2, {num_tiles} tiles of <={max})",
+                        s.name
+                    ),
+                )
+            } else {
+                (
+                    PrefillAttention::NAME,
+                    format!("{} {what} (tensor cores, {num_tiles} tiles)", s.name),
+                )
+            };
             out.push(BenchCase {
-                kernel: PrefillAttentionV2::NAME,
-                label: format!(
-                    "{} {what} (tensor cores v2, {num_tiles} tiles of <={max})",
-                    s.name
-                ),
+                kernel,
+                label,
                 bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2)
                     + 2 * 2 * (n * qh * hd) as u64,
                 flops: 4 * keys * (qh * hd) as u64,
@@ -333,7 +311,7 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
                 uploads: vec![i32_bytes(&tables), i32_bytes(&tiles.concat())],
                 library_gemm: None,
                 build: Box::new(move |p| {
-                    launch_of(PrefillAttentionV2 {
+                    let v1 = PrefillAttention {
                         out: p[0],
                         q: p[1],
                         k_cache: p[2],
@@ -347,7 +325,12 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
                         block_size: block,
                         max_blocks_per_seq: blocks_per_seq,
                         scale: 1.0 / (hd as f32).sqrt(),
-                    })
+                    };
+                    if v2 {
+                        launch_of(PrefillAttentionV2::from(v1))
+                    } else {
+                        launch_of(v1)
+                    }
                 }),
             });
         }

@@ -903,21 +903,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     if kernel == PrefillAttention::NAME {
                         return launch_of(v1);
                     }
-                    launch_of(PrefillAttentionV2 {
-                        out: v1.out,
-                        q: v1.q,
-                        k_cache: v1.k_cache,
-                        v_cache: v1.v_cache,
-                        block_tables: v1.block_tables,
-                        tiles: v1.tiles,
-                        num_tiles,
-                        q_heads,
-                        kv_heads,
-                        head_dim,
-                        block_size,
-                        max_blocks_per_seq: max_blocks as u32,
-                        scale: v1.scale,
-                    })
+                    launch_of(PrefillAttentionV2::from(v1))
                 }),
             });
         }

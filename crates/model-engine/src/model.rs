@@ -758,21 +758,7 @@ impl Model {
                 };
                 if self.prefill_v2 {
                     // The same arguments; its own launch geometry (heads in grid x).
-                    let v2 = PrefillAttentionV2 {
-                        out: v1.out,
-                        q: v1.q,
-                        k_cache: v1.k_cache,
-                        v_cache: v1.v_cache,
-                        block_tables: v1.block_tables,
-                        tiles: v1.tiles,
-                        num_tiles: v1.num_tiles,
-                        q_heads: v1.q_heads,
-                        kv_heads: v1.kv_heads,
-                        head_dim: v1.head_dim,
-                        block_size: v1.block_size,
-                        max_blocks_per_seq: v1.max_blocks_per_seq,
-                        scale: v1.scale,
-                    };
+                    let v2 = PrefillAttentionV2::from(v1);
                     self.launch(k.prefill_attention_v2, "prefill_attention", &v2)?;
                 } else {
                     self.launch(k.prefill_attention, "prefill_attention", &v1)?;

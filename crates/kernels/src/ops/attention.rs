@@ -522,6 +522,27 @@ pub fn prefill_attention_tiles_of(
     tiles
 }
 
+impl From<PrefillAttention> for PrefillAttentionV2 {
+    /// The same arguments for version 2 (its own launch geometry comes with its type).
+    fn from(a: PrefillAttention) -> Self {
+        PrefillAttentionV2 {
+            out: a.out,
+            q: a.q,
+            k_cache: a.k_cache,
+            v_cache: a.v_cache,
+            block_tables: a.block_tables,
+            tiles: a.tiles,
+            num_tiles: a.num_tiles,
+            q_heads: a.q_heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            block_size: a.block_size,
+            max_blocks_per_seq: a.max_blocks_per_seq,
+            scale: a.scale,
+        }
+    }
+}
+
 impl Kernel for PrefillAttention {
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig {
