@@ -837,15 +837,7 @@ mod tests {
 
     /// A deterministic bf16 fill in [-2, 2).
     fn noise(n: usize, seed: u64) -> Vec<bf16> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                bf16::from_f32(((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0)
-            })
-            .collect()
+        bf16s(&uniform(seed, n, 2.0))
     }
 
     #[test]

@@ -90,4 +90,17 @@ pub(crate) mod testing {
     pub fn f32s(v: &[half::bf16]) -> Vec<f32> {
         v.iter().map(|&x| f32::from(x)).collect()
     }
+
+    /// `n` deterministic values in `[-scale, scale)` from a linear congruential generator.
+    pub fn uniform(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
 }

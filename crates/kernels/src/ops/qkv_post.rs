@@ -163,19 +163,6 @@ mod tests {
     use crate::ops::testing::*;
     use crate::ops::{KvCacheWrite, RmsNorm, RopeNeox};
 
-    /// A small deterministic generator for test data.
-    fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-
     struct Setup {
         op: QkvRopeKvWrite,
         slots_n: usize,
@@ -201,14 +188,14 @@ mod tests {
             q_out: m.put(&bf16s(&vec![0.0; tokens * qh * d])),
             k_cache: m.put(&bf16s(&vec![7.0; slots_n * kvh * d])),
             v_cache: m.put(&bf16s(&vec![7.0; slots_n * kvh * d])),
-            qkv: m.put(&bf16s(&values(1, tokens * heads * d, 3.0))),
+            qkv: m.put(&bf16s(&uniform(1, tokens * heads * d, 3.0))),
             q_norm: if norms {
-                m.put(&bf16s(&values(2, d, 1.5)))
+                m.put(&bf16s(&uniform(2, d, 1.5)))
             } else {
                 DevicePtr::NULL
             },
             k_norm: if norms {
-                m.put(&bf16s(&values(3, d, 1.5)))
+                m.put(&bf16s(&uniform(3, d, 1.5)))
             } else {
                 DevicePtr::NULL
             },
@@ -358,8 +345,8 @@ mod tests {
         // RmsNorm's reference rounds once; so must round(normalize_head) on every head.
         let mut m = FlatMemory::new();
         let (rows, d) = (6usize, 64usize);
-        let x = values(4, rows * d, 4.0);
-        let w = values(5, d, 2.0);
+        let x = uniform(4, rows * d, 4.0);
+        let w = uniform(5, d, 2.0);
         let out = m.put(&bf16s(&vec![0.0; rows * d]));
         let (xp, wp) = (m.put(&bf16s(&x)), m.put(&bf16s(&w)));
         RmsNorm {
