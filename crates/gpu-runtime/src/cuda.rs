@@ -139,7 +139,7 @@ pub struct CudaBackend {
     /// kernel may be scheduled while the one before it drains, and waits in `griddepcontrol.wait`
     /// (every kernel of ours starts with it, common.cuh) until that one's writes are visible.
     /// Measured on the H200 with decode graphs: Qwen3-8B 156.1 -> 158.8 tok/s, Qwen3-0.6B
-    /// 706.3 -> 728.9 tok/s, the same greedy ids.
+    /// 706.3 -> 728.9 tok/s, the same greedy ids (docs/results/2026-11-30-speed-h200/launch-ab).
     pdl: bool,
 }
 

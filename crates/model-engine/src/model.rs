@@ -189,7 +189,8 @@ pub struct Model {
     kernels: Kernels,
     owned: Vec<DevicePtr>,
     /// Replay decode steps from captured graphs (on unless `METRALE_CUDA_GRAPHS=0`; measured on
-    /// the H200 at batch 1: Qwen3-8B 127.9 -> 140.7 tok/s, Qwen3-0.6B 401.6 -> 493.7 tok/s).
+    /// the H200 at batch 1: Qwen3-8B 127.9 -> 140.7 tok/s, Qwen3-0.6B 401.6 -> 493.7 tok/s;
+    /// docs/results/2026-11-30-speed-h200/launch-ab).
     use_graphs: bool,
     /// Captured decode steps, by (sequences, keys per attention split, splits).
     graphs: std::collections::HashMap<(u32, u32, u32), Graph>,
