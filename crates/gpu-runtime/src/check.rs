@@ -685,12 +685,14 @@ pub fn cases(seed: u64) -> Vec<Case> {
     }
 
     // Paged attention: decode of two sequences with shuffled blocks, a causal prefill, GQA ratios,
-    // head_dim 64 / 128 / 256 and a context that ends mid-block.
+    // head_dim 64 / 128 / 256, a context that ends mid-block and a long one (1500 keys: each
+    // warp's ring of key tiles wraps many times).
     for &(seqs, new_tokens, context, q_heads, kv_heads, head_dim) in &[
         (2usize, 1usize, 37usize, 9u32, 3u32, 64u32),
         (1, 70, 70, 32, 8, 128),
         (3, 1, 300, 16, 16, 128),
         (1, 5, 21, 4, 1, 256),
+        (2, 1, 1500, 32, 8, 128),
     ] {
         let block_size = 16u32;
         let max_blocks = context.div_ceil(block_size as usize);
@@ -715,14 +717,18 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let q = bf16_normal(&mut rng, q_len, 1.0);
         let k_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
         let v_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
-        // Once whole, once split in 16-key pieces: the output compared both times; split, also
-        // the partials, and the per-(token, kv head) counters, which must be back at zero.
-        for keys_per_split in [0u32, 16] {
+        // Once whole, once split in 16-key pieces (one key tile), once in 100-key pieces (tiles
+        // that straddle splits): the output compared each time; split, also the partials, and
+        // the per-(token, kv head) counters, which must be back at zero.
+        for keys_per_split in [0u32, 16, 100] {
             let splits = if keys_per_split == 0 {
                 1
             } else {
                 (context as u32).div_ceil(keys_per_split)
             };
+            if keys_per_split > 0 && splits == 1 {
+                continue;
+            }
             let partials =
                 tokens as usize * q_heads as usize * splits as usize * (head_dim as usize + 2);
             out.push(Case {

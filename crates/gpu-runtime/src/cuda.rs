@@ -439,6 +439,7 @@ impl GpuBackend for CudaBackend {
                 reason: format!("cuModuleGetFunction: {}", error_name(code)),
             });
         }
+        opt_in_shared_memory(self.device, function)?;
         state.kernels.push((name, function as usize));
         Ok(KernelHandle(state.kernels.len() as u32 - 1))
     }
@@ -665,4 +666,34 @@ impl GpuBackend for CudaBackend {
         // SAFETY: an executable graph instantiated by this backend.
         check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, s) })
     }
+}
+
+/// Lets `function` launch with as much dynamic shared memory as the device allows a block beyond
+/// its static shared memory (the default cap is 48 KiB; the decode attention's key/value rings
+/// take more).
+fn opt_in_shared_memory(device: sys::CUdevice, function: sys::CUfunction) -> Result<(), GpuError> {
+    let (mut optin, mut fixed) = (0i32, 0i32);
+    // SAFETY: out-pointers to locals; the device and function are live.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut optin,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            device,
+        )
+    })?;
+    check("cuFuncGetAttribute", unsafe {
+        sys::cuFuncGetAttribute(
+            &mut fixed,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            function,
+        )
+    })?;
+    // SAFETY: sets a plain attribute of a live function.
+    check("cuFuncSetAttribute", unsafe {
+        sys::cuFuncSetAttribute(
+            function,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            (optin - fixed).max(0),
+        )
+    })
 }

@@ -12,20 +12,63 @@
 // warps. A block serves all G = q_heads / kv_heads query heads (up to 8) that share its kv head,
 // so each key and value row is read once per block, not once per query head. Split z takes keys
 // [z * keys_per_split, (z + 1) * keys_per_split) of the token's context (one split takes the
-// whole context). A warp takes 32 keys at a time, one per lane: each lane reads its key's whole
-// row with 16-byte loads and scores it against the G scaled queries in shared memory; the tile's
-// probabilities are then broadcast lane by lane while each lane accumulates its head_dim / 32
-// output dims of every head from the (coalesced) value rows. The 4 warps' running softmaxes merge
-// in shared memory. With one split the block writes the bf16 output; with more, it writes each
-// head's partial (acc[head_dim], m, l) to `partials` (an empty split writes m = 0, l = 0,
-// acc = 0), and the last block of a (token, kv head) to finish - counted in `counters`, which it
-// sets back to zero - merges the splits' partials into the bf16 output, so no combine launch is
-// needed (attention_combine_bf16 remains for callers that want the partials only).
+// whole context). The split's keys come in tiles of 16, dealt round robin to the warps; each warp
+// streams its tiles through its own ring of STAGES shared-memory buffers (K and V, 16 rows each,
+// gathered through the block table with 16-byte cp.async), so up to STAGES tiles per warp are in
+// flight while it computes on the oldest: a decode step waits for memory about once, not once
+// per key tile and value batch. Two lanes score a key (each half of its chunks, then one shuffle)
+// against the G scaled queries held in shared memory; K rows are stored swizzled (chunk c of row r
+// at c ^ (r & 7)) so that those reads are free of bank conflicts. Each lane then accumulates its
+// head_dim / 32 output dims of every head from the value rows, the probabilities broadcast by
+// shuffles. The 4 warps' running softmaxes (f32, e^x) merge in shared memory (reusing the rings).
+// With one split the block writes the bf16 output; with more, it writes each head's partial
+// (acc[head_dim], m, l) to `partials` (an empty split writes m = 0, l = 0, acc = 0), and the last
+// block of a (token, kv head) to finish - counted in `counters`, which it sets back to zero -
+// merges the splits' partials into the bf16 output, so no combine launch is needed
+// (attention_combine_bf16 remains for callers that want the partials only).
 // Batch-1 decode has kv_heads blocks per split, so splitting the context is what fills the GPU.
+#include "async_copy.cuh"
 #include "common.cuh"
 
 namespace {
 constexpr int WARPS = 4;
+constexpr int KEY_TILE = 16;  // keys per warp tile
+
+// Tiles in flight per warp: the rings take WARPS * STAGES * 2 * KEY_TILE * HD * 2 bytes (96 KiB at
+// head_dim 128, two blocks per SM).
+template <int HD>
+__host__ __device__ constexpr int stages() {
+    return HD >= 256 ? 2 : 3;
+}
+
+// PER bf16 of shared memory as floats.
+template <int PER>
+__device__ __forceinline__ void load_bf16(float (&v)[PER], const __nv_bfloat16* p) {
+    static_assert(PER == 2 || PER == 4 || PER == 8, "2, 4 or 8 values");
+    if constexpr (PER == 2) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+        v[0] = f.x;
+        v[1] = f.y;
+    } else if constexpr (PER == 4) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(p);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float2 f = __bfloat1622float2(h[i]);
+            v[2 * i] = f.x;
+            v[2 * i + 1] = f.y;
+        }
+    } else {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(h[i]);
+            v[2 * i] = f.x;
+            v[2 * i + 1] = f.y;
+        }
+    }
+}
 
 template <int HD, int G>
 __device__ __forceinline__ void attend(
@@ -37,23 +80,66 @@ __device__ __forceinline__ void attend(
     uint32_t keys_per_split, float scale) {
     constexpr int PER_LANE = HD / 32;  // output dims per lane
     constexpr int CHUNKS = HD / 8;     // 16-byte pieces of a key row
-    // Dynamic shared memory, laid out per instantiation (attention_smem_floats):
-    // qs[G][HD], part_acc[WARPS][G][HD], part_m[WARPS][G], part_l[WARPS][G].
+    constexpr int STAGES = stages<HD>();
+    constexpr int TILE = KEY_TILE * HD;  // bf16 of one K (or V) tile
+    constexpr unsigned FULL = 0xffffffffu;
+    // Dynamic shared memory (attention_smem_bytes): qs[G][HD] f32, then the warps' rings
+    // [WARPS][STAGES][K tile, V tile] bf16, which the merge reuses once every warp is done:
+    // part_acc[WARPS][G][HD], part_m[WARPS][G], part_l[WARPS][G], weight[G][splits] (f32).
     extern __shared__ __align__(16) float smem[];
     float(*qs)[HD] = reinterpret_cast<float(*)[HD]>(smem);
-    float(*part_acc)[G][HD] = reinterpret_cast<float(*)[G][HD]>(smem + G * HD);
-    float(*part_m)[G] = reinterpret_cast<float(*)[G]>(smem + (WARPS + 1) * G * HD);
-    float(*part_l)[G] = reinterpret_cast<float(*)[G]>(smem + (WARPS + 1) * G * HD + WARPS * G);
+    float* merge = smem + G * HD;
+    float(*part_acc)[G][HD] = reinterpret_cast<float(*)[G][HD]>(merge);
+    float(*part_m)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD);
+    float(*part_l)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD + WARPS * G);
 
     const uint32_t t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(merge) + warp * STAGES * 2 * TILE;
     const uint32_t h0 = kvh * G;  // first query head of the group
     const int32_t seq = token_seq[t];
     const uint32_t ctx = (uint32_t)positions[t] + 1;
-    const uint32_t begin = split * keys_per_split;
+    const uint32_t begin = min(split * keys_per_split, ctx);
     const uint32_t end = splits == 1 ? ctx : min(begin + keys_per_split, ctx);
     const int32_t* table = block_tables + (size_t)seq * max_blocks_per_seq;
-    const size_t row = (size_t)kv_heads * HD;
+    const metrale::BlockSplit blocks(block_size);
+
+    // This warp's tiles: keys begin + (warp + WARPS i) KEY_TILE onwards, i < n_tiles.
+    const uint32_t first = begin + warp * KEY_TILE;
+    const int n_tiles = first < end ? (int)((end - first + WARPS * KEY_TILE - 1) / (WARPS * KEY_TILE)) : 0;
+    auto tile_key = [&](int i) { return first + (uint32_t)i * WARPS * KEY_TILE; };
+    // Lane r < KEY_TILE's key of tile i, as a cache slot (0 past the tile or the split).
+    auto slot_of = [&](int i) -> uint32_t {
+        const uint32_t key = tile_key(i) + (lane & (KEY_TILE - 1));
+        return i < n_tiles && key < end ? blocks.slot(table, key) : 0u;
+    };
+    // Starts the copy of tile i (if it exists) into its ring buffer; commits a group either way,
+    // so that the group count stays in step with the tiles.
+    auto issue = [&](int i, uint32_t slot) {
+        if (i < n_tiles) {
+            const uint32_t key0 = tile_key(i);
+            __nv_bfloat16* ks = ring + (i % STAGES) * 2 * TILE;
+            __nv_bfloat16* vs = ks + TILE;
+#pragma unroll
+            for (int u = 0; u < KEY_TILE * CHUNKS / 32; ++u) {
+                const int piece = lane + 32 * u, r = piece / CHUNKS, c = piece % CHUNKS;
+                const uint32_t s = __shfl_sync(FULL, slot, r);
+                const bool valid = key0 + r < end;
+                const size_t off = valid ? ((size_t)s * kv_heads + kvh) * HD + c * 8 : 0;
+                metrale::cp_async_16(metrale::smem_addr(ks + metrale::swizzle<HD>(r, c)), k_cache + off, valid);
+                metrale::cp_async_16(metrale::smem_addr(vs + r * HD + c * 8), v_cache + off, valid);
+            }
+        }
+        metrale::cp_async_commit();
+    };
+
+    // The first STAGES - 1 tiles go out before the queries are staged, so the two overlap.
+    uint32_t slots[STAGES - 1];
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) slots[i] = slot_of(i);
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue(i, slots[i]);
+    uint32_t pending = slot_of(STAGES - 1);
 
     const __nv_bfloat16* qg = q + ((size_t)t * q_heads + h0) * HD;
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
@@ -69,84 +155,83 @@ __device__ __forceinline__ void attend(
         for (int i = 0; i < PER_LANE; ++i) acc[g][i] = 0.0f;
     }
 
-    for (uint32_t tile = begin + warp * 32; tile < end; tile += WARPS * 32) {
-        const uint32_t j = tile + lane;
-        const bool valid = j < end;
-        size_t base = 0;
-        float s[G];
+    // Lanes r and r + 16 score key r of a tile: lane half h takes chunks h, h + 2, h + 4, ...
+    const int r = lane & (KEY_TILE - 1), half = lane / KEY_TILE;
+    for (int i = 0; i < n_tiles; ++i) {
+        issue(i + STAGES - 1, pending);  // into the buffer tile i - 1 used
+        pending = slot_of(i + STAGES);   // its table read has a whole tile to land
+        metrale::cp_async_wait<STAGES - 1>();
+        __syncwarp();
+        const __nv_bfloat16* ks = ring + (i % STAGES) * 2 * TILE;
+        const __nv_bfloat16* vs = ks + TILE;
+        const uint32_t n = min((uint32_t)KEY_TILE, end - tile_key(i));
+
+        float dot[G];
 #pragma unroll
-        for (int g = 0; g < G; ++g) s[g] = -INFINITY;
-        if (valid) {
-            base = ((size_t)table[j / block_size] * block_size + j % block_size) * row +
-                   (size_t)kvh * HD;
-            const uint4* k4 = reinterpret_cast<const uint4*>(k_cache + base);
-            uint4 kv[CHUNKS];
+        for (int g = 0; g < G; ++g) dot[g] = 0.0f;
 #pragma unroll
-            for (int c = 0; c < CHUNKS; ++c) kv[c] = __ldg(k4 + c);
-            float dot[G];
+        for (int cc = 0; cc < CHUNKS / 2; ++cc) {
+            const int c = 2 * cc + half;
+            const uint4 kraw = *reinterpret_cast<const uint4*>(ks + metrale::swizzle<HD>(r, c));
+            const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kraw);
+            float kf[8];
 #pragma unroll
-            for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < CHUNKS; ++c) {
-                const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kv[c]);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 kf = __bfloat1622float2(k2[e]);
-#pragma unroll
-                    for (int g = 0; g < G; ++g) {
-                        dot[g] = fmaf(qs[g][c * 8 + 2 * e], kf.x, dot[g]);
-                        dot[g] = fmaf(qs[g][c * 8 + 2 * e + 1], kf.y, dot[g]);
-                    }
-                }
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = __bfloat1622float2(k2[e]);
+                kf[2 * e] = f.x;
+                kf[2 * e + 1] = f.y;
             }
 #pragma unroll
-            for (int g = 0; g < G; ++g) s[g] = dot[g];
+            for (int g = 0; g < G; ++g) {
+                const float4 qa = *reinterpret_cast<const float4*>(&qs[g][c * 8]);
+                const float4 qb = *reinterpret_cast<const float4*>(&qs[g][c * 8 + 4]);
+                dot[g] = fmaf(qa.x, kf[0], dot[g]);
+                dot[g] = fmaf(qa.y, kf[1], dot[g]);
+                dot[g] = fmaf(qa.z, kf[2], dot[g]);
+                dot[g] = fmaf(qa.w, kf[3], dot[g]);
+                dot[g] = fmaf(qb.x, kf[4], dot[g]);
+                dot[g] = fmaf(qb.y, kf[5], dot[g]);
+                dot[g] = fmaf(qb.z, kf[6], dot[g]);
+                dot[g] = fmaf(qb.w, kf[7], dot[g]);
+            }
         }
+        const bool valid = (uint32_t)r < n;
         float p[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            const float m_new = fmaxf(m[g], metrale::warp_max(s[g]));
-            p[g] = valid ? __expf(s[g] - m_new) : 0.0f;
-            const float corr = __expf(m[g] - m_new);  // 0 on the first tile (m = -inf)
-            l[g] = l[g] * corr + metrale::warp_sum(p[g]);
+            const float s = valid ? dot[g] + __shfl_xor_sync(FULL, dot[g], KEY_TILE) : -INFINITY;
+            // Both halves of the warp hold the tile's scores: reduce over 16 lanes.
+            float tile_max = s;
 #pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) acc[g][i] *= corr;
+            for (int o = KEY_TILE / 2; o > 0; o >>= 1)
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(FULL, tile_max, o));
+            const float m_new = fmaxf(m[g], tile_max);
+            p[g] = valid ? __expf(s - m_new) : 0.0f;
+            float sum = p[g];
+#pragma unroll
+            for (int o = KEY_TILE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
+            const float corr = __expf(m[g] - m_new);  // 0 on the first tile (m = -inf)
+            l[g] = l[g] * corr + sum;
+#pragma unroll
+            for (int e = 0; e < PER_LANE; ++e) acc[g][e] *= corr;
             m[g] = m_new;
         }
-        // Value rows in batches of VB: all of a batch's loads are issued before its first FMA,
-        // so a warp waits for memory once per batch instead of once per key. Keys are still
-        // accumulated in order.
-        constexpr uint32_t VB = HD >= 256 ? 4 : 8;
-        const uint32_t n = min(32u, end - tile);
-        for (uint32_t k0 = 0; k0 < n; k0 += VB) {
-            float2 vf[VB][PER_LANE / 2];
 #pragma unroll
-            for (uint32_t u = 0; u < VB; ++u) {
-                const uint32_t kk = k0 + u;
-                const size_t vb = __shfl_sync(0xffffffffu, base, kk & 31);
-                if (kk < n) {
-                    const __nv_bfloat162* vrow =
-                        reinterpret_cast<const __nv_bfloat162*>(v_cache + vb + lane * PER_LANE);
+        for (int kk = 0; kk < KEY_TILE; ++kk) {
+            if ((uint32_t)kk >= n) break;
+            float v[PER_LANE];
+            load_bf16<PER_LANE>(v, vs + kk * HD + lane * PER_LANE);
 #pragma unroll
-                    for (int i = 0; i < PER_LANE / 2; ++i) vf[u][i] = __bfloat1622float2(vrow[i]);
-                }
-            }
+            for (int g = 0; g < G; ++g) {
+                const float pk = __shfl_sync(FULL, p[g], kk);
 #pragma unroll
-            for (uint32_t u = 0; u < VB; ++u) {
-                const uint32_t kk = k0 + u;
-                if (kk >= n) break;
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    const float pk = __shfl_sync(0xffffffffu, p[g], kk);
-#pragma unroll
-                    for (int i = 0; i < PER_LANE / 2; ++i) {
-                        acc[g][2 * i] = fmaf(pk, vf[u][i].x, acc[g][2 * i]);
-                        acc[g][2 * i + 1] = fmaf(pk, vf[u][i].y, acc[g][2 * i + 1]);
-                    }
-                }
+                for (int e = 0; e < PER_LANE; ++e) acc[g][e] = fmaf(pk, v[e], acc[g][e]);
             }
         }
+        __syncwarp();  // the buffer is refilled on the next iteration
     }
+    metrale::cp_async_wait<0>();
+    __syncthreads();  // every warp is done with its ring: the merge may reuse it
 
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -195,7 +280,7 @@ __device__ __forceinline__ void attend(
     if (!is_last) return;
     __threadfence();
     // Per-split weights e^(m_z - M) of each head, after the block's own layout in shared memory.
-    float* weight = smem + (WARPS + 1) * G * HD + 2 * WARPS * G;  // [G][splits]
+    float* weight = merge + WARPS * G * HD + 2 * WARPS * G;  // [G][splits]
     for (int g = warp; g < G; g += WARPS) {
         const float* ph = partials + ((size_t)t * q_heads + h0 + g) * splits * (HD + 2);
         float big = -INFINITY;
@@ -251,15 +336,16 @@ __device__ __forceinline__ void attend_group(
 }
 }  // namespace
 
-// At most 128 registers (4 blocks per SM): a batch-64 decode's 512 blocks then fit in one wave.
-// The common instances (head_dim 128, groups up to 4) need no more; the largest (head_dim 256,
-// group 8) spill.
+// Two blocks per SM (the rings' shared memory allows no more at head_dim 128).
 // Launch: grid = (tokens, kv_heads, splits), block = 128 (gridDim.z must equal `splits`).
 // head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8;
 // `partials` is f32 [tokens, q_heads, splits, head_dim + 2] and `counters` i32 [tokens, kv_heads],
 // zero before the launch and zero after it (both unused, may be null, when splits = 1). Dynamic
-// shared memory: ((4 + 1) * G * head_dim + 8 * G + (splits > 1 ? G * splits : 0)) floats.
-extern "C" __global__ void __launch_bounds__(128, 4) paged_attention_bf16(
+// shared memory: G * head_dim floats, then the larger of the rings
+// (4 * stages * 2 * 16 * head_dim bf16, stages = 3, or 2 at head_dim 256) and the merge area
+// (4 * G * head_dim + 8 * G + (splits > 1 ? G * splits : 0) floats); see PagedAttention's
+// launch_config.
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_bf16(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,

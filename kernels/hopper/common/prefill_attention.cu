@@ -25,6 +25,7 @@
 // c ^ (r & 7), so the 8 row addresses of every ldmatrix phase fall in distinct bank groups.
 // Blocks take tiles last first: with causal masking the last tiles of a sequence carry the most
 // keys, and starting them first shortens the launch's tail.
+#include "async_copy.cuh"
 #include "common.cuh"
 
 namespace {
@@ -35,27 +36,12 @@ constexpr int TILE_K = 64;          // keys per shared-memory tile
 constexpr int MAX_HD = 128;
 constexpr float LOG2E = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; with `valid` false the destination is zero-filled and
-// `src` is not read.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using metrale::BlockSplit;
+using metrale::cp_async_16;
+using metrale::cp_async_commit;
+using metrale::cp_async_wait;
+using metrale::smem_addr;
+using metrale::swizzle;
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and lane l receives
 // elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of each matrix in r[i].
@@ -92,25 +78,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
 __device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat162 v) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
-
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of HD-wide rows.
-template <int HD>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-    return row * HD + ((chunk ^ (row & 7)) << 3);
-}
-
-// Cache block and offset of a key: shifts when block_size is a power of two.
-struct BlockSplit {
-    uint32_t size, shift;
-    bool pow2;
-    __device__ __forceinline__ explicit BlockSplit(uint32_t block_size)
-        : size(block_size), shift(__ffs(block_size) - 1), pow2((block_size & (block_size - 1)) == 0) {}
-    __device__ __forceinline__ uint32_t slot(const int32_t* table, uint32_t key) const {
-        const uint32_t b = pow2 ? key >> shift : key / size;
-        const uint32_t o = pow2 ? key & (size - 1) : key - b * size;
-        return (uint32_t)table[b] * size + o;
-    }
-};
 
 // Starts the copy of keys [k0, k0 + TILE_K) of one kv head into a swizzled shared tile; keys at or
 // past n_keys are zero-filled.

@@ -153,6 +153,20 @@ kernel_args!(
     }
 );
 
+/// Dynamic shared memory of a [`PagedAttention`] launch, in bytes, for query groups of `group`
+/// heads: the group's f32 queries, then the larger of the 4 warps' rings of 16-key K and V tiles
+/// (3 stages, 2 at head_dim 256) and the f32 merge area (each warp's partial output and softmax
+/// state, and per-split weights when `splits > 1`). Mirrors attention.cu.
+pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32 {
+    const WARPS: u32 = 4;
+    const KEY_TILE: u32 = 16;
+    let stages = if head_dim >= 256 { 2 } else { 3 };
+    let rings = WARPS * stages * 2 * KEY_TILE * head_dim * 2;
+    let weights = if splits > 1 { group * splits } else { 0 };
+    let merge = (WARPS * group * head_dim + 2 * WARPS * group + weights) * 4;
+    group * head_dim * 4 + rings.max(merge)
+}
+
 /// Keys per split and splits for a [`PagedAttention`] launch of `tokens` query tokens over
 /// `q_heads` query and `kv_heads` kv heads whose longest context is `max_context` keys, given room
 /// for `max_partials` partials (one per token, query head and split): split until the launch has
@@ -352,19 +366,18 @@ impl SeqKv<'_> {
 impl Kernel for PagedAttention {
     fn launch_config(&self) -> LaunchConfig {
         // One block per (token, kv head, split) serves the kv head's whole query group; its
-        // shared memory holds the group's queries and the 4 warps' partial outputs and softmax
-        // state (attention.cu).
-        let group = self.q_heads / self.kv_heads.max(1);
-        let merge = if self.splits > 1 {
-            group * self.splits
-        } else {
-            0
-        };
-        let floats = (4 + 1) * group * self.head_dim + 2 * 4 * group + merge;
+        // shared memory holds the group's queries, then each warp's ring of key/value tiles,
+        // which the merge of the 4 warps' partial outputs and softmax state reuses
+        // (attention.cu).
+        let bytes = paged_attention_smem_bytes(
+            self.q_heads / self.kv_heads.max(1),
+            self.head_dim,
+            self.splits,
+        );
         LaunchConfig {
             grid: [self.tokens, self.kv_heads, self.splits],
             block: [128, 1, 1],
-            shared_mem_bytes: floats * 4,
+            shared_mem_bytes: bytes,
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
