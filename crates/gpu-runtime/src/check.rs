@@ -1173,9 +1173,21 @@ pub fn run_parity(
     reference: &dyn GpuBackend,
     seed: u64,
 ) -> Result<Vec<CaseResult>, GpuError> {
+    run_parity_with(under_test, reference, seed, &mut |_, _| {})
+}
+
+/// [`run_parity`], calling `progress(kernel, shape)` before each case runs (so that a caller can
+/// say which case a hung or crashed launch belongs to).
+pub fn run_parity_with(
+    under_test: &dyn GpuBackend,
+    reference: &dyn GpuBackend,
+    seed: u64,
+    progress: &mut dyn FnMut(KernelName, &str),
+) -> Result<Vec<CaseResult>, GpuError> {
     cases(seed)
         .iter()
         .map(|case| {
+            progress(case.kernel, &case.shape);
             Ok(compare(
                 case,
                 &run_on(under_test, case)?,

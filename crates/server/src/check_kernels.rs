@@ -79,7 +79,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let cuda = CudaBackend::new(args.device, target)
             .with_context(|| format!("loading {}", target.target.path()))?;
         let host = HostBackend::new(16 << 30);
-        let results = check::run_parity(&cuda, &host, seed)?;
+        let results = check::run_parity_with(&cuda, &host, seed, &mut |kernel, shape| {
+            eprintln!("checking {kernel} {shape}");
+        })?;
         println!(
             "\ntarget {} ({} modules)",
             target.target.path(),
