@@ -1173,19 +1173,22 @@ pub fn run_parity(
     reference: &dyn GpuBackend,
     seed: u64,
 ) -> Result<Vec<CaseResult>, GpuError> {
-    run_parity_with(under_test, reference, seed, &mut |_, _| {})
+    run_parity_with(under_test, reference, seed, &|_| true, &mut |_, _| {})
 }
 
-/// [`run_parity`], calling `progress(kernel, shape)` before each case runs (so that a caller can
-/// say which case a hung or crashed launch belongs to).
+/// [`run_parity`] over the cases of the kernels `select` accepts, calling
+/// `progress(kernel, shape)` before each case runs (so that a caller can say which case a hung or
+/// crashed launch belongs to).
 pub fn run_parity_with(
     under_test: &dyn GpuBackend,
     reference: &dyn GpuBackend,
     seed: u64,
+    select: &dyn Fn(KernelName) -> bool,
     progress: &mut dyn FnMut(KernelName, &str),
 ) -> Result<Vec<CaseResult>, GpuError> {
     cases(seed)
         .iter()
+        .filter(|case| select(case.kernel))
         .map(|case| {
             progress(case.kernel, &case.shape);
             Ok(compare(

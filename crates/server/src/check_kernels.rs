@@ -23,6 +23,9 @@ pub struct Args {
     /// Seed of the random inputs; default: derived from the clock, and printed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Check only the kernels whose name (`module::function`) contains this text.
+    #[arg(long)]
+    kernel: Option<String>,
 }
 
 /// Runs `met check-kernels`.
@@ -79,7 +82,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let cuda = CudaBackend::new(args.device, target)
             .with_context(|| format!("loading {}", target.target.path()))?;
         let host = HostBackend::new(16 << 30);
-        let results = check::run_parity_with(&cuda, &host, seed, &mut |kernel, shape| {
+        let select = |kernel: metrale_core::KernelName| {
+            args.kernel
+                .as_ref()
+                .is_none_or(|only| kernel.to_string().contains(only.as_str()))
+        };
+        let results = check::run_parity_with(&cuda, &host, seed, &select, &mut |kernel, shape| {
             eprintln!("checking {kernel} {shape}");
         })?;
         println!(

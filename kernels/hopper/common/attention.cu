@@ -199,7 +199,9 @@ __device__ __forceinline__ void attend(
         float p[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            const float s = valid ? dot[g] + __shfl_xor_sync(FULL, dot[g], KEY_TILE) : -INFINITY;
+            // Every lane shuffles (a full-mask shuffle must not sit behind a per-lane branch).
+            const float both = dot[g] + __shfl_xor_sync(FULL, dot[g], KEY_TILE);
+            const float s = valid ? both : -INFINITY;
             // Both halves of the warp hold the tile's scores: reduce over 16 lanes.
             float tile_max = s;
 #pragma unroll
