@@ -201,11 +201,19 @@ pub struct Model {
     /// Products of at most this many rows stream the weight with the GEMV kernel; larger ones
     /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
     gemv_max_rows: u32,
-    /// Prefill attention through `prefill_attention_v2_bf16` (128-token query tiles) instead of
-    /// v1 (64): `METRALE_PREFILL_ATTENTION=v2`. Off until a harness run times it with correct
-    /// output (Qwen3-0.6B parity 8.2e-3 on the H200 at 622760c; docs/results/2026-11-30-speed-h200).
+    /// Prefill attention through `prefill_attention_v2_bf16` (128-token query tiles), the
+    /// default, or v1 (64-token tiles) with `METRALE_PREFILL_ATTENTION=v1`. On the H200 v2 took
+    /// Qwen3-8B's 8192-token TTFT from 284.5 to 255.6 ms (25.6 ms at 1024 either way), with
+    /// Qwen3-0.6B parity 8.2e-3 (docs/results/2026-11-30-speed-h200/followup-622760c and
+    /// followup-3a99f67).
     prefill_v2: bool,
 }
+
+/// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
+/// (`Model::streams_weight`).
+const GEMV_WIDE_K_MAX_ROWS: u32 = 4;
+/// Inputs from which products of more than [`GEMV_WIDE_K_MAX_ROWS`] rows use the library GEMM.
+const GEMV_WIDE_K: u32 = 4096;
 
 impl Model {
     /// Checks shapes, uploads the weights, and allocates the KV pool and scratch buffers.
@@ -297,8 +305,19 @@ impl Model {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(GEMV_MAX_ROWS, |r: u32| r.min(GEMV_MAX_ROWS)),
-            prefill_v2: std::env::var("METRALE_PREFILL_ATTENTION").is_ok_and(|v| v == "v2"),
+            prefill_v2: std::env::var("METRALE_PREFILL_ATTENTION").map_or(true, |v| v != "v1"),
         })
+    }
+
+    /// Whether an `m`-row product over `k` inputs streams its weight through the GEMV kernel
+    /// (otherwise `GpuBackend::gemm`): up to `gemv_max_rows` rows, except that past
+    /// [`GEMV_WIDE_K_MAX_ROWS`] rows, products with `k >= GEMV_WIDE_K` go to the library GEMM.
+    /// On the H200 at 8 rows cuBLASLt beat the GEMV on Qwen3-8B's products (k 4096 and 12288:
+    /// qkv 14.8 vs 17.2 us, down 30.7 vs 32.1 us; the batch-8 step 6.16 vs 6.40 ms) and lost on
+    /// Qwen3-0.6B's (k at most 3072: the batch-8 step 1.98 vs 1.82 ms)
+    /// (docs/results/2026-11-30-speed-h200, kernel-table and bench-model-gemm8 files).
+    fn streams_weight(&self, m: u32, k: u32) -> bool {
+        m <= self.gemv_max_rows && (m <= GEMV_WIDE_K_MAX_ROWS || k < GEMV_WIDE_K)
     }
 
     /// Whether decode steps are replayed from captured graphs.
@@ -621,7 +640,7 @@ impl Model {
                     n_: u32,
                     k_: u32|
          -> Result<(), ModelError> {
-            if m <= self.gemv_max_rows {
+            if self.streams_weight(m, k_) {
                 self.launch(
                     k.gemv,
                     label,
@@ -848,7 +867,7 @@ impl Model {
         // The LM head accumulates in f32 and writes f32 logits: no bf16 rounding of the logits,
         // so greedy choices are not decided by ties that only bf16 creates.
         let (out, a, w) = (sc.logits, input, self.weights.lm_head);
-        if rows as u32 <= self.gemv_max_rows {
+        if self.streams_weight(rows as u32, h) {
             let head = GemvF32Out {
                 c: out,
                 a,
