@@ -681,6 +681,7 @@ fn opt_in_shared_memory(device: sys::CUdevice, function: sys::CUfunction) -> Res
             device,
         )
     })?;
+    // SAFETY: out-pointer to a local; the function is live.
     check("cuFuncGetAttribute", unsafe {
         sys::cuFuncGetAttribute(
             &mut fixed,
