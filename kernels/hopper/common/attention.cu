@@ -16,11 +16,14 @@
 // streams its tiles through its own ring of STAGES shared-memory buffers (K and V, 16 rows each,
 // gathered through the block table with 16-byte cp.async), so up to STAGES tiles per warp are in
 // flight while it computes on the oldest: a decode step waits for memory about once, not once
-// per key tile and value batch. Two lanes score a key (each half of its chunks, then one shuffle)
-// against the G scaled queries held in shared memory; K rows are stored swizzled (chunk c of row r
-// at c ^ (r & 7)) so that those reads are free of bank conflicts. Each lane then accumulates its
-// head_dim / 32 output dims of every head from the value rows, the probabilities broadcast by
-// shuffles. The 4 warps' running softmaxes (f32, e^x) merge in shared memory (reusing the rings).
+// per key tile and value batch. The scores of a tile are one tensor-core product per k-step,
+// S = Q K^T with the group's queries as the rows of the A operand (G of 16 real, held in
+// registers as bf16 fragments) and the tile's keys, read by ldmatrix from K rows stored swizzled
+// (chunk c of row r at c ^ (r & 7), free of bank conflicts), as the columns; f32 accumulation, so
+// the scores are the exact bf16 products summed in f32, then scaled. They pass through shared
+// memory to lane r (and r + 16) for key r, which runs the online softmax step; each lane then
+// accumulates its head_dim / 32 output dims of every head from the value rows (CUDA cores, f32),
+// the probabilities broadcast by shuffles. The 4 warps' running softmaxes (f32, e^x) merge in shared memory (reusing the rings).
 // With one split the block writes the bf16 output; with more, it writes each head's partial
 // (acc[head_dim], m, l) to `partials` (an empty split writes m = 0, l = 0, acc = 0), and the last
 // block of a (token, kv head) to finish - counted in `counters`, which it sets back to zero -
@@ -29,6 +32,7 @@
 // Batch-1 decode has kv_heads blocks per split, so splitting the context is what fills the GPU.
 #include "async_copy.cuh"
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace {
 constexpr int WARPS = 4;
@@ -83,18 +87,20 @@ __device__ __forceinline__ void attend(
     constexpr int STAGES = stages<HD>();
     constexpr int TILE = KEY_TILE * HD;  // bf16 of one K (or V) tile
     constexpr unsigned FULL = 0xffffffffu;
-    // Dynamic shared memory (attention_smem_bytes): qs[G][HD] f32, then the warps' rings
-    // [WARPS][STAGES][K tile, V tile] bf16, which the merge reuses once every warp is done:
-    // part_acc[WARPS][G][HD], part_m[WARPS][G], part_l[WARPS][G], weight[G][splits] (f32).
+    constexpr int KSTEPS = HD / 16;    // mma k-steps over the head dim
+    // Dynamic shared memory (PagedAttention's launch_config): each warp's tile scores,
+    // ss[WARPS][KEY_TILE][G] f32, then the warps' rings [WARPS][STAGES][K tile,
+    // V tile] bf16, which the merge reuses once every warp is done: part_acc[WARPS][G][HD],
+    // part_m[WARPS][G], part_l[WARPS][G], weight[G][splits] (f32).
     extern __shared__ __align__(16) float smem[];
-    float(*qs)[HD] = reinterpret_cast<float(*)[HD]>(smem);
-    float* merge = smem + G * HD;
+    float* merge = smem + WARPS * KEY_TILE * G;
     float(*part_acc)[G][HD] = reinterpret_cast<float(*)[G][HD]>(merge);
     float(*part_m)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD);
     float(*part_l)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD + WARPS * G);
 
     const uint32_t t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float(*ss)[G] = reinterpret_cast<float(*)[G]>(smem) + warp * KEY_TILE;
     __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(merge) + warp * STAGES * 2 * TILE;
     const uint32_t h0 = kvh * G;  // first query head of the group
     const int32_t seq = token_seq[t];
@@ -133,7 +139,7 @@ __device__ __forceinline__ void attend(
         metrale::cp_async_commit();
     };
 
-    // The first STAGES - 1 tiles go out before the queries are staged, so the two overlap.
+    // The first STAGES - 1 tiles go out before the queries are loaded, so the two overlap.
     uint32_t slots[STAGES - 1];
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) slots[i] = slot_of(i);
@@ -141,10 +147,25 @@ __device__ __forceinline__ void attend(
     for (int i = 0; i < STAGES - 1; ++i) issue(i, slots[i]);
     uint32_t pending = slot_of(STAGES - 1);
 
-    const __nv_bfloat16* qg = q + ((size_t)t * q_heads + h0) * HD;
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
-        qs[i / HD][i % HD] = metrale::to_f32(qg[i]) * scale;
-    __syncthreads();
+    // The group's queries as mma A fragments (rows = query heads, G of the 16 real): lane
+    // (g, tg) = (lane / 4, lane % 4) holds row g's dims 2 tg, 2 tg + 1 and 8 + 2 tg, 9 + 2 tg of
+    // each k-step; rows 8-15 are always padding.
+    const int g_row = lane >> 2, tg = lane & 3;
+    uint32_t qf[KSTEPS][4];
+    {
+        const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
+            q + ((size_t)t * q_heads + h0 + min(g_row, G - 1)) * HD);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            qf[ks][0] = g_row < G ? __ldg(qrow + ks * 8 + tg) : 0u;
+            qf[ks][1] = 0u;
+            qf[ks][2] = g_row < G ? __ldg(qrow + ks * 8 + 4 + tg) : 0u;
+            qf[ks][3] = 0u;
+        }
+    }
+    // ldmatrix row roles for the K^T B fragments: lanes 0-7 keys 0-7 / dims 0-7 of a k-step,
+    // 8-15 keys 0-7 / dims 8-15, 16-23 keys 8-15 / dims 0-7, 24-31 keys 8-15 / dims 8-15.
+    const int k_row = (lane & 7) + ((lane >> 4) << 3), k_half = (lane >> 3) & 1;
 
     float m[G], l[G], acc[G][PER_LANE];
 #pragma unroll
@@ -155,53 +176,44 @@ __device__ __forceinline__ void attend(
         for (int i = 0; i < PER_LANE; ++i) acc[g][i] = 0.0f;
     }
 
-    // Lanes r and r + 16 score key r of a tile: lane half h takes chunks h, h + 2, h + 4, ...
-    const int r = lane & (KEY_TILE - 1), half = lane / KEY_TILE;
+    // Lanes r and r + 16 both run key r's softmax step.
+    const int r = lane & (KEY_TILE - 1);
     for (int i = 0; i < n_tiles; ++i) {
         issue(i + STAGES - 1, pending);  // into the buffer tile i - 1 used
         pending = slot_of(i + STAGES);   // its table read has a whole tile to land
         metrale::cp_async_wait<STAGES - 1>();
         __syncwarp();
-        const __nv_bfloat16* ks = ring + (i % STAGES) * 2 * TILE;
-        const __nv_bfloat16* vs = ks + TILE;
+        const __nv_bfloat16* ks_tile = ring + (i % STAGES) * 2 * TILE;
+        const __nv_bfloat16* vs_tile = ks_tile + TILE;
         const uint32_t n = min((uint32_t)KEY_TILE, end - tile_key(i));
 
-        float dot[G];
+        // S = Q K^T on tensor cores: 16 (padded) heads x 16 keys, f32.
+        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-        for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            uint32_t b[4];
+            metrale::ldmatrix_x4(b, metrale::smem_addr(ks_tile + metrale::swizzle<HD>(k_row, 2 * ks + k_half)));
+            metrale::mma_bf16(sc[0], qf[ks], b[0], b[1]);
+            metrale::mma_bf16(sc[1], qf[ks], b[2], b[3]);
+        }
+        // Row g (a head) of the scores, keys 8 n + 2 tg and + 1, to shared memory; lane r then
+        // reads key r's scores of every head.
+        if (g_row < G) {
 #pragma unroll
-        for (int cc = 0; cc < CHUNKS / 2; ++cc) {
-            const int c = 2 * cc + half;
-            const uint4 kraw = *reinterpret_cast<const uint4*>(ks + metrale::swizzle<HD>(r, c));
-            const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kraw);
-            float kf[8];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 f = __bfloat1622float2(k2[e]);
-                kf[2 * e] = f.x;
-                kf[2 * e + 1] = f.y;
-            }
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                const float4 qa = *reinterpret_cast<const float4*>(&qs[g][c * 8]);
-                const float4 qb = *reinterpret_cast<const float4*>(&qs[g][c * 8 + 4]);
-                dot[g] = fmaf(qa.x, kf[0], dot[g]);
-                dot[g] = fmaf(qa.y, kf[1], dot[g]);
-                dot[g] = fmaf(qa.z, kf[2], dot[g]);
-                dot[g] = fmaf(qa.w, kf[3], dot[g]);
-                dot[g] = fmaf(qb.x, kf[4], dot[g]);
-                dot[g] = fmaf(qb.y, kf[5], dot[g]);
-                dot[g] = fmaf(qb.z, kf[6], dot[g]);
-                dot[g] = fmaf(qb.w, kf[7], dot[g]);
+            for (int nt = 0; nt < 2; ++nt) {
+                ss[nt * 8 + 2 * tg][g_row] = sc[nt][0];
+                ss[nt * 8 + 2 * tg + 1][g_row] = sc[nt][1];
             }
         }
+        __syncwarp();
+        float dot[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot[g] = ss[r][g];
         const bool valid = (uint32_t)r < n;
         float p[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            // Every lane shuffles (a full-mask shuffle must not sit behind a per-lane branch).
-            const float both = dot[g] + __shfl_xor_sync(FULL, dot[g], KEY_TILE);
-            const float s = valid ? both : -INFINITY;
+            const float s = valid ? dot[g] * scale : -INFINITY;
             // Both halves of the warp hold the tile's scores: reduce over 16 lanes.
             float tile_max = s;
 #pragma unroll
@@ -222,7 +234,7 @@ __device__ __forceinline__ void attend(
         for (int kk = 0; kk < KEY_TILE; ++kk) {
             if ((uint32_t)kk >= n) break;
             float v[PER_LANE];
-            load_bf16<PER_LANE>(v, vs + kk * HD + lane * PER_LANE);
+            load_bf16<PER_LANE>(v, vs_tile + kk * HD + lane * PER_LANE);
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 const float pk = __shfl_sync(FULL, p[g], kk);
@@ -230,7 +242,7 @@ __device__ __forceinline__ void attend(
                 for (int e = 0; e < PER_LANE; ++e) acc[g][e] = fmaf(pk, v[e], acc[g][e]);
             }
         }
-        __syncwarp();  // the buffer is refilled on the next iteration
+        __syncwarp();  // the ring buffer and ss are rewritten on the next iteration
     }
     metrale::cp_async_wait<0>();
     __syncthreads();  // every warp is done with its ring: the merge may reuse it
@@ -343,7 +355,7 @@ __device__ __forceinline__ void attend_group(
 // head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8;
 // `partials` is f32 [tokens, q_heads, splits, head_dim + 2] and `counters` i32 [tokens, kv_heads],
 // zero before the launch and zero after it (both unused, may be null, when splits = 1). Dynamic
-// shared memory: G * head_dim floats, then the larger of the rings
+// shared memory: 4 * 16 * G floats, then the larger of the rings
 // (4 * stages * 2 * 16 * head_dim bf16, stages = 3, or 2 at head_dim 256) and the merge area
 // (4 * G * head_dim + 8 * G + (splits > 1 ? G * splits : 0) floats); see PagedAttention's
 // launch_config.

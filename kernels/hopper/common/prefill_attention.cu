@@ -27,6 +27,7 @@
 // keys, and starting them first shortens the launch's tail.
 #include "async_copy.cuh"
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace {
 constexpr int WARPS = 4;
@@ -43,41 +44,11 @@ using metrale::cp_async_wait;
 using metrale::smem_addr;
 using metrale::swizzle;
 
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and lane l receives
-// elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of each matrix in r[i].
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// The same, transposed: lane l receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += a (16x16, row) * b (16x8, col), bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x on the SFU; 2^-inf = 0.
-__device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat162 v) {
-    return *reinterpret_cast<uint32_t*>(&v);
-}
+using metrale::exp2_approx;
+using metrale::ldmatrix_x4;
+using metrale::ldmatrix_x4_trans;
+using metrale::mma_bf16;
+using metrale::pack_bf16;
 
 // Starts the copy of keys [k0, k0 + TILE_K) of one kv head into a swizzled shared tile; keys at or
 // past n_keys are zero-filled.

@@ -154,9 +154,9 @@ kernel_args!(
 );
 
 /// Dynamic shared memory of a [`PagedAttention`] launch, in bytes, for query groups of `group`
-/// heads: the group's f32 queries, then the larger of the 4 warps' rings of 16-key K and V tiles
-/// (3 stages, 2 at head_dim 256) and the f32 merge area (each warp's partial output and softmax
-/// state, and per-split weights when `splits > 1`). Mirrors attention.cu.
+/// heads: each of the 4 warps' f32 scores of a 16-key tile, then the larger of the warps' rings of
+/// 16-key K and V tiles (3 stages, 2 at head_dim 256) and the f32 merge area (each warp's partial
+/// output and softmax state, and per-split weights when `splits > 1`). Mirrors attention.cu.
 pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32 {
     const WARPS: u32 = 4;
     const KEY_TILE: u32 = 16;
@@ -164,7 +164,7 @@ pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32
     let rings = WARPS * stages * 2 * KEY_TILE * head_dim * 2;
     let weights = if splits > 1 { group * splits } else { 0 };
     let merge = (WARPS * group * head_dim + 2 * WARPS * group + weights) * 4;
-    group * head_dim * 4 + rings.max(merge)
+    WARPS * KEY_TILE * group * 4 + rings.max(merge)
 }
 
 /// Keys per split and splits for a [`PagedAttention`] launch of `tokens` query tokens over
