@@ -16,6 +16,11 @@
 #             in its own process, and transformers TTFT at 128/1024/8192 tokens
 #   parity    reference logits (transformers f32 on the bf16 weights) and met parity on CUDA
 #   summary   scripts/gpu/speed_summary.py: the speed table (JSON + markdown) from all of the above
+#   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
+#             each stashed binary in $AB (default "met met_b"), check-kernels on the kernels
+#             matching $AB_KERNEL (default attention), bench-kernels' rows matching $AB_ROWS,
+#             bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), and Qwen3-0.6B
+#             parity; a table of every row per binary last
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -154,6 +159,39 @@ parity)
       --json "$RES/parity-$m.json" > "$RES/parity-$m.txt" 2>&1
     record "parity $m" "exit $? ($(tail -n1 "$RES/parity-$m.txt"))"
   done
+  finish
+  ;;
+ab)
+  bins=${AB:-met met_b}
+  mkdir -p /root/ref
+  for b in $bins; do
+    bin="$STASH/$b"
+    timeout 120 "$bin" check-kernels --kernel "${AB_KERNEL:-attention}" > "$RES/ab-check-$b.txt" 2>/dev/null
+    record "$b check-kernels --kernel ${AB_KERNEL:-attention}" "exit $? ($(tail -n1 "$RES/ab-check-$b.txt"))"
+    timeout 90 "$bin" bench-kernels --shape qwen3-8b --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
+    grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
+      awk -F'|' -v b="$b" '{gsub(/^ +| +$/, "", $3); printf "| %s %s | %s us |\n", b, $3, $4+0}' >> "$RES/ab-rows.md"
+    timeout 120 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 1024,8192 --batches 1,8,64 \
+      > "$RES/ab-bench-model-8b-$b.md" 2>&1
+    timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 32 --batches 1,8,32 --context 160 \
+      > "$RES/ab-bench-model-8b-short-$b.md" 2>&1
+    timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-0.6b" --prefill 1024 --batches 1,64 \
+      > "$RES/ab-bench-model-0.6b-$b.md" 2>&1
+    for f in 8b 8b-short 0.6b; do
+      grep -E '^\| (prefill|decode)' "$RES/ab-bench-model-$f-$b.md" |
+        awk -F'|' -v b="$b" -v m="$f" '{gsub(/^ +| +$/, "", $2); printf "| %s %s %s, batch %s, %s tokens | %s ms |\n", b, m, $2, $3+0, $4+0, $5+0}' >> "$RES/ab-rows.md"
+    done
+    [ -f /root/ref/qwen3-0.6b.safetensors ] || timeout 300 python3 scripts/gpu/reference_logits.py --model "$CKPT/qwen3-0.6b" \
+      --out /root/ref/qwen3-0.6b.safetensors --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 \
+      --dtype float32 --also-bf16 > "$RES/ref-qwen3-0.6b.log" 2>&1
+    timeout 60 "$bin" parity --backend cuda --model-from-path "$CKPT/qwen3-0.6b" --reference /root/ref/qwen3-0.6b.safetensors \
+      > "$RES/ab-parity-$b.txt" 2>&1
+    record "$b parity qwen3-0.6b" "exit $? ($(tail -n1 "$RES/ab-parity-$b.txt"))"
+  done
+  echo "| binary row | value |" > "$RES/ab-table.md"
+  echo "|---|---|" >> "$RES/ab-table.md"
+  sort "$RES/ab-rows.md" >> "$RES/ab-table.md"
+  cat "$RES/ab-table.md"
   finish
   ;;
 summary)

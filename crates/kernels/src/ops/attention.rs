@@ -826,6 +826,27 @@ mod tests {
     }
 
     #[test]
+    fn decode_attention_shared_memory_fits_a_hopper_block() {
+        // Every group size and head dim the kernel takes, with as many splits as a partials
+        // buffer of 32768 allows a single query head: within the 227 KiB a block may opt in to
+        // on sm_90 (beyond it the launch fails).
+        for group in 1..=8u32 {
+            for head_dim in [64u32, 128, 256] {
+                for splits in [1u32, 2, 33, 32768 / group] {
+                    let bytes = paged_attention_smem_bytes(group, head_dim, splits);
+                    assert!(
+                        bytes <= 227 * 1024,
+                        "group {group}, head_dim {head_dim}, {splits} splits: {bytes} bytes"
+                    );
+                }
+            }
+        }
+        // Qwen3-8B's decode (group 4, head_dim 128): 1 KiB of tile scores and the 3-stage rings,
+        // 96 KiB; two blocks per SM.
+        assert_eq!(paged_attention_smem_bytes(4, 128, 16), 97 * 1024);
+    }
+
+    #[test]
     fn prefill_tiles_cut_runs_of_one_sequence() {
         // Sequence 0: positions 10..140 (cut at 64); sequence 1: a decode token; sequence 0
         // again after a gap in positions.
