@@ -267,8 +267,14 @@ def add_grammar_tests(runner, oa, an, model: Callable[[], str], args) -> None:
         for i, (calls, content, finish) in enumerate(parallel(one, 6)):
             what = f"seed {100 + i} ({'streamed' if i % 2 else 'whole'})"
             check_calls(calls, what)
-            expect_eq(finish, "tool_calls", f"{what}: finish_reason")
-            expect_eq(content, None, f"{what}: content next to the calls")
+            if finish == "length":
+                # Parallel calls may go on until max_tokens cuts one (seed 102 makes two calls
+                # and starts a third): the reply says so, and what is left is that call's start.
+                expect(content is None or content.lstrip().startswith("{"),
+                       f"{what}: cut at max_tokens, content {content!r} is not the start of a call")
+            else:
+                expect_eq(finish, "tool_calls", f"{what}: finish_reason")
+                expect_eq(content, None, f"{what}: content next to the calls")
 
     @runner.test("tool_choice_required_without_parallel_calls_makes_one")
     def _():

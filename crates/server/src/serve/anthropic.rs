@@ -5,7 +5,7 @@
 //! `tool_use` blocks become an assistant's `tool_calls`, `tool_result` blocks `role: tool`
 //! messages, `thinking` blocks its `reasoning_content`; `tools` become OpenAI function tools. The
 //! answer is read like a chat completion's ([`super::reply`]) and written as thinking, text and
-//! tool_use blocks, `stop_reason: "tool_use"` when it made calls.
+//! tool_use blocks, `stop_reason: "tool_use"` when it made calls (unless `max_tokens` cut it).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -330,7 +330,8 @@ pub async fn messages(
         let mut ops = blocks.apply(reply.push(&out.text));
         ops.extend(blocks.apply(reply.finish()));
         ops.extend(blocks.finish());
-        let stop_reason = if reply.made_calls() {
+        // `max_tokens` stays `max_tokens` after complete calls: the output was cut.
+        let stop_reason = if reply.made_calls() && !matches!(out.finish, Some(Finish::Length)) {
             "tool_use"
         } else {
             stop_reason(out.finish)
@@ -447,7 +448,7 @@ fn stream_anthropic(
                             .unwrap_or(Value::Null),
                         _ => Value::Null,
                     };
-                    let stop_reason = if s.reply.made_calls() {
+                    let stop_reason = if s.reply.made_calls() && !matches!(finish, Finish::Length) {
                         "tool_use"
                     } else {
                         stop_reason(Some(finish))

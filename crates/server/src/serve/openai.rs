@@ -330,8 +330,10 @@ pub async fn chat_completions(
             Value::Null
         };
         let reply = Reply::whole(&shapes[i], &out.text);
-        let finish = if reply.tool_calls.is_empty() {
-            openai_finish(out.finish)
+        // `length` stays `length` after complete calls (as in ReplyStream::done).
+        let finish = openai_finish(out.finish);
+        let finish = if reply.tool_calls.is_empty() || finish == "length" {
+            finish
         } else {
             "tool_calls".into()
         };

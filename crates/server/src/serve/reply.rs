@@ -272,11 +272,12 @@ impl ChatChoiceStream {
     }
 
     /// The entries that end the choice: what was held back, then the one with `finish_reason`
-    /// (`tool_calls` when the choice made calls, else `finish`).
+    /// (`tool_calls` when the choice made calls, else `finish`; `length` stays `length`, as in
+    /// OpenAI's API, so that a client sees that the output was cut even after complete calls).
     pub fn done(&mut self, finish: Value) -> Vec<Value> {
         let events = self.reply.finish();
         let mut entries = self.entries(events);
-        let reason = if self.reply.made_calls() {
+        let reason = if self.reply.made_calls() && finish != "length" {
             "tool_calls".into()
         } else {
             finish
