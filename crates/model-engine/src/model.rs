@@ -194,6 +194,8 @@ pub struct Model {
     use_graphs: bool,
     /// Captured decode steps, by (sequences, keys per attention split, splits).
     graphs: std::collections::HashMap<(u32, u32, u32), Graph>,
+    /// Host time spent capturing and instantiating those graphs (`graph_captures`).
+    capture_time: std::time::Duration,
     /// Per-launch timing (`set_profile`).
     profiler: Option<std::sync::Mutex<Profiler>>,
     /// Launch labels left out, for timing experiments (`set_skip`).
@@ -299,6 +301,7 @@ impl Model {
             owned,
             use_graphs: std::env::var("METRALE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: std::collections::HashMap::new(),
+            capture_time: std::time::Duration::ZERO,
             profiler: None,
             skip: Vec::new(),
             gemv_max_rows: std::env::var("METRALE_GEMV_MAX_ROWS")
@@ -323,6 +326,13 @@ impl Model {
     /// Whether decode steps are replayed from captured graphs.
     pub fn set_graphs(&mut self, on: bool) {
         self.use_graphs = on;
+    }
+
+    /// How many decode-step graphs have been captured (one per batch size and attention split
+    /// bucket met so far) and the host time their capture and instantiation took: the cost a
+    /// generation pays when its context crosses into a new split bucket.
+    pub fn graph_captures(&self) -> (usize, std::time::Duration) {
+        (self.graphs.len(), self.capture_time)
     }
 
     /// The config the model was built from.
@@ -535,10 +545,12 @@ impl Model {
             g.launch_graph(graph, s)?;
             return Ok(step.logit_rows.len());
         }
+        let started = std::time::Instant::now();
         g.begin_capture(s)?;
         let rows = self.enqueue(step, inputs, split);
         let graph = g.end_capture(s);
         let (rows, graph) = (rows?, graph?);
+        self.capture_time += started.elapsed();
         self.graphs.insert(key, graph);
         g.launch_graph(graph, s)?;
         Ok(rows)

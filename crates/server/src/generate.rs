@@ -223,5 +223,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         out.time_to_first_token.as_secs_f64() * 1e3,
         out.decode_tokens_per_second()
     );
+    let (graphs, capture) = model.graph_captures();
+    if graphs > 0 {
+        eprintln!(
+            "met: {graphs} decode-step graphs captured, {:.1} ms of capture and instantiation",
+            capture.as_secs_f64() * 1e3
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
