@@ -366,8 +366,8 @@ impl SeqKv<'_> {
 impl Kernel for PagedAttention {
     fn launch_config(&self) -> LaunchConfig {
         // One block per (token, kv head, split) serves the kv head's whole query group; its
-        // shared memory holds the group's queries, then each warp's ring of key/value tiles,
-        // which the merge of the 4 warps' partial outputs and softmax state reuses
+        // shared memory holds each warp's tile scores, then each warp's ring of key/value
+        // tiles, which the merge of the 4 warps' partial outputs and softmax state reuses
         // (attention.cu).
         let bytes = paged_attention_smem_bytes(
             self.q_heads / self.kv_heads.max(1),
