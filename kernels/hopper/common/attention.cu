@@ -45,32 +45,19 @@ __host__ __device__ constexpr int stages() {
     return HD >= 256 ? 2 : 3;
 }
 
-// PER bf16 of shared memory as floats.
+// PER bf16 of shared memory as floats, read with one PER * 2-byte load.
 template <int PER>
 __device__ __forceinline__ void load_bf16(float (&v)[PER], const __nv_bfloat16* p) {
     static_assert(PER == 2 || PER == 4 || PER == 8, "2, 4 or 8 values");
-    if constexpr (PER == 2) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-        v[0] = f.x;
-        v[1] = f.y;
-    } else if constexpr (PER == 4) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(p);
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    struct alignas(PER * 2) Pack {
+        __nv_bfloat162 h[PER / 2];
+    };
+    const Pack raw = *reinterpret_cast<const Pack*>(p);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const float2 f = __bfloat1622float2(h[i]);
-            v[2 * i] = f.x;
-            v[2 * i + 1] = f.y;
-        }
-    } else {
-        const uint4 raw = *reinterpret_cast<const uint4*>(p);
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(h[i]);
-            v[2 * i] = f.x;
-            v[2 * i + 1] = f.y;
-        }
+    for (int i = 0; i < PER / 2; ++i) {
+        const float2 f = __bfloat1622float2(raw.h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
     }
 }
 
