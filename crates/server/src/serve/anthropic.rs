@@ -24,7 +24,9 @@ use super::engine::{Finish, GenerationRequest, StreamEvent};
 use super::error::{ApiError, Dialect};
 use super::openai::read_json;
 use super::params::{Body, content_text};
-use super::reply::{BlockOp, BlockWriter, ReplyShape, ReplyStream, call_id_prefix, fold_blocks};
+use super::reply::{
+    BlockOp, BlockWriter, ReplyShape, ReplyStream, call_id_prefix, ends_in_calls, fold_blocks,
+};
 use super::state::{
     AppState, ChatPrompt, chat_prompt, collect, sampling_params, submit_n, token_budget, unix_now,
 };
@@ -330,8 +332,8 @@ pub async fn messages(
         let mut ops = blocks.apply(reply.push(&out.text));
         ops.extend(blocks.apply(reply.finish()));
         ops.extend(blocks.finish());
-        // `max_tokens` stays `max_tokens` after complete calls: the output was cut.
-        let stop_reason = if reply.made_calls() && !matches!(out.finish, Some(Finish::Length)) {
+        let cut = matches!(out.finish, Some(Finish::Length));
+        let stop_reason = if ends_in_calls(reply.made_calls(), cut) {
             "tool_use"
         } else {
             stop_reason(out.finish)
@@ -448,7 +450,8 @@ fn stream_anthropic(
                             .unwrap_or(Value::Null),
                         _ => Value::Null,
                     };
-                    let stop_reason = if s.reply.made_calls() && !matches!(finish, Finish::Length) {
+                    let cut = matches!(finish, Finish::Length);
+                    let stop_reason = if ends_in_calls(s.reply.made_calls(), cut) {
                         "tool_use"
                     } else {
                         stop_reason(Some(finish))

@@ -15,10 +15,10 @@ use tokio_stream::StreamMap;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::constraint::{GrammarRequest, constraint};
-use super::engine::{GenerationRequest, StreamEvent, TokenLogprob};
+use super::engine::{Finish, GenerationRequest, StreamEvent, TokenLogprob};
 use super::error::{ApiError, Dialect};
 use super::params::{Body, content_text};
-use super::reply::{ChatChoiceStream, Reply, ReplyShape, call_id_prefix};
+use super::reply::{ChatChoiceStream, Reply, ReplyShape, call_id_prefix, ends_in_calls};
 use super::state::{
     AppState, chat_prompt, collect, openai_finish, sampling_params, submit_n, token_budget,
     unix_now,
@@ -330,12 +330,11 @@ pub async fn chat_completions(
             Value::Null
         };
         let reply = Reply::whole(&shapes[i], &out.text);
-        // `length` stays `length` after complete calls (as in ReplyStream::done).
-        let finish = openai_finish(out.finish);
-        let finish = if reply.tool_calls.is_empty() || finish == "length" {
-            finish
-        } else {
+        let cut = matches!(out.finish, Some(Finish::Length));
+        let finish = if ends_in_calls(!reply.tool_calls.is_empty(), cut) {
             "tool_calls".into()
+        } else {
+            openai_finish(out.finish)
         };
         json!({"index": i, "message": reply.openai_message(), "logprobs": logprobs, "finish_reason": finish})
     })

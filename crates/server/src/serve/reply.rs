@@ -189,6 +189,13 @@ pub struct Reply {
     pub tool_calls: Vec<ToolCall>,
 }
 
+/// Whether a reply that made tool calls ends as a call (`tool_calls` / `tool_use`): yes, unless
+/// `max_tokens` cut it, which stays `length` / `max_tokens` as in OpenAI's API, so that a client
+/// sees that the output was cut even after complete calls.
+pub fn ends_in_calls(made_calls: bool, cut_at_max_tokens: bool) -> bool {
+    made_calls && !cut_at_max_tokens
+}
+
 impl Reply {
     /// Reads a whole text: one push, then the finish.
     pub fn whole(shape: &ReplyShape, text: &str) -> Reply {
@@ -272,12 +279,11 @@ impl ChatChoiceStream {
     }
 
     /// The entries that end the choice: what was held back, then the one with `finish_reason`
-    /// (`tool_calls` when the choice made calls, else `finish`; `length` stays `length`, as in
-    /// OpenAI's API, so that a client sees that the output was cut even after complete calls).
+    /// (`tool_calls` when the choice ends in calls, [`ends_in_calls`], else `finish`).
     pub fn done(&mut self, finish: Value) -> Vec<Value> {
         let events = self.reply.finish();
         let mut entries = self.entries(events);
-        let reason = if self.reply.made_calls() && finish != "length" {
+        let reason = if ends_in_calls(self.reply.made_calls(), finish == "length") {
             "tool_calls".into()
         } else {
             finish
