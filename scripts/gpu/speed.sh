@@ -41,6 +41,15 @@ finish() {
   printf '%s\n' "${summary[@]}"
 }
 
+# Reference logits of checkpoint $1 for met parity (transformers f32 on the bf16 weights),
+# computed once per machine into /root/ref/$1.safetensors.
+reference_logits() {
+  mkdir -p /root/ref
+  [ -f "/root/ref/$1.safetensors" ] || timeout 300 python3 scripts/gpu/reference_logits.py --model "$CKPT/$1" \
+    --out "/root/ref/$1.safetensors" --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 \
+    --dtype float32 --also-bf16 > "$RES/ref-$1.log" 2>&1
+}
+
 phase=${1:?phase}
 case "$phase" in
 checkpoints)
@@ -151,10 +160,7 @@ parity)
   # Logit parity of the rewritten paths: transformers' f32 function of the bf16 weights as the
   # reference (first-models.sh's method), met parity on CUDA.
   for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
-    mkdir -p /root/ref
-    [ -f "/root/ref/$m.safetensors" ] || timeout 300 python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" \
-      --out "/root/ref/$m.safetensors" --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 \
-      --dtype float32 --also-bf16 > "$RES/ref-$m.log" 2>&1
+    reference_logits "$m"
     "$met" parity --backend cuda --model-from-path "$CKPT/$m" --reference "/root/ref/$m.safetensors" \
       --json "$RES/parity-$m.json" > "$RES/parity-$m.txt" 2>&1
     record "parity $m" "exit $? ($(tail -n1 "$RES/parity-$m.txt"))"
@@ -163,7 +169,7 @@ parity)
   ;;
 ab)
   bins=${AB:-met met_b}
-  mkdir -p /root/ref
+  : > "$RES/ab-rows.md"
   for b in $bins; do
     bin="$STASH/$b"
     timeout 120 "$bin" check-kernels --kernel "${AB_KERNEL:-attention}" > "$RES/ab-check-$b.txt" 2>/dev/null
@@ -181,9 +187,7 @@ ab)
       grep -E '^\| (prefill|decode)' "$RES/ab-bench-model-$f-$b.md" |
         awk -F'|' -v b="$b" -v m="$f" '{gsub(/^ +| +$/, "", $2); printf "| %s %s %s, batch %s, %s tokens | %s ms |\n", b, m, $2, $3+0, $4+0, $5+0}' >> "$RES/ab-rows.md"
     done
-    [ -f /root/ref/qwen3-0.6b.safetensors ] || timeout 300 python3 scripts/gpu/reference_logits.py --model "$CKPT/qwen3-0.6b" \
-      --out /root/ref/qwen3-0.6b.safetensors --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 4096 --seed 0 \
-      --dtype float32 --also-bf16 > "$RES/ref-qwen3-0.6b.log" 2>&1
+    reference_logits qwen3-0.6b
     timeout 60 "$bin" parity --backend cuda --model-from-path "$CKPT/qwen3-0.6b" --reference /root/ref/qwen3-0.6b.safetensors \
       > "$RES/ab-parity-$b.txt" 2>&1
     record "$b parity qwen3-0.6b" "exit $? ($(tail -n1 "$RES/ab-parity-$b.txt"))"
