@@ -320,7 +320,8 @@ impl SeqKv<'_> {
     /// Attention of query `qv` over keys `0..ctx` as the tensor-core prefill kernels compute it:
     /// keys in tiles of `tile` (the kernel's online-softmax step) from key 0, a running max
     /// updated per tile, each probability rounded to bf16 before it weights its value and before
-    /// it joins the row sum; the normalised f32 output.
+    /// it joins the row sum. Returns the normalised f32 output and, per element, its
+    /// [rounding allowance](PrefillRow::allowance).
     fn attend_tiled(
         &self,
         qv: &[f32],
@@ -328,8 +329,11 @@ impl SeqKv<'_> {
         tile: usize,
         scale: f32,
         scores: &mut Vec<f32>,
-    ) -> Vec<f32> {
+    ) -> (Vec<f32>, Vec<f32>) {
         let d = self.head_dim;
+        // The keys whose probability sat near a bf16 rounding boundary: (key, the size of a flip
+        // in the probability, the running max it was taken against).
+        let mut near = Vec::new();
         // The kernel's arithmetic: raw dot products, the max kept in log2 units
         // (max dot * scale * log2 e) and p = 2^(dot * scale * log2 e - max) with a fused
         // multiply-add, so that a probability lands on the same side of a bf16 rounding boundary
@@ -350,7 +354,11 @@ impl SeqKv<'_> {
             total *= corr;
             acc.iter_mut().for_each(|a| *a *= corr);
             for (j, s) in keys.zip(scores.iter()) {
-                let p = widen(bf16::from_f32(s.mul_add(scale_log2, -new_max).exp2()));
+                let exact = s.mul_add(scale_log2, -new_max).exp2();
+                if let Some(flip) = bf16_flip(exact) {
+                    near.push((j, flip, new_max));
+                }
+                let p = widen(bf16::from_f32(exact));
                 total += p;
                 let v = &self.v_cache[self.slot(j)..][..d];
                 for (a, x) in acc.iter_mut().zip(v) {
@@ -359,8 +367,36 @@ impl SeqKv<'_> {
             }
             max = new_max;
         }
-        acc.iter().map(|a| a / total).collect()
+        let out: Vec<f32> = acc.iter().map(|a| a / total).collect();
+        // A flip of key j's probability by f (taken against running max m_j, so weighing
+        // f * 2^(m_j - max) in the end) moves the output by that weight times (v_j - out) / total,
+        // to first order; every near key flipping together bounds what a correct kernel can do.
+        let mut allowance = vec![0f32; d];
+        for (j, flip, m) in near {
+            let w = flip * (m - max).exp2() / total;
+            let v = &self.v_cache[self.slot(j)..][..d];
+            for ((a, x), o) in allowance.iter_mut().zip(v).zip(&out) {
+                *a += w * (widen(*x) - o).abs();
+            }
+        }
+        (out, allowance)
     }
+}
+
+/// How close, in f32 ulps, a probability may sit to a bf16 rounding boundary before the GPU may
+/// round it the other way: its dot product (in another summation order) and its 2^x (ex2.approx,
+/// within 2 ulps) differ from the host's in the last few bits; 2^10 ulps (1.2e-4 relative) is a
+/// margin far above that, which flags about 3% of the probabilities.
+const BF16_FLIP_MARGIN_ULPS: u32 = 1 << 10;
+
+/// If `p` (a non-negative f32 about to be rounded to bf16) lies within [`BF16_FLIP_MARGIN_ULPS`]
+/// of a bf16 rounding boundary: how much its bf16 value changes when it rounds the other way (one
+/// bf16 ulp at its magnitude).
+fn bf16_flip(p: f32) -> Option<f32> {
+    let bits = p.to_bits();
+    let from_boundary = (bits & 0xffff).abs_diff(0x8000);
+    (p.is_normal() && from_boundary < BF16_FLIP_MARGIN_ULPS)
+        .then(|| f32::from_bits(bits & 0x7f80_0000) / 128.0)
 }
 
 impl Kernel for PagedAttention {
@@ -673,36 +709,81 @@ fn prefill_reference(
     let row = kvh * d;
     let k_cache = host::view::<bf16>(mem, k.k_cache, blocks * bs * row)?;
     let v_cache = host::view::<bf16>(mem, k.v_cache, blocks * bs * row)?;
-    // (token, its q_heads * head_dim outputs): only tokens named by a tile are written.
-    let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
+    let rows = prefill_attention_rows(k, key_tile, &tiles, &q, &tables, &k_cache, &v_cache);
+    drop((k_cache, v_cache));
+    for PrefillRow { token, out, .. } in rows {
+        host::store_bf16(mem, k.out.offset(token * qh * d * 2), &out)?;
+    }
+    Ok(())
+}
+
+/// One token's row of the prefill attention reference ([`prefill_attention_rows`]).
+#[derive(Clone, Debug)]
+pub struct PrefillRow {
+    /// The token: the row of `out` it belongs in.
+    pub token: usize,
+    /// Its `q_heads * head_dim` outputs before the bf16 store.
+    pub out: Vec<f32>,
+    /// Per output, how far a correct kernel can stray from it: a probability within a hair of a
+    /// bf16 rounding boundary may round the other way on the GPU (whose scores and 2^x differ from
+    /// the host's in the last bits), which moves the outputs of its row by up to one bf16 ulp of
+    /// the probability times the value's distance from the output, over the row's sum. This is
+    /// that bound summed over the row's near-boundary probabilities; zero for most rows.
+    pub allowance: Vec<f32>,
+}
+
+/// The host reference of the prefill attention kernels on host data: every token named by
+/// `tiles` (`(seq, first_token, first_position, count)`, as the kernels take them), its keys
+/// stepped through in tiles of `key_tile` (the kernel's online-softmax step). `q` is
+/// `[tokens, q_heads * head_dim]`, `block_tables` `[seqs, max_blocks_per_seq]`, the caches as the
+/// kernels read them; `k`'s pointers are not used.
+///
+/// # Panics
+/// If the tiles name tokens, sequences or positions outside the slices (the kernels' reference
+/// checks them first).
+pub fn prefill_attention_rows(
+    k: &PrefillAttention,
+    key_tile: u32,
+    tiles: &[[i32; 4]],
+    q: &[f32],
+    block_tables: &[i32],
+    k_cache: &[bf16],
+    v_cache: &[bf16],
+) -> Vec<PrefillRow> {
+    let (qh, kvh, d) = (k.q_heads as usize, k.kv_heads as usize, k.head_dim as usize);
+    let (bs, maxb) = (k.block_size as usize, k.max_blocks_per_seq as usize);
+    let mut rows = Vec::new();
     let mut scores = Vec::new();
-    for &[seq, first, pos, count] in &tiles {
+    for &[seq, first, pos, count] in tiles {
         let (seq, first, pos) = (seq as usize, first as usize, pos as usize);
         for i in 0..count as usize {
-            let t = first + i;
-            let mut o = vec![0f32; qh * d];
+            let token = first + i;
+            let mut out = vec![0f32; qh * d];
+            let mut allowance = vec![0f32; qh * d];
             for h in 0..qh {
                 let kv = SeqKv {
-                    k_cache: &k_cache,
-                    v_cache: &v_cache,
-                    table: &tables[seq * maxb..(seq + 1) * maxb],
+                    k_cache,
+                    v_cache,
+                    table: &block_tables[seq * maxb..(seq + 1) * maxb],
                     block_size: bs,
-                    row,
+                    row: kvh * d,
                     head: h / (qh / kvh) * d,
                     head_dim: d,
                 };
-                let qv = &q[(t * qh + h) * d..][..d];
-                let out = kv.attend_tiled(qv, pos + i + 1, key_tile as usize, k.scale, &mut scores);
-                o[h * d..][..d].copy_from_slice(&out);
+                let qv = &q[(token * qh + h) * d..][..d];
+                let (o, a) =
+                    kv.attend_tiled(qv, pos + i + 1, key_tile as usize, k.scale, &mut scores);
+                out[h * d..][..d].copy_from_slice(&o);
+                allowance[h * d..][..d].copy_from_slice(&a);
             }
-            rows.push((t, o));
+            rows.push(PrefillRow {
+                token,
+                out,
+                allowance,
+            });
         }
     }
-    drop((k_cache, v_cache));
-    for (t, o) in rows {
-        host::store_bf16(mem, k.out.offset(t * qh * d * 2), &o)?;
-    }
-    Ok(())
+    rows
 }
 
 impl Kernel for KvCacheWrite {
@@ -959,6 +1040,112 @@ mod tests {
         assert!(rel > 0.0 && rel < 5e-3, "relative L2 difference {rel}");
         assert!(prefill[tokens * qh * D..].iter().all(|&x| x == sentinel[0]));
         assert!(prefill[..tokens * qh * D].iter().all(|&x| x != sentinel[0]));
+    }
+
+    #[test]
+    fn bf16_flip_flags_probabilities_near_a_rounding_boundary() {
+        // 1 + 2^-8 lies halfway between the bf16 values 1 and 1 + 2^-7.
+        let half = 1.0f32 + 1.0 / 256.0;
+        let ulps = |x: f32, n: i32| f32::from_bits(x.to_bits().wrapping_add_signed(n));
+        assert_eq!(bf16_flip(half), Some(1.0 / 128.0));
+        assert_eq!(bf16_flip(ulps(half, 1023)), Some(1.0 / 128.0));
+        assert_eq!(bf16_flip(ulps(half, -1023)), Some(1.0 / 128.0));
+        assert_eq!(bf16_flip(ulps(half, 1024)), None);
+        assert_eq!(bf16_flip(1.0), None);
+        assert_eq!(bf16_flip(0.0), None);
+        // Below 1 the bf16 step halves: 0.75 + 2^-9 is halfway between 0.75 and 0.75 + 2^-8.
+        assert_eq!(bf16_flip(0.75 + 1.0 / 512.0), Some(1.0 / 256.0));
+    }
+
+    #[test]
+    fn prefill_allowance_bounds_every_near_probability_rounding_the_other_way() {
+        // One sequence of 48 tokens, 2 heads of 64 sharing one kv head, key tiles of 16; inputs
+        // with a wide spread of scores so that many probabilities are far below 1.
+        const D: usize = 64;
+        let (tokens, qh, bs) = (48usize, 2usize, 16usize);
+        let q: Vec<f32> = noise(tokens * qh * D, 11)
+            .iter()
+            .map(|&x| widen(x))
+            .collect();
+        let (k_cache, v_cache) = (noise(tokens * D, 12), noise(tokens * D, 13));
+        let tables = [0i32, 1, 2];
+        let args = PrefillAttention {
+            out: DevicePtr::NULL,
+            q: DevicePtr::NULL,
+            k_cache: DevicePtr::NULL,
+            v_cache: DevicePtr::NULL,
+            block_tables: DevicePtr::NULL,
+            tiles: DevicePtr::NULL,
+            num_tiles: 1,
+            q_heads: qh as u32,
+            kv_heads: 1,
+            head_dim: D as u32,
+            block_size: bs as u32,
+            max_blocks_per_seq: 3,
+            scale: 1.0 / (D as f32).sqrt(),
+        };
+        let key_tile = 16;
+        let tiles = [[0, 0, 0, tokens as i32]];
+        let rows = prefill_attention_rows(&args, key_tile, &tiles, &q, &tables, &k_cache, &v_cache);
+        assert_eq!(rows.len(), tokens);
+        // The kernel's arithmetic written out again, except that every probability the
+        // reference flags rounds to the bf16 value on the other side of its rounding boundary.
+        let scale_log2 = args.scale * std::f32::consts::LOG2_E;
+        let (mut flagged_rows, mut moved) = (0, 0);
+        for row in &rows {
+            for h in 0..qh {
+                let qv = &q[(row.token * qh + h) * D..][..D];
+                let (mut max, mut total, mut acc) = (f32::NEG_INFINITY, 0f32, [0f32; D]);
+                for start in (0..=row.token).step_by(key_tile as usize) {
+                    let keys = start..(start + key_tile as usize).min(row.token + 1);
+                    let scores: Vec<f32> = keys
+                        .clone()
+                        .map(|j| {
+                            let kj = &k_cache[j * D..][..D];
+                            qv.iter().zip(kj).map(|(a, b)| a * widen(*b)).sum::<f32>()
+                        })
+                        .collect();
+                    let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let new_max = max.max(tile_max * scale_log2);
+                    let corr = (max - new_max).exp2();
+                    total *= corr;
+                    acc.iter_mut().for_each(|a| *a *= corr);
+                    for (j, s) in keys.zip(&scores) {
+                        let exact = s.mul_add(scale_log2, -new_max).exp2();
+                        let near = widen(bf16::from_f32(exact));
+                        let p = match bf16_flip(exact) {
+                            Some(step) if near > exact => near - step,
+                            Some(step) => near + step,
+                            None => near,
+                        };
+                        total += p;
+                        for (a, x) in acc.iter_mut().zip(&v_cache[j * D..][..D]) {
+                            *a += p * widen(*x);
+                        }
+                    }
+                    max = new_max;
+                }
+                let (out, allowance) = (&row.out[h * D..][..D], &row.allowance[h * D..][..D]);
+                flagged_rows += usize::from(allowance.iter().any(|&a| a > 0.0));
+                for d in 0..D {
+                    let diff = (acc[d] / total - out[d]).abs();
+                    moved += usize::from(diff > 0.0);
+                    // First order in the flips, so a hair of slack for the second.
+                    assert!(
+                        diff <= allowance[d] * 1.01 + 1e-7,
+                        "token {} head {h} dim {d}: moved {diff}, allowance {}",
+                        row.token,
+                        allowance[d]
+                    );
+                }
+            }
+        }
+        // Not vacuous: some rows have near probabilities and their flips move outputs, yet the
+        // rows without any are held to the plain bound.
+        assert!(
+            moved > 0 && flagged_rows > 0 && flagged_rows < tokens * qh,
+            "{flagged_rows} {moved}"
+        );
     }
 
     #[test]
