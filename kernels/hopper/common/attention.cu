@@ -5,8 +5,9 @@
 // Token t of sequence s = token_seq[t] at position p = positions[t] attends to keys 0..=p of
 // its sequence, which live in the cache blocks block_tables[s][*] (block_size tokens each; the
 // cache is [num_blocks, block_size, kv_heads, head_dim]). Query head h reads kv head
-// h / (q_heads / kv_heads). Scores, probabilities and the weighted sum of values are f32, with an
-// online (running max) softmax; the output is rounded to bf16 once.
+// h / (q_heads / kv_heads). Scores, the softmax state and the weighted sum of values are f32
+// (the probabilities that weight the values are rounded to f16), with an online (running max)
+// softmax; the output is rounded to bf16 once.
 //
 // Split-K ("flash decoding"), grouped by kv head: grid = (tokens, kv_heads, splits), block = 4
 // warps. A block serves all G = q_heads / kv_heads query heads (up to 8) that share its kv head,
@@ -16,14 +17,18 @@
 // streams its tiles through its own ring of STAGES shared-memory buffers (K and V, 16 rows each,
 // gathered through the block table with 16-byte cp.async), so up to STAGES tiles per warp are in
 // flight while it computes on the oldest: a decode step waits for memory about once, not once
-// per key tile and value batch. The scores of a tile are one tensor-core product per k-step,
-// S = Q K^T with the group's queries as the rows of the A operand (G of 16 real, held in
-// registers as bf16 fragments) and the tile's keys, read by ldmatrix from K rows stored swizzled
-// (chunk c of row r at c ^ (r & 7), free of bank conflicts), as the columns; f32 accumulation, so
-// the scores are the exact bf16 products summed in f32, then scaled. They pass through shared
-// memory to lane r (and r + 16) for key r, which runs the online softmax step; each lane then
-// accumulates its head_dim / 32 output dims of every head from the value rows (CUDA cores, f32),
-// the probabilities broadcast by shuffles. The 4 warps' running softmaxes (f32, e^x) merge in shared memory (reusing the rings).
+// per key tile and value batch. Both products run on tensor cores (mma.sync m16n8k16, f32
+// accumulators). Scores: S = Q K^T with the group's queries as the rows of the A operand (G of
+// 16 real, held in registers as bf16 fragments) and the tile's keys, read by ldmatrix from K rows
+// stored swizzled (chunk c of row r at c ^ (r & 7), free of bank conflicts), as the columns: the
+// exact bf16 products summed in f32, then scaled (log2 units, ex2). The online softmax runs on the
+// fragments (a head's 16 keys sit in one lane quad). Output: transposed, O^T = V^T P^T, so that
+// each lane's probabilities are already the B operand (8 heads as the columns) and no accumulator
+// is padding when G = 8: the probabilities are rounded to f16 (relative error at most 2^-11; the
+// row sum adds the rounded values, so the output is normalised by the weights it was summed
+// with), and V^T comes by the transposing ldmatrix, converted from bf16 to f16 (exact for
+// magnitudes 2^-14 to 65504). The 4 warps' running softmaxes merge in shared memory (reusing the
+// rings).
 // With one split the block writes the bf16 output; with more, it writes each head's partial
 // (acc[head_dim], m, l) to `partials` (an empty split writes m = 0, l = 0, acc = 0), and the last
 // block of a (token, kv head) to finish - counted in `counters`, which it sets back to zero -
@@ -33,32 +38,19 @@
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "mma.cuh"
+#include <cuda_fp16.h>
 
 namespace {
 constexpr int WARPS = 4;
 constexpr int KEY_TILE = 16;  // keys per warp tile
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
 
 // Tiles in flight per warp: the rings take WARPS * STAGES * 2 * KEY_TILE * HD * 2 bytes (96 KiB at
 // head_dim 128, two blocks per SM).
 template <int HD>
 __host__ __device__ constexpr int stages() {
     return HD >= 256 ? 2 : 3;
-}
-
-// PER bf16 of shared memory as floats, read with one PER * 2-byte load.
-template <int PER>
-__device__ __forceinline__ void load_bf16(float (&v)[PER], const __nv_bfloat16* p) {
-    static_assert(PER == 2 || PER == 4 || PER == 8, "2, 4 or 8 values");
-    struct alignas(PER * 2) Pack {
-        __nv_bfloat162 h[PER / 2];
-    };
-    const Pack raw = *reinterpret_cast<const Pack*>(p);
-#pragma unroll
-    for (int i = 0; i < PER / 2; ++i) {
-        const float2 f = __bfloat1622float2(raw.h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
 }
 
 template <int HD, int G>
@@ -69,25 +61,22 @@ __device__ __forceinline__ void attend(
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
     uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
     uint32_t keys_per_split, float scale) {
-    constexpr int PER_LANE = HD / 32;  // output dims per lane
     constexpr int CHUNKS = HD / 8;     // 16-byte pieces of a key row
     constexpr int STAGES = stages<HD>();
     constexpr int TILE = KEY_TILE * HD;  // bf16 of one K (or V) tile
     constexpr unsigned FULL = 0xffffffffu;
     constexpr int KSTEPS = HD / 16;    // mma k-steps over the head dim
-    // Dynamic shared memory (PagedAttention's launch_config): each warp's tile scores,
-    // ss[WARPS][KEY_TILE][G] f32, then the warps' rings [WARPS][STAGES][K tile,
-    // V tile] bf16, which the merge reuses once every warp is done: part_acc[WARPS][G][HD],
-    // part_m[WARPS][G], part_l[WARPS][G], weight[G][splits] (f32).
+    // Dynamic shared memory (PagedAttention's launch_config): the warps' rings
+    // [WARPS][STAGES][K tile, V tile] bf16, which the merge reuses once every warp is done:
+    // part_acc[WARPS][G][HD], part_m[WARPS][G], part_l[WARPS][G], weight[G][splits] (f32).
     extern __shared__ __align__(16) float smem[];
-    float* merge = smem + WARPS * KEY_TILE * G;
+    float* merge = smem;
     float(*part_acc)[G][HD] = reinterpret_cast<float(*)[G][HD]>(merge);
     float(*part_m)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD);
     float(*part_l)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD + WARPS * G);
 
     const uint32_t t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float(*ss)[G] = reinterpret_cast<float(*)[G]>(smem) + warp * KEY_TILE;
     __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(merge) + warp * STAGES * 2 * TILE;
     const uint32_t h0 = kvh * G;  // first query head of the group
     const int32_t seq = token_seq[t];
@@ -120,7 +109,7 @@ __device__ __forceinline__ void attend(
                 const bool valid = key0 + r < end;
                 const size_t off = valid ? ((size_t)s * kv_heads + kvh) * HD + c * 8 : 0;
                 metrale::cp_async_16(metrale::smem_addr(ks + metrale::swizzle<HD>(r, c)), k_cache + off, valid);
-                metrale::cp_async_16(metrale::smem_addr(vs + r * HD + c * 8), v_cache + off, valid);
+                metrale::cp_async_16(metrale::smem_addr(vs + metrale::swizzle<HD>(r, c)), v_cache + off, valid);
             }
         }
         metrale::cp_async_commit();
@@ -154,17 +143,17 @@ __device__ __forceinline__ void attend(
     // 8-15 keys 0-7 / dims 8-15, 16-23 keys 8-15 / dims 0-7, 24-31 keys 8-15 / dims 8-15.
     const int k_row = (lane & 7) + ((lane >> 4) << 3), k_half = (lane >> 3) & 1;
 
-    float m[G], l[G], acc[G][PER_LANE];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) acc[g][i] = 0.0f;
-    }
+    const float scale_log2 = scale * LOG2E;
 
-    // Lanes r and r + 16 both run key r's softmax step.
-    const int r = lane & (KEY_TILE - 1);
+    // The output transposed, O^T = V^T P^T (dims x 8 heads, G real), as f32 mma accumulators:
+    // lane (g, tg) holds dims 16 mt + g and + 8 of heads 2 tg and 2 tg + 1. The softmax state is
+    // per S row (head g_row): running max in log2 units and this lane's share of the row sum
+    // (keys 2 tg, 2 tg + 1 of each 8-key n-tile).
+    float o[HD / 16][4];
+#pragma unroll
+    for (int d = 0; d < HD / 16; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m_row = -INFINITY, l_row = 0.0f;
+
     for (int i = 0; i < n_tiles; ++i) {
         issue(i + STAGES - 1, pending);  // into the buffer tile i - 1 used
         pending = slot_of(i + STAGES);   // its table read has a whole tile to land
@@ -183,65 +172,82 @@ __device__ __forceinline__ void attend(
             metrale::mma_bf16(sc[0], qf[ks], b[0], b[1]);
             metrale::mma_bf16(sc[1], qf[ks], b[2], b[3]);
         }
-        // Row g (a head) of the scores, keys 8 n + 2 tg and + 1, to shared memory; lane r then
-        // reads key r's scores of every head.
-        if (g_row < G) {
+        // Online softmax on the fragments: this lane holds keys 8 nt + 2 tg + e of row g_row;
+        // the row's other keys are in the lanes of the same quad (xor 1, 2). Keys past the tile's
+        // n are masked (key 0 of a tile is always valid, so the max is finite).
+        float tile_max = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                ss[nt * 8 + 2 * tg][g_row] = sc[nt][0];
-                ss[nt * 8 + 2 * tg + 1][g_row] = sc[nt][1];
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const bool valid = (uint32_t)(nt * 8 + 2 * tg + e) < n;
+                sc[nt][e] = valid ? sc[nt][e] * scale_log2 : -INFINITY;
+                tile_max = fmaxf(tile_max, sc[nt][e]);
             }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(FULL, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(FULL, tile_max, 2));
+        const float m_new = fmaxf(m_row, tile_max);
+        const float corr = metrale::exp2_approx(m_row - m_new);  // 0 on the first tile
+        m_row = m_new;
+        // P in f16: this lane's keys of row g_row are exactly the B fragment of P^T (keys x
+        // heads) for O^T += V^T P^T. The row sum adds the rounded values, so the output is
+        // normalised by the weights it was summed with.
+        uint32_t pb[2];
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const __half2 h = __floats2half2_rn(metrale::exp2_approx(sc[nt][0] - m_new),
+                                                metrale::exp2_approx(sc[nt][1] - m_new));
+            const float2 f = __half22float2(h);
+            sum += f.x + f.y;
+            pb[nt] = *reinterpret_cast<const uint32_t*>(&h);
         }
-        __syncwarp();
-        float dot[G];
+        l_row = l_row * corr + sum;
+        // This lane's output columns are heads 2 tg and 2 tg + 1, whose factors sit in lanes
+        // 8 tg and 8 tg + 4.
+        const float corr0 = __shfl_sync(FULL, corr, 8 * tg), corr1 = __shfl_sync(FULL, corr, 8 * tg + 4);
 #pragma unroll
-        for (int g = 0; g < G; ++g) dot[g] = ss[r][g];
-        const bool valid = (uint32_t)r < n;
-        float p[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const float s = valid ? dot[g] * scale : -INFINITY;
-            // Both halves of the warp hold the tile's scores: reduce over 16 lanes.
-            float tile_max = s;
-#pragma unroll
-            for (int o = KEY_TILE / 2; o > 0; o >>= 1)
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(FULL, tile_max, o));
-            const float m_new = fmaxf(m[g], tile_max);
-            p[g] = valid ? __expf(s - m_new) : 0.0f;
-            float sum = p[g];
-#pragma unroll
-            for (int o = KEY_TILE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
-            const float corr = __expf(m[g] - m_new);  // 0 on the first tile (m = -inf)
-            l[g] = l[g] * corr + sum;
-#pragma unroll
-            for (int e = 0; e < PER_LANE; ++e) acc[g][e] *= corr;
-            m[g] = m_new;
+        for (int d = 0; d < HD / 16; ++d) {
+            o[d][0] *= corr0;
+            o[d][1] *= corr1;
+            o[d][2] *= corr0;
+            o[d][3] *= corr1;
         }
+        // O^T += V^T P^T: V^T A fragments by the transposing ldmatrix (the same lane roles as
+        // K's: matrices keys 0-7 / 8-15 x dims 0-7 / 8-15 of the m-tile), converted to f16 (exact
+        // for magnitudes 2^-14 to 65504).
 #pragma unroll
-        for (int kk = 0; kk < KEY_TILE; ++kk) {
-            if ((uint32_t)kk >= n) break;
-            float v[PER_LANE];
-            load_bf16<PER_LANE>(v, vs_tile + kk * HD + lane * PER_LANE);
+        for (int mt = 0; mt < HD / 16; ++mt) {
+            uint32_t a[4];
+            metrale::ldmatrix_x4_trans(a, metrale::smem_addr(vs_tile + metrale::swizzle<HD>(k_row, 2 * mt + k_half)));
+            // ldmatrix order: (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7),
+            // (keys 8-15, dims 8-15) = a0, a1, a2, a3 of the A fragment (rows = dims).
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                const float pk = __shfl_sync(FULL, p[g], kk);
-#pragma unroll
-                for (int e = 0; e < PER_LANE; ++e) acc[g][e] = fmaf(pk, v[e], acc[g][e]);
-            }
+            for (int e = 0; e < 4; ++e) a[e] = metrale::bf16x2_to_f16x2(a[e]);
+            metrale::mma_f16(o[mt], a, pb[0], pb[1]);
         }
-        __syncwarp();  // the ring buffer and ss are rewritten on the next iteration
+        __syncwarp();  // the ring buffer is refilled on the next iteration
     }
     metrale::cp_async_wait<0>();
     __syncthreads();  // every warp is done with its ring: the merge may reuse it
 
+    // The row sum over the quad; the max back in natural-log units for the merge.
+    l_row += __shfl_xor_sync(FULL, l_row, 1);
+    l_row += __shfl_xor_sync(FULL, l_row, 2);
+    if (g_row < G && tg == 0) {
+        part_m[warp][g_row] = m_row * LN2;
+        part_l[warp][g_row] = l_row;
+    }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-        if (lane == 0) {
-            part_m[warp][g] = m[g];
-            part_l[warp][g] = l[g];
+    for (int c = 0; c < 2; ++c) {
+        const int head = 2 * tg + c;
+        if (head < G) {
+#pragma unroll
+            for (int mt = 0; mt < HD / 16; ++mt) {
+                part_acc[warp][head][16 * mt + g_row] = o[mt][c];
+                part_acc[warp][head][16 * mt + g_row + 8] = o[mt][2 + c];
+            }
         }
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) part_acc[warp][g][lane * PER_LANE + i] = acc[g][i];
     }
     __syncthreads();
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
@@ -342,7 +348,7 @@ __device__ __forceinline__ void attend_group(
 // head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8;
 // `partials` is f32 [tokens, q_heads, splits, head_dim + 2] and `counters` i32 [tokens, kv_heads],
 // zero before the launch and zero after it (both unused, may be null, when splits = 1). Dynamic
-// shared memory: 4 * 16 * G floats, then the larger of the rings
+// shared memory: the larger of the rings
 // (4 * stages * 2 * 16 * head_dim bf16, stages = 3, or 2 at head_dim 256) and the merge area
 // (4 * G * head_dim + 8 * G + (splits > 1 ? G * splits : 0) floats); see PagedAttention's
 // launch_config.

@@ -154,9 +154,9 @@ kernel_args!(
 );
 
 /// Dynamic shared memory of a [`PagedAttention`] launch, in bytes, for query groups of `group`
-/// heads: each of the 4 warps' f32 scores of a 16-key tile, then the larger of the warps' rings of
-/// 16-key K and V tiles (3 stages, 2 at head_dim 256) and the f32 merge area (each warp's partial
-/// output and softmax state, and per-split weights when `splits > 1`). Mirrors attention.cu.
+/// heads: the larger of the 4 warps' rings of 16-key K and V tiles (3 stages, 2 at head_dim 256)
+/// and the f32 merge area (each warp's partial output and softmax state, and per-split weights
+/// when `splits > 1`). Mirrors attention.cu.
 pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32 {
     const WARPS: u32 = 4;
     const KEY_TILE: u32 = 16;
@@ -164,7 +164,7 @@ pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32
     let rings = WARPS * stages * 2 * KEY_TILE * head_dim * 2;
     let weights = if splits > 1 { group * splits } else { 0 };
     let merge = (WARPS * group * head_dim + 2 * WARPS * group + weights) * 4;
-    WARPS * KEY_TILE * group * 4 + rings.max(merge)
+    rings.max(merge)
 }
 
 /// Keys per split and splits for a [`PagedAttention`] launch of `tokens` query tokens over
@@ -402,9 +402,8 @@ fn bf16_flip(p: f32) -> Option<f32> {
 impl Kernel for PagedAttention {
     fn launch_config(&self) -> LaunchConfig {
         // One block per (token, kv head, split) serves the kv head's whole query group; its
-        // shared memory holds each warp's tile scores, then each warp's ring of key/value
-        // tiles, which the merge of the 4 warps' partial outputs and softmax state reuses
-        // (attention.cu).
+        // shared memory holds each warp's ring of key/value tiles, which the merge of the 4
+        // warps' partial outputs and softmax state reuses (attention.cu).
         let bytes = paged_attention_smem_bytes(
             self.q_heads / self.kv_heads.max(1),
             self.head_dim,
@@ -922,9 +921,8 @@ mod tests {
                 }
             }
         }
-        // Qwen3-8B's decode (group 4, head_dim 128): 1 KiB of tile scores and the 3-stage rings,
-        // 96 KiB; two blocks per SM.
-        assert_eq!(paged_attention_smem_bytes(4, 128, 16), 97 * 1024);
+        // Qwen3-8B's decode (group 4, head_dim 128): the 3-stage rings, 96 KiB; two blocks per SM.
+        assert_eq!(paged_attention_smem_bytes(4, 128, 16), 96 * 1024);
     }
 
     #[test]
