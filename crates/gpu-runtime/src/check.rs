@@ -730,13 +730,14 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let k_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
         let v_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
         // Once whole, once split in 16-key pieces (one key tile), once in 100-key pieces (tiles
-        // that straddle splits): the output compared each time; split, also the partials, and
+        // that straddle splits), once with 3 splits more than the context fills (as a bucketed
+        // launch shape carries): the output compared each time; split, also the partials, and
         // the per-(token, kv head) counters, which must be back at zero.
-        for keys_per_split in [0u32, 16, 100] {
+        for (keys_per_split, surplus) in [(0u32, 0u32), (16, 0), (100, 0), (100, 3)] {
             let splits = if keys_per_split == 0 {
                 1
             } else {
-                (context as u32).div_ceil(keys_per_split)
+                (context as u32).div_ceil(keys_per_split) + surplus
             };
             if keys_per_split > 0 && splits == 1 {
                 continue;

@@ -516,8 +516,10 @@ impl Model {
             .map_or(1, |&p| p + 1);
         // A pure decode step (one token per sequence, each with a logit row, in order) can be
         // replayed from a graph: everything it launches depends only on the number of
-        // sequences and the attention split, which is rounded to a power-of-two bucket here so
-        // that a handful of graphs cover every context length.
+        // sequences and the attention split, whose shape attention_splits buckets so that a
+        // handful of graphs cover every context length (it changes where the context doubles).
+        // Decode rows take that split with or without graphs, so that replaying a graph
+        // computes bit for bit what launching the step directly would, and in mixed steps too.
         let pure_decode = step.block_tables.len() == step.tokens.len()
             && step.logit_rows.iter().copied().eq(0..step.tokens.len())
             && step.token_seq.iter().copied().eq(0..n);
@@ -529,10 +531,6 @@ impl Model {
             ATTENTION_PARTIALS,
             ATTENTION_TARGET_BLOCKS,
         );
-        // Decode rows take the bucketed split with or without graphs, so that replaying a graph
-        // computes bit for bit what launching the step directly would, and in mixed steps too.
-        let per = split.0.next_power_of_two().max(64);
-        let split = (per, max_context.div_ceil(per));
         if !pure_decode {
             return self.enqueue(step, inputs, split);
         }

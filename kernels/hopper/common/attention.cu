@@ -33,7 +33,10 @@
 // (acc[head_dim], m, l) to `partials` (an empty split writes m = 0, l = 0, acc = 0), and the last
 // block of a (token, kv head) to finish - counted in `counters`, which it sets back to zero -
 // merges the splits' partials into the bf16 output, so no combine launch is needed
-// (attention_combine_bf16 remains for callers that want the partials only).
+// (attention_combine_bf16 remains for callers that want the partials only). The merge reads only
+// the splits that reach into the token's context: a launch may carry more splits than its longest
+// context needs (the model buckets its launch shapes so that one decode graph serves a range of
+// context lengths), and those are empty.
 // Batch-1 decode has kv_heads blocks per split, so splitting the context is what fills the GPU.
 #include "async_copy.cuh"
 #include "common.cuh"
@@ -286,16 +289,19 @@ __device__ __forceinline__ void attend(
     __syncthreads();
     if (!is_last) return;
     __threadfence();
+    // The splits holding any of this token's keys (the rest are empty).
+    const uint32_t live =
+        keys_per_split > 0 ? min(splits, (ctx + keys_per_split - 1) / keys_per_split) : splits;
     // Per-split weights e^(m_z - M) of each head, after the block's own layout in shared memory.
     float* weight = merge + WARPS * G * HD + 2 * WARPS * G;  // [G][splits]
     for (int g = warp; g < G; g += WARPS) {
         const float* ph = partials + ((size_t)t * q_heads + h0 + g) * splits * (HD + 2);
         float big = -INFINITY;
-        for (uint32_t z = lane; z < splits; z += 32)
+        for (uint32_t z = lane; z < live; z += 32)
             if (__ldcg(ph + z * (HD + 2) + HD + 1) > 0.0f) big = fmaxf(big, __ldcg(ph + z * (HD + 2) + HD));
         big = metrale::warp_max(big);
         float total = 0.0f;
-        for (uint32_t z = lane; z < splits; z += 32) {
+        for (uint32_t z = lane; z < live; z += 32) {
             const float lz = __ldcg(ph + z * (HD + 2) + HD + 1);
             const float wz = lz > 0.0f ? __expf(__ldcg(ph + z * (HD + 2) + HD) - big) : 0.0f;
             weight[g * splits + z] = wz;
@@ -310,7 +316,7 @@ __device__ __forceinline__ void attend(
         const size_t head = (size_t)t * q_heads + h0 + g;
         const float* ph = partials + head * splits * (HD + 2);
         float a = 0.0f;
-        for (uint32_t z = 0; z < splits; ++z) a += __ldcg(ph + z * (HD + 2) + d) * weight[g * splits + z];
+        for (uint32_t z = 0; z < live; ++z) a += __ldcg(ph + z * (HD + 2) + d) * weight[g * splits + z];
         const float total = head_total[g];
         out[head * HD + d] = metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
     }

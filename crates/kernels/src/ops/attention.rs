@@ -170,7 +170,13 @@ pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32
 /// Keys per split and splits for a [`PagedAttention`] launch of `tokens` query tokens over
 /// `q_heads` query and `kv_heads` kv heads whose longest context is `max_context` keys, given room
 /// for `max_partials` partials (one per token, query head and split): split until the launch has
-/// about `target_blocks` blocks (one per token, kv head and split), never below 64 keys per split.
+/// about `target_blocks` blocks (one per token, kv head and split), never beyond the partials'
+/// room. The shape is bucketed, so that one launch shape (and one captured decode graph) serves a
+/// whole range of context lengths: the split count is at most the context's 64-key pieces rounded
+/// up to a power of two, and the keys per split is a power of two, at least 64. So the shape
+/// changes only where the context doubles, and a launch may carry more splits than its context
+/// fills (fewer than half of them empty, which the kernel passes over). One split is `(0, 1)`:
+/// the whole context.
 pub fn attention_splits(
     tokens: u32,
     q_heads: u32,
@@ -181,10 +187,14 @@ pub fn attention_splits(
 ) -> (u32, u32) {
     let blocks = (tokens * kv_heads).max(1);
     let want = target_blocks.div_ceil(blocks);
-    let by_len = max_context / 64;
+    let by_len = max_context.div_ceil(64).max(1).next_power_of_two();
     let room = max_partials / (tokens * q_heads).max(1);
     let splits = want.min(by_len).min(room).max(1);
-    (max_context.div_ceil(splits).max(1), splits)
+    if splits == 1 {
+        return (0, 1);
+    }
+    let per = max_context.div_ceil(splits).next_power_of_two().max(64);
+    (per, splits)
 }
 
 kernel_args!(
@@ -892,17 +902,46 @@ mod tests {
 
     #[test]
     fn splits_cover_the_context_and_fill_the_gpu() {
-        // Batch-1 decode at 4k context over 8 kv heads: 33 splits (264 blocks) of 125 keys.
-        assert_eq!(attention_splits(1, 32, 8, 4096, 32768, 264), (125, 33));
-        // At 1k, 64 keys per split bound it: 16 splits (128 blocks).
+        // Batch-1 decode at 4k context over 8 kv heads: 33 splits (264 blocks) of 128 keys (the
+        // last one empty).
+        assert_eq!(attention_splits(1, 32, 8, 4096, 32768, 264), (128, 33));
+        // At 1k, the context's 16 pieces of 64 keys bound it: 16 splits (128 blocks).
         assert_eq!(attention_splits(1, 32, 8, 1024, 32768, 264), (64, 16));
-        // A large prefill needs no split.
-        assert_eq!(attention_splits(4096, 32, 8, 4096, 32768, 264).1, 1);
-        // Never below 64 keys per split, never beyond the partials' room (per query head).
-        assert_eq!(attention_splits(1, 32, 8, 100, 32768, 264), (100, 1));
-        assert_eq!(attention_splits(1, 32, 8, 128, 32768, 264), (64, 2));
+        // One key more rounds the pieces up to 32 (17 of them filled), not down to 9 of 128.
+        assert_eq!(attention_splits(1, 32, 8, 1025, 32768, 264), (64, 32));
+        // A large prefill needs no split; neither does a context of one 64-key piece.
+        assert_eq!(attention_splits(4096, 32, 8, 4096, 32768, 264), (0, 1));
+        assert_eq!(attention_splits(1, 32, 8, 64, 32768, 264), (0, 1));
+        assert_eq!(attention_splits(1, 32, 8, 100, 32768, 264), (64, 2));
+        // Never beyond the partials' room (per query head).
         let (per, splits) = attention_splits(64, 32, 8, 100_000, 32768, 100_000);
         assert!(64 * 32 * splits <= 32768 && per * splits >= 100_000);
+        // For every batch size and context: the splits cover the context, fewer than half of
+        // them are empty, and the shape changes only where the context doubles or the keys per
+        // split do: a 256-token generation from a 32-token prompt meets at most 4 shapes.
+        for tokens in [1u32, 2, 8, 32, 64] {
+            let mut shapes = Vec::new();
+            for ctx in 1..=20_000u32 {
+                let (per, splits) = attention_splits(tokens, 32, 8, ctx, 32768, 264);
+                if splits > 1 {
+                    let filled = ctx.div_ceil(per);
+                    assert!(per.is_power_of_two() && per >= 64, "{tokens} {ctx}: {per}");
+                    assert!(
+                        filled <= splits && 2 * filled > splits,
+                        "{tokens} {ctx}: {per} x {splits}"
+                    );
+                }
+                if shapes.last() != Some(&(per, splits)) {
+                    shapes.push((per, splits));
+                }
+            }
+            let generation: std::collections::BTreeSet<_> = (32..=288)
+                .map(|ctx| attention_splits(tokens, 32, 8, ctx, 32768, 264))
+                .collect();
+            assert!(generation.len() <= 4, "{tokens}: {generation:?}");
+            // Logarithmic in the context: a handful of shapes up to 20k keys.
+            assert!(shapes.len() <= 12, "{tokens}: {shapes:?}");
+        }
     }
 
     #[test]
