@@ -19,8 +19,10 @@
 #   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
 #             each stashed binary in $AB (default "met met_b"), check-kernels on the kernels
 #             matching $AB_KERNEL (default attention), bench-kernels' rows matching $AB_ROWS,
-#             bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), and Qwen3-0.6B
-#             parity; a table of every row per binary last
+#             bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
+#             generate on both models (tok/s, graphs captured, a hash of the greedy ids), and
+#             Qwen3-0.6B parity; a table of every row per binary last. $AB_SEEDS (e.g. "1 2 3")
+#             adds check-kernels runs at those seeds.
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -174,6 +176,10 @@ ab)
     bin="$STASH/$b"
     timeout 120 "$bin" check-kernels --kernel "${AB_KERNEL:-attention}" > "$RES/ab-check-$b.txt" 2>/dev/null
     record "$b check-kernels --kernel ${AB_KERNEL:-attention}" "exit $? ($(tail -n1 "$RES/ab-check-$b.txt"))"
+    for seed in ${AB_SEEDS:-}; do
+      timeout 120 "$bin" check-kernels --kernel "${AB_KERNEL:-attention}" --seed "$seed" > "$RES/ab-check-$b-seed$seed.txt" 2>/dev/null
+      record "$b check-kernels --kernel ${AB_KERNEL:-attention} --seed $seed" "exit $? ($(tail -n1 "$RES/ab-check-$b-seed$seed.txt"))"
+    done
     timeout 90 "$bin" bench-kernels --shape qwen3-8b --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
     grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
       awk -F'|' -v b="$b" '{gsub(/^ +| +$/, "", $3); printf "| %s %s | %s us |\n", b, $3, $4+0}' >> "$RES/ab-rows.md"
@@ -186,6 +192,17 @@ ab)
     for f in 8b 8b-short 0.6b; do
       grep -E '^\| (prefill|decode)' "$RES/ab-bench-model-$f-$b.md" |
         awk -F'|' -v b="$b" -v m="$f" '{gsub(/^ +| +$/, "", $2); printf "| %s %s %s, batch %s, %s tokens | %s ms |\n", b, m, $2, $3+0, $4+0, $5+0}' >> "$RES/ab-rows.md"
+    done
+    # Batch-1 generation as the harness times it: tok/s, the graphs it captured, and whether its
+    # greedy ids equal the first binary's.
+    prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
+    for m in qwen3-8b qwen3-0.6b; do
+      timeout 90 "$bin" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 \
+        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up --print-ids > "$RES/ab-generate-$m-$b.txt" 2>&1
+      ids=$(grep '^output ids:' "$RES/ab-generate-$m-$b.txt" | md5sum | cut -c1-8)
+      printf '| %s generate %s, 32 + 256 tokens | %s tok/s (%s graphs; ids %s) |\n' "$b" "$m" \
+        "$(grep -o 'decode [0-9.]* tok/s' "$RES/ab-generate-$m-$b.txt" | grep -o '[0-9.]*' | head -1)" \
+        "$(grep -o '[0-9]* decode-step graphs' "$RES/ab-generate-$m-$b.txt" | grep -o '^[0-9]*')" "$ids" >> "$RES/ab-rows.md"
     done
     reference_logits qwen3-0.6b
     timeout 60 "$bin" parity --backend cuda --model-from-path "$CKPT/qwen3-0.6b" --reference /root/ref/qwen3-0.6b.safetensors \
