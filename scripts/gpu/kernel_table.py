@@ -6,7 +6,8 @@ same run, matched by label, as markdown (stdout) and JSON.
         --torch torch-kernels-qwen3-8b.json --json kernel-table-qwen3-8b.json
 
 A met row's label may carry a suffix the PyTorch row does not (" (GpuBackend::gemm)" for the
-library GEMM path, " splits=N" for split attention); a split attention's combine kernel is added
+library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles of <=T)" for the
+prefill attention's version 2); a split attention's combine kernel is added
 to its attention row, since PyTorch's one call does both. "speedup" is PyTorch time over met time:
 above 1, met is faster. Rows where met is not faster are listed after the table.
 """
@@ -20,22 +21,37 @@ from pathlib import Path
 def base(label: str) -> str:
     label = label.replace(" (GpuBackend::gemm)", "")
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", label)
+    label = re.sub(r" \(tensor cores v2, \d+ tiles of <=\d+\)$", "", label)
     return re.sub(r" splits=\d+$", "", label)
+
+
+# The engine's product rule (crates/model-engine, Model::streams_weight): the GEMV up to
+# GEMV_MAX_ROWS rows, except that past GEMV_WIDE_K_MAX_ROWS rows a product over GEMV_WIDE_K or more
+# inputs goes to the library GEMM.
+GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
+# The engine's prefill attention: version 2 on query tiles of 128 (version 1 and v2 on tiles of 64
+# are benched for comparison).
+PREFILL_TILE = 128
 
 
 def on_path(r) -> bool:
     """Whether the engine launches this row's kernel for this shape on CUDA: the WMMA GEMM is only
     the fallback when cuBLASLt is missing (every GEMM row of the engine's path is the
-    GpuBackend::gemm one), products of at most 8 rows take the GEMV (the library rows there are
-    the measured alternative), and prefill attention runs on the tensor-core kernel, not the
-    per-query paged_attention_bf16 kept in the bench for comparison."""
-    if r["kernel"] == "gemm_bf16" and "(GpuBackend::gemm)" not in r["label"]:
+    GpuBackend::gemm one), a product takes the GEMV or the library by the rule above (the other
+    row at that size is the measured alternative), and prefill attention runs on the tensor-core
+    kernel version 2 over tiles of 128, not version 1, v2 on tiles of 64, or the per-query
+    paged_attention_bf16, all kept in the bench for comparison."""
+    label = r["label"]
+    if r["kernel"] == "gemm_bf16" and "(GpuBackend::gemm)" not in label:
         return False
-    m = re.search(r" m=(\d+) ", r["label"])
-    if "(GpuBackend::gemm)" in r["label"] and m and int(m.group(1)) <= 8:
-        return False  # the engine takes the GEMV up to 8 rows; this is the library alternative
-    if r["kernel"] == "paged_attention_bf16" and "prefill attention" in r["label"]:
-        return False
+    mk = re.search(r" m=(\d+) n=\d+ k=(\d+)", label)
+    if mk:
+        m, k = int(mk.group(1)), int(mk.group(2))
+        gemv = m <= GEMV_MAX_ROWS and (m <= GEMV_WIDE_K_MAX_ROWS or k < GEMV_WIDE_K)
+        return gemv == r["kernel"].startswith("gemv")
+    if "prefill attention" in label:
+        tiles = re.search(r"tiles of <=(\d+)\)", label)
+        return r["kernel"] == "prefill_attention_v2_bf16" and tiles is not None and int(tiles.group(1)) == PREFILL_TILE
     return True
 
 
@@ -62,7 +78,9 @@ def main():
         us = r["us"] + combine.get(key, 0.0)
         t = torch_rows.get(key)
         path = "cuBLASLt" if "(GpuBackend::gemm)" in r["label"] else r["kernel"]
-        row = {"label": key, "met": path, "on_path": on_path(r), "met_us": round(us, 2),
+        label = r["label"].replace(" (GpuBackend::gemm)", "")
+        label = re.sub(r" splits=\d+$", "", label)
+        row = {"label": label, "met": path, "on_path": on_path(r), "met_us": round(us, 2),
                "met_gb_s": round(r["gb_s"] * r["us"] / us), "met_of_hbm": round(r["gb_s"] * r["us"] / us / (args.hbm_tb_s * 1e3), 3),
                "torch_op": t["op"] if t else None, "torch_us": round(t["us"], 2) if t else None,
                "speedup": round(t["us"] / us, 2) if t else None}
@@ -82,7 +100,8 @@ def main():
     off = [r for r in table if not r["on_path"]]
     if off:
         print(f"\n{len(off)} rows are kernels the engine does not launch on CUDA for that shape (the WMMA GEMM "
-              "fallback, the per-query prefill attention), kept for comparison.")
+              "fallback, the GEMV or library product on the other side of the engine's rule, prefill attention "
+              "version 1, version 2 on tiles of 64, the per-query kernel), kept for comparison.")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2) + "\n")
 

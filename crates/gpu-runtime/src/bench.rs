@@ -193,6 +193,20 @@ fn library_gemm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase
     case
 }
 
+/// The LM head's product (f32 logits, as the engine writes them) through [`GpuBackend::gemm`].
+fn library_lm_head_case(s: &Shape, m: u32) -> BenchCase {
+    let (n, k) = (s.vocab, s.hidden);
+    let mut case = library_gemm_case(s, "lm_head", m, n, k);
+    case.kernel = GemmF32Out::NAME;
+    case.bytes = (n as u64 * k as u64 + m as u64 * k as u64) * 2 + m as u64 * n as u64 * 4;
+    case.buffers[0] = ((m * n) as usize * 4, 0);
+    case.library_gemm = Some(GemmOp {
+        f32_out: true,
+        ..product(m, n, k)
+    });
+    case
+}
+
 /// Partials room and block target of the model's split attention (crates/model-engine).
 const PARTIALS: u32 = 32768;
 const TARGET_BLOCKS: u32 = 264;
@@ -501,6 +515,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         if m == 8 {
             out.push(library_gemm_case(s, "qkv_proj", m, qd + 2 * kvd, h));
             out.push(library_gemm_case(s, "o_proj", m, h, qd));
+            out.push(library_lm_head_case(s, m));
         }
         out.push(library_gemm_case(s, "gate_up", m, 2 * i, h));
         out.push(library_gemm_case(s, "down", m, h, i));
