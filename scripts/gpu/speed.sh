@@ -22,7 +22,7 @@
 #             bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
 #             generate on both models (tok/s, graphs captured, a hash of the greedy ids), and
 #             Qwen3-0.6B parity; a table of every row per binary last. $AB_SEEDS (e.g. "1 2 3")
-#             adds check-kernels runs at those seeds.
+#             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs.
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -196,7 +196,7 @@ ab)
     # Batch-1 generation as the harness times it: tok/s, the graphs it captured, and whether its
     # greedy ids equal the first binary's.
     prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
-    for m in qwen3-8b qwen3-0.6b; do
+    for m in ${AB_GENERATE:-qwen3-8b qwen3-0.6b}; do
       timeout 90 "$bin" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 \
         --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up --print-ids > "$RES/ab-generate-$m-$b.txt" 2>&1
       ids=$(grep '^output ids:' "$RES/ab-generate-$m-$b.txt" | md5sum | cut -c1-8)

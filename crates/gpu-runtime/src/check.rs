@@ -1049,8 +1049,26 @@ pub fn cases(seed: u64) -> Vec<Case> {
 
     out.extend(qkv_post_cases(&mut rng));
 
-    for &(rows, cols) in &[(1u32, 49152u32), (4, 151936), (3, 1000)] {
-        let n = (rows * cols) as usize;
+    // Rows read by vector loads (lengths a multiple of 8) and one value at a time (1001), and
+    // planted ties and NaN: a row of equal values (the first wins), NaN everywhere but two equal
+    // maxima at 777 and 3000 (777 wins), all NaN (0).
+    let mut planted = vec![1.5f32; 4096];
+    planted.extend((0..4096).map(|i| if i == 777 || i == 3000 { 2.0 } else { f32::NAN }));
+    planted.extend(vec![f32::NAN; 4096]);
+    let argmax_inputs: Vec<(u32, u32, Vec<f32>)> =
+        [(1u32, 49152u32), (4, 151936), (3, 1000), (2, 1001)]
+            .into_iter()
+            .map(|(rows, cols)| {
+                let logits = (0..rows * cols).map(|_| rng.normal() * 4.0).collect();
+                (rows, cols, logits)
+            })
+            .chain([(3, 4096, planted)])
+            .collect();
+    for (rows, cols, logits) in argmax_inputs {
+        let bf16_logits: Vec<u8> = logits
+            .iter()
+            .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+            .collect();
         out.push(Case {
             kernel: ArgmaxBf16::NAME,
             gemm: None,
@@ -1062,7 +1080,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     output: Some(OutputKind::I32),
                 },
                 Buffer {
-                    init: bf16_normal(&mut rng, n, 4.0),
+                    init: bf16_logits,
                     output: None,
                 },
             ],
@@ -1075,7 +1093,6 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 })
             }),
         });
-        let logits: Vec<f32> = (0..n).map(|_| rng.normal() * 4.0).collect();
         out.push(Case {
             kernel: ArgmaxF32::NAME,
             gemm: None,

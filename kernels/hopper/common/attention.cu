@@ -118,13 +118,18 @@ __device__ __forceinline__ void attend(
         metrale::cp_async_commit();
     };
 
-    // The first STAGES - 1 tiles go out before the queries are loaded, so the two overlap.
+    // The first STAGES - 1 tiles go out before the queries are loaded, so the two overlap. Their
+    // slots (and the next tile's) come from the block table, which no kernel writes (the host
+    // uploads it with the step), so they are looked up before the programmatic-launch wait, while
+    // the kernel that writes this step's queries and newest keys may still be running; the cache
+    // and the queries are read only after it.
     uint32_t slots[STAGES - 1];
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) slots[i] = slot_of(i);
+    uint32_t pending = slot_of(STAGES - 1);
+    metrale::grid_dependency_sync();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i, slots[i]);
-    uint32_t pending = slot_of(STAGES - 1);
 
     // The group's queries as mma A fragments (rows = query heads, G of the 16 real): lane
     // (g, tg) = (lane / 4, lane % 4) holds row g's dims 2 tg, 2 tg + 1 and 8 + 2 tg, 9 + 2 tg of
@@ -365,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_bf16(
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions, uint32_t tokens,
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale) {
-    metrale::grid_dependency_sync();
+    // The programmatic-launch wait is inside attend, after the block-table lookups.
     if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
     const uint32_t group = q_heads / kv_heads;
 #define METRALE_ATTEND(HD)                                                                     \

@@ -7,10 +7,12 @@
 namespace metrale {
 
 // Programmatic dependent launch. The CUDA backend may launch a kernel while the one before it on
-// the stream is still draining (unless METRALE_PDL=0); such a kernel must not touch global memory, read
-// or write, until the previous grid has finished and its writes are visible. Every kernel entry
-// calls this first; it also lets the next kernel be scheduled as soon as this one's blocks start
-// retiring. Without a programmatic dependency both instructions do nothing.
+// the stream is still running (unless METRALE_PDL=0); such a kernel must not write global memory,
+// nor read any that a kernel of the step writes, until the previous grid has finished and its
+// writes are visible. Every kernel entry calls this first, except for work on data no kernel
+// writes (the GEMV's L2 prefetch of its weights); it also lets the next kernel be scheduled as
+// soon as this one's blocks have started. Without a programmatic dependency both instructions do
+// nothing.
 __device__ __forceinline__ void grid_dependency_sync() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
