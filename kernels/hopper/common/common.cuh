@@ -10,9 +10,9 @@ namespace metrale {
 // the stream is still running (unless METRALE_PDL=0); such a kernel must not write global memory,
 // nor read any that a kernel of the step writes, until the previous grid has finished and its
 // writes are visible. Every kernel entry calls this first, except for work on data no kernel
-// writes (the GEMV's L2 prefetch of its weights); it also lets the next kernel be scheduled as
-// soon as this one's blocks have started. Without a programmatic dependency both instructions do
-// nothing.
+// writes (the decode attention looks up its block-table slots before it); it also lets the next
+// kernel be scheduled as soon as this one's blocks have started. Without a programmatic
+// dependency both instructions do nothing.
 __device__ __forceinline__ void grid_dependency_sync() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

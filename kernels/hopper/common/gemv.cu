@@ -36,9 +36,6 @@
 // Registers: one kernel holds all eight bodies, so it gets the largest one's count; the launch
 // bounds fix it at 80 (3 blocks, 24 warps per SM: at 3 to 4 KiB in flight per warp, about twice
 // the bytes an SM needs in flight to cover HBM latency at full bandwidth), no spills.
-// Before the programmatic-launch wait, each block asks L2 for up to 64 KiB of its first column
-// group's weight rows (prefetch_weights): the weights are the one input no kernel writes, so their
-// stream can start while the small kernel before the GEMV still runs.
 // Launch: grid = ceil(N / COLS), block = 256, COLS in {1, 2, 4, 8} (M <= 4) or {8, 16, 32, 64}.
 #include "common.cuh"
 
@@ -279,31 +276,6 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
     }
 }
 
-// Most weight bytes a block asks L2 for before the previous kernel is done: with 3 blocks on each
-// of 132 SMs, at most 25 MiB in all, half the H200's L2, so a prefetched line is still there when
-// the block reads it.
-constexpr uint32_t PREFETCH_BYTES = 64 * 1024;
-
-// Called before the programmatic-launch wait: the weights never change during a step (only A,
-// which the previous kernel writes, does), so the block can start pulling its first column group's
-// rows (contiguous in W) into L2 while the kernel before it still runs, instead of only after.
-// Each warp asks for an eighth of them with one bulk prefetch; a hint, so it changes no result.
-__device__ __forceinline__ void prefetch_weights(const __nv_bfloat16* __restrict__ w, uint32_t m,
-                                                 uint32_t n, uint32_t k) {
-    const uint32_t per_warp = m > FMA_MAX_M ? TILE : 1;
-    const uint32_t cols = min(max(next_pow2(div_ceil(n, gridDim.x)), per_warp), per_warp * WARPS);
-    const uint32_t first = blockIdx.x * cols;
-    if (m == 0 || m > MAX_M || first >= n || k % 8 != 0 || (reinterpret_cast<uintptr_t>(w) & 15) != 0)
-        return;
-    const uint64_t region = (uint64_t)min(cols, n - first) * k * 2;
-    const uint32_t bytes = (uint32_t)min(region, (uint64_t)PREFETCH_BYTES) & ~15u;
-    const uint32_t piece = (bytes / WARPS) & ~15u;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane != 0 || piece == 0) return;
-    const char* p = reinterpret_cast<const char*>(w + (size_t)first * k) + (size_t)warp * piece;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(piece) : "memory");
-}
-
 template <typename Out>
 __device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                          const __nv_bfloat16* __restrict__ w,
@@ -330,7 +302,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16(__nv_bfloat16* __
                                                             const __nv_bfloat16* __restrict__ w,
                                                             const __nv_bfloat16* __restrict__ bias,
                                                             uint32_t m, uint32_t n, uint32_t k) {
-    prefetch_weights(w, m, n, k);
     metrale::grid_dependency_sync();
     gemv_any(c, a, w, bias, m, n, k);
 }
@@ -339,7 +310,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_f32out(
     float* __restrict__ c, const __nv_bfloat16* __restrict__ a,
     const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
     uint32_t n, uint32_t k) {
-    prefetch_weights(w, m, n, k);
     metrale::grid_dependency_sync();
     gemv_any(c, a, w, bias, m, n, k);
 }
