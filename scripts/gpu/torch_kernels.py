@@ -13,6 +13,7 @@ What "the same thing" means per row (bf16 tensors, as transformers runs the mode
                      [batch, kv_heads, context, head_dim] cache (transformers' static-cache layout)
   prefill attention  the same, causal, over [1, heads, tokens, head_dim]
   argmax             logits.argmax(-1) over f32 logits
+  embedding          F.embedding(ids, table).float(): the gather widened to the f32 residual
 """
 
 import argparse
@@ -85,6 +86,15 @@ def rows_for(name, s, prefill):
         out.append({"label": f"{name} add+rmsnorm rows={rows}", "op": "HF add + RMSNorm (eager)",
                     "us": timed(f), "bytes": rows * h * 2 * 4, "flops": 4 * rows * h})
 
+    def embedding_row(t):
+        # The gather into the residual stream as the engine keeps it (f32); transformers' own
+        # residual stays bf16, so its embedding is the gather alone.
+        table = torch.randn(s["vocab"], h, device=dev, dtype=bf)
+        ids = (torch.arange(t, device=dev) * 7919 + 13) % s["vocab"]
+        out.append({"label": f"{name} embedding tokens={t}", "op": "F.embedding(ids, table).float()",
+                    "us": timed(lambda: F.embedding(ids, table).float()), "bytes": t * (h * 6 + 4),
+                    "flops": t * h})
+
     def silu_row(t):
         gu = torch.randn(t, 2 * i, device=dev, dtype=bf)
         g, u = gu[:, :i], gu[:, i:]
@@ -137,6 +147,7 @@ def rows_for(name, s, prefill):
                     "op": "HF q/k RMSNorm + RoPE + index_copy_ (eager)", "us": timed(f),
                     "bytes": t * (qd + 2 * kvd) * 2 * 2, "flops": 10 * t * (qd + kvd)})
 
+    embedding_row(1)
     norm_row(1)
     qkv_post_row(1, "decode")
     silu_row(1)
@@ -148,6 +159,7 @@ def rows_for(name, s, prefill):
         linear_row("gate_up", t, 2 * i, h)
         linear_row("down", t, h, i)
         attention_row(1, t, t)
+        embedding_row(t)
         norm_row(t)
         qkv_post_row(t, "prefill")
         silu_row(t)

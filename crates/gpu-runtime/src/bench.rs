@@ -407,6 +407,38 @@ fn qkv_post_case(s: &Shape, tokens: u32) -> BenchCase {
     }
 }
 
+/// The token embedding gather: `tokens` rows of the bf16 table widened into the f32 residual
+/// stream (ids spread over the vocabulary).
+fn embedding_case(s: &Shape, tokens: u32) -> BenchCase {
+    let (h, vocab) = (s.hidden, s.vocab);
+    let ids: Vec<i32> = (0..tokens)
+        .map(|t| ((u64::from(t) * 7919 + 13) % u64::from(vocab)) as i32)
+        .collect();
+    BenchCase {
+        kernel: Embedding::NAME,
+        label: format!("{} embedding tokens={tokens}", s.name),
+        bytes: tokens as u64 * (h as u64 * (2 + 4) + 4),
+        // One widening per element.
+        flops: tokens as u64 * h as u64,
+        buffers: vec![
+            ((tokens * h) as usize * 4, 0),
+            (vocab as usize * h as usize * 2, 0x3C),
+        ],
+        uploads: vec![bytemuck::cast_slice(&ids).to_vec()],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(Embedding {
+                out: p[0],
+                table: p[1],
+                ids: p[2],
+                tokens,
+                hidden: h,
+                vocab,
+            })
+        }),
+    }
+}
+
 fn norm_case(s: &Shape, rows: u32) -> BenchCase {
     let h = s.hidden;
     BenchCase {
@@ -500,6 +532,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(gemv_case(s, "down", m, h, i, false));
         out.push(gemv_case(s, "lm_head", m, s.vocab, h, true));
     }
+    out.push(embedding_case(s, 1));
     out.push(norm_case(s, 1));
     out.push(qkv_post_case(s, 1));
     out.push(silu_case(s, 1));
@@ -528,6 +561,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(library_gemm_case(s, "gate_up", t, 2 * i, h));
         out.push(library_gemm_case(s, "down", t, h, i));
         out.extend(attention_cases(s, 1, t, t));
+        out.push(embedding_case(s, t));
         out.push(norm_case(s, t));
         out.push(qkv_post_case(s, t));
         out.push(silu_case(s, t));
