@@ -172,7 +172,8 @@ struct StepBuffers {
 /// Room for split-K attention partials ((token, head, split) triples): 64 decode rows of 32
 /// heads can split 16 ways, 1 row 512 ways.
 const ATTENTION_PARTIALS: u32 = 32768;
-/// Blocks a split attention launch aims for: about two per SM of an H200.
+/// Blocks a split attention launch aims for by default: about two per SM of an H200
+/// (`METRALE_ATTENTION_TARGET_BLOCKS` overrides it, for measuring fewer and longer splits).
 const ATTENTION_TARGET_BLOCKS: u32 = 264;
 
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
@@ -209,6 +210,9 @@ pub struct Model {
     /// Qwen3-0.6B parity 8.2e-3 (docs/results/2026-11-30-speed-h200/followup-622760c and
     /// followup-3a99f67).
     prefill_v2: bool,
+    /// Blocks a split decode attention launch aims for ([`ATTENTION_TARGET_BLOCKS`] unless
+    /// `METRALE_ATTENTION_TARGET_BLOCKS` says otherwise).
+    attention_target_blocks: u32,
 }
 
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
@@ -309,6 +313,10 @@ impl Model {
                 .and_then(|v| v.parse().ok())
                 .map_or(GEMV_MAX_ROWS, |r: u32| r.min(GEMV_MAX_ROWS)),
             prefill_v2: std::env::var("METRALE_PREFILL_ATTENTION").map_or(true, |v| v != "v1"),
+            attention_target_blocks: std::env::var("METRALE_ATTENTION_TARGET_BLOCKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(ATTENTION_TARGET_BLOCKS, |b: u32| b.max(1)),
         })
     }
 
@@ -529,7 +537,7 @@ impl Model {
             self.config.num_kv_heads as u32,
             max_context,
             ATTENTION_PARTIALS,
-            ATTENTION_TARGET_BLOCKS,
+            self.attention_target_blocks,
         );
         if !pure_decode {
             return self.enqueue(step, inputs, split);
