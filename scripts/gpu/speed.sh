@@ -18,8 +18,8 @@
 #   summary   scripts/gpu/speed_summary.py: the speed table (JSON + markdown) from all of the above
 #   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
 #             each stashed binary in $AB (default "met met_b"), check-kernels on the kernels
-#             matching $AB_KERNEL (default attention), bench-kernels' rows matching $AB_ROWS,
-#             bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
+#             matching each word of $AB_KERNEL (default attention), bench-kernels' rows matching
+#             $AB_ROWS, bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
 #             generate on both models (tok/s, graphs captured, a hash of the greedy ids), and
 #             Qwen3-0.6B parity; a table of every row per binary last. $AB_SEEDS (e.g. "1 2 3")
 #             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs.
@@ -174,11 +174,13 @@ ab)
   : > "$RES/ab-rows.md"
   for b in $bins; do
     bin="$STASH/$b"
-    timeout 120 "$bin" check-kernels --kernel "${AB_KERNEL:-attention}" > "$RES/ab-check-$b.txt" 2>/dev/null
-    record "$b check-kernels --kernel ${AB_KERNEL:-attention}" "exit $? ($(tail -n1 "$RES/ab-check-$b.txt"))"
-    for seed in ${AB_SEEDS:-}; do
-      timeout 120 "$bin" check-kernels --kernel "${AB_KERNEL:-attention}" --seed "$seed" > "$RES/ab-check-$b-seed$seed.txt" 2>/dev/null
-      record "$b check-kernels --kernel ${AB_KERNEL:-attention} --seed $seed" "exit $? ($(tail -n1 "$RES/ab-check-$b-seed$seed.txt"))"
+    for kern in ${AB_KERNEL:-attention}; do
+      timeout 120 "$bin" check-kernels --kernel "$kern" > "$RES/ab-check-$b-$kern.txt" 2>/dev/null
+      record "$b check-kernels --kernel $kern" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern.txt"))"
+      for seed in ${AB_SEEDS:-}; do
+        timeout 120 "$bin" check-kernels --kernel "$kern" --seed "$seed" > "$RES/ab-check-$b-$kern-seed$seed.txt" 2>/dev/null
+        record "$b check-kernels --kernel $kern --seed $seed" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern-seed$seed.txt"))"
+      done
     done
     timeout 90 "$bin" bench-kernels --shape qwen3-8b --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
     grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
