@@ -18,11 +18,17 @@ import re
 from pathlib import Path
 
 
-def base(label: str) -> str:
+def shown(label: str) -> str:
+    """The label as the table shows it: without the library-path and split suffixes."""
     label = label.replace(" (GpuBackend::gemm)", "")
-    label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", label)
-    label = re.sub(r" \(tensor cores v2, \d+ tiles of <=\d+\)$", "", label)
     return re.sub(r" splits=\d+$", "", label)
+
+
+def base(label: str) -> str:
+    """The label the PyTorch row of the same computation has: also without the prefill attention's
+    tiling suffixes."""
+    label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
+    return re.sub(r" \(tensor cores v2, \d+ tiles of <=\d+\)$", "", label)
 
 
 # The engine's product rule (crates/model-engine, Model::streams_weight): the GEMV up to
@@ -78,9 +84,7 @@ def main():
         us = r["us"] + combine.get(key, 0.0)
         t = torch_rows.get(key)
         path = "cuBLASLt" if "(GpuBackend::gemm)" in r["label"] else r["kernel"]
-        label = r["label"].replace(" (GpuBackend::gemm)", "")
-        label = re.sub(r" splits=\d+$", "", label)
-        row = {"label": label, "met": path, "on_path": on_path(r), "met_us": round(us, 2),
+        row = {"label": shown(r["label"]), "met": path, "on_path": on_path(r), "met_us": round(us, 2),
                "met_gb_s": round(r["gb_s"] * r["us"] / us), "met_of_hbm": round(r["gb_s"] * r["us"] / us / (args.hbm_tb_s * 1e3), 3),
                "torch_op": t["op"] if t else None, "torch_us": round(t["us"], 2) if t else None,
                "speedup": round(t["us"] / us, 2) if t else None}

@@ -97,6 +97,14 @@ fn bf16_normal(rng: &mut Rng, n: usize, scale: f32) -> Vec<u8> {
     bytemuck::cast_slice(&v).to_vec()
 }
 
+/// Little-endian bf16 bytes as f32 values.
+fn bf16_values(bytes: &[u8]) -> Vec<f32> {
+    bytemuck::pod_collect_to_vec::<u8, bf16>(bytes)
+        .into_iter()
+        .map(f32::from)
+        .collect()
+}
+
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
 }
@@ -869,10 +877,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         variants.push((PrefillAttentionV2::NAME, v1_tiles));
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (q_f32, k_bf16, v_bf16): (Vec<f32>, Vec<bf16>, Vec<bf16>) = (
-            bytemuck::pod_collect_to_vec::<u8, bf16>(&q)
-                .into_iter()
-                .map(f32::from)
-                .collect(),
+            bf16_values(&q),
             bytemuck::pod_collect_to_vec(&k_cache),
             bytemuck::pod_collect_to_vec(&v_cache),
         );
@@ -1174,13 +1179,7 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                         bytemuck::pod_collect_to_vec(w),
                     )
                 } else {
-                    let widen = |b: &[u8]| {
-                        bytemuck::pod_collect_to_vec::<u8, bf16>(b)
-                            .into_iter()
-                            .map(f32::from)
-                            .collect()
-                    };
-                    (widen(g), widen(w))
+                    (bf16_values(g), bf16_values(w))
                 };
                 let ms = w.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
                     / w.len().max(1) as f64;
