@@ -301,14 +301,24 @@ __device__ __forceinline__ void attend(
     float* weight = merge + WARPS * G * HD + 2 * WARPS * G;  // [G][splits]
     for (int g = warp; g < G; g += WARPS) {
         const float* ph = partials + ((size_t)t * q_heads + h0 + g) * splits * (HD + 2);
-        float big = -INFINITY;
-        for (uint32_t z = lane; z < live; z += 32)
-            if (__ldcg(ph + z * (HD + 2) + HD + 1) > 0.0f) big = fmaxf(big, __ldcg(ph + z * (HD + 2) + HD));
+        // Both loads of a split at once, and the first 32 splits' values kept for the second
+        // pass: one L2 round trip where live <= 32, not three.
+        float big = -INFINITY, l_first = 0.0f, m_first = 0.0f;
+        for (uint32_t z = lane; z < live; z += 32) {
+            const float lz = __ldcg(ph + z * (HD + 2) + HD + 1), mz = __ldcg(ph + z * (HD + 2) + HD);
+            if (z == (uint32_t)lane) {
+                l_first = lz;
+                m_first = mz;
+            }
+            if (lz > 0.0f) big = fmaxf(big, mz);
+        }
         big = metrale::warp_max(big);
         float total = 0.0f;
         for (uint32_t z = lane; z < live; z += 32) {
-            const float lz = __ldcg(ph + z * (HD + 2) + HD + 1);
-            const float wz = lz > 0.0f ? __expf(__ldcg(ph + z * (HD + 2) + HD) - big) : 0.0f;
+            const bool first = z == (uint32_t)lane;
+            const float lz = first ? l_first : __ldcg(ph + z * (HD + 2) + HD + 1);
+            const float mz = first ? m_first : __ldcg(ph + z * (HD + 2) + HD);
+            const float wz = lz > 0.0f ? __expf(mz - big) : 0.0f;
             weight[g * splits + z] = wz;
             total += lz * wz;
         }
@@ -316,14 +326,45 @@ __device__ __forceinline__ void attend(
         if (lane == 0) head_total[g] = total;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    // Each thread's PER outputs (element i = threadIdx.x + THREADS j of the G x HD block) sum
+    // their splits' partials in split order, as one loop per output would, but with the loads of
+    // ZB splits for all PER outputs issued before the first of them is used: one L2 round trip
+    // per ZB splits instead of one per output and split batch.
+    constexpr int THREADS = WARPS * 32;
+    constexpr int PER = (G * HD + THREADS - 1) / THREADS;
+    constexpr uint32_t ZB = PER >= 64 ? 1 : 64 / PER;  // at most 64 loads in registers
+    float a[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) a[j] = 0.0f;
+    // Partial (z, element i) sits at base + (i / HD) splits (HD + 2) + z (HD + 2) + i % HD.
+    const float* base = partials + ((size_t)t * q_heads + h0) * splits * (HD + 2);
+    for (uint32_t z0 = 0; z0 < live; z0 += ZB) {
+        float v[ZB][PER];
+#pragma unroll
+        for (uint32_t zz = 0; zz < ZB; ++zz)
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int i = min((int)threadIdx.x + THREADS * j, G * HD - 1);
+                const size_t off = ((size_t)(i / HD) * splits + z0 + zz) * (HD + 2) + i % HD;
+                v[zz][j] = z0 + zz < live ? __ldcg(base + off) : 0.0f;
+            }
+#pragma unroll
+        for (uint32_t zz = 0; zz < ZB; ++zz) {
+            if (z0 + zz >= live) break;
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int g = min((int)threadIdx.x + THREADS * j, G * HD - 1) / HD;
+                a[j] += v[zz][j] * weight[g * splits + z0 + zz];
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = (int)threadIdx.x + THREADS * j;
+        if (i >= G * HD) break;
         const int g = i / HD, d = i % HD;
-        const size_t head = (size_t)t * q_heads + h0 + g;
-        const float* ph = partials + head * splits * (HD + 2);
-        float a = 0.0f;
-        for (uint32_t z = 0; z < live; ++z) a += __ldcg(ph + z * (HD + 2) + d) * weight[g * splits + z];
         const float total = head_total[g];
-        out[head * HD + d] = metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
+        out[((size_t)t * q_heads + h0 + g) * HD + d] = metrale::to_bf16(total > 0.0f ? a[j] / total : 0.0f);
     }
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
