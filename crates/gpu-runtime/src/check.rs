@@ -393,6 +393,133 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
     out
 }
 
+/// The decode attention with the QKV post-processing folded in: decode tokens of several
+/// sequences (shuffled cache blocks), whole and split (the split holding the newest key patches
+/// it into its tile), with and without qk-norm, GQA 1 to 8, head_dim 64 / 128 / 256, one token
+/// whose slot is negative (nothing written; the attention reads the cache row as it is). The
+/// caches are outputs: the newest rows must be written and nothing else touched.
+fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(seqs, context, q_heads, kv_heads, head_dim, norms, keys_per_split) in &[
+        (1usize, 1024usize, 32u32, 8u32, 128u32, true, 64u32),
+        (1, 1024, 16, 8, 128, true, 64),
+        (3, 300, 32, 8, 128, true, 0),
+        (3, 300, 32, 8, 128, true, 16),
+        (2, 37, 9, 3, 64, false, 16),
+        (2, 1500, 8, 1, 128, true, 128),
+        (2, 21, 4, 4, 256, false, 8),
+        (1, 1, 32, 8, 128, true, 0),
+    ] {
+        let block_size = 16u32;
+        let max_position = 4096u32;
+        let (d, half) = (head_dim as usize, head_dim as usize / 2);
+        let max_blocks = context.div_ceil(block_size as usize);
+        let num_blocks = seqs * max_blocks + 3;
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let tables: Vec<i32> = ids[..seqs * max_blocks].to_vec();
+        // Sequence s's newest token sits at context - 1 - s (all within the tables).
+        let token_seq: Vec<i32> = (0..seqs as i32).collect();
+        let positions: Vec<i32> = (0..seqs)
+            .map(|s| (context - 1 - s.min(context - 1)) as i32)
+            .collect();
+        let mut slots: Vec<i32> = (0..seqs)
+            .map(|s| {
+                let p = positions[s] as usize;
+                tables[s * max_blocks + p / block_size as usize] * block_size as i32
+                    + (p % block_size as usize) as i32
+            })
+            .collect();
+        if seqs > 2 {
+            slots[1] = -1;
+        }
+        let tokens = seqs as u32;
+        let splits = if keys_per_split == 0 {
+            1
+        } else {
+            (context as u32).div_ceil(keys_per_split)
+        };
+        let row = (kv_heads * head_dim) as usize;
+        let heads = (q_heads + 2 * kv_heads) as usize;
+        let q_len = seqs * (q_heads * head_dim) as usize;
+        let partials = seqs * q_heads as usize * splits as usize * (d + 2);
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for pos in 0..max_position {
+            for i in 0..half {
+                let angle = pos as f32 * 1e6f32.powf(-2.0 * i as f32 / d as f32);
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let norm_weight = |rng: &mut Rng| {
+            let w: Vec<bf16> = (0..d)
+                .map(|_| bf16::from_f32(1.0 + 0.5 * rng.normal()))
+                .collect();
+            bytemuck::cast_slice(&w).to_vec()
+        };
+        let cache_len = num_blocks * block_size as usize * row;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let buffer = |init: Vec<u8>, output: Option<OutputKind>| Buffer { init, output };
+        out.push(Case {
+            kernel: PagedAttentionQkv::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "seqs={seqs} ctx={context} heads={q_heads}/{kv_heads} d={head_dim} qk_norm={norms} splits={splits}"
+            ),
+            buffers: vec![
+                buffer(vec![0; q_len * 2], Some(OutputKind::Bf16)),
+                buffer(vec![0; partials * 4], (splits > 1).then_some(OutputKind::F32)),
+                buffer(vec![0; seqs * kv_heads as usize * 4], Some(OutputKind::I32)),
+                buffer(bf16_normal(rng, seqs * heads * d, 2.0), None),
+                buffer(bf16_normal(rng, cache_len, 1.0), Some(OutputKind::Bf16)),
+                buffer(bf16_normal(rng, cache_len, 1.0), Some(OutputKind::Bf16)),
+                buffer(i32_bytes(&tables), None),
+                buffer(i32_bytes(&token_seq), None),
+                buffer(i32_bytes(&positions), None),
+                buffer(i32_bytes(&slots), None),
+                buffer(norm_weight(rng), None),
+                buffer(norm_weight(rng), None),
+                buffer(f32_bytes(&cos), None),
+                buffer(f32_bytes(&sin), None),
+            ],
+            build: Box::new(move |p| {
+                let norm = |ptr: DevicePtr| if norms { ptr } else { DevicePtr::NULL };
+                launch_of(PagedAttentionQkv {
+                    out: p[0],
+                    partials: p[1],
+                    counters: p[2],
+                    qkv: p[3],
+                    k_cache: p[4],
+                    v_cache: p[5],
+                    block_tables: p[6],
+                    token_seq: p[7],
+                    positions: p[8],
+                    slots: p[9],
+                    q_norm: norm(p[10]),
+                    k_norm: norm(p[11]),
+                    cos: p[12],
+                    sin: p[13],
+                    tokens,
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                    block_size,
+                    max_blocks_per_seq: max_blocks as u32,
+                    keys_per_split,
+                    splits,
+                    max_position,
+                    scale,
+                    eps: 1e-6,
+                })
+            }),
+        });
+    }
+    out
+}
+
 /// Every case, with inputs drawn from `seed`.
 pub fn cases(seed: u64) -> Vec<Case> {
     let mut rng = Rng::new(seed);
@@ -822,6 +949,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             });
         }
     }
+    out.extend(paged_attention_qkv_cases(&mut rng));
     // Tensor-core prefill attention over query tiles, versions 1 and 2: one whole tile, 200 tokens
     // (the last tile of 8), a second chunk starting at position 100, two sequences plus a decode
     // token in one launch, 300 tokens (version 2's last tile of 44); GQA 1 and 4, head_dim 64 and
@@ -1185,7 +1313,9 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     / w.len().max(1) as f64;
                 let rms = ms.sqrt() as f32;
                 let (rtol, atol) = if kind == OutputKind::F32 {
-                    let floor = if case.kernel == PagedAttention::NAME {
+                    let floor = if case.kernel == PagedAttention::NAME
+                        || case.kernel == PagedAttentionQkv::NAME
+                    {
                         PAGED_ATTENTION_PARTIALS_ATOL_OF_RMS * rms
                     } else {
                         0.0

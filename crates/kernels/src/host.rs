@@ -229,6 +229,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (Gemv::NAME, run::<Gemv>),
         (GemvF32Out::NAME, run::<GemvF32Out>),
         (PagedAttention::NAME, run::<PagedAttention>),
+        (PagedAttentionQkv::NAME, run::<PagedAttentionQkv>),
         (AttentionCombine::NAME, run::<AttentionCombine>),
         (PrefillAttention::NAME, run::<PrefillAttention>),
         (PrefillAttentionV2::NAME, run::<PrefillAttentionV2>),

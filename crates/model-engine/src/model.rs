@@ -22,8 +22,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    PagedAttention, PrefillAttention, PrefillAttentionV2, QkvRopeKvWrite, SiluMul,
-    attention_splits, prefill_attention_tiles_of,
+    PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, QkvRopeKvWrite,
+    SiluMul, attention_splits, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -118,6 +118,7 @@ struct Kernels {
     gemv_f32out: KernelHandle,
     silu_mul: KernelHandle,
     attention: KernelHandle,
+    attention_qkv: KernelHandle,
     prefill_attention: KernelHandle,
     prefill_attention_v2: KernelHandle,
     argmax_f32: KernelHandle,
@@ -213,6 +214,20 @@ pub struct Model {
     /// Blocks a split decode attention launch aims for ([`ATTENTION_TARGET_BLOCKS`] unless
     /// `METRALE_ATTENTION_TARGET_BLOCKS` says otherwise).
     attention_target_blocks: u32,
+    /// Decode steps (one token per sequence) run the QKV post-processing inside the decode
+    /// attention (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
+    /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
+    fused_qkv_attention: bool,
+}
+
+/// Whether every sequence of the step brings exactly one token (a decode step).
+fn one_token_per_sequence(step: &StepInput) -> bool {
+    let mut seen = vec![false; step.block_tables.len()];
+    step.token_seq.len() == seen.len()
+        && step.token_seq.iter().all(|&q| {
+            seen.get_mut(q as usize)
+                .is_some_and(|s| !std::mem::replace(s, true))
+        })
 }
 
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
@@ -241,6 +256,7 @@ impl Model {
             gemv_f32out: g.kernel(GemvF32Out::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
+            attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
             argmax_f32: g.kernel(ArgmaxF32::NAME)?,
@@ -317,6 +333,8 @@ impl Model {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(ATTENTION_TARGET_BLOCKS, |b: u32| b.max(1)),
+            fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
+                .map_or(true, |v| v != "0"),
         })
     }
 
@@ -696,6 +714,12 @@ impl Model {
         // when there are too few (token, head) pairs to fill the GPU (the split is the same for
         // every layer). The tile kernel covers head dims 64 and 128.
         let tensor_core_prefill = self.tensor_core_prefill(step);
+        // A decode step (each sequence brings one token) folds the QKV post-processing into the
+        // decode attention: no token needs another token's key of the same step.
+        let fused_post = self.fused_qkv_attention
+            && !tensor_core_prefill
+            && matches!(hd, 64 | 128 | 256)
+            && one_token_per_sequence(step);
         self.launch(
             k.embedding,
             "embedding",
@@ -725,33 +749,67 @@ impl Model {
                 },
             )?;
             gemm("qkv", sc.qkv, sc.x, w.qkv, w.qkv_bias, n, qd + 2 * kvd, h)?;
-            self.launch(
-                k.qkv_post,
-                "qkv_post",
-                &QkvRopeKvWrite {
-                    qkv: sc.qkv,
-                    q_out: sc.q,
-                    k_cache: self.k_cache[l],
-                    v_cache: self.v_cache[l],
-                    slots,
-                    q_norm: w.q_norm,
-                    k_norm: w.k_norm,
-                    positions,
-                    cos: self.rope_cos,
-                    sin: self.rope_sin,
-                    tokens: n,
-                    q_heads: qh,
-                    kv_heads: kvh,
-                    head_dim: hd,
-                    max_position: o.max_seq_len as u32,
-                    eps,
-                },
-            )?;
+            if !fused_post {
+                self.launch(
+                    k.qkv_post,
+                    "qkv_post",
+                    &QkvRopeKvWrite {
+                        qkv: sc.qkv,
+                        q_out: sc.q,
+                        k_cache: self.k_cache[l],
+                        v_cache: self.v_cache[l],
+                        slots,
+                        q_norm: w.q_norm,
+                        k_norm: w.k_norm,
+                        positions,
+                        cos: self.rope_cos,
+                        sin: self.rope_sin,
+                        tokens: n,
+                        q_heads: qh,
+                        kv_heads: kvh,
+                        head_dim: hd,
+                        max_position: o.max_seq_len as u32,
+                        eps,
+                    },
+                )?;
+            }
             // Decode rows (all of a decode step, the leading ones of a mixed step) through the
             // split decode attention; the prefill tiles after them on tensor cores. A decode row
             // thus gets the same arithmetic whether or not a prefill shares its step.
             let paged_tokens = if tensor_core_prefill { decode_rows } else { n };
-            if paged_tokens > 0 {
+            if fused_post {
+                self.launch(
+                    k.attention_qkv,
+                    "attention",
+                    &PagedAttentionQkv {
+                        out: sc.attn,
+                        partials: sc.partials,
+                        counters: sc.counters,
+                        qkv: sc.qkv,
+                        k_cache: self.k_cache[l],
+                        v_cache: self.v_cache[l],
+                        block_tables: tables,
+                        token_seq,
+                        positions,
+                        slots,
+                        q_norm: w.q_norm,
+                        k_norm: w.k_norm,
+                        cos: self.rope_cos,
+                        sin: self.rope_sin,
+                        tokens: n,
+                        q_heads: qh,
+                        kv_heads: kvh,
+                        head_dim: hd,
+                        block_size: o.block_size as u32,
+                        max_blocks_per_seq: width as u32,
+                        keys_per_split,
+                        splits,
+                        max_position: o.max_seq_len as u32,
+                        scale,
+                        eps,
+                    },
+                )?;
+            } else if paged_tokens > 0 {
                 self.launch(
                     k.attention,
                     "attention",

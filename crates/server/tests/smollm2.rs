@@ -103,6 +103,23 @@ fn graph_replay_gives_the_same_tokens() {
     assert_eq!(replayed, direct);
 }
 
+/// Decode steps with the QKV post-processing folded into the decode attention (the default) give
+/// the same tokens as the separate qkv_post and attention launches.
+#[test]
+fn fused_qkv_attention_gives_the_same_tokens() {
+    let args = greedy_chat("Name three rivers.", "24", &["--ignore-eos", "--print-ids"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ids = |out: std::process::Output| {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        ids_after(&stderr, "output ids:")
+    };
+    let separate = ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "0"));
+    let fused = ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "1"));
+    assert_eq!(separate.len(), 24);
+    assert_eq!(fused, separate);
+}
+
 /// The engine's greedy ids must equal the reference's, except that at a step where the reference
 /// itself is tied at bf16 precision (its top-2 margin within one bf16 step of the top logit) either
 /// token is correct, and the transcripts may part there. At least three prompts must match whole.

@@ -41,6 +41,7 @@
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "mma.cuh"
+#include "qkv_post.cuh"
 #include <cuda_fp16.h>
 
 namespace {
@@ -56,14 +57,33 @@ __host__ __device__ constexpr int stages() {
     return HD >= 256 ? 2 : 3;
 }
 
-template <int HD, int G>
+// The fused form's extra inputs (paged_attention_qkv_bf16): the raw QKV product and what
+// qkv_rope_kv_write_bf16 takes to turn it into the queries and the newest key and value.
+struct Post {
+    const __nv_bfloat16* qkv;  // [tokens, (q_heads + 2 kv_heads) * head_dim]
+    const __nv_bfloat16* q_norm;
+    const __nv_bfloat16* k_norm;
+    const int32_t* slots;  // [tokens]: the cache row of each token's own key and value
+    __nv_bfloat16* k_cache;  // the caches attend reads, to write the newest key and value
+    __nv_bfloat16* v_cache;
+    // Shared memory for the group's transformed queries and the newest key and value:
+    // [G * head_dim] then [2 * head_dim] bf16, 16-byte aligned (one static array of the entry
+    // point, sized for the largest group and head_dim, so the instantiations share it).
+    __nv_bfloat16* smem;
+    const float* cos_table;
+    const float* sin_table;
+    uint32_t max_position;
+    float eps;
+};
+
+template <int HD, int G, bool POST>
 __device__ __forceinline__ void attend(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
     uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
-    uint32_t keys_per_split, float scale) {
+    uint32_t keys_per_split, float scale, const Post& post) {
     constexpr int CHUNKS = HD / 8;     // 16-byte pieces of a key row
     constexpr int STAGES = stages<HD>();
     constexpr int TILE = KEY_TILE * HD;  // bf16 of one K (or V) tile
@@ -127,9 +147,60 @@ __device__ __forceinline__ void attend(
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) slots[i] = slot_of(i);
     uint32_t pending = slot_of(STAGES - 1);
+    // Fused form: the split holding the token's own key (position ctx - 1) also writes that key
+    // and value into the cache, and patches them into its tile (the copy from the cache may have
+    // read the slot before this block wrote it). A negative slot writes nothing and patches
+    // nothing, as qkv_rope_kv_write_bf16 writes nothing for it.
+    const uint32_t newest = ctx - 1;
+    const int32_t own_slot = POST ? __ldg(post.slots + t) : -1;
+    const bool owner = POST && own_slot >= 0 && begin <= newest && newest < end;
     metrale::grid_dependency_sync();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i, slots[i]);
+
+    // Fused form: the group's G query heads, normalised and rotated exactly as
+    // qkv_rope_kv_write_bf16 does (the same function, qkv_post.cuh), into shared memory, and for
+    // the owner also the newest key (normalised, rotated) and value (as is), while the first
+    // tiles are in flight. HD / 8 lanes per head.
+    __nv_bfloat16* post_q = post.smem;
+    __nv_bfloat16* post_kv = post.smem + G * HD;
+    if constexpr (POST) {
+        constexpr uint32_t L = HD / 8, PER_PASS = WARPS * 32 / L, HALF = HD / 2;
+        const int items = G + (owner ? 2 : 0);  // block-uniform
+        const uint32_t j = threadIdx.x % L, e = 4 * j;
+        const int32_t pos = positions[t];
+        const bool rotate = pos >= 0 && (uint32_t)pos < post.max_position;
+        const __nv_bfloat16* row = post.qkv + (size_t)t * (q_heads + 2 * kv_heads) * HD;
+        for (int base = 0; base < items; base += PER_PASS) {
+            const int item = base + (int)(threadIdx.x / L);
+            const bool live = item < items;
+            // Items: the G query heads, then the kv head's key, then its value.
+            const uint32_t head = item < G    ? h0 + item
+                                  : item == G ? q_heads + kvh
+                                              : q_heads + kv_heads + kvh;
+            uint2 ra = make_uint2(0, 0), rb = make_uint2(0, 0);
+            if (live) {
+                ra = __ldg(reinterpret_cast<const uint2*>(row + (size_t)head * HD + e));
+                rb = __ldg(reinterpret_cast<const uint2*>(row + (size_t)head * HD + HALF + e));
+            }
+            const float ss = metrale::qkv_post::head_sum_sq(ra, rb, L);
+            if (!live) continue;
+            if (item <= G)
+                metrale::qkv_post::transform(ra, rb, ss, item < G ? post.q_norm : post.k_norm,
+                                             rotate, pos, post.cos_table, post.sin_table, e,
+                                             HALF, HD, post.eps);
+            __nv_bfloat16* dst = item < G ? post_q + item * HD : post_kv + (item - G) * HD;
+            *reinterpret_cast<uint2*>(dst + e) = ra;
+            *reinterpret_cast<uint2*>(dst + HALF + e) = rb;
+            if (item >= G) {
+                __nv_bfloat16* cache = item == G ? post.k_cache : post.v_cache;
+                __nv_bfloat16* out_row = cache + ((size_t)own_slot * kv_heads + kvh) * HD;
+                *reinterpret_cast<uint2*>(out_row + e) = ra;
+                *reinterpret_cast<uint2*>(out_row + HALF + e) = rb;
+            }
+        }
+        __syncthreads();
+    }
 
     // The group's queries as mma A fragments (rows = query heads, G of the 16 real): lane
     // (g, tg) = (lane / 4, lane % 4) holds row g's dims 2 tg, 2 tg + 1 and 8 + 2 tg, 9 + 2 tg of
@@ -138,12 +209,15 @@ __device__ __forceinline__ void attend(
     uint32_t qf[KSTEPS][4];
     {
         const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
-            q + ((size_t)t * q_heads + h0 + min(g_row, G - 1)) * HD);
+            POST ? post_q + min(g_row, G - 1) * HD
+                 : q + ((size_t)t * q_heads + h0 + min(g_row, G - 1)) * HD);
+        // The queries of the fused form are in shared memory (no __ldg there).
+        auto load_q = [&](int at) -> uint32_t { return POST ? qrow[at] : __ldg(qrow + at); };
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
-            qf[ks][0] = g_row < G ? __ldg(qrow + ks * 8 + tg) : 0u;
+            qf[ks][0] = g_row < G ? load_q(ks * 8 + tg) : 0u;
             qf[ks][1] = 0u;
-            qf[ks][2] = g_row < G ? __ldg(qrow + ks * 8 + 4 + tg) : 0u;
+            qf[ks][2] = g_row < G ? load_q(ks * 8 + 4 + tg) : 0u;
             qf[ks][3] = 0u;
         }
     }
@@ -167,8 +241,17 @@ __device__ __forceinline__ void attend(
         pending = slot_of(i + STAGES);   // its table read has a whole tile to land
         metrale::cp_async_wait<STAGES - 1>();
         __syncwarp();
-        const __nv_bfloat16* ks_tile = ring + (i % STAGES) * 2 * TILE;
-        const __nv_bfloat16* vs_tile = ks_tile + TILE;
+        __nv_bfloat16* ks_tile = ring + (i % STAGES) * 2 * TILE;
+        __nv_bfloat16* vs_tile = ks_tile + TILE;
+        if (owner && newest >= tile_key(i) && newest < tile_key(i) + KEY_TILE) {  // warp-uniform
+            const int r = (int)(newest - tile_key(i));
+            for (int c = lane; c < CHUNKS; c += 32) {
+                const int at = metrale::swizzle<HD>(r, c);
+                *reinterpret_cast<uint4*>(ks_tile + at) = *reinterpret_cast<const uint4*>(post_kv + c * 8);
+                *reinterpret_cast<uint4*>(vs_tile + at) = *reinterpret_cast<const uint4*>(post_kv + HD + c * 8);
+            }
+            __syncwarp();
+        }
         const uint32_t n = min((uint32_t)KEY_TILE, end - tile_key(i));
 
         // S = Q K^T on tensor cores: 16 (padded) heads x 16 keys, f32.
@@ -369,17 +452,18 @@ __device__ __forceinline__ void attend(
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
 
-template <int HD>
+template <int HD, bool POST>
 __device__ __forceinline__ void attend_group(
     uint32_t group, __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
     int32_t* __restrict__ counters, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
     uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
-    uint32_t keys_per_split, float scale) {
+    uint32_t keys_per_split, float scale, const Post& post) {
 #define METRALE_ATTEND(G)                                                                      \
-    attend<HD, G>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq, positions,      \
-                  q_heads, kv_heads, block_size, max_blocks_per_seq, keys_per_split, scale)
+    attend<HD, G, POST>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,   \
+                        positions, q_heads, kv_heads, block_size, max_blocks_per_seq,          \
+                        keys_per_split, scale, post)
     switch (group) {
         case 1: METRALE_ATTEND(1); break;
         case 2: METRALE_ATTEND(2); break;
@@ -414,10 +498,49 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_bf16(
     // The programmatic-launch wait is inside attend, after the block-table lookups.
     if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
     const uint32_t group = q_heads / kv_heads;
+    const Post none{};
 #define METRALE_ATTEND(HD)                                                                     \
-    attend_group<HD>(group, out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,       \
-                     positions, q_heads, kv_heads, block_size, max_blocks_per_seq,             \
-                     keys_per_split, scale)
+    attend_group<HD, false>(group, out, partials, counters, q, k_cache, v_cache, block_tables, \
+                            token_seq, positions, q_heads, kv_heads, block_size,               \
+                            max_blocks_per_seq, keys_per_split, scale, none)
+    switch (head_dim) {
+        case 64: METRALE_ATTEND(64); break;
+        case 128: METRALE_ATTEND(128); break;
+        case 256: METRALE_ATTEND(256); break;
+        default: break;
+    }
+#undef METRALE_ATTEND
+}
+
+// paged_attention_bf16 with qkv_rope_kv_write_bf16's work folded in, for steps where every token
+// is the one new token of its own sequence (decode): the launch takes the raw QKV product instead
+// of the queries, and each block normalises and rotates its group's query heads itself (the
+// same arithmetic as qkv_rope_kv_write_bf16, so the same bits); the block whose split holds the
+// token's position also writes the token's key (normalised, rotated) and value into cache row
+// slots[t] and uses them in place of what its copy from that row read. So the outputs, partials
+// and cache equal those of the two launches, one launch fewer. Steps where a sequence brings
+// several tokens need all of their keys in the cache first: they use the two launches.
+// The launch is paged_attention_bf16's (same grid, block and dynamic shared memory); qkv, q_norm,
+// k_norm, cos and sin must be 8-, 8-, 8-, 16- and 16-byte aligned (device allocations are).
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_qkv_bf16(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
+    const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ token_seq,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, uint32_t max_position,
+    float scale, float eps) {
+    if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
+    const uint32_t group = q_heads / kv_heads;
+    __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 256];
+    const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
+                    post_smem, cos_table, sin_table, max_position, eps};
+#define METRALE_ATTEND(HD)                                                                     \
+    attend_group<HD, true>(group, out, partials, counters, nullptr, k_cache, v_cache,           \
+                           block_tables, token_seq, positions, q_heads, kv_heads, block_size,  \
+                           max_blocks_per_seq, keys_per_split, scale, post)
     switch (head_dim) {
         case 64: METRALE_ATTEND(64); break;
         case 128: METRALE_ATTEND(128); break;

@@ -22,6 +22,7 @@
 // Registers: 32 (8 blocks, 2048 threads per SM), no spills.
 // Launch: grid = ceil(tokens * (q_heads + 2 kv_heads) / (256 / L)), block = 256.
 #include "common.cuh"
+#include "qkv_post.cuh"
 
 namespace {
 // Lanes per item; must match `lanes_per_head` in crates/kernels/src/ops/qkv_post.rs.
@@ -30,30 +31,8 @@ __device__ __forceinline__ uint32_t lanes_per_head(uint32_t head_dim) {
     return head_dim % 8 == 0 && l >= 1 && l <= 32 && (l & (l - 1)) == 0 ? l : 32;
 }
 
-// Sum over an aligned group of `lanes` lanes (a power of two). Every lane of the warp calls it.
-__device__ __forceinline__ float group_sum(float v, uint32_t lanes) {
-    for (uint32_t o = lanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
-__device__ __forceinline__ void unpack4(uint2 v, float (&f)[4]) {
-    f[0] = __uint_as_float(v.x << 16);
-    f[1] = __uint_as_float(v.x & 0xffff0000u);
-    f[2] = __uint_as_float(v.y << 16);
-    f[3] = __uint_as_float(v.y & 0xffff0000u);
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
-}
-
-__device__ __forceinline__ uint2 pack4(const float (&f)[4]) {
-    return make_uint2(pack2(f[0], f[1]), pack2(f[2], f[3]));
 }
 
 // Where an item's result goes: q_out, or k_cache / v_cache row `slot` (null: nowhere, a k or v
@@ -114,44 +93,13 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
     const __nv_bfloat16* norm = is_q ? q_norm : is_v ? nullptr : k_norm;
     const bool rotate = !is_v && pos >= 0 && (uint32_t)pos < max_position;
     if (vec) {
-        float a[4], b[4];
-        unpack4(ra, a);
-        unpack4(rb, b);
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) ss += a[i] * a[i] + b[i] * b[i];
-        ss = group_sum(ss, lanes);
+        const float ss = metrale::qkv_post::head_sum_sq(ra, rb, lanes);
         if (dst == nullptr) return;
-        if (is_v) {
-            *reinterpret_cast<uint2*>(dst + e) = ra;
-            *reinterpret_cast<uint2*>(dst + half + e) = rb;
-            return;
-        }
-        if (norm != nullptr) {
-            const float inv = rsqrtf(ss / (float)head_dim + eps);
-            float wa[4], wb[4];
-            unpack4(__ldg(reinterpret_cast<const uint2*>(norm + e)), wa);
-            unpack4(__ldg(reinterpret_cast<const uint2*>(norm + half + e)), wb);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = a[i] * inv * wa[i];
-                b[i] = b[i] * inv * wb[i];
-            }
-        }
-        if (rotate) {
-            const size_t row = (size_t)pos * half + e;
-            const float4 c4 = __ldg(reinterpret_cast<const float4*>(cos_table + row));
-            const float4 s4 = __ldg(reinterpret_cast<const float4*>(sin_table + row));
-            const float c[4] = {c4.x, c4.y, c4.z, c4.w}, s[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float x0 = a[i], x1 = b[i];
-                a[i] = x0 * c[i] - x1 * s[i];
-                b[i] = x1 * c[i] + x0 * s[i];
-            }
-        }
-        *reinterpret_cast<uint2*>(dst + e) = pack4(a);
-        *reinterpret_cast<uint2*>(dst + half + e) = pack4(b);
+        if (!is_v)
+            metrale::qkv_post::transform(ra, rb, ss, norm, rotate, pos, cos_table, sin_table, e, half,
+                                head_dim, eps);
+        *reinterpret_cast<uint2*>(dst + e) = ra;
+        *reinterpret_cast<uint2*>(dst + half + e) = rb;
     } else {
         float ss = 0.0f;
         if (dst != nullptr && norm != nullptr) {
@@ -160,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
                 ss += v * v;
             }
         }
-        ss = group_sum(ss, lanes);
+        ss = metrale::qkv_post::group_sum(ss, lanes);
         if (dst == nullptr) return;
         if (is_v) {
             for (uint32_t i = j; i < head_dim; i += lanes) dst[i] = x[i];

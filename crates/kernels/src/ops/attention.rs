@@ -4,6 +4,7 @@
 use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
 
+use super::QkvRopeKvWrite;
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args, widen};
 use crate::names;
 
@@ -54,6 +55,148 @@ kernel_args!(
         scale: f32,
     }
 );
+
+kernel_args!(
+    /// [`QkvRopeKvWrite`] and then [`PagedAttention`] in one launch, for decode steps (every
+    /// token the one new token of its own sequence): each block normalises and rotates its query
+    /// group from the raw QKV product itself, and the block whose split holds a token's position
+    /// writes the token's key and value into cache row `slots[t]` and attends to them. Outputs,
+    /// partials, counters and caches are those of the two launches, bit for bit (the kernel shares
+    /// the transform with qkv_post.cu). The launch is [`PagedAttention`]'s.
+    PagedAttentionQkv => names::attention::PAGED_ATTENTION_QKV_BF16 {
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        out: DevicePtr,
+        /// f32 `[tokens, q_heads, splits, head_dim + 2]` (written when `splits > 1`).
+        partials: DevicePtr,
+        /// i32 `[tokens, kv_heads]`, zero before the launch and after it.
+        counters: DevicePtr,
+        /// bf16 `[tokens, (q_heads + 2 * kv_heads) * head_dim]`, the fused QKV product.
+        qkv: DevicePtr,
+        /// bf16 `[num_blocks, block_size, kv_heads, head_dim]`; row `slots[t]` is written.
+        k_cache: DevicePtr,
+        /// bf16, same layout as `k_cache`.
+        v_cache: DevicePtr,
+        /// i32 `[num_seqs, max_blocks_per_seq]`.
+        block_tables: DevicePtr,
+        /// i32 `[tokens]`: the sequence of each token, no sequence twice.
+        token_seq: DevicePtr,
+        /// i32 `[tokens]`: the position of each token.
+        positions: DevicePtr,
+        /// i32 `[tokens]`: each token's cache row (its block table's slot for its position);
+        /// negative skips the write, and the attention then reads the row as it is.
+        slots: DevicePtr,
+        /// bf16 `[head_dim]`, or null for no q norm.
+        q_norm: DevicePtr,
+        /// bf16 `[head_dim]`, or null for no k norm.
+        k_norm: DevicePtr,
+        /// f32 `[max_position, head_dim / 2]`.
+        cos: DevicePtr,
+        /// f32 `[max_position, head_dim / 2]`.
+        sin: DevicePtr,
+        /// Query tokens.
+        tokens: u32,
+        /// Query heads.
+        q_heads: u32,
+        /// Key/value heads (divides `q_heads`, at most 8 query heads each).
+        kv_heads: u32,
+        /// Elements per head: 64, 128 or 256.
+        head_dim: u32,
+        /// Tokens per cache block.
+        block_size: u32,
+        /// Columns of `block_tables`.
+        max_blocks_per_seq: u32,
+        /// Keys per split.
+        keys_per_split: u32,
+        /// Context splits (the launch's grid z).
+        splits: u32,
+        /// Rows of the cos/sin tables.
+        max_position: u32,
+        /// Score scale (`1 / sqrt(head_dim)`).
+        scale: f32,
+        /// Added to the mean square in the norms.
+        eps: f32,
+    }
+);
+
+impl PagedAttentionQkv {
+    /// The two launches it stands for.
+    pub fn parts(&self) -> (QkvRopeKvWrite, PagedAttention) {
+        (
+            QkvRopeKvWrite {
+                q_out: DevicePtr::NULL,
+                k_cache: self.k_cache,
+                v_cache: self.v_cache,
+                qkv: self.qkv,
+                q_norm: self.q_norm,
+                k_norm: self.k_norm,
+                positions: self.positions,
+                slots: self.slots,
+                cos: self.cos,
+                sin: self.sin,
+                tokens: self.tokens,
+                q_heads: self.q_heads,
+                kv_heads: self.kv_heads,
+                head_dim: self.head_dim,
+                max_position: self.max_position,
+                eps: self.eps,
+            },
+            PagedAttention {
+                out: self.out,
+                partials: self.partials,
+                counters: self.counters,
+                q: DevicePtr::NULL,
+                k_cache: self.k_cache,
+                v_cache: self.v_cache,
+                block_tables: self.block_tables,
+                token_seq: self.token_seq,
+                positions: self.positions,
+                tokens: self.tokens,
+                q_heads: self.q_heads,
+                kv_heads: self.kv_heads,
+                head_dim: self.head_dim,
+                block_size: self.block_size,
+                max_blocks_per_seq: self.max_blocks_per_seq,
+                keys_per_split: self.keys_per_split,
+                splits: self.splits,
+                scale: self.scale,
+            },
+        )
+    }
+}
+
+impl Kernel for PagedAttentionQkv {
+    fn launch_config(&self) -> LaunchConfig {
+        self.parts().1.launch_config()
+    }
+
+    /// [`QkvRopeKvWrite`]'s reference (cache writes, queries rounded once to bf16), then
+    /// [`PagedAttention`]'s on those queries. Refuses a sequence named by two tokens: the kernel
+    /// would not see the other token's key.
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (post, attention) = self.parts();
+        attention.check_group(Self::NAME)?;
+        if !matches!(self.head_dim, 64 | 128 | 256) {
+            return Err(HostError::BadArgs {
+                kernel: Self::NAME,
+                message: format!("head_dim {} is not 64, 128 or 256", self.head_dim),
+            });
+        }
+        let mut token_seq = host::load::<i32>(mem, self.token_seq, self.tokens as usize)?;
+        token_seq.sort_unstable();
+        if let Some(w) = token_seq.windows(2).find(|w| w[0] == w[1]) {
+            return Err(HostError::BadArgs {
+                kernel: Self::NAME,
+                message: format!("sequence {} has more than one token in the launch", w[0]),
+            });
+        }
+        let q: Vec<f32> = post
+            .write_kv_and_transform_q(mem)?
+            .into_iter()
+            .map(|x| widen(bf16::from_f32(x)))
+            .collect();
+        attention.attend_host(&q, mem, Self::NAME)
+    }
+}
 
 kernel_args!(
     /// Merges [`PagedAttention`]'s split partials into the bf16 output.
@@ -426,6 +569,33 @@ impl Kernel for PagedAttention {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        self.check_group(Self::NAME)?;
+        let n = (self.tokens * self.q_heads * self.head_dim) as usize;
+        let q = host::load_bf16(mem, self.q, n)?;
+        self.attend_host(&q, mem, Self::NAME)
+    }
+}
+
+impl PagedAttention {
+    fn check_group(&self, kernel: metrale_core::KernelName) -> Result<(), HostError> {
+        let (qh, kvh) = (self.q_heads, self.kv_heads);
+        if kvh == 0 || qh % kvh != 0 || qh / kvh > 8 {
+            return Err(HostError::BadArgs {
+                kernel,
+                message: format!("q_heads {qh} is not a multiple of kv_heads {kvh} by at most 8"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The reference with the queries given (`[tokens, q_heads * head_dim]`, f32 holding bf16
+    /// values) instead of read from `q`; errors name `kernel`.
+    fn attend_host(
+        &self,
+        q: &[f32],
+        mem: &mut dyn HostMemory,
+        kernel: metrale_core::KernelName,
+    ) -> Result<(), HostError> {
         let (t_n, qh, kvh, d) = (
             self.tokens as usize,
             self.q_heads as usize,
@@ -433,16 +603,7 @@ impl Kernel for PagedAttention {
             self.head_dim as usize,
         );
         let (bs, maxb) = (self.block_size as usize, self.max_blocks_per_seq as usize);
-        let bad = |message: String| HostError::BadArgs {
-            kernel: Self::NAME,
-            message,
-        };
-        if kvh == 0 || qh % kvh != 0 || qh / kvh > 8 {
-            return Err(bad(format!(
-                "q_heads {qh} is not a multiple of kv_heads {kvh} by at most 8"
-            )));
-        }
-        let q = host::load_bf16(mem, self.q, t_n * qh * d)?;
+        let bad = |message: String| HostError::BadArgs { kernel, message };
         let token_seq = host::load::<i32>(mem, self.token_seq, t_n)?;
         let positions = host::load::<i32>(mem, self.positions, t_n)?;
         let seqs = token_seq
@@ -1392,5 +1553,79 @@ mod tests {
             f32s(&m.get(vc, 8)),
             vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 6.0]
         );
+    }
+
+    /// Two decode tokens (sequences 0 and 1, positions 3 and 1, block size 2, 2 q heads on one
+    /// kv head, head_dim 64) through the fused reference and through the two launches it stands
+    /// for on a copy of the memory: same output and caches. A sequence named twice is refused.
+    #[test]
+    fn fused_qkv_attention_is_qkv_post_then_attention() {
+        const D: usize = 64;
+        let mut m = FlatMemory::new();
+        let values = |n: usize, seed: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| (i as f32 * 0.37 + seed).sin() * 2.0)
+                .collect()
+        };
+        let half = D / 2;
+        let (cos, sin): (Vec<f32>, Vec<f32>) = (0..8 * half)
+            .map(|i| ((i as f32 * 0.1).cos(), (i as f32 * 0.1).sin()))
+            .unzip();
+        let fused = PagedAttentionQkv {
+            out: m.put(&bf16s(&[0.0; 2 * 2 * D])),
+            partials: m.put(&[0f32; 1]),
+            counters: m.put(&[0i32; 2]),
+            qkv: m.put(&bf16s(&values(2 * 4 * D, 0.3))),
+            k_cache: m.put(&bf16s(&values(8 * D, 1.1))),
+            v_cache: m.put(&bf16s(&values(8 * D, 2.9))),
+            // Sequence 0: blocks 2, 0; sequence 1: blocks 3, 1.
+            block_tables: m.put(&[2i32, 0, 3, 1]),
+            token_seq: m.put(&[0i32, 1]),
+            positions: m.put(&[3i32, 1]),
+            slots: m.put(&[1i32, 7]),
+            q_norm: m.put(&bf16s(&values(D, 4.0))),
+            k_norm: m.put(&bf16s(&values(D, 5.0))),
+            cos: m.put(&cos),
+            sin: m.put(&sin),
+            tokens: 2,
+            q_heads: 2,
+            kv_heads: 1,
+            head_dim: D as u32,
+            block_size: 2,
+            max_blocks_per_seq: 2,
+            keys_per_split: 0,
+            splits: 1,
+            max_position: 8,
+            scale: 0.125,
+            eps: 1e-6,
+        };
+        let mut two = m.clone();
+        fused.reference(&mut m).unwrap();
+        let (mut post, mut attention) = fused.parts();
+        let q = two.put(&bf16s(&[0.0; 2 * 2 * D]));
+        post.q_out = q;
+        attention.q = q;
+        post.reference(&mut two).unwrap();
+        attention.reference(&mut two).unwrap();
+        for (ptr, n) in [
+            (fused.out, 4 * D),
+            (fused.k_cache, 8 * D),
+            (fused.v_cache, 8 * D),
+        ] {
+            assert_eq!(m.get::<u16>(ptr, n), two.get::<u16>(ptr, n));
+        }
+        // The newest value was written (slot 1 of sequence 0; one kv head, so elements D..2D).
+        let before: Vec<u16> = bf16s(&values(8 * D, 2.9))[D..2 * D]
+            .iter()
+            .map(|b| b.to_bits())
+            .collect();
+        assert_ne!(m.get::<u16>(fused.v_cache.offset(D * 2), D), before);
+
+        let twice = PagedAttentionQkv {
+            token_seq: m.put(&[1i32, 1]),
+            ..fused
+        };
+        let err = twice.reference(&mut m).unwrap_err();
+        assert!(format!("{err}").contains("more than one token"), "{err}");
     }
 }

@@ -16,9 +16,9 @@ mod rope;
 pub use activation::SiluMul;
 pub use argmax::{ArgmaxBf16, ArgmaxF32};
 pub use attention::{
-    AttentionCombine, KvCacheWrite, PagedAttention, PrefillAttention, PrefillAttentionV2,
-    PrefillRow, attention_splits, paged_attention_smem_bytes, prefill_attention_rows,
-    prefill_attention_tiles, prefill_attention_tiles_of,
+    AttentionCombine, KvCacheWrite, PagedAttention, PagedAttentionQkv, PrefillAttention,
+    PrefillAttentionV2, PrefillRow, attention_splits, paged_attention_smem_bytes,
+    prefill_attention_rows, prefill_attention_tiles, prefill_attention_tiles_of,
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
@@ -43,6 +43,7 @@ pub(crate) mod testing {
 
     pub const BASE: u64 = 0x10_0000;
 
+    #[derive(Clone)]
     pub struct FlatMemory {
         pub bytes: Vec<u8>,
     }

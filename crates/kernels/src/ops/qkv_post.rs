@@ -92,6 +92,19 @@ impl Kernel for QkvRopeKvWrite {
     }
 
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let q_out = self.write_kv_and_transform_q(mem)?;
+        host::store_bf16(mem, self.q_out, &q_out)
+    }
+}
+
+impl QkvRopeKvWrite {
+    /// The reference's work but for storing the queries: writes the caches and returns the
+    /// transformed queries `[tokens, q_heads * head_dim]` in f32, before their one rounding to
+    /// bf16. `q_out` is not used (the fused decode attention's reference calls this too).
+    pub(crate) fn write_kv_and_transform_q(
+        &self,
+        mem: &mut dyn HostMemory,
+    ) -> Result<Vec<f32>, HostError> {
         let (tokens, qh, kvh, d) = (
             self.tokens as usize,
             self.q_heads as usize,
@@ -153,7 +166,7 @@ impl Kernel for QkvRopeKvWrite {
                 &row[(qh + kvh) * d..(qh + 2 * kvh) * d],
             )?;
         }
-        host::store_bf16(mem, self.q_out, &q_out)
+        Ok(q_out)
     }
 }
 

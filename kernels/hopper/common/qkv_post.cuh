@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// One head of the QKV post-processing (qk-norm, NeoX RoPE), the vector form: a group of
+// L = head_dim / 8 lanes (a power of two up to 32, aligned within the warp) takes one head, lane j
+// owning elements [4 j, 4 j + 4) and [head_dim / 2 + 4 j, head_dim / 2 + 4 j + 4). Shared by
+// qkv_post.cu (all heads of all tokens) and the decode attention that does the same work for its
+// own heads (attention.cu), so that both round the same f32 values to the same bf16 bits.
+#pragma once
+#include "common.cuh"
+
+namespace metrale {
+namespace qkv_post {
+
+// Sum over an aligned group of `lanes` lanes (a power of two). Every lane of the warp calls it.
+__device__ __forceinline__ float group_sum(float v, uint32_t lanes) {
+    for (uint32_t o = lanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ void unpack4(uint2 v, float (&f)[4]) {
+    f[0] = __uint_as_float(v.x << 16);
+    f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16);
+    f[3] = __uint_as_float(v.y & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+__device__ __forceinline__ uint2 pack4(const float (&f)[4]) {
+    return make_uint2(pack2(f[0], f[1]), pack2(f[2], f[3]));
+}
+
+// The sum of squares of one head over its lane group, from this lane's two raw 4-element pieces
+// (ra = elements [e, e + 4), rb = [half + e, half + e + 4)). Every lane of the warp calls it.
+__device__ __forceinline__ float head_sum_sq(uint2 ra, uint2 rb, uint32_t lanes) {
+    float a[4], b[4];
+    unpack4(ra, a);
+    unpack4(rb, b);
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ss += a[i] * a[i] + b[i] * b[i];
+    return group_sum(ss, lanes);
+}
+
+// This lane's two pieces of a q or k head after the norm (when `norm` is not null: x * rsqrt(ss /
+// head_dim + eps) * w, rmsnorm_bf16's formula) and the rotation by row `pos` of the cos/sin tables
+// (when `rotate`), rounded once to bf16. `e` = 4 j, `half` = head_dim / 2; `norm`, `cos` and `sin`
+// must be 8-, 16- and 16-byte aligned at the lane's elements.
+__device__ __forceinline__ void transform(uint2& ra, uint2& rb, float ss, const __nv_bfloat16* norm,
+                                          bool rotate, int32_t pos, const float* cos_table,
+                                          const float* sin_table, uint32_t e, uint32_t half,
+                                          uint32_t head_dim, float eps) {
+    float a[4], b[4];
+    unpack4(ra, a);
+    unpack4(rb, b);
+    if (norm != nullptr) {
+        const float inv = rsqrtf(ss / (float)head_dim + eps);
+        float wa[4], wb[4];
+        unpack4(__ldg(reinterpret_cast<const uint2*>(norm + e)), wa);
+        unpack4(__ldg(reinterpret_cast<const uint2*>(norm + half + e)), wb);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            a[i] = a[i] * inv * wa[i];
+            b[i] = b[i] * inv * wb[i];
+        }
+    }
+    if (rotate) {
+        const size_t row = (size_t)pos * half + e;
+        const float4 c4 = __ldg(reinterpret_cast<const float4*>(cos_table + row));
+        const float4 s4 = __ldg(reinterpret_cast<const float4*>(sin_table + row));
+        const float c[4] = {c4.x, c4.y, c4.z, c4.w}, s[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x0 = a[i], x1 = b[i];
+            a[i] = x0 * c[i] - x1 * s[i];
+            b[i] = x1 * c[i] + x0 * s[i];
+        }
+    }
+    ra = pack4(a);
+    rb = pack4(b);
+}
+
+}  // namespace qkv_post
+}  // namespace metrale
