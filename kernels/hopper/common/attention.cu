@@ -154,6 +154,20 @@ __device__ __forceinline__ void attend(
     const uint32_t newest = ctx - 1;
     const int32_t own_slot = POST ? __ldg(post.slots + t) : -1;
     const bool owner = POST && own_slot >= 0 && begin <= newest && newest < end;
+    // Fused form: this thread's first item's norm weight and its cos/sin row (uploaded once, not
+    // written by the kernel before) are loaded before the wait, so that after it only the raw
+    // head is a memory round trip.
+    constexpr uint32_t POST_LANES = HD / 8, PER_PASS = WARPS * 32 / POST_LANES, HALF = HD / 2;
+    const uint32_t post_e = 4 * (threadIdx.x % POST_LANES);
+    const int32_t post_pos = positions[t];
+    const bool rotate = POST && post_pos >= 0 && (uint32_t)post_pos < post.max_position;
+    metrale::qkv_post::Params first_params;
+    if constexpr (POST) {
+        const int item = (int)(threadIdx.x / POST_LANES);
+        first_params = metrale::qkv_post::load_params(item < G ? post.q_norm : post.k_norm, rotate,
+                                                      post_pos, post.cos_table, post.sin_table,
+                                                      post_e, HALF);
+    }
     metrale::grid_dependency_sync();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i, slots[i]);
@@ -165,14 +179,10 @@ __device__ __forceinline__ void attend(
     __nv_bfloat16* post_q = post.smem;
     __nv_bfloat16* post_kv = post.smem + G * HD;
     if constexpr (POST) {
-        constexpr uint32_t L = HD / 8, PER_PASS = WARPS * 32 / L, HALF = HD / 2;
         const int items = G + (owner ? 2 : 0);  // block-uniform
-        const uint32_t j = threadIdx.x % L, e = 4 * j;
-        const int32_t pos = positions[t];
-        const bool rotate = pos >= 0 && (uint32_t)pos < post.max_position;
         const __nv_bfloat16* row = post.qkv + (size_t)t * (q_heads + 2 * kv_heads) * HD;
         for (int base = 0; base < items; base += PER_PASS) {
-            const int item = base + (int)(threadIdx.x / L);
+            const int item = base + (int)(threadIdx.x / POST_LANES);
             const bool live = item < items;
             // Items: the G query heads, then the kv head's key, then its value.
             const uint32_t head = item < G    ? h0 + item
@@ -180,23 +190,28 @@ __device__ __forceinline__ void attend(
                                               : q_heads + kv_heads + kvh;
             uint2 ra = make_uint2(0, 0), rb = make_uint2(0, 0);
             if (live) {
-                ra = __ldg(reinterpret_cast<const uint2*>(row + (size_t)head * HD + e));
-                rb = __ldg(reinterpret_cast<const uint2*>(row + (size_t)head * HD + HALF + e));
+                ra = __ldg(reinterpret_cast<const uint2*>(row + (size_t)head * HD + post_e));
+                rb = __ldg(reinterpret_cast<const uint2*>(row + (size_t)head * HD + HALF + post_e));
             }
-            const float ss = metrale::qkv_post::head_sum_sq(ra, rb, L);
+            const float ss = metrale::qkv_post::head_sum_sq(ra, rb, POST_LANES);
             if (!live) continue;
-            if (item <= G)
-                metrale::qkv_post::transform(ra, rb, ss, item < G ? post.q_norm : post.k_norm,
-                                             rotate, pos, post.cos_table, post.sin_table, e,
-                                             HALF, HD, post.eps);
+            if (item <= G) {
+                const __nv_bfloat16* norm = item < G ? post.q_norm : post.k_norm;
+                const metrale::qkv_post::Params p =
+                    base == 0 ? first_params
+                              : metrale::qkv_post::load_params(norm, rotate, post_pos,
+                                                               post.cos_table, post.sin_table,
+                                                               post_e, HALF);
+                metrale::qkv_post::transform(ra, rb, ss, norm != nullptr, rotate, p, HD, post.eps);
+            }
             __nv_bfloat16* dst = item < G ? post_q + item * HD : post_kv + (item - G) * HD;
-            *reinterpret_cast<uint2*>(dst + e) = ra;
-            *reinterpret_cast<uint2*>(dst + HALF + e) = rb;
+            *reinterpret_cast<uint2*>(dst + post_e) = ra;
+            *reinterpret_cast<uint2*>(dst + HALF + post_e) = rb;
             if (item >= G) {
                 __nv_bfloat16* cache = item == G ? post.k_cache : post.v_cache;
                 __nv_bfloat16* out_row = cache + ((size_t)own_slot * kv_heads + kvh) * HD;
-                *reinterpret_cast<uint2*>(out_row + e) = ra;
-                *reinterpret_cast<uint2*>(out_row + HALF + e) = rb;
+                *reinterpret_cast<uint2*>(out_row + post_e) = ra;
+                *reinterpret_cast<uint2*>(out_row + HALF + post_e) = rb;
             }
         }
         __syncthreads();

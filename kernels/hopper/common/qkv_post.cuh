@@ -44,22 +44,45 @@ __device__ __forceinline__ float head_sum_sq(uint2 ra, uint2 rb, uint32_t lanes)
     return group_sum(ss, lanes);
 }
 
-// This lane's two pieces of a q or k head after the norm (when `norm` is not null: x * rsqrt(ss /
-// head_dim + eps) * w, rmsnorm_bf16's formula) and the rotation by row `pos` of the cos/sin tables
-// (when `rotate`), rounded once to bf16. `e` = 4 j, `half` = head_dim / 2; `norm`, `cos` and `sin`
-// must be 8-, 16- and 16-byte aligned at the lane's elements.
-__device__ __forceinline__ void transform(uint2& ra, uint2& rb, float ss, const __nv_bfloat16* norm,
-                                          bool rotate, int32_t pos, const float* cos_table,
-                                          const float* sin_table, uint32_t e, uint32_t half,
-                                          uint32_t head_dim, float eps) {
+// What transform reads besides the head: this lane's pieces of the norm weight and of row `pos`
+// of the cos/sin tables. Neither depends on the kernel before (weights and tables are uploaded
+// once), so a kernel may load them before its programmatic-launch wait.
+struct Params {
+    uint2 wa = make_uint2(0, 0), wb = make_uint2(0, 0);  // norm weight [e, e + 4), [half + e, ..)
+    float4 c = make_float4(0, 0, 0, 0), s = make_float4(0, 0, 0, 0);  // cos, sin [e, e + 4)
+};
+
+// `norm`, `cos_table` and `sin_table` must be 8-, 16- and 16-byte aligned at the lane's elements;
+// a null norm or rotate == false loads nothing for it.
+__device__ __forceinline__ Params load_params(const __nv_bfloat16* norm, bool rotate, int32_t pos,
+                                              const float* cos_table, const float* sin_table,
+                                              uint32_t e, uint32_t half) {
+    Params p;
+    if (norm != nullptr) {
+        p.wa = __ldg(reinterpret_cast<const uint2*>(norm + e));
+        p.wb = __ldg(reinterpret_cast<const uint2*>(norm + half + e));
+    }
+    if (rotate) {
+        const size_t row = (size_t)pos * half + e;
+        p.c = __ldg(reinterpret_cast<const float4*>(cos_table + row));
+        p.s = __ldg(reinterpret_cast<const float4*>(sin_table + row));
+    }
+    return p;
+}
+
+// This lane's two pieces of a q or k head after the norm (when `norm`: x * rsqrt(ss / head_dim +
+// eps) * w, rmsnorm_bf16's formula) and the rotation (when `rotate`), rounded once to bf16; `p`
+// from load_params with the same norm and rotate.
+__device__ __forceinline__ void transform(uint2& ra, uint2& rb, float ss, bool norm, bool rotate,
+                                          const Params& p, uint32_t head_dim, float eps) {
     float a[4], b[4];
     unpack4(ra, a);
     unpack4(rb, b);
-    if (norm != nullptr) {
+    if (norm) {
         const float inv = rsqrtf(ss / (float)head_dim + eps);
         float wa[4], wb[4];
-        unpack4(__ldg(reinterpret_cast<const uint2*>(norm + e)), wa);
-        unpack4(__ldg(reinterpret_cast<const uint2*>(norm + half + e)), wb);
+        unpack4(p.wa, wa);
+        unpack4(p.wb, wb);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             a[i] = a[i] * inv * wa[i];
@@ -67,10 +90,7 @@ __device__ __forceinline__ void transform(uint2& ra, uint2& rb, float ss, const 
         }
     }
     if (rotate) {
-        const size_t row = (size_t)pos * half + e;
-        const float4 c4 = __ldg(reinterpret_cast<const float4*>(cos_table + row));
-        const float4 s4 = __ldg(reinterpret_cast<const float4*>(sin_table + row));
-        const float c[4] = {c4.x, c4.y, c4.z, c4.w}, s[4] = {s4.x, s4.y, s4.z, s4.w};
+        const float c[4] = {p.c.x, p.c.y, p.c.z, p.c.w}, s[4] = {p.s.x, p.s.y, p.s.z, p.s.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float x0 = a[i], x1 = b[i];
