@@ -214,11 +214,17 @@ pub struct Model {
     /// Blocks a split decode attention launch aims for ([`ATTENTION_TARGET_BLOCKS`] unless
     /// `METRALE_ATTENTION_TARGET_BLOCKS` says otherwise).
     attention_target_blocks: u32,
-    /// Decode steps (one token per sequence) run the QKV post-processing inside the decode
-    /// attention (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
+    /// Decode steps of one sequence run the QKV post-processing inside the decode attention
+    /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
     /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
     fused_qkv_attention: bool,
 }
+
+/// Most sequences of a decode step that runs the fused QKV-post attention. On the H200 the fusion
+/// made the batch-1 step 0.8% (Qwen3-8B) and 2% (Qwen3-0.6B) faster, and batches 8 to 64 0.2-2%
+/// slower: each split of a token redoes its query group's norm and rotation, in front of its
+/// attention (docs/results/2026-12-01-speed-h200/ab-fused-qkv-attention).
+const FUSED_QKV_ATTENTION_MAX_SEQS: usize = 1;
 
 /// Whether every sequence of the step brings exactly one token (a decode step).
 fn one_token_per_sequence(step: &StepInput) -> bool {
@@ -714,11 +720,13 @@ impl Model {
         // when there are too few (token, head) pairs to fill the GPU (the split is the same for
         // every layer). The tile kernel covers head dims 64 and 128.
         let tensor_core_prefill = self.tensor_core_prefill(step);
-        // A decode step (each sequence brings one token) folds the QKV post-processing into the
-        // decode attention: no token needs another token's key of the same step.
+        // A decode step of one sequence folds the QKV post-processing into the decode attention
+        // (with one token per sequence no token needs another's key of the same step; past one
+        // sequence the fused form measured slower, FUSED_QKV_ATTENTION_MAX_SEQS).
         let fused_post = self.fused_qkv_attention
             && !tensor_core_prefill
             && matches!(hd, 64 | 128 | 256)
+            && step.block_tables.len() <= FUSED_QKV_ATTENTION_MAX_SEQS
             && one_token_per_sequence(step);
         self.launch(
             k.embedding,

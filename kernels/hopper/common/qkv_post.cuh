@@ -70,6 +70,30 @@ __device__ __forceinline__ Params load_params(const __nv_bfloat16* norm, bool ro
     return p;
 }
 
+// The norm's scaling of this lane's pieces: x * inv * w (inv = rsqrt(ss / head_dim + eps)).
+__device__ __forceinline__ void apply_norm(float (&a)[4], float (&b)[4], float inv, uint2 wa_bits,
+                                           uint2 wb_bits) {
+    float wa[4], wb[4];
+    unpack4(wa_bits, wa);
+    unpack4(wb_bits, wb);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        a[i] = a[i] * inv * wa[i];
+        b[i] = b[i] * inv * wb[i];
+    }
+}
+
+// The NeoX rotation of this lane's pairs (a[i], b[i]) by its cos/sin pieces.
+__device__ __forceinline__ void apply_rope(float (&a)[4], float (&b)[4], float4 c4, float4 s4) {
+    const float c[4] = {c4.x, c4.y, c4.z, c4.w}, s[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float x0 = a[i], x1 = b[i];
+        a[i] = x0 * c[i] - x1 * s[i];
+        b[i] = x1 * c[i] + x0 * s[i];
+    }
+}
+
 // This lane's two pieces of a q or k head after the norm (when `norm`: x * rsqrt(ss / head_dim +
 // eps) * w, rmsnorm_bf16's formula) and the rotation (when `rotate`), rounded once to bf16; `p`
 // from load_params with the same norm and rotate.
@@ -78,25 +102,30 @@ __device__ __forceinline__ void transform(uint2& ra, uint2& rb, float ss, bool n
     float a[4], b[4];
     unpack4(ra, a);
     unpack4(rb, b);
-    if (norm) {
-        const float inv = rsqrtf(ss / (float)head_dim + eps);
-        float wa[4], wb[4];
-        unpack4(p.wa, wa);
-        unpack4(p.wb, wb);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            a[i] = a[i] * inv * wa[i];
-            b[i] = b[i] * inv * wb[i];
-        }
-    }
+    if (norm) apply_norm(a, b, rsqrtf(ss / (float)head_dim + eps), p.wa, p.wb);
+    if (rotate) apply_rope(a, b, p.c, p.s);
+    ra = pack4(a);
+    rb = pack4(b);
+}
+
+// transform with each load right before its use (the same arithmetic): for a kernel with many
+// heads in flight and few registers to hold the parameters early (qkv_post.cu).
+__device__ __forceinline__ void transform_loading(uint2& ra, uint2& rb, float ss,
+                                                  const __nv_bfloat16* norm, bool rotate,
+                                                  int32_t pos, const float* cos_table,
+                                                  const float* sin_table, uint32_t e,
+                                                  uint32_t half, uint32_t head_dim, float eps) {
+    float a[4], b[4];
+    unpack4(ra, a);
+    unpack4(rb, b);
+    if (norm != nullptr)
+        apply_norm(a, b, rsqrtf(ss / (float)head_dim + eps),
+                   __ldg(reinterpret_cast<const uint2*>(norm + e)),
+                   __ldg(reinterpret_cast<const uint2*>(norm + half + e)));
     if (rotate) {
-        const float c[4] = {p.c.x, p.c.y, p.c.z, p.c.w}, s[4] = {p.s.x, p.s.y, p.s.z, p.s.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float x0 = a[i], x1 = b[i];
-            a[i] = x0 * c[i] - x1 * s[i];
-            b[i] = x1 * c[i] + x0 * s[i];
-        }
+        const size_t row = (size_t)pos * half + e;
+        apply_rope(a, b, __ldg(reinterpret_cast<const float4*>(cos_table + row)),
+                   __ldg(reinterpret_cast<const float4*>(sin_table + row)));
     }
     ra = pack4(a);
     rb = pack4(b);

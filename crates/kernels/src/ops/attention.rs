@@ -312,9 +312,9 @@ pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32
 
 /// Keys per split and splits for a [`PagedAttention`] launch of `tokens` query tokens over
 /// `q_heads` query and `kv_heads` kv heads whose longest context is `max_context` keys, given room
-/// for `max_partials` partials (one per token, query head and split): split until the launch has
-/// about `target_blocks` blocks (one per token, kv head and split), never beyond the partials'
-/// room. The shape is bucketed, so that one launch shape (and one captured decode graph) serves a
+/// for `max_partials` partials (one per token, query head and split): split into as many pieces
+/// as keep the launch at or under `target_blocks` blocks (one per token, kv head and split; at
+/// least one split), never beyond the partials' room. The shape is bucketed, so that one launch shape (and one captured decode graph) serves a
 /// whole range of context lengths: the split count is at most the context's 64-key pieces rounded
 /// up to a power of two, and the keys per split is a power of two, at least 64. So the shape
 /// changes only where the context doubles, and a launch may carry more splits than its context
@@ -329,7 +329,10 @@ pub fn attention_splits(
     target_blocks: u32,
 ) -> (u32, u32) {
     let blocks = (tokens * kv_heads).max(1);
-    let want = target_blocks.div_ceil(blocks);
+    // Rounded down: a split that leaves fewer blocks than the target is never added (at
+    // Qwen3-8B batch 32, 256 (token, kv head) pairs, two splits were 4% slower than one on the
+    // H200; docs/results/2026-12-01-speed-h200/ab-fused-qkv-attention).
+    let want = (target_blocks / blocks).max(1);
     let by_len = max_context.div_ceil(64).max(1).next_power_of_two();
     let room = max_partials / (tokens * q_heads).max(1);
     let splits = want.min(by_len).min(room).max(1);
@@ -1074,6 +1077,10 @@ mod tests {
         assert_eq!(attention_splits(4096, 32, 8, 4096, 32768, 264), (0, 1));
         assert_eq!(attention_splits(1, 32, 8, 64, 32768, 264), (0, 1));
         assert_eq!(attention_splits(1, 32, 8, 100, 32768, 264), (64, 2));
+        // Rounded down: batch 8 (64 pairs) splits 4 ways (256 blocks); batch 32 (256 pairs) not
+        // at all, where rounding up gave 2 splits and 512 blocks.
+        assert_eq!(attention_splits(8, 32, 8, 1024, 32768, 264), (256, 4));
+        assert_eq!(attention_splits(32, 32, 8, 1024, 32768, 264), (0, 1));
         // Never beyond the partials' room (per query head).
         let (per, splits) = attention_splits(64, 32, 8, 100_000, 32768, 100_000);
         assert!(64 * 32 * splits <= 32768 && per * splits >= 100_000);
