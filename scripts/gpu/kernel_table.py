@@ -7,7 +7,8 @@ same run, matched by label, as markdown (stdout) and JSON.
 
 A met row's label may carry a suffix the PyTorch row does not (" (GpuBackend::gemm)" for the
 library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles of <=T)" for the
-prefill attention's version 2); a split attention's combine kernel is added
+prefill attention's version 2, " (N columns per block)" for the GEMV at a split it does not use); a
+split attention's combine kernel is added
 to its attention row, since PyTorch's one call does both. "speedup" is PyTorch time over met time:
 above 1, met is faster. Rows where met is not faster are listed after the table.
 """
@@ -28,6 +29,7 @@ def base(label: str) -> str:
     """The label the PyTorch row of the same computation has: also without the prefill attention's
     tiling suffixes."""
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
+    label = re.sub(r" \(\d+ columns per block\)$", "", label)
     return re.sub(r" \(tensor cores v2, \d+ tiles of <=\d+\)$", "", label)
 
 
@@ -49,6 +51,8 @@ def on_path(r) -> bool:
     paged_attention_bf16, all kept in the bench for comparison."""
     label = r["label"]
     if r["kernel"] == "gemm_bf16" and "(GpuBackend::gemm)" not in label:
+        return False
+    if "columns per block)" in label:  # the GEMV at a column split the engine does not pick
         return False
     mk = re.search(r" m=(\d+) n=\d+ k=(\d+)", label)
     if mk:

@@ -146,6 +146,49 @@ fn gemv_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, f32_out: bool) -> Be
     }
 }
 
+/// The gate|up GEMV with SiLU x up in its epilogue: the gate_up row's weight bytes, half its
+/// output.
+fn gemv_swiglu_case(s: &Shape, m: u32, inter: u32, k: u32) -> BenchCase {
+    let n = 2 * inter;
+    BenchCase {
+        kernel: GemvSwiglu::NAME,
+        label: format!("{} gate_up+silu*mul m={m} n={n} k={k}", s.name),
+        bytes: (n as u64 * k as u64 + m as u64 * k as u64) * 2 + (m * inter) as u64 * 2,
+        flops: 2 * m as u64 * n as u64 * k as u64,
+        buffers: vec![
+            ((m * inter) as usize * 2, 0),
+            ((m * k) as usize * 2, 0x3C),
+            (n as usize * k as usize * 2, 0x3C),
+        ],
+        uploads: vec![],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(GemvSwiglu {
+                out: p[0],
+                a: p[1],
+                w: p[2],
+                m,
+                inter,
+                k,
+            })
+        }),
+    }
+}
+
+/// [`gemv_case`] at one row, launched with `columns` output columns per block instead of the
+/// rule's (the kernel recovers the split from the grid).
+fn gemv_split_case(s: &Shape, what: &str, n: u32, k: u32, columns: u32) -> BenchCase {
+    let mut case = gemv_case(s, what, 1, n, k, false);
+    case.label = format!("{} ({columns} columns per block)", case.label);
+    let build = case.build;
+    case.build = Box::new(move |p| {
+        let (mut config, args) = build(p);
+        config.grid[0] = n.div_ceil(columns);
+        (config, args)
+    });
+    case
+}
+
 /// `C[m, n] = A[m, k] · W[n, k]^T` with bf16 output, pointers left null.
 fn product(m: u32, n: u32, k: u32) -> GemmOp {
     GemmOp {
@@ -599,8 +642,23 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(gemv_case(s, "k_proj", m, kvd, h, false));
         out.push(gemv_case(s, "o_proj", m, h, qd, false));
         out.push(gemv_case(s, "gate_up", m, 2 * i, h, false));
+        out.push(gemv_swiglu_case(s, m, i, h));
         out.push(gemv_case(s, "down", m, h, i, false));
         out.push(gemv_case(s, "lm_head", m, s.vocab, h, true));
+    }
+    // The batch-1 GEMV at the other column splits than gemv_columns_per_block's (1 to 8 columns
+    // per block: 8 to 1 warps on each column's K), to measure that rule.
+    for (what, n, k) in [
+        ("qkv_proj", qd + 2 * kvd, h),
+        ("o_proj", h, qd),
+        ("gate_up", 2 * i, h),
+        ("down", h, i),
+    ] {
+        for columns in [1u32, 2, 4, 8] {
+            if columns != gemv_columns_per_block(1, n, k) {
+                out.push(gemv_split_case(s, what, n, k, columns));
+            }
+        }
     }
     out.push(embedding_case(s, 1));
     out.push(norm_case(s, 1));

@@ -269,6 +269,54 @@ fn product_case(
     }
 }
 
+/// The GEMV over a fused gate|up weight with SwiGLU in its epilogue: Qwen3-8B and Qwen3-0.6B
+/// shapes at 1 row (the FMA form) and 5 and 8 rows (the MMA form), an odd `inter`, and k = 130
+/// (the scalar path).
+fn gemv_swiglu_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(m, inter, k) in &[
+        (1u32, 12288u32, 4096u32),
+        (1, 3072, 1024),
+        (5, 3072, 1024),
+        (8, 3072, 1024),
+        (3, 1001, 256),
+        (2, 300, 130),
+    ] {
+        let n = 2 * inter;
+        out.push(Case {
+            kernel: GemvSwiglu::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!("m={m} inter={inter} k={k}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; (m * inter) as usize * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(rng, (m * k) as usize, 1.0),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(rng, (n * k) as usize, 2.0 / (k as f32).sqrt()),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(GemvSwiglu {
+                    out: p[0],
+                    a: p[1],
+                    w: p[2],
+                    m,
+                    inter,
+                    k,
+                })
+            }),
+        });
+    }
+    out
+}
+
 /// The fused qk-norm + RoPE + KV-cache write at Qwen3-8B (32/8 heads), Qwen3-0.6B (16/8) and
 /// SmolLM2 (9/3, head_dim 64, no qk-norm) shapes, decode (1 token) and a prefill chunk (300),
 /// plus head_dim 96 (the scalar path) and 256 (32 lanes per head). Positions are random in a
@@ -950,6 +998,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         }
     }
     out.extend(paged_attention_qkv_cases(&mut rng));
+    out.extend(gemv_swiglu_cases(&mut rng));
     // Tensor-core prefill attention over query tiles, versions 1 and 2: one whole tile, 200 tokens
     // (the last tile of 8), a second chunk starting at position 100, two sequences plus a decode
     // token in one launch, 300 tokens (version 2's last tile of 44); GQA 1 and 4, head_dim 64 and

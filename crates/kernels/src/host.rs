@@ -228,6 +228,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemmF32Out::NAME, run::<GemmF32Out>),
         (Gemv::NAME, run::<Gemv>),
         (GemvF32Out::NAME, run::<GemvF32Out>),
+        (GemvSwiglu::NAME, run::<GemvSwiglu>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (PagedAttentionQkv::NAME, run::<PagedAttentionQkv>),
         (AttentionCombine::NAME, run::<AttentionCombine>),

@@ -22,8 +22,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, QkvRopeKvWrite,
-    SiluMul, attention_splits, prefill_attention_tiles_of,
+    GemvSwiglu, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
+    QkvRopeKvWrite, SiluMul, attention_splits, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -119,6 +119,7 @@ struct Kernels {
     silu_mul: KernelHandle,
     attention: KernelHandle,
     attention_qkv: KernelHandle,
+    gemv_swiglu: KernelHandle,
     prefill_attention: KernelHandle,
     prefill_attention_v2: KernelHandle,
     argmax_f32: KernelHandle,
@@ -218,6 +219,9 @@ pub struct Model {
     /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
     /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
     fused_qkv_attention: bool,
+    /// Products the GEMV streams run the gate|up projection with SiLU x up in its epilogue
+    /// (`gemv_bf16_swiglu`, one launch fewer per layer) unless `METRALE_FUSED_SWIGLU=0`.
+    fused_swiglu: bool,
 }
 
 /// Most sequences of a decode step that runs the fused QKV-post attention. On the H200 the fusion
@@ -260,6 +264,7 @@ impl Model {
             gemv: g.kernel(Gemv::NAME)?,
             gemm_f32out: g.kernel(GemmF32Out::NAME)?,
             gemv_f32out: g.kernel(GemvF32Out::NAME)?,
+            gemv_swiglu: g.kernel(GemvSwiglu::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
@@ -341,6 +346,7 @@ impl Model {
                 .map_or(ATTENTION_TARGET_BLOCKS, |b: u32| b.max(1)),
             fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
                 .map_or(true, |v| v != "0"),
+            fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
         })
     }
 
@@ -882,26 +888,41 @@ impl Model {
                     eps,
                 },
             )?;
-            gemm(
-                "gate_up",
-                sc.gate_up,
-                sc.x,
-                w.gate_up,
-                DevicePtr::NULL,
-                n,
-                2 * inter,
-                h,
-            )?;
-            self.launch(
-                k.silu_mul,
-                "silu_mul",
-                &SiluMul {
-                    out: sc.act,
-                    gate_up: sc.gate_up,
-                    tokens: n,
-                    inter,
-                },
-            )?;
+            if self.fused_swiglu && self.streams_weight(n, h) {
+                self.launch(
+                    k.gemv_swiglu,
+                    "gate_up",
+                    &GemvSwiglu {
+                        out: sc.act,
+                        a: sc.x,
+                        w: w.gate_up,
+                        m: n,
+                        inter,
+                        k: h,
+                    },
+                )?;
+            } else {
+                gemm(
+                    "gate_up",
+                    sc.gate_up,
+                    sc.x,
+                    w.gate_up,
+                    DevicePtr::NULL,
+                    n,
+                    2 * inter,
+                    h,
+                )?;
+                self.launch(
+                    k.silu_mul,
+                    "silu_mul",
+                    &SiluMul {
+                        out: sc.act,
+                        gate_up: sc.gate_up,
+                        tokens: n,
+                        inter,
+                    },
+                )?;
+            }
             gemm("down", sc.mlp, sc.act, w.down, DevicePtr::NULL, n, h, inter)?;
         }
         self.launch(

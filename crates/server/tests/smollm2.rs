@@ -103,10 +103,10 @@ fn graph_replay_gives_the_same_tokens() {
     assert_eq!(replayed, direct);
 }
 
-/// Decode steps with the QKV post-processing folded into the decode attention (the default) give
-/// the same tokens as the separate qkv_post and attention launches.
+/// Decode steps with the QKV post-processing folded into the decode attention and SiLU x up into
+/// the gate|up GEMV (the defaults) give the same tokens as the separate launches.
 #[test]
-fn fused_qkv_attention_gives_the_same_tokens() {
+fn fused_launches_give_the_same_tokens() {
     let args = greedy_chat("Name three rivers.", "24", &["--ignore-eos", "--print-ids"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let ids = |out: std::process::Output| {
@@ -116,8 +116,10 @@ fn fused_qkv_attention_gives_the_same_tokens() {
     };
     let separate = ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "0"));
     let fused = ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "1"));
+    let separate_swiglu = ids(met_with_env(&args, "METRALE_FUSED_SWIGLU", "0"));
     assert_eq!(separate.len(), 24);
     assert_eq!(fused, separate);
+    assert_eq!(separate_swiglu, separate);
 }
 
 /// The engine's greedy ids must equal the reference's, except that at a step where the reference

@@ -66,6 +66,15 @@ __device__ __forceinline__ uint32_t next_pow2(uint32_t x) {
     return x <= 1 ? 1u : 1u << (32 - __clz(x - 1));
 }
 
+// The weight row behind output column v of n: v itself, or in the SwiGLU form the columns
+// interleave the two halves of W: gate row v / 2 for even v, up row n / 2 + v / 2 for odd.
+template <bool SWIGLU>
+__device__ __forceinline__ uint32_t weight_row(uint32_t v, uint32_t n) {
+    return !SWIGLU ? v : (v & 1) ? (n >> 1) + (v >> 1) : v >> 1;
+}
+
+__device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
 __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = metrale::to_bf16(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
@@ -152,7 +161,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
 // The MMA form over one slice of K for columns n0..n0+7: on return lane (g, t) holds
 // d[0] += C[g, n0 + 2t] and d[1] += C[g, n0 + 2t + 1] (partial over the slice; rows g >= M are 0).
 // Requires K % 8 == 0 and 16-byte aligned A and W. Warp-uniform.
-template <int M>
+template <int M, bool SWIGLU>
 __device__ __forceinline__ void tile_mma(float (&d)[4], const __nv_bfloat16* __restrict__ w,
                                          const __nv_bfloat16* __restrict__ a, uint32_t n,
                                          uint32_t k, uint32_t n0, uint32_t slice, uint32_t slices,
@@ -163,7 +172,8 @@ __device__ __forceinline__ void tile_mma(float (&d)[4], const __nv_bfloat16* __r
     const uint32_t per = div_ceil(div_ceil(chunks, slices), 4) * 4;
     const uint32_t begin = min(slice * per, chunks), end = min(begin + per, chunks);
     const bool w_live = n0 + g < n, a_live = g < M;
-    const uint4* w4 = reinterpret_cast<const uint4*>(w + (size_t)(w_live ? n0 + g : 0) * k);
+    const uint4* w4 =
+        reinterpret_cast<const uint4*>(w + (size_t)(w_live ? weight_row<SWIGLU>(n0 + g, n) : 0) * k);
     const uint4* a4 = reinterpret_cast<const uint4*>(a + (size_t)(a_live ? g : 0) * k);
     const uint4 zero = make_uint4(0, 0, 0, 0);
     // A second accumulator for the second MMA of each chunk halves the dependent MMA chain.
@@ -205,7 +215,11 @@ __device__ __forceinline__ void tile_mma(float (&d)[4], const __nv_bfloat16* __r
 
 // partial holds WARPS x (MAX_M x TILE) floats: warp w's partial sum for row r and its j-th
 // column at partial[w * 64 + r * 8 + j].
-template <int M, typename Out>
+// SWIGLU (bf16 output, no bias): the n columns interleave gate and up rows (weight_row), and the
+// output is c[r, j] = bf16(silu(g) * u) of g and u the bf16-rounded products of gate row j and up
+// row n / 2 + j (silu_mul_bf16's formula on what gemv_bf16 would store), c being [M, n / 2].
+// Pairs never straddle blocks: cols is at least 2.
+template <int M, bool SWIGLU, typename Out>
 __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                      const __nv_bfloat16* __restrict__ w,
                                      const __nv_bfloat16* __restrict__ bias, uint32_t n,
@@ -213,8 +227,8 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
     constexpr bool MMA = M > FMA_MAX_M;
     constexpr uint32_t PER_WARP = MMA ? TILE : 1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t cols =
-        min(max(next_pow2(div_ceil(n, gridDim.x)), PER_WARP), PER_WARP * WARPS);
+    const uint32_t cols = min(max(next_pow2(div_ceil(n, gridDim.x)), max(PER_WARP, SWIGLU ? 2u : 1u)),
+                              PER_WARP * WARPS);
     const uint32_t slices = WARPS * PER_WARP / cols;
     const uint32_t group = warp / slices, slice = warp % slices;
     const bool vec = k % 8 == 0 &&
@@ -225,7 +239,7 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
         if constexpr (MMA) {
             if (vec) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                tile_mma<M>(d, w, a, n, k, first, slice, slices, lane);
+                tile_mma<M, SWIGLU>(d, w, a, n, k, first, slice, slices, lane);
                 const int g = lane >> 2, t = lane & 3;
                 if (g < M) {
                     mine[g * TILE + 2 * t] = d[0];
@@ -235,8 +249,8 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
                 for (uint32_t j = 0; j < TILE; ++j) {
                     float out[M];
                     if (first + j < n) {
-                        column_dot<M>(out, w + (size_t)(first + j) * k, a, k, slice, slices,
-                                      false, lane);
+                        column_dot<M>(out, w + (size_t)weight_row<SWIGLU>(first + j, n) * k, a, k,
+                                      slice, slices, false, lane);
                     } else {
 #pragma unroll
                         for (int r = 0; r < M; ++r) out[r] = 0.0f;
@@ -250,7 +264,8 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
         } else {
             float out[M];
             if (first < n) {
-                column_dot<M>(out, w + (size_t)first * k, a, k, slice, slices, vec, lane);
+                column_dot<M>(out, w + (size_t)weight_row<SWIGLU>(first, n) * k, a, k, slice, slices,
+                              vec, lane);
             } else {
 #pragma unroll
                 for (int r = 0; r < M; ++r) out[r] = 0.0f;
@@ -261,14 +276,33 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
             }
         }
         __syncthreads();
-        // Consecutive threads take consecutive columns of one row: coalesced stores.
-        for (uint32_t i = threadIdx.x; i < cols * M; i += blockDim.x) {
-            const uint32_t r = i / cols, cc = i % cols, col = base + cc;
-            if (col >= n) continue;
+        auto column_sum = [&](uint32_t r, uint32_t cc) {
             const uint32_t grp = cc / PER_WARP, j = cc % PER_WARP;
             float s = 0.0f;
             for (uint32_t q = 0; q < slices; ++q)
                 s += partial[(grp * slices + q) * (MAX_M * TILE) + r * TILE + j];
+            return s;
+        };
+        if constexpr (SWIGLU) {
+            const uint32_t half_n = n / 2;
+            {
+                // One thread per (row, gate/up pair) of the block's columns.
+                for (uint32_t i = threadIdx.x; i < cols / 2 * M; i += blockDim.x) {
+                    const uint32_t r = i / (cols / 2), cc = 2 * (i % (cols / 2));
+                    if (base + cc >= n) continue;
+                    const float g = metrale::to_f32(metrale::to_bf16(column_sum(r, cc)));
+                    const float u = metrale::to_f32(metrale::to_bf16(column_sum(r, cc + 1)));
+                    store(&c[(size_t)r * half_n + (base + cc) / 2], swiglu(g, u));
+                }
+            }
+            __syncthreads();
+            continue;
+        }
+        // Consecutive threads take consecutive columns of one row: coalesced stores.
+        for (uint32_t i = threadIdx.x; i < cols * M; i += blockDim.x) {
+            const uint32_t r = i / cols, cc = i % cols, col = base + cc;
+            if (col >= n) continue;
+            float s = column_sum(r, cc);
             if (bias != nullptr) s += metrale::to_f32(bias[col]);
             store(&c[(size_t)r * n + col], s);
         }
@@ -276,7 +310,7 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
     }
 }
 
-template <typename Out>
+template <bool SWIGLU = false, typename Out>
 __device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                          const __nv_bfloat16* __restrict__ w,
                                          const __nv_bfloat16* __restrict__ bias, uint32_t m,
@@ -284,14 +318,14 @@ __device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat1
     __shared__ float partial[WARPS * MAX_M * TILE];
     if (n == 0) return;
     switch (m) {
-        case 1: gemv<1>(c, a, w, bias, n, k, partial); break;
-        case 2: gemv<2>(c, a, w, bias, n, k, partial); break;
-        case 3: gemv<3>(c, a, w, bias, n, k, partial); break;
-        case 4: gemv<4>(c, a, w, bias, n, k, partial); break;
-        case 5: gemv<5>(c, a, w, bias, n, k, partial); break;
-        case 6: gemv<6>(c, a, w, bias, n, k, partial); break;
-        case 7: gemv<7>(c, a, w, bias, n, k, partial); break;
-        case 8: gemv<8>(c, a, w, bias, n, k, partial); break;
+        case 1: gemv<1, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 2: gemv<2, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 3: gemv<3, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 4: gemv<4, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 5: gemv<5, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 6: gemv<6, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 7: gemv<7, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 8: gemv<8, SWIGLU>(c, a, w, bias, n, k, partial); break;
         default: break;  // m = 0, or m > 8 (the host reference refuses it)
     }
 }
@@ -312,4 +346,17 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_f32out(
     uint32_t n, uint32_t k) {
     metrale::grid_dependency_sync();
     gemv_any(c, a, w, bias, m, n, k);
+}
+
+// gemv_bf16 of the gate and up projections with silu_mul_bf16 in its epilogue: w is the fused
+// [2 inter, k] gate|up weight, out is [m, inter] = bf16(silu(g) * u) of the bf16 products g and u
+// (the same bits as gemv_bf16 into a [m, 2 inter] buffer then silu_mul_bf16, when the launch has
+// the same columns per block as that gemv_bf16 launch: each column's sum runs over the same
+// slices). No bias. Launch: grid = ceil(2 inter / COLS), block = 256, COLS >= 2.
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_swiglu(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ a,
+    const __nv_bfloat16* __restrict__ w, uint32_t m, uint32_t inter, uint32_t k) {
+    metrale::grid_dependency_sync();
+    if (inter == 0) return;
+    gemv_any<true>(out, a, w, nullptr, m, 2 * inter, k);
 }

@@ -89,6 +89,28 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`Gemv`] of the fused gate|up weight (`w` is `[2 * inter, k]`, gate rows first) with
+    /// [`SiluMul`](super::SiluMul) in its epilogue: `out[m, inter] = bf16(silu(g) * u)` of the
+    /// bf16-rounded products `g` (gate row) and `u` (up row), the same bits as the two launches
+    /// when the column split is the same (it is whenever `gemv_columns_per_block(m, 2 * inter, k)`
+    /// is at least 2). No bias.
+    GemvSwiglu => names::gemv::GEMV_BF16_SWIGLU {
+        /// bf16 `[m, inter]`.
+        out: DevicePtr,
+        /// bf16 `[m, k]`.
+        a: DevicePtr,
+        /// bf16 `[2 * inter, k]`: the gate rows, then the up rows.
+        w: DevicePtr,
+        /// Rows, at most [`GEMV_MAX_ROWS`].
+        m: u32,
+        /// Columns of the output (half the weight's rows).
+        inter: u32,
+        /// Inputs.
+        k: u32,
+    }
+);
+
 /// Most rows [`Gemv`] takes; larger `m` goes to [`Gemm`].
 pub const GEMV_MAX_ROWS: u32 = 8;
 
@@ -178,6 +200,38 @@ impl Kernel for Gemv {
             self.k,
         )?;
         host::store_bf16(mem, self.c, &c)
+    }
+}
+
+impl Kernel for GemvSwiglu {
+    /// The GEMV's launch over the `2 * inter` interleaved columns, at least 2 per block so that
+    /// a gate column and its up column share a block.
+    fn launch_config(&self) -> LaunchConfig {
+        let n = 2 * self.inter;
+        let columns = gemv_columns_per_block(self.m, n, self.k).max(2);
+        LaunchConfig::linear(blocks_for(n.into(), columns).max(1), 256)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (m, inter) = (self.m as usize, self.inter as usize);
+        let gate_up = gemv_reference(
+            Self::NAME,
+            mem,
+            self.a,
+            self.w,
+            DevicePtr::NULL,
+            self.m,
+            2 * self.inter,
+            self.k,
+        )?;
+        let mut out = Vec::with_capacity(m * inter);
+        for row in gate_up.chunks_exact((2 * inter).max(1)) {
+            let (gate, up) = row.split_at(inter);
+            out.extend(gate.iter().zip(up).map(|(&g, &u)| {
+                let (g, u) = (host::round_bf16(g), host::round_bf16(u));
+                super::activation::silu(g) * u
+            }));
+        }
+        host::store_bf16(mem, self.out, &out)
     }
 }
 
@@ -424,6 +478,57 @@ mod tests {
         assert_eq!(
             f32s(&mem.get(cb, 8)),
             vec![1.0, 2.0, 6.0, 6.0, 4.0, 5.0, 15.0, 12.0]
+        );
+    }
+
+    /// The fused gate|up GEMV with SwiGLU equals the GEMV into a `[m, 2 inter]` buffer followed
+    /// by SiluMul, bit for bit (3 rows, inter 5, k 16).
+    #[test]
+    fn gemv_swiglu_is_gemv_then_silu_mul() {
+        let (m, inter, k) = (3usize, 5usize, 16usize);
+        let mut mem = FlatMemory::new();
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.25)
+            .collect();
+        let w: Vec<f32> = (0..2 * inter * k)
+            .map(|i| ((i * 5 % 13) as f32 - 6.0) * 0.125)
+            .collect();
+        let (a, w) = (mem.put(&bf16s(&a)), mem.put(&bf16s(&w)));
+        let fused_out = mem.put(&bf16s(&vec![0.0; m * inter]));
+        let gate_up = mem.put(&bf16s(&vec![0.0; m * 2 * inter]));
+        let act = mem.put(&bf16s(&vec![0.0; m * inter]));
+        GemvSwiglu {
+            out: fused_out,
+            a,
+            w,
+            m: m as u32,
+            inter: inter as u32,
+            k: k as u32,
+        }
+        .reference(&mut mem)
+        .unwrap();
+        Gemv {
+            c: gate_up,
+            a,
+            w,
+            bias: DevicePtr::NULL,
+            m: m as u32,
+            n: 2 * inter as u32,
+            k: k as u32,
+        }
+        .reference(&mut mem)
+        .unwrap();
+        crate::ops::SiluMul {
+            out: act,
+            gate_up,
+            tokens: m as u32,
+            inter: inter as u32,
+        }
+        .reference(&mut mem)
+        .unwrap();
+        assert_eq!(
+            mem.get::<u16>(fused_out, m * inter),
+            mem.get::<u16>(act, m * inter)
         );
     }
 }

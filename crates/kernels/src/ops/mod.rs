@@ -22,7 +22,9 @@ pub use attention::{
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
-pub use gemm::{GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, gemv_columns_per_block};
+pub use gemm::{
+    GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, GemvSwiglu, gemv_columns_per_block,
+};
 pub use qkv_post::QkvRopeKvWrite;
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
 pub use rope::RopeNeox;
