@@ -127,13 +127,22 @@ const GEMV_BATCH_BYTES: u64 = 4096;
 /// built with `__launch_bounds__(256, 3)`: 80 registers per thread).
 const GEMV_RESIDENT_WARPS: u64 = 132 * 3 * GEMV_WARPS;
 
+/// Weight bytes of one column above which the FMA form splits the column until each warp has one
+/// batch. On the H200, Qwen3-8B's down projection at one row (24 KiB columns, n = 4096) took
+/// 29.67 us with 8 columns per block (512 blocks, 1.3 waves), 27.61 us with 1 (8 slices of 3 KiB);
+/// the 8 KiB columns of its qkv, o and gate_up products were fastest unsplit, and so were
+/// Qwen3-0.6B's (docs/results/2026-12-01-speed-h200/ab-swiglu-gemv-split).
+const GEMV_LONG_COLUMN_BYTES: u64 = 16 * 1024;
+
 /// Output columns each 256-thread block of the GEMV covers (the grid is `ceil(n / columns)`).
 ///
 /// A warp computes `per_warp` columns (1 for `m <= 4`, 8 for the MMA form) over one slice of K;
 /// the `8 * per_warp / columns` warps of a column group split K evenly and add their partial
 /// sums in shared memory. The rule: pick the split (1, 2, 4 or 8 slices) that puts the most
 /// weight bytes in flight in the first wave of resident warps, counting each warp for at most
-/// one batch (4 KiB) of loads, and the fewest slices among equals. Large products are not split
+/// one batch (4 KiB) of loads, and the fewest slices among equals; then columns longer than
+/// [`GEMV_LONG_COLUMN_BYTES`] (FMA form) are split until a warp's share is one batch. Large
+/// products are not split otherwise
 /// (every resident warp already has a full batch); a small N with a long K is (Qwen3-8B's k/v at
 /// m = 1: 2 slices, 2048 warps each streaming 4 KiB, the whole 8 MiB in flight at once).
 ///
@@ -147,13 +156,23 @@ pub fn gemv_columns_per_block(m: u32, n: u32, k: u32) -> u32 {
     let in_flight = |slices: u64| {
         (groups * slices).min(GEMV_RESIDENT_WARPS) * (group_bytes / slices).min(GEMV_BATCH_BYTES)
     };
-    let slices = [2u64, 4, 8].into_iter().fold(1, |best, s| {
+    let mut slices = [2u64, 4, 8].into_iter().fold(1, |best, s| {
         if in_flight(s) > in_flight(best) {
             s
         } else {
             best
         }
     });
+    // A long column in the FMA form is split until each warp streams at most one batch: blocks of
+    // eight long columns make few, long blocks, and the last wave's tail costs more than the
+    // shorter streams do.
+    if per_warp == 1 && group_bytes > GEMV_LONG_COLUMN_BYTES {
+        slices = [2u64, 4, 8]
+            .into_iter()
+            .find(|&s| group_bytes / s <= GEMV_BATCH_BYTES)
+            .unwrap_or(8)
+            .max(slices);
+    }
     (per_warp * GEMV_WARPS / slices) as u32
 }
 
@@ -382,14 +401,16 @@ mod tests {
     use crate::ops::testing::*;
 
     #[test]
-    fn gemv_splits_k_only_where_it_adds_bytes_in_flight() {
+    fn gemv_splits_k_where_it_adds_bytes_in_flight_or_columns_are_long() {
         // (m, n, k) -> columns per block.
         for &(m, n, k, columns) in &[
             (1u32, 1024u32, 4096u32, 4u32), // Qwen3-8B k/v: 2 slices, 2048 warps x 4 KiB
             (1, 4096, 4096, 8),             // q, o: no split
             (1, 6144, 4096, 8),             // fused QKV
             (1, 24576, 4096, 8),            // gate_up
-            (1, 4096, 12288, 8),            // down
+            (1, 4096, 12288, 1),            // down: 24 KiB columns, 8 slices of 3 KiB
+            (4, 4096, 12288, 1),            // the same at 4 rows (FMA form)
+            (1, 4096, 14336, 1),            // Llama-3.1-8B down: 28 KiB, 8 slices
             (1, 1024, 3072, 4),             // Qwen3-0.6B down: 2 slices of 3 KiB
             (1, 2048, 1024, 8),             // Qwen3-0.6B q: rows of 2 KiB, no split
             (4, 1024, 4096, 4),
