@@ -1037,7 +1037,11 @@ impl Model {
     /// labels of [`Model::profile`]), so that a step's time without them can be measured where
     /// it matters, inside the replayed graph. The step's outputs are then wrong. Captured graphs
     /// are set aside (not freed: this is a measuring tool) so that the next decode steps are
-    /// captured without those launches.
+    /// captured without those launches. Where a fused launch stands for two (the one-sequence
+    /// decode attention with qkv_post's work, labelled "attention"; the gate|up GEMV with
+    /// SiLU x up, labelled "gate_up"), "qkv_post" and "silu_mul" leave out nothing and the fused
+    /// label leaves out both parts: turn the fusions off (`METRALE_FUSED_QKV_ATTENTION=0`,
+    /// `METRALE_FUSED_SWIGLU=0`) to time the parts apart.
     pub fn set_skip(&mut self, labels: &[&str]) -> Result<(), ModelError> {
         let known = [
             "embedding",

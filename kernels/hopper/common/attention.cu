@@ -177,7 +177,7 @@ __device__ __forceinline__ void attend(
     // the owner also the newest key (normalised, rotated) and value (as is), while the first
     // tiles are in flight. HD / 8 lanes per head.
     __nv_bfloat16* post_q = post.smem;
-    __nv_bfloat16* post_kv = post.smem + G * HD;
+    __nv_bfloat16* post_kv = POST ? post.smem + G * HD : nullptr;  // null in the plain form
     if constexpr (POST) {
         const int items = G + (owner ? 2 : 0);  // block-uniform
         const __nv_bfloat16* row = post.qkv + (size_t)t * (q_heads + 2 * kv_heads) * HD;

@@ -35,7 +35,8 @@
 // f32, one rounding at the output (none for the f32-output form the LM head uses).
 // Registers: one kernel holds all eight bodies, so it gets the largest one's count; the launch
 // bounds fix it at 80 (3 blocks, 24 warps per SM: at 3 to 4 KiB in flight per warp, about twice
-// the bytes an SM needs in flight to cover HBM latency at full bandwidth), no spills.
+// the bytes an SM needs in flight to cover HBM latency at full bandwidth), no spills
+// (gemv_bf16_swiglu, with the interleaved rows and the pair epilogue: 8 bytes spilled).
 // Launch: grid = ceil(N / COLS), block = 256, COLS in {1, 2, 4, 8} (M <= 4) or {8, 16, 32, 64}.
 #include "common.cuh"
 
