@@ -105,6 +105,36 @@ fn bf16_values(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// `0..n` in a random order (Fisher-Yates): shuffled cache blocks or slots.
+fn shuffled(rng: &mut Rng, n: usize) -> Vec<i32> {
+    let mut ids: Vec<i32> = (0..n as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    ids
+}
+
+/// NeoX RoPE cos/sin tables `[max_position, head_dim / 2]` at base 1e6.
+fn rope_tables(max_position: u32, head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    (0..max_position)
+        .flat_map(|pos| {
+            (0..half).map(move |i| {
+                let angle = pos as f32 * 1e6f32.powf(-2.0 * i as f32 / head_dim as f32);
+                (angle.cos(), angle.sin())
+            })
+        })
+        .unzip()
+}
+
+/// A bf16 norm weight of `n` values around 1.
+fn norm_weight(rng: &mut Rng, n: usize) -> Vec<u8> {
+    let w: Vec<bf16> = (0..n)
+        .map(|_| bf16::from_f32(1.0 + 0.5 * rng.normal()))
+        .collect();
+    bytemuck::cast_slice(&w).to_vec()
+}
+
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
 }
@@ -336,36 +366,19 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
     ] {
         let max_position = 4096u32;
         let (t, d) = (tokens as usize, head_dim as usize);
-        let half = d / 2;
         let heads = (q_heads + 2 * kv_heads) as usize;
         let kv_row = kv_heads as usize * d;
         let num_slots = 2 * t + 3;
         let mut positions: Vec<i32> = (0..t)
             .map(|_| 1 + rng.below(u64::from(max_position) - 1) as i32)
             .collect();
-        let mut slots: Vec<i32> = (0..num_slots as i32).collect();
-        for i in (1..slots.len()).rev() {
-            slots.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        let mut slots = shuffled(rng, num_slots);
         slots.truncate(t);
         if t > 2 {
             positions[2] = max_position as i32 + 3;
             slots[1] = -1;
         }
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        for pos in 0..max_position {
-            for i in 0..half {
-                let angle = pos as f32 * 1e6f32.powf(-2.0 * i as f32 / d as f32);
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
-        }
-        let norm_weight = |rng: &mut Rng| {
-            let w: Vec<bf16> = (0..d)
-                .map(|_| bf16::from_f32(1.0 + 0.5 * rng.normal()))
-                .collect();
-            bytemuck::cast_slice(&w).to_vec()
-        };
+        let (cos, sin) = rope_tables(max_position, d);
         out.push(Case {
             kernel: QkvRopeKvWrite::NAME,
             gemm: None,
@@ -391,11 +404,11 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
                     output: None,
                 },
                 Buffer {
-                    init: norm_weight(rng),
+                    init: norm_weight(rng, d),
                     output: None,
                 },
                 Buffer {
-                    init: norm_weight(rng),
+                    init: norm_weight(rng, d),
                     output: None,
                 },
                 Buffer {
@@ -460,13 +473,10 @@ fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
     ] {
         let block_size = 16u32;
         let max_position = 4096u32;
-        let (d, half) = (head_dim as usize, head_dim as usize / 2);
+        let d = head_dim as usize;
         let max_blocks = context.div_ceil(block_size as usize);
         let num_blocks = seqs * max_blocks + 3;
-        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        let ids = shuffled(rng, num_blocks);
         let tables: Vec<i32> = ids[..seqs * max_blocks].to_vec();
         // Sequence s's newest token sits at context - 1 - s (all within the tables).
         let token_seq: Vec<i32> = (0..seqs as i32).collect();
@@ -493,20 +503,7 @@ fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
         let heads = (q_heads + 2 * kv_heads) as usize;
         let q_len = seqs * (q_heads * head_dim) as usize;
         let partials = seqs * q_heads as usize * splits as usize * (d + 2);
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        for pos in 0..max_position {
-            for i in 0..half {
-                let angle = pos as f32 * 1e6f32.powf(-2.0 * i as f32 / d as f32);
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
-        }
-        let norm_weight = |rng: &mut Rng| {
-            let w: Vec<bf16> = (0..d)
-                .map(|_| bf16::from_f32(1.0 + 0.5 * rng.normal()))
-                .collect();
-            bytemuck::cast_slice(&w).to_vec()
-        };
+        let (cos, sin) = rope_tables(max_position, d);
         let cache_len = num_blocks * block_size as usize * row;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let buffer = |init: Vec<u8>, output: Option<OutputKind>| Buffer { init, output };
@@ -528,8 +525,8 @@ fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
                 buffer(i32_bytes(&token_seq), None),
                 buffer(i32_bytes(&positions), None),
                 buffer(i32_bytes(&slots), None),
-                buffer(norm_weight(rng), None),
-                buffer(norm_weight(rng), None),
+                buffer(norm_weight(rng, d), None),
+                buffer(norm_weight(rng, d), None),
                 buffer(f32_bytes(&cos), None),
                 buffer(f32_bytes(&sin), None),
             ],
@@ -893,10 +890,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let max_blocks = context.div_ceil(block_size as usize);
         let num_blocks = seqs * max_blocks + 3;
         // A random permutation of block ids, so tables are not in order.
-        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        let ids = shuffled(&mut rng, num_blocks);
         let tables: Vec<i32> = ids[..seqs * max_blocks].to_vec();
         let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
         for s in 0..seqs {
@@ -1021,10 +1015,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             .max()
             .unwrap_or(0);
         let num_blocks = seqs * max_blocks + 3;
-        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        let ids = shuffled(&mut rng, num_blocks);
         let tables: Vec<i32> = ids[..seqs * max_blocks].to_vec();
         let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
         for (s, &(first, n)) in runs.iter().enumerate() {
