@@ -146,33 +146,24 @@ fn gemv_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, f32_out: bool) -> Be
     }
 }
 
-/// The gate|up GEMV with SiLU x up in its epilogue: the gate_up row's weight bytes, half its
+/// The gate|up GEMV with SiLU x up in its epilogue: [`gemv_case`]'s gate_up row with half its
 /// output.
 fn gemv_swiglu_case(s: &Shape, m: u32, inter: u32, k: u32) -> BenchCase {
-    let n = 2 * inter;
-    BenchCase {
-        kernel: GemvSwiglu::NAME,
-        label: format!("{} gate_up+silu*mul m={m} n={n} k={k}", s.name),
-        bytes: (n as u64 * k as u64 + m as u64 * k as u64) * 2 + (m * inter) as u64 * 2,
-        flops: 2 * m as u64 * n as u64 * k as u64,
-        buffers: vec![
-            ((m * inter) as usize * 2, 0),
-            ((m * k) as usize * 2, 0x3C),
-            (n as usize * k as usize * 2, 0x3C),
-        ],
-        uploads: vec![],
-        library_gemm: None,
-        build: Box::new(move |p| {
-            launch_of(GemvSwiglu {
-                out: p[0],
-                a: p[1],
-                w: p[2],
-                m,
-                inter,
-                k,
-            })
-        }),
-    }
+    let mut case = gemv_case(s, "gate_up+silu*mul", m, 2 * inter, k, false);
+    case.kernel = GemvSwiglu::NAME;
+    case.bytes -= (m * inter) as u64 * 2;
+    case.buffers[0] = ((m * inter) as usize * 2, 0);
+    case.build = Box::new(move |p| {
+        launch_of(GemvSwiglu {
+            out: p[0],
+            a: p[1],
+            w: p[2],
+            m,
+            inter,
+            k,
+        })
+    });
+    case
 }
 
 /// [`gemv_case`] at one row, launched with `columns` output columns per block instead of the
