@@ -224,22 +224,6 @@ pub struct Model {
     fused_swiglu: bool,
 }
 
-/// Most sequences of a decode step that runs the fused QKV-post attention. On the H200 the fusion
-/// made the batch-1 step 0.8% (Qwen3-8B) and 2% (Qwen3-0.6B) faster, and batches 8 to 64 0.2-2%
-/// slower: each split of a token redoes its query group's norm and rotation, in front of its
-/// attention (docs/results/2026-12-01-speed-h200/ab-fused-qkv-attention).
-const FUSED_QKV_ATTENTION_MAX_SEQS: usize = 1;
-
-/// Whether every sequence of the step brings exactly one token (a decode step).
-fn one_token_per_sequence(step: &StepInput) -> bool {
-    let mut seen = vec![false; step.block_tables.len()];
-    step.token_seq.len() == seen.len()
-        && step.token_seq.iter().all(|&q| {
-            seen.get_mut(q as usize)
-                .is_some_and(|s| !std::mem::replace(s, true))
-        })
-}
-
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
 /// (`Model::streams_weight`).
 const GEMV_WIDE_K_MAX_ROWS: u32 = 4;
@@ -726,14 +710,17 @@ impl Model {
         // when there are too few (token, head) pairs to fill the GPU (the split is the same for
         // every layer). The tile kernel covers head dims 64 and 128.
         let tensor_core_prefill = self.tensor_core_prefill(step);
-        // A decode step of one sequence folds the QKV post-processing into the decode attention
-        // (with one token per sequence no token needs another's key of the same step; past one
-        // sequence the fused form measured slower, FUSED_QKV_ATTENTION_MAX_SEQS).
+        // A decode step of one sequence (one token) folds the QKV post-processing into the
+        // decode attention: the token needs no other token's key of the same step. On the H200
+        // the fusion made the batch-1 step 0.8% (Qwen3-8B) and 2% (Qwen3-0.6B) faster, and
+        // batches 8 to 64 0.2-2% slower (each split of a token redoes its query group's norm and
+        // rotation in front of its attention; docs/results/2026-12-01-speed-h200/
+        // ab-fused-qkv-attention), so it stops at one sequence.
         let fused_post = self.fused_qkv_attention
             && !tensor_core_prefill
             && matches!(hd, 64 | 128 | 256)
-            && step.block_tables.len() <= FUSED_QKV_ATTENTION_MAX_SEQS
-            && one_token_per_sequence(step);
+            && step.block_tables.len() == 1
+            && step.tokens.len() == 1;
         self.launch(
             k.embedding,
             "embedding",
@@ -763,91 +750,56 @@ impl Model {
                 },
             )?;
             gemm("qkv", sc.qkv, sc.x, w.qkv, w.qkv_bias, n, qd + 2 * kvd, h)?;
-            if !fused_post {
-                self.launch(
-                    k.qkv_post,
-                    "qkv_post",
-                    &QkvRopeKvWrite {
-                        qkv: sc.qkv,
-                        q_out: sc.q,
-                        k_cache: self.k_cache[l],
-                        v_cache: self.v_cache[l],
-                        slots,
-                        q_norm: w.q_norm,
-                        k_norm: w.k_norm,
-                        positions,
-                        cos: self.rope_cos,
-                        sin: self.rope_sin,
-                        tokens: n,
-                        q_heads: qh,
-                        kv_heads: kvh,
-                        head_dim: hd,
-                        max_position: o.max_seq_len as u32,
-                        eps,
-                    },
-                )?;
-            }
+            let post = QkvRopeKvWrite {
+                qkv: sc.qkv,
+                q_out: sc.q,
+                k_cache: self.k_cache[l],
+                v_cache: self.v_cache[l],
+                slots,
+                q_norm: w.q_norm,
+                k_norm: w.k_norm,
+                positions,
+                cos: self.rope_cos,
+                sin: self.rope_sin,
+                tokens: n,
+                q_heads: qh,
+                kv_heads: kvh,
+                head_dim: hd,
+                max_position: o.max_seq_len as u32,
+                eps,
+            };
             // Decode rows (all of a decode step, the leading ones of a mixed step) through the
             // split decode attention; the prefill tiles after them on tensor cores. A decode row
             // thus gets the same arithmetic whether or not a prefill shares its step.
             let paged_tokens = if tensor_core_prefill { decode_rows } else { n };
+            let attention = PagedAttention {
+                out: sc.attn,
+                partials: sc.partials,
+                counters: sc.counters,
+                q: sc.q,
+                k_cache: self.k_cache[l],
+                v_cache: self.v_cache[l],
+                block_tables: tables,
+                token_seq,
+                positions,
+                tokens: paged_tokens,
+                q_heads: qh,
+                kv_heads: kvh,
+                head_dim: hd,
+                block_size: o.block_size as u32,
+                max_blocks_per_seq: width as u32,
+                keys_per_split,
+                splits,
+                scale,
+            };
             if fused_post {
-                self.launch(
-                    k.attention_qkv,
-                    "attention",
-                    &PagedAttentionQkv {
-                        out: sc.attn,
-                        partials: sc.partials,
-                        counters: sc.counters,
-                        qkv: sc.qkv,
-                        k_cache: self.k_cache[l],
-                        v_cache: self.v_cache[l],
-                        block_tables: tables,
-                        token_seq,
-                        positions,
-                        slots,
-                        q_norm: w.q_norm,
-                        k_norm: w.k_norm,
-                        cos: self.rope_cos,
-                        sin: self.rope_sin,
-                        tokens: n,
-                        q_heads: qh,
-                        kv_heads: kvh,
-                        head_dim: hd,
-                        block_size: o.block_size as u32,
-                        max_blocks_per_seq: width as u32,
-                        keys_per_split,
-                        splits,
-                        max_position: o.max_seq_len as u32,
-                        scale,
-                        eps,
-                    },
-                )?;
-            } else if paged_tokens > 0 {
-                self.launch(
-                    k.attention,
-                    "attention",
-                    &PagedAttention {
-                        out: sc.attn,
-                        partials: sc.partials,
-                        counters: sc.counters,
-                        q: sc.q,
-                        k_cache: self.k_cache[l],
-                        v_cache: self.v_cache[l],
-                        block_tables: tables,
-                        token_seq,
-                        positions,
-                        tokens: paged_tokens,
-                        q_heads: qh,
-                        kv_heads: kvh,
-                        head_dim: hd,
-                        block_size: o.block_size as u32,
-                        max_blocks_per_seq: width as u32,
-                        keys_per_split,
-                        splits,
-                        scale,
-                    },
-                )?;
+                let fused = PagedAttentionQkv::fuse(&post, &attention);
+                self.launch(k.attention_qkv, "attention", &fused)?;
+            } else {
+                self.launch(k.qkv_post, "qkv_post", &post)?;
+                if paged_tokens > 0 {
+                    self.launch(k.attention, "attention", &attention)?;
+                }
             }
             if tensor_core_prefill && decode_rows < num_tiles {
                 let v1 = PrefillAttention {

@@ -119,6 +119,38 @@ kernel_args!(
 );
 
 impl PagedAttentionQkv {
+    /// The one launch for `post` followed by `attention` (the same tokens over the same caches;
+    /// `post.q_out` and `attention.q` are not needed).
+    pub fn fuse(post: &QkvRopeKvWrite, attention: &PagedAttention) -> Self {
+        PagedAttentionQkv {
+            out: attention.out,
+            partials: attention.partials,
+            counters: attention.counters,
+            qkv: post.qkv,
+            k_cache: attention.k_cache,
+            v_cache: attention.v_cache,
+            block_tables: attention.block_tables,
+            token_seq: attention.token_seq,
+            positions: attention.positions,
+            slots: post.slots,
+            q_norm: post.q_norm,
+            k_norm: post.k_norm,
+            cos: post.cos,
+            sin: post.sin,
+            tokens: attention.tokens,
+            q_heads: attention.q_heads,
+            kv_heads: attention.kv_heads,
+            head_dim: attention.head_dim,
+            block_size: attention.block_size,
+            max_blocks_per_seq: attention.max_blocks_per_seq,
+            keys_per_split: attention.keys_per_split,
+            splits: attention.splits,
+            max_position: post.max_position,
+            scale: attention.scale,
+            eps: post.eps,
+        }
+    }
+
     /// The two launches it stands for.
     pub fn parts(&self) -> (QkvRopeKvWrite, PagedAttention) {
         (
@@ -1609,6 +1641,7 @@ mod tests {
         let mut two = m.clone();
         fused.reference(&mut m).unwrap();
         let (mut post, mut attention) = fused.parts();
+        assert_eq!(PagedAttentionQkv::fuse(&post, &attention), fused);
         let q = two.put(&bf16s(&[0.0; 2 * 2 * D]));
         post.q_out = q;
         attention.q = q;
