@@ -492,6 +492,31 @@ __device__ __forceinline__ void attend_group(
     }
 #undef METRALE_ATTEND
 }
+
+// Both entry points: the block's bounds check, then attend_group at the launch's head_dim.
+template <bool POST>
+__device__ __forceinline__ void attend_any(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+    const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale,
+    const Post& post) {
+    if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
+    const uint32_t group = q_heads / kv_heads;
+#define METRALE_ATTEND(HD)                                                                     \
+    attend_group<HD, POST>(group, out, partials, counters, q, k_cache, v_cache, block_tables,  \
+                           token_seq, positions, q_heads, kv_heads, block_size,                \
+                           max_blocks_per_seq, keys_per_split, scale, post)
+    switch (head_dim) {
+        case 64: METRALE_ATTEND(64); break;
+        case 128: METRALE_ATTEND(128); break;
+        case 256: METRALE_ATTEND(256); break;
+        default: break;
+    }
+#undef METRALE_ATTEND
+}
 }  // namespace
 
 // Two blocks per SM (the rings' shared memory allows no more at head_dim 128).
@@ -511,20 +536,9 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_bf16(
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale) {
     // The programmatic-launch wait is inside attend, after the block-table lookups.
-    if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
-    const uint32_t group = q_heads / kv_heads;
-    const Post none{};
-#define METRALE_ATTEND(HD)                                                                     \
-    attend_group<HD, false>(group, out, partials, counters, q, k_cache, v_cache, block_tables, \
-                            token_seq, positions, q_heads, kv_heads, block_size,               \
-                            max_blocks_per_seq, keys_per_split, scale, none)
-    switch (head_dim) {
-        case 64: METRALE_ATTEND(64); break;
-        case 128: METRALE_ATTEND(128); break;
-        case 256: METRALE_ATTEND(256); break;
-        default: break;
-    }
-#undef METRALE_ATTEND
+    attend_any<false>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,
+                      positions, tokens, q_heads, kv_heads, head_dim, block_size,
+                      max_blocks_per_seq, keys_per_split, splits, scale, Post{});
 }
 
 // paged_attention_bf16 with qkv_rope_kv_write_bf16's work folded in, for steps where every token
@@ -547,22 +561,12 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_qkv_bf16(
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, uint32_t max_position,
     float scale, float eps) {
-    if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
-    const uint32_t group = q_heads / kv_heads;
     __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 256];
     const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
                     post_smem, cos_table, sin_table, max_position, eps};
-#define METRALE_ATTEND(HD)                                                                     \
-    attend_group<HD, true>(group, out, partials, counters, nullptr, k_cache, v_cache,           \
-                           block_tables, token_seq, positions, q_heads, kv_heads, block_size,  \
-                           max_blocks_per_seq, keys_per_split, scale, post)
-    switch (head_dim) {
-        case 64: METRALE_ATTEND(64); break;
-        case 128: METRALE_ATTEND(128); break;
-        case 256: METRALE_ATTEND(256); break;
-        default: break;
-    }
-#undef METRALE_ATTEND
+    attend_any<true>(out, partials, counters, nullptr, k_cache, v_cache, block_tables, token_seq,
+                     positions, tokens, q_heads, kv_heads, head_dim, block_size,
+                     max_blocks_per_seq, keys_per_split, splits, scale, post);
 }
 
 // Merges the splits' partials of paged_attention_bf16:

@@ -21,7 +21,8 @@
 // grid must cover them all (tokens * (q_heads + 2 kv_heads) < 2^32).
 // Registers: 32 (8 blocks, 2048 threads per SM), no spills: the norm weight and cos/sin pieces are
 // loaded where they are used (loading them with the input needed 40 registers, 6 blocks per SM, and
-// the 8192-token prefill row went from 69.4 to 77.4 us on the H200).
+// the 8192-token prefill row went from 69.4 to 77.4 us on the H200: bench-kernels in
+// docs/results/2026-12-01-speed-h200/harness-e20ced0 and ab-fused-qkv-attention/run2-51c3637).
 // Launch: grid = ceil(tokens * (q_heads + 2 kv_heads) / (256 / L)), block = 256.
 #include "common.cuh"
 #include "qkv_post.cuh"
