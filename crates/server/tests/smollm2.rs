@@ -42,6 +42,13 @@ fn ids_after(stderr: &str, label: &str) -> Vec<u32> {
     serde_json::from_str(line.trim()).unwrap()
 }
 
+/// The greedy ids a successful `--print-ids` run printed.
+fn output_ids(out: std::process::Output) -> Vec<u32> {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    ids_after(&stderr, "output ids:")
+}
+
 #[test]
 fn capital_of_france() {
     let out = run(&greedy_chat("What is the capital of France?", "16", &[]));
@@ -92,13 +99,8 @@ fn graph_replay_gives_the_same_tokens() {
         &["--ignore-eos", "--print-ids"],
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ids = |out: std::process::Output| {
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
-        ids_after(&stderr, "output ids:")
-    };
-    let direct = ids(met_with_env(&args, "METRALE_CUDA_GRAPHS", "0"));
-    let replayed = ids(met_with_env(&args, "METRALE_CUDA_GRAPHS", "1"));
+    let direct = output_ids(met_with_env(&args, "METRALE_CUDA_GRAPHS", "0"));
+    let replayed = output_ids(met_with_env(&args, "METRALE_CUDA_GRAPHS", "1"));
     assert_eq!(direct.len(), 40);
     assert_eq!(replayed, direct);
 }
@@ -109,14 +111,9 @@ fn graph_replay_gives_the_same_tokens() {
 fn fused_launches_give_the_same_tokens() {
     let args = greedy_chat("Name three rivers.", "24", &["--ignore-eos", "--print-ids"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ids = |out: std::process::Output| {
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
-        ids_after(&stderr, "output ids:")
-    };
-    let separate = ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "0"));
-    let fused = ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "1"));
-    let separate_swiglu = ids(met_with_env(&args, "METRALE_FUSED_SWIGLU", "0"));
+    let separate = output_ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "0"));
+    let fused = output_ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "1"));
+    let separate_swiglu = output_ids(met_with_env(&args, "METRALE_FUSED_SWIGLU", "0"));
     assert_eq!(separate.len(), 24);
     assert_eq!(fused, separate);
     assert_eq!(separate_swiglu, separate);
