@@ -393,26 +393,38 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
     }
     if tokens > 1 && PrefillAttention::supports_head_dim(hd) {
         // Version 1 on its tiles of 64; version 2 on its tiles of 128 and on tiles of 64 (twice
-        // the blocks, each warp's second m-tile idle: the choice for short prompts).
+        // the blocks, each warp's second m-tile idle: the choice for short prompts); version 3
+        // (head_dim 128) on tiles of 128 and 64.
         let tiles64 = prefill_attention_tiles(&token_seq, &positions);
         let tiles128 =
             prefill_attention_tiles_of(&token_seq, &positions, PrefillAttentionV2::TILE_TOKENS);
-        for (v2, tiles) in [(false, tiles64.clone()), (true, tiles128), (true, tiles64)] {
+        let mut versions = vec![
+            (1, tiles64.clone()),
+            (2, tiles128.clone()),
+            (2, tiles64.clone()),
+        ];
+        if PrefillAttentionV3::supports_head_dim(hd) {
+            versions.extend([(3, tiles128), (3, tiles64)]);
+        }
+        for (version, tiles) in versions {
             let num_tiles = tiles.len() as u32;
             let max = tiles.iter().map(|t| t[3]).max().unwrap_or(0);
-            let (kernel, label) = if v2 {
-                (
+            let (kernel, label) = match version {
+                1 => (
+                    PrefillAttention::NAME,
+                    format!("{} {what} (tensor cores, {num_tiles} tiles)", s.name),
+                ),
+                2 => (
                     PrefillAttentionV2::NAME,
                     format!(
                         "{} {what} (tensor cores v2, {num_tiles} tiles of <={max})",
                         s.name
                     ),
-                )
-            } else {
-                (
-                    PrefillAttention::NAME,
-                    format!("{} {what} (tensor cores, {num_tiles} tiles)", s.name),
-                )
+                ),
+                _ => (
+                    PrefillAttentionV3::NAME,
+                    format!("{} {what} (wgmma v3, {num_tiles} tiles of <={max})", s.name),
+                ),
             };
             out.push(BenchCase {
                 kernel,
@@ -444,10 +456,10 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
                         max_blocks_per_seq: blocks_per_seq,
                         scale: 1.0 / (hd as f32).sqrt(),
                     };
-                    if v2 {
-                        launch_of(PrefillAttentionV2::from(v1))
-                    } else {
-                        launch_of(v1)
+                    match version {
+                        1 => launch_of(v1),
+                        2 => launch_of(PrefillAttentionV2::from(v1)),
+                        _ => launch_of(PrefillAttentionV3::from(v1)),
                     }
                 }),
             });

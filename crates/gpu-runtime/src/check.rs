@@ -1038,11 +1038,18 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let v1_tiles = prefill_attention_tiles(&token_seq, &positions);
         let v2_tiles =
             prefill_attention_tiles_of(&token_seq, &positions, PrefillAttentionV2::TILE_TOKENS);
+        // Version 3 (head_dim 128) on the same two cuts.
         let mut variants = vec![(PrefillAttention::NAME, v1_tiles.clone())];
         if v2_tiles != v1_tiles {
-            variants.push((PrefillAttentionV2::NAME, v2_tiles));
+            variants.push((PrefillAttentionV2::NAME, v2_tiles.clone()));
         }
-        variants.push((PrefillAttentionV2::NAME, v1_tiles));
+        variants.push((PrefillAttentionV2::NAME, v1_tiles.clone()));
+        if PrefillAttentionV3::supports_head_dim(head_dim) {
+            if v2_tiles != v1_tiles {
+                variants.push((PrefillAttentionV3::NAME, v2_tiles));
+            }
+            variants.push((PrefillAttentionV3::NAME, v1_tiles));
+        }
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (q_f32, k_bf16, v_bf16): (Vec<f32>, Vec<bf16>, Vec<bf16>) = (
             bf16_values(&q),
@@ -1067,10 +1074,11 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 max_blocks_per_seq: max_blocks as u32,
                 scale,
             };
-            let key_tile = if kernel == PrefillAttention::NAME {
-                PrefillAttention::KEY_TILE
-            } else {
+            let key_tile = if kernel == PrefillAttentionV2::NAME {
                 PrefillAttentionV2::KEY_TILE
+            } else {
+                // Versions 1 and 3 both step over 64 keys.
+                PrefillAttention::KEY_TILE
             };
             let mut allowance = vec![0f32; (tokens + 64) * width];
             for row in
@@ -1125,6 +1133,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     };
                     if kernel == PrefillAttention::NAME {
                         return launch_of(v1);
+                    }
+                    if kernel == PrefillAttentionV3::NAME {
+                        return launch_of(PrefillAttentionV3::from(v1));
                     }
                     launch_of(PrefillAttentionV2::from(v1))
                 }),

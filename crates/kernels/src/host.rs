@@ -234,6 +234,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (AttentionCombine::NAME, run::<AttentionCombine>),
         (PrefillAttention::NAME, run::<PrefillAttention>),
         (PrefillAttentionV2::NAME, run::<PrefillAttentionV2>),
+        (PrefillAttentionV3::NAME, run::<PrefillAttentionV3>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
         (QkvRopeKvWrite::NAME, run::<QkvRopeKvWrite>),
     ]

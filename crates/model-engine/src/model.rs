@@ -23,7 +23,7 @@ use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, lau
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
     GemvSwiglu, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
-    QkvRopeKvWrite, SiluMul, attention_splits, prefill_attention_tiles_of,
+    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, attention_splits, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -122,6 +122,7 @@ struct Kernels {
     gemv_swiglu: KernelHandle,
     prefill_attention: KernelHandle,
     prefill_attention_v2: KernelHandle,
+    prefill_attention_v3: KernelHandle,
     argmax_f32: KernelHandle,
 }
 
@@ -178,6 +179,29 @@ const ATTENTION_PARTIALS: u32 = 32768;
 /// (`METRALE_ATTENTION_TARGET_BLOCKS` overrides it, for measuring fewer and longer splits).
 const ATTENTION_TARGET_BLOCKS: u32 = 264;
 
+/// The tensor-core prefill attention kernels (all take the same arguments and tiles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PrefillVersion {
+    /// `prefill_attention_bf16`: 64-token query tiles, mma.sync.
+    V1,
+    /// `prefill_attention_v2_bf16`: 128-token query tiles, mma.sync, double-buffered keys.
+    V2,
+    /// `prefill_attention_v3_bf16`: 128-token query tiles on wgmma (head_dim 128 only).
+    V3,
+}
+
+impl PrefillVersion {
+    /// The version `METRALE_PREFILL_ATTENTION` names (`v1`, `v2`, `v3`) or the default, version
+    /// 2; version 3 only where it covers the head dim (else version 2).
+    pub(crate) fn choose(env: Option<&str>, head_dim: u32) -> PrefillVersion {
+        match env {
+            Some("v1") => PrefillVersion::V1,
+            Some("v3") if PrefillAttentionV3::supports_head_dim(head_dim) => PrefillVersion::V3,
+            _ => PrefillVersion::V2,
+        }
+    }
+}
+
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
 pub struct Model {
     config: ModelConfig,
@@ -206,12 +230,9 @@ pub struct Model {
     /// Products of at most this many rows stream the weight with the GEMV kernel; larger ones
     /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
     gemv_max_rows: u32,
-    /// Prefill attention through `prefill_attention_v2_bf16` (128-token query tiles), the
-    /// default, or v1 (64-token tiles) with `METRALE_PREFILL_ATTENTION=v1`. On the H200 v2 took
-    /// Qwen3-8B's 8192-token TTFT from 284.5 to 255.6 ms (25.6 ms at 1024 either way), with
-    /// Qwen3-0.6B parity 8.2e-3 (docs/results/2026-11-30-speed-h200/followup-622760c and
-    /// followup-3a99f67).
-    prefill_v2: bool,
+    /// Which tensor-core prefill attention runs (`METRALE_PREFILL_ATTENTION=v1|v2|v3`):
+    /// [`PrefillVersion::choose`].
+    prefill_version: PrefillVersion,
     /// Blocks a split decode attention launch aims for ([`ATTENTION_TARGET_BLOCKS`] unless
     /// `METRALE_ATTENTION_TARGET_BLOCKS` says otherwise).
     attention_target_blocks: u32,
@@ -254,6 +275,7 @@ impl Model {
             attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
+            prefill_attention_v3: g.kernel(PrefillAttentionV3::NAME)?,
             argmax_f32: g.kernel(ArgmaxF32::NAME)?,
         };
         let weights = weights::load(&config, source, g, progress)?;
@@ -302,6 +324,10 @@ impl Model {
         g.synchronize(stream)?;
         g.copy_h2d(bytemuck::cast_slice(&cos), rope_cos)?;
         g.copy_h2d(bytemuck::cast_slice(&sin), rope_sin)?;
+        let prefill_version = PrefillVersion::choose(
+            std::env::var("METRALE_PREFILL_ATTENTION").ok().as_deref(),
+            config.head_dim as u32,
+        );
         Ok(Model {
             config,
             options,
@@ -323,7 +349,7 @@ impl Model {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(GEMV_MAX_ROWS, |r: u32| r.min(GEMV_MAX_ROWS)),
-            prefill_v2: std::env::var("METRALE_PREFILL_ATTENTION").map_or(true, |v| v != "v1"),
+            prefill_version,
             attention_target_blocks: std::env::var("METRALE_ATTENTION_TARGET_BLOCKS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -818,12 +844,21 @@ impl Model {
                     max_blocks_per_seq: width as u32,
                     scale,
                 };
-                if self.prefill_v2 {
-                    // The same arguments; its own launch geometry (heads in grid x).
-                    let v2 = PrefillAttentionV2::from(v1);
-                    self.launch(k.prefill_attention_v2, "prefill_attention", &v2)?;
-                } else {
-                    self.launch(k.prefill_attention, "prefill_attention", &v1)?;
+                // The same arguments for every version; each its own launch geometry.
+                match self.prefill_version {
+                    PrefillVersion::V1 => {
+                        self.launch(k.prefill_attention, "prefill_attention", &v1)?
+                    }
+                    PrefillVersion::V2 => self.launch(
+                        k.prefill_attention_v2,
+                        "prefill_attention",
+                        &PrefillAttentionV2::from(v1),
+                    )?,
+                    PrefillVersion::V3 => self.launch(
+                        k.prefill_attention_v3,
+                        "prefill_attention",
+                        &PrefillAttentionV3::from(v1),
+                    )?,
                 }
             }
             gemm("o", sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
@@ -963,10 +998,10 @@ impl Model {
 
     /// Query tokens per tile of the prefill attention in use.
     fn prefill_tile(&self) -> u32 {
-        if self.prefill_v2 {
-            PrefillAttentionV2::TILE_TOKENS
-        } else {
-            PrefillAttention::TILE_TOKENS
+        match self.prefill_version {
+            PrefillVersion::V1 => PrefillAttention::TILE_TOKENS,
+            PrefillVersion::V2 => PrefillAttentionV2::TILE_TOKENS,
+            PrefillVersion::V3 => PrefillAttentionV3::TILE_TOKENS,
         }
     }
 
@@ -1053,5 +1088,21 @@ impl Drop for Model {
         for &p in self.owned.iter().chain(&self.weights.allocations) {
             let _ = self.gpu.free(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PrefillVersion;
+
+    #[test]
+    fn prefill_version_follows_the_variable_where_the_kernel_covers_the_head_dim() {
+        assert_eq!(PrefillVersion::choose(None, 128), PrefillVersion::V2);
+        assert_eq!(PrefillVersion::choose(Some("v1"), 128), PrefillVersion::V1);
+        assert_eq!(PrefillVersion::choose(Some("v2"), 64), PrefillVersion::V2);
+        assert_eq!(PrefillVersion::choose(Some("v3"), 128), PrefillVersion::V3);
+        // Version 3 covers head_dim 128 only.
+        assert_eq!(PrefillVersion::choose(Some("v3"), 64), PrefillVersion::V2);
+        assert_eq!(PrefillVersion::choose(Some("v9"), 128), PrefillVersion::V2);
     }
 }

@@ -328,6 +328,43 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`PrefillAttentionV2`] on Hopper's warpgroup MMA (wgmma): the same arguments and tiles
+    /// (`count` in 1..=[`PrefillAttentionV3::TILE_TOKENS`]), two warpgroups of 64 query rows per
+    /// tile, keys in stages of [`PrefillAttentionV3::KEY_TILE`] through a 4-stage shared-memory
+    /// ring. Its online softmax steps over 64 keys, as version 1's does. Head dim 128 only
+    /// ([`PrefillAttentionV3::supports_head_dim`]): for others the kernel writes nothing and
+    /// callers keep version 2.
+    PrefillAttentionV3 => names::prefill_attention_v3::PREFILL_ATTENTION_V3_BF16 {
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        out: DevicePtr,
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        q: DevicePtr,
+        /// bf16 `[num_blocks, block_size, kv_heads, head_dim]`.
+        k_cache: DevicePtr,
+        /// bf16, same layout as `k_cache`.
+        v_cache: DevicePtr,
+        /// i32 `[num_seqs, max_blocks_per_seq]`.
+        block_tables: DevicePtr,
+        /// i32 `[num_tiles, 4]`: `(seq, first_token, first_position, count)` per tile.
+        tiles: DevicePtr,
+        /// Query tiles (the launch's grid y, at most 65535).
+        num_tiles: u32,
+        /// Query heads (the launch's grid x).
+        q_heads: u32,
+        /// Key/value heads (divides `q_heads`).
+        kv_heads: u32,
+        /// Elements per head: 128.
+        head_dim: u32,
+        /// Tokens per cache block.
+        block_size: u32,
+        /// Columns of `block_tables`.
+        max_blocks_per_seq: u32,
+        /// Score scale (`1 / sqrt(head_dim)`), positive.
+        scale: f32,
+    }
+);
+
 /// Dynamic shared memory of a [`PagedAttention`] launch, in bytes, for query groups of `group`
 /// heads: the larger of the 4 warps' rings of 16-key K and V tiles (3 stages, 2 at head_dim 256)
 /// and the f32 merge area (each warp's partial output and softmax state, and per-split weights
@@ -745,6 +782,57 @@ impl PrefillAttentionV2 {
     }
 }
 
+impl PrefillAttentionV3 {
+    /// Most query tokens in one tile (the kernel's 2 warpgroups of 64 rows).
+    pub const TILE_TOKENS: u32 = 128;
+    /// Keys per online-softmax step (the kernel's shared-memory key tile).
+    pub const KEY_TILE: u32 = 64;
+    /// Dynamic shared memory of a launch: q (128 x 128 bf16) and 4 stages of a K and a V tile
+    /// (64 x 128 bf16 each), plus 1 KiB for aligning the swizzle atoms. Mirrors
+    /// prefill_attention_v3.cu.
+    pub const SMEM_BYTES: u32 = 128 * 128 * 2 + 4 * 2 * 64 * 128 * 2 + 1024;
+
+    /// Whether the kernel covers this head dimension (128 only; callers keep
+    /// [`PrefillAttentionV2`] for the others).
+    pub const fn supports_head_dim(head_dim: u32) -> bool {
+        head_dim == 128
+    }
+
+    /// The same arguments as version 1's.
+    fn as_v1(&self) -> PrefillAttention {
+        let PrefillAttentionV3 {
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            tiles,
+            num_tiles,
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            max_blocks_per_seq,
+            scale,
+        } = *self;
+        PrefillAttention {
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            tiles,
+            num_tiles,
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            max_blocks_per_seq,
+            scale,
+        }
+    }
+}
+
 /// The query tiles of [`PrefillAttention`] for a step's tokens (`token_seq[t]`, `positions[t]`),
 /// [`PrefillAttention::TILE_TOKENS`] tokens at most: [`prefill_attention_tiles_of`].
 pub fn prefill_attention_tiles(token_seq: &[i32], positions: &[i32]) -> Vec<[i32; 4]> {
@@ -794,6 +882,56 @@ impl From<PrefillAttention> for PrefillAttentionV2 {
             max_blocks_per_seq: a.max_blocks_per_seq,
             scale: a.scale,
         }
+    }
+}
+
+impl From<PrefillAttention> for PrefillAttentionV3 {
+    /// The same arguments for version 3 (its own launch geometry comes with its type).
+    fn from(a: PrefillAttention) -> Self {
+        PrefillAttentionV3 {
+            out: a.out,
+            q: a.q,
+            k_cache: a.k_cache,
+            v_cache: a.v_cache,
+            block_tables: a.block_tables,
+            tiles: a.tiles,
+            num_tiles: a.num_tiles,
+            q_heads: a.q_heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            block_size: a.block_size,
+            max_blocks_per_seq: a.max_blocks_per_seq,
+            scale: a.scale,
+        }
+    }
+}
+
+impl Kernel for PrefillAttentionV3 {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            // As version 2: heads fastest, one block for an empty launch.
+            grid: [self.q_heads, self.num_tiles.max(1), 1],
+            block: [256, 1, 1],
+            shared_mem_bytes: Self::SMEM_BYTES,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        if !Self::supports_head_dim(self.head_dim) {
+            return Err(HostError::BadArgs {
+                kernel: Self::NAME,
+                message: format!(
+                    "head_dim {} is not 128 (use prefill attention version 2)",
+                    self.head_dim
+                ),
+            });
+        }
+        prefill_reference(
+            &self.as_v1(),
+            Self::NAME,
+            Self::TILE_TOKENS,
+            Self::KEY_TILE,
+            mem,
+        )
     }
 }
 
@@ -1529,6 +1667,62 @@ mod tests {
         assert!(rel > 0.0 && rel < 5e-3, "relative L2 difference {rel}");
         assert!(v2_out[live..].iter().all(|&x| x == sentinel[0]));
         assert!(v2_out[..live].iter().all(|&x| x != sentinel[0]));
+    }
+
+    /// Version 3's reference is version 1's arithmetic (64-key softmax steps) on tiles of up to
+    /// 128 tokens, for head_dim 128 only.
+    #[test]
+    fn prefill_v3_reference_is_v1_on_tiles_of_128() {
+        const D: usize = 128;
+        let (qh, kvh, bs, maxb, nblocks) = (4usize, 2usize, 16usize, 12usize, 30usize);
+        let tables: Vec<i32> = (0..2 * maxb as i32).map(|b| (b * 11) % 30).collect();
+        let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
+        for (seq, range) in [(0, 30..190), (1, 0..3)] {
+            for p in range {
+                token_seq.push(seq);
+                positions.push(p);
+            }
+        }
+        let tokens = token_seq.len();
+        let mut m = FlatMemory::new();
+        let cache = nblocks * bs * kvh * D;
+        let n = (tokens + 1) * qh * D;
+        let sentinel = bf16s(&vec![7.0; n]);
+        let tiles64 = prefill_attention_tiles_of(&token_seq, &positions, 64);
+        let tiles128 = prefill_attention_tiles_of(&token_seq, &positions, 128);
+        let v1 = PrefillAttention {
+            out: m.put(&sentinel),
+            q: m.put(&noise(tokens * qh * D, 7)),
+            k_cache: m.put(&noise(cache, 8)),
+            v_cache: m.put(&noise(cache, 9)),
+            block_tables: m.put(&tables),
+            tiles: m.put(&tiles64.concat()),
+            num_tiles: tiles64.len() as u32,
+            q_heads: qh as u32,
+            kv_heads: kvh as u32,
+            head_dim: D as u32,
+            block_size: bs as u32,
+            max_blocks_per_seq: maxb as u32,
+            scale: 1.0 / (D as f32).sqrt(),
+        };
+        v1.reference(&mut m).unwrap();
+        let v1_out = m.get::<bf16>(v1.out, n);
+        let v3 = PrefillAttentionV3 {
+            out: m.put(&sentinel),
+            tiles: m.put(&tiles128.concat()),
+            num_tiles: tiles128.len() as u32,
+            ..PrefillAttentionV3::from(v1)
+        };
+        v3.reference(&mut m).unwrap();
+        assert_eq!(m.get::<bf16>(v3.out, n), v1_out);
+        assert_eq!(v3.launch_config().grid, [qh as u32, 3, 1]);
+        assert_eq!(v3.launch_config().block, [256, 1, 1]);
+        // Head dim 64 is version 2's.
+        assert!(
+            PrefillAttentionV3 { head_dim: 64, ..v3 }
+                .reference(&mut m)
+                .is_err()
+        );
     }
 
     #[test]

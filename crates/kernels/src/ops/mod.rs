@@ -17,8 +17,9 @@ pub use activation::SiluMul;
 pub use argmax::{ArgmaxBf16, ArgmaxF32};
 pub use attention::{
     AttentionCombine, KvCacheWrite, PagedAttention, PagedAttentionQkv, PrefillAttention,
-    PrefillAttentionV2, PrefillRow, attention_splits, paged_attention_smem_bytes,
-    prefill_attention_rows, prefill_attention_tiles, prefill_attention_tiles_of,
+    PrefillAttentionV2, PrefillAttentionV3, PrefillRow, attention_splits,
+    paged_attention_smem_bytes, prefill_attention_rows, prefill_attention_tiles,
+    prefill_attention_tiles_of,
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
