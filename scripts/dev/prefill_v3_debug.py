@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT OR Apache-2.0
-# Runs prefill_attention_v3_bf16 cubins (built with different -DV3_STAGES/V3_AHEAD/V3_PIPE) on the
-# GPU through the driver API, on one causal sequence over a shuffled paged cache, and prints each
-# query tile's worst error against a torch f32 reference: which tiles and rows go wrong, per
-# variant. Needs torch and a GPU. Usage: prefill_v3_debug.py CUBIN...
+# Runs prefill_attention_v3_bf16 cubins (variants of kernels/hopper/common/prefill_attention_v3.cu,
+# built with nvcc -cubin; t<keys>_<stages>.cubin names a variant's key tile and stage count for its
+# shared memory size) on the GPU through the driver API: on causal sequences over a shuffled paged
+# cache, each 128-query tile's worst error against a torch f32 reference (which tiles and rows go
+# wrong), then the time of a 1024- and an 8192-token launch at Qwen3-8B's heads. Needs torch and a
+# GPU. Usage: prefill_v3_debug.py CUBIN...
 import ctypes
 import sys
 
 import torch
 
 cuda = ctypes.CDLL("libcuda.so.1")
+
+
+def tile_keys(cubin):
+    """Keys per stage: a cubin named t<keys>_<stages>.cubin, else 64."""
+    name = cubin.split("/")[-1]
+    return int(name[1:name.index("_")]) if name.startswith("t") and name[1].isdigit() else 64
 
 
 def ck(r, what):
@@ -52,7 +60,7 @@ def run(cubin, stages, tokens=300, q_heads=8, kv_heads=2, block=16, seed=0, time
     ck(cuda.cuModuleLoadData(ctypes.byref(mod), data), "cuModuleLoadData")
     fn = ctypes.c_void_p()
     ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"prefill_attention_v3_bf16"), "GetFunction")
-    smem = 128 * 128 * 2 + stages * 2 * 64 * 128 * 2 + 1024
+    smem = 128 * 128 * 2 + stages * 2 * tile_keys(cubin) * 128 * 2 + 1024
     ck(cuda.cuFuncSetAttribute(fn, 8, ctypes.c_int(smem)), "SetAttribute")  # MAX_DYNAMIC_SHARED
     args = [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(q.data_ptr()), ctypes.c_uint64(kc.data_ptr()),
             ctypes.c_uint64(vc.data_ptr()), ctypes.c_uint64(table.data_ptr()), ctypes.c_uint64(tiles_t.data_ptr()),
@@ -80,7 +88,7 @@ def launch_timed(cubin, stages, q, kc, vc, table, tiles, tiles_t, out, q_heads, 
     ck(cuda.cuModuleLoadData(ctypes.byref(mod), open(cubin, "rb").read()), "cuModuleLoadData")
     fn = ctypes.c_void_p()
     ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"prefill_attention_v3_bf16"), "GetFunction")
-    smem = 128 * 128 * 2 + stages * 2 * 64 * 128 * 2 + 1024
+    smem = 128 * 128 * 2 + stages * 2 * tile_keys(cubin) * 128 * 2 + 1024
     ck(cuda.cuFuncSetAttribute(fn, 8, ctypes.c_int(smem)), "SetAttribute")
     args = [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(q.data_ptr()), ctypes.c_uint64(kc.data_ptr()),
             ctypes.c_uint64(vc.data_ptr()), ctypes.c_uint64(table.data_ptr()), ctypes.c_uint64(tiles_t.data_ptr()),

@@ -6,8 +6,9 @@ same run, matched by label, as markdown (stdout) and JSON.
         --torch torch-kernels-qwen3-8b.json --json kernel-table-qwen3-8b.json
 
 A met row's label may carry a suffix the PyTorch row does not (" (GpuBackend::gemm)" for the
-library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles of <=T)" for the
-prefill attention's version 2, " (N columns per block)" for the GEMV at a split it does not use); a
+library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles of <=T)" and
+" (wgmma v3, N tiles of <=T)" for the prefill attention's versions 2 and 3, " (N columns per
+block)" for the GEMV at a split it does not use); a
 split attention's combine kernel is added
 to its attention row, since PyTorch's one call does both. "speedup" is PyTorch time over met time:
 above 1, met is faster. Rows where met is not faster are listed after the table.
@@ -30,24 +31,24 @@ def base(label: str) -> str:
     tiling suffixes."""
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
     label = re.sub(r" \(\d+ columns per block\)$", "", label)
-    return re.sub(r" \(tensor cores v2, \d+ tiles of <=\d+\)$", "", label)
+    return re.sub(r" \((tensor cores v2|wgmma v3), \d+ tiles of <=\d+\)$", "", label)
 
 
 # The engine's product rule (crates/model-engine, Model::streams_weight): the GEMV up to
 # GEMV_MAX_ROWS rows, except that past GEMV_WIDE_K_MAX_ROWS rows a product over GEMV_WIDE_K or more
 # inputs goes to the library GEMM.
 GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
-# The engine's prefill attention: version 2 on query tiles of 128 (version 1 and v2 on tiles of 64
-# are benched for comparison).
-PREFILL_TILE = 128
+# The engine's prefill attention at head_dim 128 (the speed models'): version 3 on query tiles of 128
+# (versions 1 and 2, and v3 on tiles of 64, are benched for comparison).
+PREFILL_KERNEL, PREFILL_TILE = "prefill_attention_v3_bf16", 128
 
 
 def on_path(r) -> bool:
     """Whether the engine launches this row's kernel for this shape on CUDA: the WMMA GEMM is only
     the fallback when cuBLASLt is missing (every GEMM row of the engine's path is the
     GpuBackend::gemm one), a product takes the GEMV or the library by the rule above (the other
-    row at that size is the measured alternative), and prefill attention runs on the tensor-core
-    kernel version 2 over tiles of 128, not version 1, v2 on tiles of 64, or the per-query
+    row at that size is the measured alternative), and prefill attention runs on the wgmma kernel
+    version 3 over tiles of 128, not versions 1 or 2, v3 on tiles of 64, or the per-query
     paged_attention_bf16, all kept in the bench for comparison."""
     label = r["label"]
     if r["kernel"] == "gemm_bf16" and "(GpuBackend::gemm)" not in label:
@@ -61,7 +62,7 @@ def on_path(r) -> bool:
         return gemv == r["kernel"].startswith("gemv")
     if "prefill attention" in label:
         tiles = re.search(r"tiles of <=(\d+)\)", label)
-        return r["kernel"] == "prefill_attention_v2_bf16" and tiles is not None and int(tiles.group(1)) == PREFILL_TILE
+        return r["kernel"] == PREFILL_KERNEL and tiles is not None and int(tiles.group(1)) == PREFILL_TILE
     return True
 
 
@@ -109,7 +110,7 @@ def main():
     if off:
         print(f"\n{len(off)} rows are kernels the engine does not launch on CUDA for that shape (the WMMA GEMM "
               "fallback, the GEMV or library product on the other side of the engine's rule, prefill attention "
-              "version 1, version 2 on tiles of 64, the per-query kernel), kept for comparison.")
+              "versions 1 and 2, version 3 on tiles of 64, the per-query kernel), kept for comparison.")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2) + "\n")
 

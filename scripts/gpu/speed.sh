@@ -127,9 +127,9 @@ met)
     METRALE_GEMV_MAX_ROWS=1 timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 8 \
       --json "$RES/bench-model-gemm8-$m.json" > "$RES/bench-model-gemm8-$m.md" 2>&1
     record "met bench-model $m, batch 8 through the library GEMM" "exit $? ($(grep -E '^\| decode' "$RES/bench-model-gemm8-$m.md" | awk -F'|' '{printf "%sms", $5+0}'))"
-    METRALE_PREFILL_ATTENTION=v1 timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 --batches 1 \
-      --json "$RES/bench-model-prefill-v1-$m.json" > "$RES/bench-model-prefill-v1-$m.md" 2>&1
-    record "met bench-model $m, prefill attention v1 (v2 is the default)" "exit $? ($(grep -E '^\| prefill' "$RES/bench-model-prefill-v1-$m.md" | awk -F'|' '{printf "t%s %sms; ", $4+0, $5+0}'))"
+    METRALE_PREFILL_ATTENTION=v2 timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 --batches 1 \
+      --json "$RES/bench-model-prefill-v2-$m.json" > "$RES/bench-model-prefill-v2-$m.md" 2>&1
+    record "met bench-model $m, prefill attention v2 (v3 is the default at head_dim 128)" "exit $? ($(grep -E '^\| prefill' "$RES/bench-model-prefill-v2-$m.md" | awk -F'|' '{printf "t%s %sms; ", $4+0, $5+0}'))"
     prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
     "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
       --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$m.txt" 2>&1

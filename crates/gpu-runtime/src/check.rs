@@ -1076,8 +1076,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
             };
             let key_tile = if kernel == PrefillAttentionV2::NAME {
                 PrefillAttentionV2::KEY_TILE
+            } else if kernel == PrefillAttentionV3::NAME {
+                PrefillAttentionV3::KEY_TILE
             } else {
-                // Versions 1 and 3 both step over 64 keys.
                 PrefillAttention::KEY_TILE
             };
             let mut allowance = vec![0f32; (tokens + 64) * width];

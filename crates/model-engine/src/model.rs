@@ -191,12 +191,16 @@ pub(crate) enum PrefillVersion {
 }
 
 impl PrefillVersion {
-    /// The version `METRALE_PREFILL_ATTENTION` names (`v1`, `v2`, `v3`) or the default, version
-    /// 2; version 3 only where it covers the head dim (else version 2).
+    /// The version `METRALE_PREFILL_ATTENTION` names (`v1`, `v2`, `v3`), by default version 3
+    /// where it covers the head dim (128) and version 2 elsewhere. On the H200 version 3 took
+    /// Qwen3-8B's 8192-token TTFT from 257.0 to 240.3 ms with 64-key stages, before its 128-key
+    /// stages (docs/results/2026-12-01-speed-h200/prefill-v3).
     pub(crate) fn choose(env: Option<&str>, head_dim: u32) -> PrefillVersion {
+        let v3 = PrefillAttentionV3::supports_head_dim(head_dim);
         match env {
             Some("v1") => PrefillVersion::V1,
-            Some("v3") if PrefillAttentionV3::supports_head_dim(head_dim) => PrefillVersion::V3,
+            Some("v2") => PrefillVersion::V2,
+            _ if v3 => PrefillVersion::V3,
             _ => PrefillVersion::V2,
         }
     }
@@ -1097,12 +1101,13 @@ mod tests {
 
     #[test]
     fn prefill_version_follows_the_variable_where_the_kernel_covers_the_head_dim() {
-        assert_eq!(PrefillVersion::choose(None, 128), PrefillVersion::V2);
+        assert_eq!(PrefillVersion::choose(None, 128), PrefillVersion::V3);
+        assert_eq!(PrefillVersion::choose(None, 64), PrefillVersion::V2);
         assert_eq!(PrefillVersion::choose(Some("v1"), 128), PrefillVersion::V1);
-        assert_eq!(PrefillVersion::choose(Some("v2"), 64), PrefillVersion::V2);
+        assert_eq!(PrefillVersion::choose(Some("v2"), 128), PrefillVersion::V2);
         assert_eq!(PrefillVersion::choose(Some("v3"), 128), PrefillVersion::V3);
         // Version 3 covers head_dim 128 only.
         assert_eq!(PrefillVersion::choose(Some("v3"), 64), PrefillVersion::V2);
-        assert_eq!(PrefillVersion::choose(Some("v9"), 128), PrefillVersion::V2);
+        assert_eq!(PrefillVersion::choose(Some("v9"), 128), PrefillVersion::V3);
     }
 }

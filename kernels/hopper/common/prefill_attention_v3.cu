@@ -9,20 +9,20 @@
 // layout of mma.m16n8k16 (rows g = lane / 4 and g + 8, columns 2 (lane % 4) + 0..1 of each
 // 8-column block).
 //
-// Shared memory (dynamic, 160 KiB + alignment): q (128 x 128 bf16) and a ring of 4 stages of K
-// and V tiles (64 keys x 128 bf16 each), every tile as two 64-column blocks of 128-byte swizzled
+// Shared memory (dynamic, 224 KiB + alignment): q (128 x 128 bf16) and a ring of 3 stages of K
+// and V tiles (128 keys x 128 bf16 each), every tile as two 64-column blocks of 128-byte swizzled
 // rows (wgmma.cuh). All 256 threads copy with 16-byte cp.async, keys gathered through the block
-// table and zero-filled past the context; the copies run two key tiles ahead of the one being
+// table and zero-filled past the context; the copies run one key tile ahead of the one being
 // multiplied, with one barrier per key tile.
 //
-// Per key tile j, each warpgroup issues S_j = Q K_j^T (8 k-steps of m64n64k16, both operands in
-// shared memory) and O += P_{j-1} V_{j-1} (4 k-steps of m64n128k16, P in registers, V read
+// Per key tile j, each warpgroup issues S_j = Q K_j^T (8 k-steps of m64n128k16, both operands in
+// shared memory) and O += P_{j-1} V_{j-1} (8 k-steps of m64n128k16, P in registers, V read
 // N-major) back to back, waits for both, then masks S_j, updates the running max and sum, rescales
 // O by the factor of the max's move and makes P_j (bf16). The arithmetic is version 2's at key
-// tiles of 64: f32 scores scaled by scale log2(e), ex2 on the SFU, probabilities rounded to bf16
+// tiles of 128: f32 scores scaled by scale log2(e), ex2 on the SFU, probabilities rounded to bf16
 // for the product and for the row sum (docs/precision.md), the output divided by the row sum and
-// rounded to bf16 once. A warpgroup whose rows all precede a
-// key tile still multiplies it (fully masked, P = 0): only a tile's last key tile can be one.
+// rounded to bf16 once. A warpgroup whose rows all precede a key tile still multiplies it (fully
+// masked, P = 0): only a tile's last key tile can be one.
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "mma.cuh"
@@ -34,8 +34,12 @@ constexpr int HD = 128;
 constexpr int WARPGROUPS = 2;
 constexpr int THREADS = WARPGROUPS * 128;
 constexpr int TILE_Q = WARPGROUPS * 64;  // query rows per block
-constexpr int TILE_K = 64;               // keys per stage
-constexpr uint32_t STAGES = 4;
+// Keys per stage. 128 against 64 (4 stages, 2 ahead): 8192-token rows 1690 against 1790 us on
+// the H200 (scripts/dev/prefill_v3_debug.py), fewer barriers and softmax reductions per key.
+constexpr int TILE_K = 128;
+constexpr int N_TILES = TILE_K / 8;   // 8-key column blocks of S
+constexpr int K_STEPS = TILE_K / 16;  // 16-key k-steps of P V
+constexpr uint32_t STAGES = 3;
 constexpr uint32_t AHEAD = STAGES - 2;  // key tiles copied ahead of the one being multiplied
 constexpr uint32_t Q_BLOCK = TILE_Q * 128;  // bytes of one 64-column block of q
 constexpr uint32_t KV_BLOCK = TILE_K * 128;  // bytes of one 64-column block of a K or V tile
@@ -84,10 +88,11 @@ __device__ __forceinline__ void load_kv(uint32_t stage, const __nv_bfloat16* k_c
 
 // O += P V for the V tile of the stage at `stage` (P: this thread's A fragments, 4 k-steps of 16
 // keys). V is N-major: 16-key k-steps 2048 bytes apart, its two 64-column blocks KV_BLOCK apart.
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[4][4], uint32_t stage) {
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[K_STEPS][4],
+                                         uint32_t stage) {
     const uint32_t v = stage + KV_BYTES;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < K_STEPS; ++kk)
         wg::mma_m64n128k16_rs_tn(o, p[kk], wg::desc_sw128(v + kk * 2048, KV_BLOCK, 1024));
 }
 
@@ -137,11 +142,12 @@ __device__ __forceinline__ void attend_tile(
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    uint32_t p[4][4];
+    uint32_t p[K_STEPS][4];
 
     for (uint32_t j = 0; j < key_tiles; ++j) {
         // Key tile j has landed for every thread and is visible to the async proxy; every
-        // warpgroup is done with the P V product of tile j - 2, whose stage tile j + AHEAD takes.
+        // warpgroup is done with the P V product of tile j + AHEAD - STAGES, whose stage tile
+        // j + AHEAD takes.
         cp_async_wait<AHEAD - 1>();
         wg::fence_proxy_async();
         __syncthreads();
@@ -151,12 +157,12 @@ __device__ __forceinline__ void attend_tile(
         cp_async_commit();
 
         const uint32_t k_stage = kv_smem + (j % STAGES) * STAGE_BYTES;
-        float s[32];
+        float s[TILE_K / 2];
         wg::fence();
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
             const uint32_t block = (ks >> 2), step = (ks & 3) * 32;
-            wg::mma_m64n64k16_ss(s, wg::desc_sw128(q_rows + block * Q_BLOCK + step, 16, 1024),
+            wg::mma_ss(s, wg::desc_sw128(q_rows + block * Q_BLOCK + step, 16, 1024),
                                  wg::desc_sw128(k_stage + block * KV_BLOCK + step, 16, 1024),
                                  ks > 0);
         }
@@ -171,7 +177,7 @@ __device__ __forceinline__ void attend_tile(
         wg::wait<0>();
         wg::fence_operands(o);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::fence_operands(p[kk]);
+        for (int kk = 0; kk < K_STEPS; ++kk) wg::fence_operands(p[kk]);
         wg::fence_operands(s);
 
         // Causal mask (which also hides the zero-filled keys past the context) where the key
@@ -179,7 +185,7 @@ __device__ __forceinline__ void attend_tile(
         const int32_t k0 = (int32_t)(j * TILE_K);
         if (k0 + TILE_K - 1 > group_first) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
+            for (int i = 0; i < N_TILES; ++i) {
                 const int32_t key = k0 + 8 * i + 2 * tg;
                 if (key > pos0) s[4 * i] = -INFINITY;
                 if (key + 1 > pos0) s[4 * i + 1] = -INFINITY;
@@ -189,7 +195,7 @@ __device__ __forceinline__ void attend_tile(
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < N_TILES; ++i) {
             mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
             mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
         }
@@ -207,10 +213,10 @@ __device__ __forceinline__ void attend_tile(
         const float corr1 = new1 == m1 ? 1.0f : exp2_approx(m1 - base1);
         m0 = new0;
         m1 = new1;
-        uint32_t pn[4][4];
+        uint32_t pn[K_STEPS][4];
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < N_TILES; ++i) {
             const __nv_bfloat162 lo =
                 __floats2bfloat162_rn(exp2_approx(fmaf(s[4 * i], scale_log2, -base0)),
                                       exp2_approx(fmaf(s[4 * i + 1], scale_log2, -base0)));
@@ -239,7 +245,7 @@ __device__ __forceinline__ void attend_tile(
             }
         }
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
+        for (int kk = 0; kk < K_STEPS; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) p[kk][r] = pn[kk][r];
     }
@@ -278,9 +284,9 @@ __device__ __forceinline__ void attend_tile(
 }  // namespace v3
 }  // namespace
 
-// Launch: grid = (q_heads, num_tiles), block = 256, dynamic shared memory
-// prefill_attention_v3 smem bytes (160 KiB + 1 KiB of alignment slack). The arguments and tiles
-// are version 2's (count in 1..=128); head_dim must be 128 (others write nothing: callers keep
+// Launch: grid = (q_heads, num_tiles), block = 256, dynamic shared memory 224 KiB + 1 KiB of
+// alignment slack. The arguments and tiles are version 2's (count in 1..=128); head_dim must be
+// 128 (others write nothing: callers keep
 // version 2); scale must be positive.
 extern "C" __global__ void __launch_bounds__(v3::THREADS, 1) prefill_attention_v3_bf16(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,

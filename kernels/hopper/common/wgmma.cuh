@@ -76,6 +76,28 @@ __device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[32], uint64_t a, uin
         : "l"(a), "l"(b), "r"((int)accumulate));
 }
 
+// d (64 x 128 f32) = a * b + (accumulate ? d : 0), as mma_m64n64k16_ss with i up to 15.
+__device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                  bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, "
+        "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, "
+        "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : METRALE_F16(d, 0), METRALE_F16(d, 16), METRALE_F16(d, 32), METRALE_F16(d, 48)
+        : "l"(a), "l"(b), "r"((int)accumulate));
+}
+
+// The S = Q K^T product of a 64-row warpgroup tile against 64 or 128 keys.
+__device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+    mma_m64n64k16_ss(d, a, b, accumulate);
+}
+__device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
+    mma_m64n128k16_ss(d, a, b, accumulate);
+}
+
 // d (64 x 128 f32) += a (64 x 16 bf16 in registers) * b (16 x 128, MN-major descriptor). Each warp
 // of the warpgroup holds its 16 rows of a as the A fragment of mma.m16n8k16 (a[0]: row g, k
 // 2 (t % 4) + 0..1; a[1]: row g + 8; a[2], a[3]: the same rows at k + 8); d as in
