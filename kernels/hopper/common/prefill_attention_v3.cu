@@ -151,10 +151,6 @@ __device__ __forceinline__ void attend_tile(
         cp_async_wait<AHEAD - 1>();
         wg::fence_proxy_async();
         __syncthreads();
-        if (j + AHEAD < key_tiles)
-            load_kv(kv_smem + ((j + AHEAD) % STAGES) * STAGE_BYTES, k_cache, v_cache, table,
-                    blocks, (j + AHEAD) * TILE_K, n_keys, kv_heads, kvh);
-        cp_async_commit();
 
         const uint32_t k_stage = kv_smem + (j % STAGES) * STAGE_BYTES;
         float s[TILE_K / 2];
@@ -171,6 +167,12 @@ __device__ __forceinline__ void attend_tile(
             issue_pv(o, p, kv_smem + ((j - 1) % STAGES) * STAGE_BYTES);
             wg::commit();
         }
+        // The copies of tile j + AHEAD (block-table lookups and all) go out while the products
+        // run: issued before them, their lookups' latency held the products back every tile.
+        if (j + AHEAD < key_tiles)
+            load_kv(kv_smem + ((j + AHEAD) % STAGES) * STAGE_BYTES, k_cache, v_cache, table,
+                    blocks, (j + AHEAD) * TILE_K, n_keys, kv_heads, kvh);
+        cp_async_commit();
         // Nothing runs while a product is in flight: every register the products read or write
         // is settled before the softmax touches any (with the softmax overlapping the P V product
         // instead, outputs went wrong on the H200 in a way that moved with register allocation).
