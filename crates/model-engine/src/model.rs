@@ -193,8 +193,8 @@ pub(crate) enum PrefillVersion {
 impl PrefillVersion {
     /// The version `METRALE_PREFILL_ATTENTION` names (`v1`, `v2`, `v3`), by default version 3
     /// where it covers the head dim (128) and version 2 elsewhere. On the H200 version 3 took
-    /// Qwen3-8B's 8192-token TTFT from 257.0 to 240.3 ms with 64-key stages, before its 128-key
-    /// stages (docs/results/2026-12-01-speed-h200/prefill-v3).
+    /// Qwen3-8B's 8192-token TTFT from 256.9 to 239.1 ms and 1024's from 25.6 to 24.1 ms
+    /// (same run; docs/results/2026-12-01-speed-h200/prefill-v3).
     pub(crate) fn choose(env: Option<&str>, head_dim: u32) -> PrefillVersion {
         let v3 = PrefillAttentionV3::supports_head_dim(head_dim);
         match env {
