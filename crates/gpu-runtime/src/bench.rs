@@ -619,6 +619,8 @@ fn argmax_case(s: &Shape, rows: u32) -> BenchCase {
         buffers: vec![
             (rows as usize * 4, 0),
             (rows as usize * v as usize * 4, 0x3C),
+            // Zero, as the engine keeps it between launches.
+            (ArgmaxF32::scratch_bytes(rows as usize), 0),
         ],
         uploads: vec![],
         library_gemm: None,
@@ -628,6 +630,7 @@ fn argmax_case(s: &Shape, rows: u32) -> BenchCase {
                 logits: p[1],
                 rows,
                 cols: v,
+                scratch: p[2],
             })
         }),
     }

@@ -1240,6 +1240,17 @@ pub fn cases(seed: u64) -> Vec<Case> {
     let mut planted = vec![1.5f32; 4096];
     planted.extend((0..4096).map(|i| if i == 777 || i == 3000 { 2.0 } else { f32::NAN }));
     planted.extend(vec![f32::NAN; 4096]);
+    // Rows split over several blocks (4096 f32 or 8192 bf16 values each), with the planted values
+    // in different blocks: equal maxima at 5000 and 20000 (5000 wins), -0 at 9000 against +0 at
+    // 20000 in a row of -1 (equal: 9000 wins), and one value in a row of NaN.
+    let mut across = (0..30000).map(|_| rng.normal()).collect::<Vec<f32>>();
+    across[5000] = 50.0;
+    across[20000] = 50.0;
+    let mut zeros = vec![-1.0f32; 30000];
+    zeros[9000] = -0.0;
+    zeros[20000] = 0.0;
+    across.extend(zeros);
+    across.extend((0..30000).map(|i| if i == 25000 { 3.0 } else { f32::NAN }));
     let argmax_inputs: Vec<(u32, u32, Vec<f32>)> =
         [(1u32, 49152u32), (4, 151936), (3, 1000), (2, 1001)]
             .into_iter()
@@ -1247,7 +1258,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 let logits = (0..rows * cols).map(|_| rng.normal() * 4.0).collect();
                 (rows, cols, logits)
             })
-            .chain([(3, 4096, planted)])
+            .chain([(3, 4096, planted), (3, 30000, across)])
             .collect();
     for (rows, cols, logits) in argmax_inputs {
         let bf16_logits: Vec<u8> = logits
@@ -1268,6 +1279,11 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     init: bf16_logits,
                     output: None,
                 },
+                // Zero before, and compared as zero after: the last block of each row clears it.
+                Buffer {
+                    init: vec![0; ArgmaxBf16::scratch_bytes(rows as usize)],
+                    output: Some(OutputKind::I32),
+                },
             ],
             build: Box::new(move |p| {
                 launch_of(ArgmaxBf16 {
@@ -1275,6 +1291,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     logits: p[1],
                     rows,
                     cols,
+                    scratch: p[2],
                 })
             }),
         });
@@ -1292,6 +1309,10 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     init: f32_bytes(&logits),
                     output: None,
                 },
+                Buffer {
+                    init: vec![0; ArgmaxF32::scratch_bytes(rows as usize)],
+                    output: Some(OutputKind::I32),
+                },
             ],
             build: Box::new(move |p| {
                 launch_of(ArgmaxF32 {
@@ -1299,6 +1320,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     logits: p[1],
                     rows,
                     cols,
+                    scratch: p[2],
                 })
             }),
         });

@@ -143,6 +143,9 @@ struct Scratch {
     logits: DevicePtr,
     /// i32 `[max_logit_rows]`: the device-side argmax of each logits row.
     argmax: DevicePtr,
+    /// u64 `[2 * max_logit_rows]`, zero between launches: the argmax blocks' merge keys and
+    /// counts ([`ArgmaxF32::scratch`]).
+    argmax_scratch: DevicePtr,
     /// Split-K attention partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
     partials: DevicePtr,
     /// i32 `[max_tokens_per_step, kv_heads]`, zero between launches: the split attention's
@@ -310,6 +313,7 @@ impl Model {
             partials: alloc(ATTENTION_PARTIALS as usize * (hd + 2) * 4)?,
             counters: alloc(t * c.num_kv_heads * 4)?,
             argmax: alloc(options.max_logit_rows.max(1) * 4)?,
+            argmax_scratch: alloc(ArgmaxF32::scratch_bytes(options.max_logit_rows.max(1)))?,
             step_inputs,
         };
         let cache_bytes = options.num_blocks * options.block_size * kvd * 2;
@@ -322,9 +326,16 @@ impl Model {
         let (cos, sin) = crate::rope::tables(c, options.max_seq_len);
         let rope_cos = alloc(cos.len() * 4)?;
         let rope_sin = alloc(sin.len() * 4)?;
-        // The split attention's counters start at zero; every launch leaves them there.
+        // The split attention's counters and the argmax scratch start at zero; every launch
+        // leaves them there.
         let stream = g.default_stream();
         g.memset(scratch.counters, 0, t * c.num_kv_heads * 4, stream)?;
+        g.memset(
+            scratch.argmax_scratch,
+            0,
+            ArgmaxF32::scratch_bytes(options.max_logit_rows.max(1)),
+            stream,
+        )?;
         g.synchronize(stream)?;
         g.copy_h2d(bytemuck::cast_slice(&cos), rope_cos)?;
         g.copy_h2d(bytemuck::cast_slice(&sin), rope_sin)?;
@@ -538,6 +549,7 @@ impl Model {
                 logits: self.scratch.logits,
                 rows: rows as u32,
                 cols: self.config.vocab_size as u32,
+                scratch: self.scratch.argmax_scratch,
             };
             launch_kernel(g, self.kernels.argmax_f32, &argmax, s)?;
         }

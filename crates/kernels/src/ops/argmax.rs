@@ -18,6 +18,9 @@ kernel_args!(
         rows: u32,
         /// Vocabulary size.
         cols: u32,
+        /// u64 `[2 * rows]` ([`ArgmaxBf16::scratch_bytes`]), zero before the launch and zero again
+        /// after it: the merge keys and block counts of the blocks that split each row.
+        scratch: DevicePtr,
     }
 );
 
@@ -32,8 +35,41 @@ kernel_args!(
         rows: u32,
         /// Vocabulary size.
         cols: u32,
+        /// u64 `[2 * rows]` ([`ArgmaxF32::scratch_bytes`]), zero before the launch and zero again
+        /// after it: the merge keys and block counts of the blocks that split each row.
+        scratch: DevicePtr,
     }
 );
+
+/// Threads of an argmax block (argmax.cu).
+const THREADS: u32 = 256;
+/// 16-byte loads per thread: a block covers `THREADS * LOADS` of them.
+const LOADS: u32 = 4;
+
+/// The argmax launch: `splits` blocks per row (a row's values in chunks of 16-byte loads, one per
+/// thread `LOADS` times over), rows in grid y.
+fn split_launch(rows: u32, cols: u32, value_bytes: u32) -> LaunchConfig {
+    let chunk = THREADS * LOADS * (16 / value_bytes);
+    LaunchConfig {
+        grid: [cols.div_ceil(chunk).max(1), rows.max(1), 1],
+        block: [THREADS, 1, 1],
+        shared_mem_bytes: 0,
+    }
+}
+
+impl ArgmaxBf16 {
+    /// Bytes of the `scratch` a launch over `rows` rows needs.
+    pub const fn scratch_bytes(rows: usize) -> usize {
+        rows * 16
+    }
+}
+
+impl ArgmaxF32 {
+    /// Bytes of the `scratch` a launch over `rows` rows needs.
+    pub const fn scratch_bytes(rows: usize) -> usize {
+        rows * 16
+    }
+}
 
 /// Index of the largest value; ties go to the lowest index, NaN never wins, all-NaN gives 0.
 pub fn argmax(row: &[f32]) -> i32 {
@@ -52,7 +88,7 @@ fn rows_argmax(values: &[f32], cols: usize) -> Vec<i32> {
 
 impl Kernel for ArgmaxBf16 {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(self.rows, 1024)
+        split_launch(self.rows, self.cols, 2)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
@@ -66,7 +102,7 @@ impl Kernel for ArgmaxBf16 {
 
 impl Kernel for ArgmaxF32 {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(self.rows, 1024)
+        split_launch(self.rows, self.cols, 4)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
@@ -89,14 +125,30 @@ mod tests {
         let mut m = FlatMemory::new();
         let logits = m.put(&[0.0f32, 1.0, -1.0, 9.0, 2.0, 9.0]);
         let out = m.put(&[-1i32; 2]);
-        ArgmaxF32 {
+        let k = ArgmaxF32 {
             out,
             logits,
             rows: 2,
             cols: 3,
-        }
-        .reference(&mut m)
-        .unwrap();
+            scratch: DevicePtr::NULL,
+        };
+        k.reference(&mut m).unwrap();
         assert_eq!(m.get::<i32>(out, 2), vec![1, 0]);
+        // One block per 4096 f32 (8192 bf16) of a row, rows in grid y.
+        let grid = |cols| ArgmaxF32 { cols, ..k }.launch_config().grid;
+        assert_eq!(grid(3), [1, 2, 1]);
+        assert_eq!(grid(151_936), [38, 2, 1]);
+        assert_eq!(
+            ArgmaxBf16 {
+                out,
+                logits,
+                rows: 1,
+                cols: 151_936,
+                scratch: DevicePtr::NULL,
+            }
+            .launch_config()
+            .grid,
+            [19, 1, 1]
+        );
     }
 }
