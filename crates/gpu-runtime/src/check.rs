@@ -993,21 +993,25 @@ pub fn cases(seed: u64) -> Vec<Case> {
     }
     out.extend(paged_attention_qkv_cases(&mut rng));
     out.extend(gemv_swiglu_cases(&mut rng));
-    // Tensor-core prefill attention over query tiles, versions 1 and 2: one whole tile, 200 tokens
-    // (the last tile of 8), a second chunk starting at position 100, two sequences plus a decode
-    // token in one launch, 300 tokens (version 2's last tile of 44); GQA 1 and 4, head_dim 64 and
-    // 128; cache blocks shuffled. The output has 64 spare
+    // Tensor-core prefill attention over query tiles, versions 1, 2 and 3 (3 at head_dim 128 only):
+    // one whole tile, 200 tokens (the last tile of 8), a second chunk starting at position 100, two
+    // sequences plus a decode token in one launch, 300 tokens (version 2's last tile of 44), 600
+    // tokens, a chunk at 300 with a 5-token tile at 1000 over blocks of 24; GQA 1 and 4, head_dim
+    // 64 and 128; cache blocks shuffled. The output has 64 spare
     // rows past the last token, which the kernel must leave at zero (zero, not noise, so that the
     // metric's absolute floor stays a fraction of the attention output's RMS).
-    for &(ref runs, q_heads, kv_heads, head_dim) in &[
-        (vec![(0usize, 64usize)], 8u32, 8u32, 128u32),
-        (vec![(0, 200)], 16, 4, 128),
-        (vec![(100, 150)], 16, 4, 64),
-        (vec![(0, 70), (37, 30), (300, 1)], 8, 2, 64),
-        (vec![(0, 70), (37, 30), (300, 1)], 4, 4, 128),
-        (vec![(0, 300)], 8, 2, 128),
+    // The last two reach version 3's ring reuse (5 key tiles of 128), a chunk after earlier full
+    // key tiles at head_dim 128, and a block size that is not a power of two.
+    for &(ref runs, q_heads, kv_heads, head_dim, block_size) in &[
+        (vec![(0usize, 64usize)], 8u32, 8u32, 128u32, 16u32),
+        (vec![(0, 200)], 16, 4, 128, 16),
+        (vec![(100, 150)], 16, 4, 64, 16),
+        (vec![(0, 70), (37, 30), (300, 1)], 8, 2, 64, 16),
+        (vec![(0, 70), (37, 30), (300, 1)], 4, 4, 128, 16),
+        (vec![(0, 300)], 8, 2, 128, 16),
+        (vec![(0, 600)], 8, 2, 128, 16),
+        (vec![(300, 200), (1000, 5)], 8, 2, 128, 24),
     ] {
-        let block_size = 16u32;
         let seqs = runs.len();
         let max_blocks = runs
             .iter()
@@ -1034,7 +1038,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             bf16_normal(&mut rng, cache, 1.0),
         );
         // Version 1 on its tiles of 64; version 2 on its tiles of 128 and, where that cuts the
-        // step differently, on tiles of 64 (each warp's second m-tile idle).
+        // step differently, on tiles of 64 (each warp's second m-tile idle); version 3 likewise.
         let v1_tiles = prefill_attention_tiles(&token_seq, &positions);
         let v2_tiles =
             prefill_attention_tiles_of(&token_seq, &positions, PrefillAttentionV2::TILE_TOKENS);
@@ -1457,18 +1461,60 @@ pub fn run_parity_with(
     select: &dyn Fn(KernelName) -> bool,
     progress: &mut dyn FnMut(KernelName, &str),
 ) -> Result<Vec<CaseResult>, GpuError> {
-    cases(seed)
-        .iter()
+    let cases: Vec<Case> = cases(seed)
+        .into_iter()
         .filter(|case| select(case.kernel))
-        .map(|case| {
-            progress(case.kernel, &case.shape);
-            Ok(compare(
-                case,
-                &run_on(under_test, case)?,
-                &run_on(reference, case)?,
-            ))
-        })
-        .collect()
+        .collect();
+    let wanted = Reference::run(reference, cases)?;
+    wanted.check(under_test, progress)
+}
+
+/// Cases with their outputs on a reference backend, run once and compared against any number of
+/// backends (every kernel target of a GPU checks against the same host outputs).
+pub struct Reference {
+    cases: Vec<Case>,
+    outputs: Vec<Vec<Vec<u8>>>,
+}
+
+impl Reference {
+    /// Runs `cases` on `reference`.
+    pub fn run(reference: &dyn GpuBackend, cases: Vec<Case>) -> Result<Reference, GpuError> {
+        let outputs = cases
+            .iter()
+            .map(|case| run_on(reference, case))
+            .collect::<Result<_, _>>()?;
+        Ok(Reference { cases, outputs })
+    }
+
+    /// The cases of `seed` ([`cases`]) whose kernel `select` accepts, on `reference`.
+    pub fn for_seed(
+        reference: &dyn GpuBackend,
+        seed: u64,
+        select: &dyn Fn(KernelName) -> bool,
+    ) -> Result<Reference, GpuError> {
+        let cases = cases(seed)
+            .into_iter()
+            .filter(|case| select(case.kernel))
+            .collect();
+        Reference::run(reference, cases)
+    }
+
+    /// Runs every case on `under_test` and compares it with the reference's outputs, calling
+    /// `progress(kernel, shape)` before each case runs.
+    pub fn check(
+        &self,
+        under_test: &dyn GpuBackend,
+        progress: &mut dyn FnMut(KernelName, &str),
+    ) -> Result<Vec<CaseResult>, GpuError> {
+        self.cases
+            .iter()
+            .zip(&self.outputs)
+            .map(|(case, want)| {
+                progress(case.kernel, &case.shape);
+                Ok(compare(case, &run_on(under_test, case)?, want))
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

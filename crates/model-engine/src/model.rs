@@ -62,6 +62,16 @@ pub enum ModelError {
     /// The step's input breaks a limit or an invariant.
     #[error("invalid step: {0}")]
     InvalidStep(String),
+    /// An environment variable the engine reads holds a value it does not know.
+    #[error("{name}={value}: expected {expected}")]
+    BadVariable {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may hold.
+        expected: &'static str,
+    },
 }
 
 /// Sizes fixed at load: scratch buffers and the KV pool are allocated once from these.
@@ -194,18 +204,26 @@ pub(crate) enum PrefillVersion {
 }
 
 impl PrefillVersion {
-    /// The version `METRALE_PREFILL_ATTENTION` names (`v1`, `v2`, `v3`), by default version 3
-    /// where it covers the head dim (128) and version 2 elsewhere. On the H200 version 3 took
+    /// The version `METRALE_PREFILL_ATTENTION` names (`v1`, `v2`, `v3`; `v3` falls back to version
+    /// 2 at head dims it does not cover), by default version 3 where it covers the head dim (128)
+    /// and version 2 elsewhere; another value is an error. On the H200 version 3 took
     /// Qwen3-8B's 8192-token TTFT from 256.9 to 239.1 ms and 1024's from 25.6 to 24.1 ms
     /// (same run; docs/results/2026-12-01-speed-h200/prefill-v3).
-    pub(crate) fn choose(env: Option<&str>, head_dim: u32) -> PrefillVersion {
+    pub(crate) fn choose(env: Option<&str>, head_dim: u32) -> Result<PrefillVersion, ModelError> {
         let v3 = PrefillAttentionV3::supports_head_dim(head_dim);
-        match env {
+        Ok(match env {
             Some("v1") => PrefillVersion::V1,
             Some("v2") => PrefillVersion::V2,
-            _ if v3 => PrefillVersion::V3,
-            _ => PrefillVersion::V2,
-        }
+            None | Some("v3") if v3 => PrefillVersion::V3,
+            None | Some("v3") => PrefillVersion::V2,
+            Some(other) => {
+                return Err(ModelError::BadVariable {
+                    name: "METRALE_PREFILL_ATTENTION",
+                    value: other.to_string(),
+                    expected: "v1, v2 or v3",
+                });
+            }
+        })
     }
 }
 
@@ -342,7 +360,7 @@ impl Model {
         let prefill_version = PrefillVersion::choose(
             std::env::var("METRALE_PREFILL_ATTENTION").ok().as_deref(),
             config.head_dim as u32,
-        );
+        )?;
         Ok(Model {
             config,
             options,
@@ -1112,14 +1130,18 @@ mod tests {
     use super::PrefillVersion;
 
     #[test]
-    fn prefill_version_follows_the_variable_where_the_kernel_covers_the_head_dim() {
-        assert_eq!(PrefillVersion::choose(None, 128), PrefillVersion::V3);
-        assert_eq!(PrefillVersion::choose(None, 64), PrefillVersion::V2);
-        assert_eq!(PrefillVersion::choose(Some("v1"), 128), PrefillVersion::V1);
-        assert_eq!(PrefillVersion::choose(Some("v2"), 128), PrefillVersion::V2);
-        assert_eq!(PrefillVersion::choose(Some("v3"), 128), PrefillVersion::V3);
+    fn prefill_version_follows_the_variable_and_refuses_unknown_values() {
+        let choose = |env, head_dim| PrefillVersion::choose(env, head_dim).unwrap();
+        assert_eq!(choose(None, 128), PrefillVersion::V3);
+        assert_eq!(choose(None, 64), PrefillVersion::V2);
+        assert_eq!(choose(Some("v1"), 128), PrefillVersion::V1);
+        assert_eq!(choose(Some("v2"), 128), PrefillVersion::V2);
+        assert_eq!(choose(Some("v3"), 128), PrefillVersion::V3);
         // Version 3 covers head_dim 128 only.
-        assert_eq!(PrefillVersion::choose(Some("v3"), 64), PrefillVersion::V2);
-        assert_eq!(PrefillVersion::choose(Some("v9"), 128), PrefillVersion::V3);
+        assert_eq!(choose(Some("v3"), 64), PrefillVersion::V2);
+        let err = PrefillVersion::choose(Some("v9"), 128)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "METRALE_PREFILL_ATTENTION=v9: expected v1, v2 or v3");
     }
 }

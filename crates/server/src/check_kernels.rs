@@ -78,16 +78,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     );
     let mut failures = 0;
     let mut total = 0;
+    // The host references once for every target (the same inputs at a seed).
+    let select = |kernel: metrale_core::KernelName| {
+        args.kernel
+            .as_ref()
+            .is_none_or(|only| kernel.to_string().contains(only.as_str()))
+    };
+    let reference = check::Reference::for_seed(&HostBackend::new(16 << 30), seed, &select)?;
     for target in targets {
         let cuda = CudaBackend::new(args.device, target)
             .with_context(|| format!("loading {}", target.target.path()))?;
-        let host = HostBackend::new(16 << 30);
-        let select = |kernel: metrale_core::KernelName| {
-            args.kernel
-                .as_ref()
-                .is_none_or(|only| kernel.to_string().contains(only.as_str()))
-        };
-        let results = check::run_parity_with(&cuda, &host, seed, &select, &mut |kernel, shape| {
+        let results = reference.check(&cuda, &mut |kernel, shape| {
             eprintln!("checking {kernel} {shape}");
         })?;
         println!(

@@ -86,14 +86,14 @@ __device__ __forceinline__ void load_kv(uint32_t stage, const __nv_bfloat16* k_c
     }
 }
 
-// O += P V for the V tile of the stage at `stage` (P: this thread's A fragments, 4 k-steps of 16
-// keys). V is N-major: 16-key k-steps 2048 bytes apart, its two 64-column blocks KV_BLOCK apart.
+// O += P V for the V tile of the stage at `stage` (P: this thread's A fragments, K_STEPS k-steps
+// of 16 keys). V is N-major: 16-key k-steps 2048 bytes apart, its two 64-column blocks KV_BLOCK apart.
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[K_STEPS][4],
                                          uint32_t stage) {
     const uint32_t v = stage + KV_BYTES;
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk)
-        wg::mma_m64n128k16_rs_tn(o, p[kk], wg::desc_sw128(v + kk * 2048, KV_BLOCK, 1024));
+        wg::mma_m64n128k16_rs_nmajor(o, p[kk], wg::desc_sw128(v + kk * 2048, KV_BLOCK, 1024));
 }
 
 __device__ __forceinline__ void attend_tile(

@@ -102,8 +102,8 @@ __device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t a, uint64_t b, b
 // of the warpgroup holds its 16 rows of a as the A fragment of mma.m16n8k16 (a[0]: row g, k
 // 2 (t % 4) + 0..1; a[1]: row g + 8; a[2], a[3]: the same rows at k + 8); d as in
 // mma_m64n64k16_ss, with i up to 15.
-__device__ __forceinline__ void mma_m64n128k16_rs_tn(float (&d)[64], const uint32_t (&a)[4],
-                                                     uint64_t b) {
+__device__ __forceinline__ void mma_m64n128k16_rs_nmajor(float (&d)[64],
+                                                         const uint32_t (&a)[4], uint64_t b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
