@@ -17,8 +17,11 @@
 //
 // Per key tile j, each warpgroup issues S_j = Q K_j^T (8 k-steps of m64n128k16, both operands in
 // shared memory) and O += P_{j-1} V_{j-1} (8 k-steps of m64n128k16, P in registers, V read
-// N-major) back to back, waits for both, then masks S_j, updates the running max and sum, rescales
-// O by the factor of the max's move and makes P_j (bf16). The arithmetic is version 2's at key
+// N-major) back to back, then the copies of key tile j + 1 (their block-table lookups overlap the
+// products), waits for both products, then masks S_j, updates the running max and sum, rescales O
+// by the factor of the max's move and makes P_j (bf16). No register the products read or write is
+// touched while they run (docs/results/2026-12-01-speed-h200/prefill-v3: a softmax overlapping the
+// P V product gave wrong outputs). The arithmetic is version 2's at key
 // tiles of 128: f32 scores scaled by scale log2(e), ex2 on the SFU, probabilities rounded to bf16
 // for the product and for the row sum (docs/precision.md), the output divided by the row sum and
 // rounded to bf16 once. A warpgroup whose rows all precede a key tile still multiplies it (fully
