@@ -291,8 +291,7 @@ __device__ __forceinline__ void attend_tile(
 
 // Launch: grid = (q_heads, num_tiles), block = 256, dynamic shared memory 224 KiB + 1 KiB of
 // alignment slack. The arguments and tiles are version 2's (count in 1..=128); head_dim must be
-// 128 (others write nothing: callers keep
-// version 2); scale must be positive.
+// 128 (others write nothing: callers keep version 2); scale must be positive.
 extern "C" __global__ void __launch_bounds__(v3::THREADS, 1) prefill_attention_v3_bf16(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,
