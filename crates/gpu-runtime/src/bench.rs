@@ -620,7 +620,7 @@ fn argmax_case(s: &Shape, rows: u32) -> BenchCase {
             (rows as usize * 4, 0),
             (rows as usize * v as usize * 4, 0x3C),
             // Zero, as the engine keeps it between launches.
-            (ArgmaxF32::scratch_bytes(rows as usize), 0),
+            (argmax_scratch_bytes(rows as usize), 0),
         ],
         uploads: vec![],
         library_gemm: None,

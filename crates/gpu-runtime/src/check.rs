@@ -1285,7 +1285,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 },
                 // Zero before, and compared as zero after: the last block of each row clears it.
                 Buffer {
-                    init: vec![0; ArgmaxBf16::scratch_bytes(rows as usize)],
+                    init: vec![0; argmax_scratch_bytes(rows as usize)],
                     output: Some(OutputKind::I32),
                 },
             ],
@@ -1314,7 +1314,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     output: None,
                 },
                 Buffer {
-                    init: vec![0; ArgmaxF32::scratch_bytes(rows as usize)],
+                    init: vec![0; argmax_scratch_bytes(rows as usize)],
                     output: Some(OutputKind::I32),
                 },
             ],
@@ -1461,12 +1461,7 @@ pub fn run_parity_with(
     select: &dyn Fn(KernelName) -> bool,
     progress: &mut dyn FnMut(KernelName, &str),
 ) -> Result<Vec<CaseResult>, GpuError> {
-    let cases: Vec<Case> = cases(seed)
-        .into_iter()
-        .filter(|case| select(case.kernel))
-        .collect();
-    let wanted = Reference::run(reference, cases)?;
-    wanted.check(under_test, progress)
+    Reference::for_seed(reference, seed, select)?.check(under_test, progress)
 }
 
 /// Cases with their outputs on a reference backend, run once and compared against any number of

@@ -23,7 +23,8 @@ use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, lau
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
     GemvSwiglu, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
-    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, attention_splits, prefill_attention_tiles_of,
+    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits,
+    prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -154,7 +155,7 @@ struct Scratch {
     /// i32 `[max_logit_rows]`: the device-side argmax of each logits row.
     argmax: DevicePtr,
     /// u64 `[2 * max_logit_rows]`, zero between launches: the argmax blocks' merge keys and
-    /// counts ([`ArgmaxF32::scratch`]).
+    /// counts ([`ArgmaxF32`]'s `scratch`).
     argmax_scratch: DevicePtr,
     /// Split-K attention partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
     partials: DevicePtr,
@@ -331,7 +332,7 @@ impl Model {
             partials: alloc(ATTENTION_PARTIALS as usize * (hd + 2) * 4)?,
             counters: alloc(t * c.num_kv_heads * 4)?,
             argmax: alloc(options.max_logit_rows.max(1) * 4)?,
-            argmax_scratch: alloc(ArgmaxF32::scratch_bytes(options.max_logit_rows.max(1)))?,
+            argmax_scratch: alloc(argmax_scratch_bytes(options.max_logit_rows.max(1)))?,
             step_inputs,
         };
         let cache_bytes = options.num_blocks * options.block_size * kvd * 2;
@@ -351,7 +352,7 @@ impl Model {
         g.memset(
             scratch.argmax_scratch,
             0,
-            ArgmaxF32::scratch_bytes(options.max_logit_rows.max(1)),
+            argmax_scratch_bytes(options.max_logit_rows.max(1)),
             stream,
         )?;
         g.synchronize(stream)?;
@@ -1027,7 +1028,8 @@ impl Model {
     /// the leading decode rows): some sequence brings more than one token, and the head dim is
     /// one the kernel covers.
     fn tensor_core_prefill(&self, step: &StepInput) -> bool {
-        step.tokens.len() > step.block_tables.len() && matches!(self.config.head_dim, 64 | 128)
+        step.tokens.len() > step.block_tables.len()
+            && PrefillAttention::supports_head_dim(self.config.head_dim as u32)
     }
 
     /// Query tokens per tile of the prefill attention in use.

@@ -38,7 +38,8 @@ constexpr int WARPGROUPS = 2;
 constexpr int THREADS = WARPGROUPS * 128;
 constexpr int TILE_Q = WARPGROUPS * 64;  // query rows per block
 // Keys per stage. 128 against 64 (4 stages, 2 ahead): 8192-token rows 1690 against 1790 us on
-// the H200 (scripts/dev/prefill_v3_debug.py), fewer barriers and softmax reductions per key.
+// the H200, fewer barriers and softmax reductions per key
+// (docs/results/2026-12-01-speed-h200/prefill-v3/variants.txt, call 8).
 constexpr int TILE_K = 128;
 constexpr int N_TILES = TILE_K / 8;   // 8-key column blocks of S
 constexpr int K_STEPS = TILE_K / 16;  // 16-key k-steps of P V

@@ -18,7 +18,7 @@ kernel_args!(
         rows: u32,
         /// Vocabulary size.
         cols: u32,
-        /// u64 `[2 * rows]` ([`ArgmaxBf16::scratch_bytes`]), zero before the launch and zero again
+        /// u64 `[2 * rows]` ([`argmax_scratch_bytes`]), zero before the launch and zero again
         /// after it: the merge keys and block counts of the blocks that split each row.
         scratch: DevicePtr,
     }
@@ -35,7 +35,7 @@ kernel_args!(
         rows: u32,
         /// Vocabulary size.
         cols: u32,
-        /// u64 `[2 * rows]` ([`ArgmaxF32::scratch_bytes`]), zero before the launch and zero again
+        /// u64 `[2 * rows]` ([`argmax_scratch_bytes`]), zero before the launch and zero again
         /// after it: the merge keys and block counts of the blocks that split each row.
         scratch: DevicePtr,
     }
@@ -57,18 +57,10 @@ fn split_launch(rows: u32, cols: u32, value_bytes: u32) -> LaunchConfig {
     }
 }
 
-impl ArgmaxBf16 {
-    /// Bytes of the `scratch` a launch over `rows` rows needs.
-    pub const fn scratch_bytes(rows: usize) -> usize {
-        rows * 16
-    }
-}
-
-impl ArgmaxF32 {
-    /// Bytes of the `scratch` a launch over `rows` rows needs.
-    pub const fn scratch_bytes(rows: usize) -> usize {
-        rows * 16
-    }
+/// Bytes of the `scratch` an [`ArgmaxBf16`] or [`ArgmaxF32`] launch over `rows` rows needs: a
+/// u64 merge key and a u64 count per row.
+pub const fn argmax_scratch_bytes(rows: usize) -> usize {
+    rows * 16
 }
 
 /// Index of the largest value; ties go to the lowest index, NaN never wins, all-NaN gives 0.

@@ -798,40 +798,6 @@ impl PrefillAttentionV3 {
     pub const fn supports_head_dim(head_dim: u32) -> bool {
         head_dim == 128
     }
-
-    /// The same arguments as version 1's.
-    fn as_v1(&self) -> PrefillAttention {
-        let PrefillAttentionV3 {
-            out,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            tiles,
-            num_tiles,
-            q_heads,
-            kv_heads,
-            head_dim,
-            block_size,
-            max_blocks_per_seq,
-            scale,
-        } = *self;
-        PrefillAttention {
-            out,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            tiles,
-            num_tiles,
-            q_heads,
-            kv_heads,
-            head_dim,
-            block_size,
-            max_blocks_per_seq,
-            scale,
-        }
-    }
 }
 
 /// The query tiles of [`PrefillAttention`] for a step's tokens (`token_seq[t]`, `positions[t]`),
@@ -865,47 +831,38 @@ pub fn prefill_attention_tiles_of(
     tiles
 }
 
-impl From<PrefillAttention> for PrefillAttentionV2 {
-    /// The same arguments for version 2 (its own launch geometry comes with its type).
-    fn from(a: PrefillAttention) -> Self {
-        PrefillAttentionV2 {
-            out: a.out,
-            q: a.q,
-            k_cache: a.k_cache,
-            v_cache: a.v_cache,
-            block_tables: a.block_tables,
-            tiles: a.tiles,
-            num_tiles: a.num_tiles,
-            q_heads: a.q_heads,
-            kv_heads: a.kv_heads,
-            head_dim: a.head_dim,
-            block_size: a.block_size,
-            max_blocks_per_seq: a.max_blocks_per_seq,
-            scale: a.scale,
+/// `From` between the prefill attention versions' arguments, which are the same fields (each
+/// version brings its own launch geometry and reference steps with its type).
+macro_rules! same_prefill_args {
+    ($($from:ident => $to:ident),* $(,)?) => {$(
+        impl From<$from> for $to {
+            fn from(a: $from) -> Self {
+                $to {
+                    out: a.out,
+                    q: a.q,
+                    k_cache: a.k_cache,
+                    v_cache: a.v_cache,
+                    block_tables: a.block_tables,
+                    tiles: a.tiles,
+                    num_tiles: a.num_tiles,
+                    q_heads: a.q_heads,
+                    kv_heads: a.kv_heads,
+                    head_dim: a.head_dim,
+                    block_size: a.block_size,
+                    max_blocks_per_seq: a.max_blocks_per_seq,
+                    scale: a.scale,
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl From<PrefillAttention> for PrefillAttentionV3 {
-    /// The same arguments for version 3 (its own launch geometry comes with its type).
-    fn from(a: PrefillAttention) -> Self {
-        PrefillAttentionV3 {
-            out: a.out,
-            q: a.q,
-            k_cache: a.k_cache,
-            v_cache: a.v_cache,
-            block_tables: a.block_tables,
-            tiles: a.tiles,
-            num_tiles: a.num_tiles,
-            q_heads: a.q_heads,
-            kv_heads: a.kv_heads,
-            head_dim: a.head_dim,
-            block_size: a.block_size,
-            max_blocks_per_seq: a.max_blocks_per_seq,
-            scale: a.scale,
-        }
-    }
-}
+same_prefill_args!(
+    PrefillAttention => PrefillAttentionV2,
+    PrefillAttention => PrefillAttentionV3,
+    PrefillAttentionV2 => PrefillAttention,
+    PrefillAttentionV3 => PrefillAttention,
+);
 
 impl Kernel for PrefillAttentionV3 {
     fn launch_config(&self) -> LaunchConfig {
@@ -927,7 +884,7 @@ impl Kernel for PrefillAttentionV3 {
             });
         }
         prefill_reference(
-            &self.as_v1(),
+            &PrefillAttention::from(*self),
             Self::NAME,
             Self::TILE_TOKENS,
             Self::KEY_TILE,
@@ -962,36 +919,7 @@ impl Kernel for PrefillAttentionV2 {
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         // The same arguments as version 1's, read with its own tile and key-tile sizes.
-        let PrefillAttentionV2 {
-            out,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            tiles,
-            num_tiles,
-            q_heads,
-            kv_heads,
-            head_dim,
-            block_size,
-            max_blocks_per_seq,
-            scale,
-        } = *self;
-        let args = PrefillAttention {
-            out,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            tiles,
-            num_tiles,
-            q_heads,
-            kv_heads,
-            head_dim,
-            block_size,
-            max_blocks_per_seq,
-            scale,
-        };
+        let args = PrefillAttention::from(*self);
         prefill_reference(&args, Self::NAME, Self::TILE_TOKENS, Self::KEY_TILE, mem)
     }
 }

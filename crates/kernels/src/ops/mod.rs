@@ -14,7 +14,7 @@ mod rmsnorm;
 mod rope;
 
 pub use activation::SiluMul;
-pub use argmax::{ArgmaxBf16, ArgmaxF32};
+pub use argmax::{ArgmaxBf16, ArgmaxF32, argmax_scratch_bytes};
 pub use attention::{
     AttentionCombine, KvCacheWrite, PagedAttention, PagedAttentionQkv, PrefillAttention,
     PrefillAttentionV2, PrefillAttentionV3, PrefillRow, attention_splits,
