@@ -11,7 +11,11 @@ namespace metrale {
 // nor read any that a kernel of the step writes, until the previous grid has finished and its
 // writes are visible. Every kernel entry calls this first, except for work on data no kernel
 // writes (the decode attention looks up its block-table slots before it); it also lets the next
-// kernel be scheduled as soon as this one's blocks have started. Without a programmatic
+// kernel be scheduled as soon as this one's blocks have passed the wait. Never launch dependents
+// before the wait: a GEMV that did read stale data in a kernel two launches later (Qwen3-0.6B
+// parity failed while every kernel passed alone; docs/results/2026-12-01-speed-h200/
+// gemv-prewait). Loads issued before the wait whose values are first used after it may be moved
+// after it by ptxas (seen in the SASS); cp.async and prefetches stay. Without a programmatic
 // dependency both instructions do nothing.
 __device__ __forceinline__ void grid_dependency_sync() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
