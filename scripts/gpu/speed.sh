@@ -22,7 +22,9 @@
 #             $AB_ROWS, bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
 #             generate on both models (tok/s, graphs captured, a hash of the greedy ids), and
 #             Qwen3-0.6B parity; a table of every row per binary last. $AB_SEEDS (e.g. "1 2 3")
-#             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs.
+#             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs. An
+#             entry `name:VAR=value,...` runs binary `name` under those variables (e.g.
+#             AB="met met_b met_b:METRALE_GEMV_STAGE=off").
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -172,8 +174,16 @@ parity)
 ab)
   bins=${AB:-met met_b}
   : > "$RES/ab-rows.md"
-  for b in $bins; do
+  for entry in $bins; do
+    # `name:VAR=value,VAR2=value2` runs stashed binary `name` under those variables, as its own
+    # row set (named name-VAR-value-...).
+    b=${entry//[:=,]/-}
     bin="$STASH/$b"
+    if [ "$entry" != "${entry%%:*}" ]; then
+      vars=${entry#*:}
+      printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${vars//,/ }" "$STASH/${entry%%:*}" > "$bin"
+      chmod +x "$bin"
+    fi
     for kern in ${AB_KERNEL:-attention}; do
       timeout 120 "$bin" check-kernels --kernel "$kern" > "$RES/ab-check-$b-$kern.txt" 2>/dev/null
       record "$b check-kernels --kernel $kern" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern.txt"))"
