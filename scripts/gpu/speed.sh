@@ -24,7 +24,11 @@
 #             Qwen3-0.6B parity; a table of every row per binary last. $AB_SEEDS (e.g. "1 2 3")
 #             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs. An
 #             entry `name:VAR=value,...` runs binary `name` under those variables (e.g.
-#             AB="met met_b met_b:METRALE_GEMV_STAGE=off").
+#             AB="met met_b met_b:METRALE_GEMV_STAGE=off"); such an entry skips check-kernels and
+#             bench-kernels (the binary's kernels are measured under its own name) unless
+#             AB_VAR_KERNELS=1. $AB_MODEL_RUNS (default "8b 8b-short 0.6b") picks the bench-model
+#             runs: 8b (TTFT 1024/8192, batch 1/8/64 at 1k), 8b-short (batch 1/8/32 at 160),
+#             0.6b (TTFT 1024, batch 1/64).
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -184,7 +188,9 @@ ab)
       printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${vars//,/ }" "$STASH/${entry%%:*}" > "$bin"
       chmod +x "$bin"
     fi
-    for kern in ${AB_KERNEL:-attention}; do
+    kernels=${AB_KERNEL:-attention}
+    [ "$entry" != "${entry%%:*}" ] && [ "${AB_VAR_KERNELS:-0}" != 1 ] && kernels=""
+    for kern in $kernels; do
       timeout 120 "$bin" check-kernels --kernel "$kern" > "$RES/ab-check-$b-$kern.txt" 2>/dev/null
       record "$b check-kernels --kernel $kern" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern.txt"))"
       for seed in ${AB_SEEDS:-}; do
@@ -192,16 +198,20 @@ ab)
         record "$b check-kernels --kernel $kern --seed $seed" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern-seed$seed.txt"))"
       done
     done
-    timeout 90 "$bin" bench-kernels --shape qwen3-8b --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
-    grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
-      awk -F'|' -v b="$b" '{gsub(/^ +| +$/, "", $3); printf "| %s %s | %s us |\n", b, $3, $4+0}' >> "$RES/ab-rows.md"
-    timeout 120 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 1024,8192 --batches 1,8,64 \
-      > "$RES/ab-bench-model-8b-$b.md" 2>&1
-    timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 32 --batches 1,8,32 --context 160 \
-      > "$RES/ab-bench-model-8b-short-$b.md" 2>&1
-    timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-0.6b" --prefill 1024 --batches 1,64 \
-      > "$RES/ab-bench-model-0.6b-$b.md" 2>&1
-    for f in 8b 8b-short 0.6b; do
+    if [ -n "$kernels" ]; then
+      timeout 90 "$bin" bench-kernels --shape qwen3-8b --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
+      grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
+        awk -F'|' -v b="$b" '{gsub(/^ +| +$/, "", $3); printf "| %s %s | %s us |\n", b, $3, $4+0}' >> "$RES/ab-rows.md"
+    fi
+    runs=${AB_MODEL_RUNS:-8b 8b-short 0.6b}
+    for f in $runs; do
+      case $f in
+      8b) timeout 120 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 1024,8192 --batches 1,8,64 ;;
+      8b-short) timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 32 --batches 1,8,32 --context 160 ;;
+      0.6b) timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-0.6b" --prefill 1024 --batches 1,64 ;;
+      esac > "$RES/ab-bench-model-$f-$b.md" 2>&1
+    done
+    for f in $runs; do
       grep -E '^\| (prefill|decode)' "$RES/ab-bench-model-$f-$b.md" |
         awk -F'|' -v b="$b" -v m="$f" '{gsub(/^ +| +$/, "", $2); printf "| %s %s %s, batch %s, %s tokens | %s ms |\n", b, m, $2, $3+0, $4+0, $5+0}' >> "$RES/ab-rows.md"
     done
