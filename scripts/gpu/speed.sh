@@ -183,13 +183,18 @@ ab)
     # row set (named name-VAR-value-...).
     b=${entry//[:=,]/-}
     bin="$STASH/$b"
+    variant=0
     if [ "$entry" != "${entry%%:*}" ]; then
+      variant=1
       vars=${entry#*:}
       printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${vars//,/ }" "$STASH/${entry%%:*}" > "$bin"
       chmod +x "$bin"
     fi
+    # A variant runs its binary's kernels, measured under the binary's own name.
+    measure_kernels=1
+    [ "$variant" = 1 ] && [ "${AB_VAR_KERNELS:-0}" != 1 ] && measure_kernels=0
     kernels=${AB_KERNEL:-attention}
-    [ "$entry" != "${entry%%:*}" ] && [ "${AB_VAR_KERNELS:-0}" != 1 ] && kernels=""
+    [ "$measure_kernels" = 1 ] || kernels=""
     for kern in $kernels; do
       timeout 120 "$bin" check-kernels --kernel "$kern" > "$RES/ab-check-$b-$kern.txt" 2>/dev/null
       record "$b check-kernels --kernel $kern" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern.txt"))"
@@ -198,7 +203,7 @@ ab)
         record "$b check-kernels --kernel $kern --seed $seed" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern-seed$seed.txt"))"
       done
     done
-    if [ -n "$kernels" ]; then
+    if [ "$measure_kernels" = 1 ]; then
       timeout 90 "$bin" bench-kernels --shape qwen3-8b --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
       grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
         awk -F'|' -v b="$b" '{gsub(/^ +| +$/, "", $3); printf "| %s %s | %s us |\n", b, $3, $4+0}' >> "$RES/ab-rows.md"
