@@ -31,6 +31,7 @@ def base(label: str) -> str:
     tiling suffixes."""
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
     label = re.sub(r" \(\d+ columns per block\)$", "", label)
+    label = re.sub(r" \(staged\)$", "", label)
     return re.sub(r" \((tensor cores v2|wgmma v3), \d+ tiles of <=\d+\)$", "", label)
 
 
@@ -38,6 +39,9 @@ def base(label: str) -> str:
 # GEMV_MAX_ROWS rows, except that past GEMV_WIDE_K_MAX_ROWS rows a product over GEMV_WIDE_K or more
 # inputs goes to the library GEMM.
 GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
+# Products the GEMV streams through its staged entries (crates/kernels, gemv_stages): 1 to
+# GEMV_FMA_MAX_ROWS rows and at most GEMV_STAGE_MAX_WEIGHTS weights.
+GEMV_FMA_MAX_ROWS, GEMV_STAGE_MAX_WEIGHTS = 4, 8 << 20
 # The engine's prefill attention at head_dim 128 (the speed models'): version 3 on query tiles of 128
 # (versions 1 and 2, and v3 on tiles of 64, are benched for comparison).
 PREFILL_KERNEL, PREFILL_TILE = "prefill_attention_v3_bf16", 128
@@ -47,7 +51,8 @@ def on_path(r) -> bool:
     """Whether the engine launches this row's kernel for this shape on CUDA: the WMMA GEMM is only
     the fallback when cuBLASLt is missing (every GEMM row of the engine's path is the
     GpuBackend::gemm one), a product takes the GEMV or the library by the rule above (the other
-    row at that size is the measured alternative), and prefill attention runs on the wgmma kernel
+    row at that size is the measured alternative; a GEMV product runs through the staged entry
+    exactly when gemv_stages picks it), and prefill attention runs on the wgmma kernel
     version 3 over tiles of 128, not versions 1 or 2, v3 on tiles of 64, or the per-query
     paged_attention_bf16, all kept in the bench for comparison."""
     label = r["label"]
@@ -59,7 +64,11 @@ def on_path(r) -> bool:
     if mk:
         m, k = int(mk.group(1)), int(mk.group(2))
         gemv = m <= GEMV_MAX_ROWS and (m <= GEMV_WIDE_K_MAX_ROWS or k < GEMV_WIDE_K)
-        return gemv == r["kernel"].startswith("gemv")
+        if gemv != r["kernel"].startswith("gemv"):
+            return False
+        n = int(re.search(r" n=(\d+)", label).group(1))
+        stages = 1 <= m <= GEMV_FMA_MAX_ROWS and n * k <= GEMV_STAGE_MAX_WEIGHTS
+        return not gemv or stages == r["kernel"].endswith("_staged")
     if "prefill attention" in label:
         tiles = re.search(r"tiles of <=(\d+)\)", label)
         return r["kernel"] == PREFILL_KERNEL and tiles is not None and int(tiles.group(1)) == PREFILL_TILE

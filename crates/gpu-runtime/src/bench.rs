@@ -166,6 +166,45 @@ fn gemv_swiglu_case(s: &Shape, m: u32, inter: u32, k: u32) -> BenchCase {
     case
 }
 
+/// [`gemv_case`] (or, `swiglu`, [`gemv_swiglu_case`]) through the staged entry, as the model
+/// launches the products [`gemv_stages`] picks.
+fn gemv_staged_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool) -> BenchCase {
+    let mut case = if swiglu {
+        gemv_swiglu_case(s, m, n / 2, k)
+    } else {
+        gemv_case(s, what, m, n, k, false)
+    };
+    case.label = format!("{} (staged)", case.label);
+    if swiglu {
+        case.kernel = GemvSwigluStaged::NAME;
+        let inter = n / 2;
+        case.build = Box::new(move |p| {
+            launch_of(GemvSwigluStaged {
+                out: p[0],
+                a: p[1],
+                w: p[2],
+                m,
+                inter,
+                k,
+            })
+        });
+    } else {
+        case.kernel = GemvStaged::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvStaged {
+                c: p[0],
+                a: p[1],
+                w: p[2],
+                bias: DevicePtr::NULL,
+                m,
+                n,
+                k,
+            })
+        });
+    }
+    case
+}
+
 /// [`gemv_case`] at one row, launched with `columns` output columns per block instead of the
 /// rule's (the kernel recovers the split from the grid).
 fn gemv_split_case(s: &Shape, what: &str, n: u32, k: u32, columns: u32) -> BenchCase {
@@ -651,6 +690,17 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(gemv_swiglu_case(s, m, i, h));
         out.push(gemv_case(s, "down", m, h, i, false));
         out.push(gemv_case(s, "lm_head", m, s.vocab, h, true));
+    }
+    // The batch-1 products the model runs through the staged entries.
+    for (what, n, k, swiglu) in [
+        ("qkv_proj", qd + 2 * kvd, h, false),
+        ("o_proj", h, qd, false),
+        ("gate_up+silu*mul", 2 * i, h, true),
+        ("down", h, i, false),
+    ] {
+        if gemv_stages(1, n, k) {
+            out.push(gemv_staged_case(s, what, 1, n, k, swiglu));
+        }
     }
     // The batch-1 GEMV at the other column splits than gemv_columns_per_block's (1 to 8 columns
     // per block: 8 to 1 warps on each column's K), to measure that rule.

@@ -303,46 +303,97 @@ fn product_case(
 /// shapes at 1 row (the FMA form) and 5 and 8 rows (the MMA form), an odd `inter`, and k = 130
 /// (the scalar path).
 fn gemv_swiglu_cases(rng: &mut Rng) -> Vec<Case> {
-    let mut out = Vec::new();
-    for &(m, inter, k) in &[
+    [
         (1u32, 12288u32, 4096u32),
         (1, 3072, 1024),
         (5, 3072, 1024),
         (8, 3072, 1024),
         (3, 1001, 256),
         (2, 300, 130),
+    ]
+    .into_iter()
+    .map(|(m, inter, k)| gemv_swiglu_case(rng, m, inter, k))
+    .collect()
+}
+
+fn gemv_swiglu_case(rng: &mut Rng, m: u32, inter: u32, k: u32) -> Case {
+    let n = 2 * inter;
+    Case {
+        kernel: GemvSwiglu::NAME,
+        gemm: None,
+        allowance: None,
+        shape: format!("m={m} inter={inter} k={k}"),
+        buffers: vec![
+            Buffer {
+                init: vec![0; (m * inter) as usize * 2],
+                output: Some(OutputKind::Bf16),
+            },
+            Buffer {
+                init: bf16_normal(rng, (m * k) as usize, 1.0),
+                output: None,
+            },
+            Buffer {
+                init: bf16_normal(rng, (n * k) as usize, 2.0 / (k as f32).sqrt()),
+                output: None,
+            },
+        ],
+        build: Box::new(move |p| {
+            launch_of(GemvSwiglu {
+                out: p[0],
+                a: p[1],
+                w: p[2],
+                m,
+                inter,
+                k,
+            })
+        }),
+    }
+}
+
+/// The staged GEMV entries (first weights copied before the programmatic-launch wait) on
+/// Qwen3-0.6B's batch-1 products (the shapes the model gives them), 2 to 4 rows, a bias, the
+/// scalar path (k = 130), slices shorter than a batch (k = 520) and fewer columns than warps.
+/// The same cases as [`Gemv`]'s and [`GemvSwiglu`]'s, launched through the staged entries.
+fn gemv_staged_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(m, n, k, bias) in &[
+        (1u32, 4096u32, 1024u32, false),
+        (1, 1024, 2048, false),
+        (1, 1024, 3072, false),
+        (4, 1024, 2048, true),
+        (3, 1000, 130, true),
+        (2, 777, 520, false),
+        (1, 5, 4096, false),
     ] {
-        let n = 2 * inter;
-        out.push(Case {
-            kernel: GemvSwiglu::NAME,
-            gemm: None,
-            allowance: None,
-            shape: format!("m={m} inter={inter} k={k}"),
-            buffers: vec![
-                Buffer {
-                    init: vec![0; (m * inter) as usize * 2],
-                    output: Some(OutputKind::Bf16),
-                },
-                Buffer {
-                    init: bf16_normal(rng, (m * k) as usize, 1.0),
-                    output: None,
-                },
-                Buffer {
-                    init: bf16_normal(rng, (n * k) as usize, 2.0 / (k as f32).sqrt()),
-                    output: None,
-                },
-            ],
-            build: Box::new(move |p| {
-                launch_of(GemvSwiglu {
-                    out: p[0],
-                    a: p[1],
-                    w: p[2],
-                    m,
-                    inter,
-                    k,
-                })
-            }),
+        let mut case = product_case(rng, Product::Gemv, m, n, k, bias, false);
+        case.kernel = GemvStaged::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvStaged {
+                c: p[0],
+                a: p[1],
+                w: p[2],
+                bias: if bias { p[3] } else { DevicePtr::NULL },
+                m,
+                n,
+                k,
+            })
         });
+        out.push(case);
+    }
+    for &(m, inter, k) in &[(1u32, 3072u32, 1024u32), (4, 1001, 256), (2, 300, 130)] {
+        let mut case = gemv_swiglu_case(rng, m, inter, k);
+        case.kernel = GemvSwigluStaged::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvSwigluStaged {
+                out: p[0],
+                a: p[1],
+                w: p[2],
+                m,
+                inter,
+                k,
+            })
+        });
+        out.push(case);
     }
     out
 }
@@ -1329,6 +1380,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
             }),
         });
     }
+    // Last, so that the earlier cases keep their inputs at a given seed.
+    out.extend(gemv_staged_cases(&mut rng));
     out
 }
 

@@ -229,6 +229,8 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (Gemv::NAME, run::<Gemv>),
         (GemvF32Out::NAME, run::<GemvF32Out>),
         (GemvSwiglu::NAME, run::<GemvSwiglu>),
+        (GemvStaged::NAME, run::<GemvStaged>),
+        (GemvSwigluStaged::NAME, run::<GemvSwigluStaged>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (PagedAttentionQkv::NAME, run::<PagedAttentionQkv>),
         (AttentionCombine::NAME, run::<AttentionCombine>),

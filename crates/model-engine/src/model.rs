@@ -22,9 +22,9 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvSwiglu, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
-    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits,
-    prefill_attention_tiles_of,
+    GemvStaged, GemvSwiglu, GemvSwigluStaged, PagedAttention, PagedAttentionQkv, PrefillAttention,
+    PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes,
+    attention_splits, gemv_stages, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -131,6 +131,8 @@ struct Kernels {
     attention: KernelHandle,
     attention_qkv: KernelHandle,
     gemv_swiglu: KernelHandle,
+    gemv_staged: KernelHandle,
+    gemv_swiglu_staged: KernelHandle,
     prefill_attention: KernelHandle,
     prefill_attention_v2: KernelHandle,
     prefill_attention_v3: KernelHandle,
@@ -269,6 +271,10 @@ pub struct Model {
     /// Products the GEMV streams run the gate|up projection with SiLU x up in its epilogue
     /// (`gemv_bf16_swiglu`, one launch fewer per layer) unless `METRALE_FUSED_SWIGLU=0`.
     fused_swiglu: bool,
+    /// GEMV products small enough for [`gemv_stages`] run through the staged entries (their first
+    /// weights copied before the programmatic-launch wait; the same bits) unless
+    /// `METRALE_GEMV_STAGE=0`.
+    gemv_stage: bool,
 }
 
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
@@ -296,6 +302,8 @@ impl Model {
             gemm_f32out: g.kernel(GemmF32Out::NAME)?,
             gemv_f32out: g.kernel(GemvF32Out::NAME)?,
             gemv_swiglu: g.kernel(GemvSwiglu::NAME)?,
+            gemv_staged: g.kernel(GemvStaged::NAME)?,
+            gemv_swiglu_staged: g.kernel(GemvSwigluStaged::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
@@ -391,6 +399,7 @@ impl Model {
             fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
                 .map_or(true, |v| v != "0"),
             fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
+            gemv_stage: std::env::var("METRALE_GEMV_STAGE").map_or(true, |v| v != "0"),
         })
     }
 
@@ -734,19 +743,20 @@ impl Model {
                     k_: u32|
          -> Result<(), ModelError> {
             if self.streams_weight(m, k_) {
-                self.launch(
-                    k.gemv,
-                    label,
-                    &Gemv {
-                        c: out,
-                        a,
-                        w,
-                        bias,
-                        m,
-                        n: n_,
-                        k: k_,
-                    },
-                )
+                let gemv = Gemv {
+                    c: out,
+                    a,
+                    w,
+                    bias,
+                    m,
+                    n: n_,
+                    k: k_,
+                };
+                if self.gemv_stage && gemv_stages(m, n_, k_) {
+                    self.launch(k.gemv_staged, label, &GemvStaged::from(gemv))
+                } else {
+                    self.launch(k.gemv, label, &gemv)
+                }
             } else {
                 let op = GemmOp {
                     c: out,
@@ -911,18 +921,20 @@ impl Model {
                 },
             )?;
             if self.fused_swiglu && self.streams_weight(n, h) {
-                self.launch(
-                    k.gemv_swiglu,
-                    "gate_up",
-                    &GemvSwiglu {
-                        out: sc.act,
-                        a: sc.x,
-                        w: w.gate_up,
-                        m: n,
-                        inter,
-                        k: h,
-                    },
-                )?;
+                let swiglu = GemvSwiglu {
+                    out: sc.act,
+                    a: sc.x,
+                    w: w.gate_up,
+                    m: n,
+                    inter,
+                    k: h,
+                };
+                if self.gemv_stage && gemv_stages(n, 2 * inter, h) {
+                    let staged = GemvSwigluStaged::from(swiglu);
+                    self.launch(k.gemv_swiglu_staged, "gate_up", &staged)?;
+                } else {
+                    self.launch(k.gemv_swiglu, "gate_up", &swiglu)?;
+                }
             } else {
                 gemm(
                     "gate_up",

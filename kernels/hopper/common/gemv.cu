@@ -38,6 +38,7 @@
 // the bytes an SM needs in flight to cover HBM latency at full bandwidth), no spills
 // (gemv_bf16_swiglu, with the interleaved rows and the pair epilogue: 8 bytes spilled).
 // Launch: grid = ceil(N / COLS), block = 256, COLS in {1, 2, 4, 8} (M <= 4) or {8, 16, 32, 64}.
+#include "async_copy.cuh"
 #include "common.cuh"
 
 namespace {
@@ -49,6 +50,10 @@ constexpr int FMA_MAX_M = 4;
 constexpr int TILE = 8;
 // 16-byte weight loads each lane has in flight: 4 KiB per warp.
 constexpr int BATCH = 8;
+// The staged entries (gemv_bf16_staged, gemv_bf16_swiglu_staged): of a lane's first batch, the
+// loads copied into shared memory before the programmatic-launch wait; the launch gives
+// WARPS * 32 * STAGED 16-byte slots (16 KiB) of dynamic shared memory.
+constexpr int STAGED = 4;
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -99,10 +104,17 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[M][2], const uint4& wv,
 }
 
 // out[r] = sum over this warp's slice of K of w_row[k] * a[r, k], on every lane. Warp-uniform.
-template <int M>
+// STAGE (the staged entries) with `waiting` set: the thread has not yet passed the
+// programmatic-launch wait. The first STAGED loads of its first batch are then copied into
+// `staged` (the warp's STAGED * 32 16-byte slots) before the wait (weights are never written by
+// a kernel), and the wait comes before the rest of the batch and the first read of A. Copies,
+// because ptxas moves register loads issued before griddepcontrol.wait to after it (seen in the
+// SASS) and keeps cp.async in place. Same sums in the same order either way.
+template <int M, bool STAGE = false>
 __device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16* __restrict__ w_row,
                                            const __nv_bfloat16* __restrict__ a, uint32_t k,
-                                           uint32_t slice, uint32_t slices, bool vec, int lane) {
+                                           uint32_t slice, uint32_t slices, bool vec, int lane,
+                                           bool* waiting = nullptr, uint4* staged = nullptr) {
     float acc[M][2];
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = 0.0f;
@@ -114,6 +126,36 @@ __device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16*
         const uint4* w4 = reinterpret_cast<const uint4*>(w_row);
         const uint4* a4 = reinterpret_cast<const uint4*>(a);
         uint32_t i = begin;
+        if constexpr (STAGE) {
+            if (*waiting) {
+                // The first batch in the tail's predicated form (a full batch takes every chunk,
+                // as the loop below would); copies past the slice are zero-filled.
+                uint4 wv[BATCH];
+#pragma unroll
+                for (int u = 0; u < STAGED; ++u) {
+                    const uint32_t c = i + lane + 32 * u;
+                    metrale::cp_async_16(metrale::smem_addr(staged + 32 * u + lane),
+                                         w4 + (c < end ? c : 0), c < end);
+                }
+                metrale::cp_async_commit();
+                metrale::grid_dependency_sync();
+                *waiting = false;
+#pragma unroll
+                for (int u = STAGED; u < BATCH; ++u) {
+                    const uint32_t c = i + lane + 32 * u;
+                    wv[u] = c < end ? load_stream(w4 + c) : make_uint4(0, 0, 0, 0);
+                }
+                metrale::cp_async_wait<0>();
+#pragma unroll
+                for (int u = 0; u < STAGED; ++u) wv[u] = staged[32 * u + lane];
+#pragma unroll
+                for (int u = 0; u < BATCH; ++u) {
+                    const uint32_t c = i + lane + 32 * u;
+                    fma_chunk<M>(acc, wv[u], a4, c, chunks, c < end);
+                }
+                i += 32 * BATCH;
+            }
+        }
         for (; i + 32 * BATCH <= end; i += 32 * BATCH) {
             uint4 wv[BATCH];
 #pragma unroll
@@ -137,6 +179,12 @@ __device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16*
             }
         }
     } else {
+        if constexpr (STAGE) {
+            if (*waiting) {
+                metrale::grid_dependency_sync();
+                *waiting = false;
+            }
+        }
         const uint32_t per = div_ceil(k, slices);
         const uint32_t begin = min(slice * per, k), end = min(begin + per, k);
         for (uint32_t e = begin + lane; e < end; e += 32) {
@@ -220,11 +268,12 @@ __device__ __forceinline__ void tile_mma(float (&d)[4], const __nv_bfloat16* __r
 // output is c[r, j] = bf16(silu(g) * u) of g and u the bf16-rounded products of gate row j and up
 // row n / 2 + j (silu_mul_bf16's formula on what gemv_bf16 would store), c being [M, n / 2].
 // Pairs never straddle blocks: cols is at least 2.
-template <int M, bool SWIGLU, typename Out>
+// STAGE: the staged entries' form (FMA form only): see column_dot. The caller has not waited.
+template <int M, bool SWIGLU, bool STAGE, typename Out>
 __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                      const __nv_bfloat16* __restrict__ w,
                                      const __nv_bfloat16* __restrict__ bias, uint32_t n,
-                                     uint32_t k, float* partial) {
+                                     uint32_t k, float* partial, uint4* staged) {
     constexpr bool MMA = M > FMA_MAX_M;
     constexpr uint32_t PER_WARP = MMA ? TILE : 1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -235,6 +284,19 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
     const bool vec = k % 8 == 0 &&
                      ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w)) & 15) == 0;
     float* mine = partial + warp * (MAX_M * TILE);
+    static_assert(!(STAGE && MMA), "the staged entries take the FMA form only");
+    // The blocks of the first wave (3 per SM, the launch bounds) of a launch that gives the
+    // stage's shared memory copy their first weights before the wait: only they can be resident
+    // while the kernel before runs. Later blocks wait first. Dependents are launched after the
+    // wait, never before (common.cuh).
+    bool waiting = false;
+    if constexpr (STAGE) {
+        uint32_t sms, stage_bytes;
+        asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(stage_bytes));
+        waiting = blockIdx.x < 3 * sms && stage_bytes >= WARPS * 32 * STAGED * 16;
+        if (!waiting) metrale::grid_dependency_sync();
+    }
     for (uint32_t base = blockIdx.x * cols; base < n; base += gridDim.x * cols) {
         const uint32_t first = base + group * PER_WARP;
         if constexpr (MMA) {
@@ -265,8 +327,9 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
         } else {
             float out[M];
             if (first < n) {
-                column_dot<M>(out, w + (size_t)weight_row<SWIGLU>(first, n) * k, a, k, slice, slices,
-                              vec, lane);
+                column_dot<M, STAGE>(out, w + (size_t)weight_row<SWIGLU>(first, n) * k, a, k,
+                                     slice, slices, vec, lane, &waiting,
+                                     staged + warp * 32 * STAGED);
             } else {
 #pragma unroll
                 for (int r = 0; r < M; ++r) out[r] = 0.0f;
@@ -274,6 +337,12 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
             if (lane == 0) {
 #pragma unroll
                 for (int r = 0; r < M; ++r) mine[r * TILE] = out[r];
+            }
+        }
+        if constexpr (STAGE) {
+            if (waiting) {  // a warp past the last column still waits before the stores below
+                metrale::grid_dependency_sync();
+                waiting = false;
             }
         }
         __syncthreads();
@@ -319,15 +388,34 @@ __device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat1
     __shared__ float partial[WARPS * MAX_M * TILE];
     if (n == 0) return;
     switch (m) {
-        case 1: gemv<1, SWIGLU>(c, a, w, bias, n, k, partial); break;
-        case 2: gemv<2, SWIGLU>(c, a, w, bias, n, k, partial); break;
-        case 3: gemv<3, SWIGLU>(c, a, w, bias, n, k, partial); break;
-        case 4: gemv<4, SWIGLU>(c, a, w, bias, n, k, partial); break;
-        case 5: gemv<5, SWIGLU>(c, a, w, bias, n, k, partial); break;
-        case 6: gemv<6, SWIGLU>(c, a, w, bias, n, k, partial); break;
-        case 7: gemv<7, SWIGLU>(c, a, w, bias, n, k, partial); break;
-        case 8: gemv<8, SWIGLU>(c, a, w, bias, n, k, partial); break;
+        case 1: gemv<1, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 2: gemv<2, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 3: gemv<3, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 4: gemv<4, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 5: gemv<5, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 6: gemv<6, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 7: gemv<7, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 8: gemv<8, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
         default: break;  // m = 0, or m > 8 (the host reference refuses it)
+    }
+}
+
+// The staged entries' body: rows 1 to 4 (the FMA form) only; the caller has not waited.
+template <bool SWIGLU = false>
+__device__ __forceinline__ void gemv_staged(__nv_bfloat16* __restrict__ c,
+                                            const __nv_bfloat16* __restrict__ a,
+                                            const __nv_bfloat16* __restrict__ w,
+                                            const __nv_bfloat16* __restrict__ bias, uint32_t m,
+                                            uint32_t n, uint32_t k) {
+    __shared__ float partial[WARPS * MAX_M * TILE];
+    extern __shared__ uint4 staged[];
+    if (n == 0) return;
+    switch (m) {
+        case 1: gemv<1, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
+        case 2: gemv<2, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
+        case 3: gemv<3, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
+        case 4: gemv<4, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
+        default: break;  // m = 0, or m > 4 (the host reference refuses it)
     }
 }
 }  // namespace
@@ -360,4 +448,25 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_swiglu(
     metrale::grid_dependency_sync();
     if (inter == 0) return;
     gemv_any<true>(out, a, w, nullptr, m, 2 * inter, k);
+}
+
+// gemv_bf16 for rows 1 to 4 whose first-wave blocks copy the first half of each lane's first
+// weight batch into shared memory before the programmatic-launch wait, so the weight stream starts
+// while the kernel before it runs. Kept apart from gemv_bf16 so that the entries of the
+// products that do not stage keep their code (giving gemv_bf16 itself this path made Qwen3-8B's
+// batch-1 step 1-4% slower although none of its launches staged; docs/results/2026-12-01-speed-
+// h200/gemv-prewait). Launch: gemv_bf16's grid and block with 16 KiB of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_staged(
+    __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
+    uint32_t n, uint32_t k) {
+    gemv_staged(c, a, w, bias, m, n, k);
+}
+
+// gemv_bf16_swiglu in gemv_bf16_staged's form (rows 1 to 4; 16 KiB of dynamic shared memory).
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_swiglu_staged(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ a,
+    const __nv_bfloat16* __restrict__ w, uint32_t m, uint32_t inter, uint32_t k) {
+    if (inter == 0) return;
+    gemv_staged<true>(out, a, w, nullptr, m, 2 * inter, k);
 }

@@ -111,12 +111,97 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`Gemv`] for 1 to [`GEMV_FMA_MAX_ROWS`] rows whose first-wave blocks copy half of each
+    /// lane's first batch of weights into shared memory before the programmatic-launch wait, so
+    /// the weight stream starts while the kernel before it runs. The same bits as [`Gemv`];
+    /// [`gemv_stages`] says which products take it.
+    GemvStaged => names::gemv::GEMV_BF16_STAGED {
+        /// bf16 `[m, n]`.
+        c: DevicePtr,
+        /// bf16 `[m, k]`.
+        a: DevicePtr,
+        /// bf16 `[n, k]`.
+        w: DevicePtr,
+        /// bf16 `[n]`, or null.
+        bias: DevicePtr,
+        /// Rows of A and C (at most [`GEMV_FMA_MAX_ROWS`]).
+        m: u32,
+        /// Rows of W, columns of C.
+        n: u32,
+        /// The reduction length.
+        k: u32,
+    }
+);
+
+kernel_args!(
+    /// [`GemvSwiglu`] in [`GemvStaged`]'s form (1 to [`GEMV_FMA_MAX_ROWS`] rows; the same bits).
+    GemvSwigluStaged => names::gemv::GEMV_BF16_SWIGLU_STAGED {
+        /// bf16 `[m, inter]`.
+        out: DevicePtr,
+        /// bf16 `[m, k]`.
+        a: DevicePtr,
+        /// bf16 `[2 * inter, k]`: the gate rows, then the up rows.
+        w: DevicePtr,
+        /// Rows, at most [`GEMV_FMA_MAX_ROWS`].
+        m: u32,
+        /// Columns of the output (half the weight's rows).
+        inter: u32,
+        /// Inputs.
+        k: u32,
+    }
+);
+
+impl From<Gemv> for GemvStaged {
+    fn from(g: Gemv) -> Self {
+        let Gemv {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+        } = g;
+        GemvStaged {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+        }
+    }
+}
+
+impl From<GemvSwiglu> for GemvSwigluStaged {
+    fn from(g: GemvSwiglu) -> Self {
+        let GemvSwiglu {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        } = g;
+        GemvSwigluStaged {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        }
+    }
+}
+
 /// Most rows [`Gemv`] takes; larger `m` goes to [`Gemm`].
 pub const GEMV_MAX_ROWS: u32 = 8;
 
 /// Rows up to which the GEMV computes one output column per warp with FMAs; above, a warp
 /// computes [`GEMV_TILE`] columns with tensor-core MMAs. Mirrors `FMA_MAX_M` in gemv.cu.
-const GEMV_FMA_MAX_ROWS: u32 = 4;
+pub const GEMV_FMA_MAX_ROWS: u32 = 4;
 /// Output columns per warp of the GEMV's MMA form (`TILE` in gemv.cu).
 const GEMV_TILE: u64 = 8;
 /// Warps per GEMV block (256 threads).
@@ -180,6 +265,42 @@ pub fn gemv_columns_per_block(m: u32, n: u32, k: u32) -> u32 {
 fn gemv_launch(m: u32, n: u32, k: u32) -> LaunchConfig {
     let columns = gemv_columns_per_block(m, n, k);
     LaunchConfig::linear(blocks_for(n.into(), columns).max(1), 256)
+}
+
+/// Dynamic shared memory of a staged GEMV launch: 8 warps x 32 lanes x the 4 of each lane's 8
+/// first 16-byte weight loads copied before the wait (`STAGED` in gemv.cu).
+const GEMV_STAGE_BYTES: u32 = 8 * 32 * 4 * 16;
+
+/// Weights (elements) up to which a product of at most [`GEMV_FMA_MAX_ROWS`] rows takes the
+/// staged GEMV. On the H200 the stage made Qwen3-0.6B's batch-1 decode 6-8% faster (products of
+/// at most 6.3M weights); Qwen3-8B's products (16.8M to 100M weights) stream long enough that a
+/// stage gains little, and a stage in every GEMV launch made its step slower
+/// (docs/results/2026-12-01-speed-h200/gemv-prewait).
+const GEMV_STAGE_MAX_WEIGHTS: u64 = 8 << 20;
+
+/// Whether an `m x n x k` product streamed by the GEMV takes the staged entry
+/// ([`GemvStaged`], [`GemvSwigluStaged`]; `n` counts the gate and up rows of the latter).
+pub fn gemv_stages(m: u32, n: u32, k: u32) -> bool {
+    (1..=GEMV_FMA_MAX_ROWS).contains(&m) && u64::from(n) * u64::from(k) <= GEMV_STAGE_MAX_WEIGHTS
+}
+
+/// A staged launch: `launch` with the stage's shared memory.
+fn staged(launch: LaunchConfig) -> LaunchConfig {
+    LaunchConfig {
+        shared_mem_bytes: GEMV_STAGE_BYTES,
+        ..launch
+    }
+}
+
+/// The staged entries' row limit, for their references.
+fn check_staged_rows(name: metrale_core::KernelName, m: u32) -> Result<(), HostError> {
+    if m > GEMV_FMA_MAX_ROWS {
+        return Err(HostError::BadArgs {
+            kernel: name,
+            message: format!("m = {m} exceeds {GEMV_FMA_MAX_ROWS} (the staged GEMV's FMA form)"),
+        });
+    }
+    Ok(())
 }
 
 /// The GEMV reference: the GEMM's, after checking `m`.
@@ -270,6 +391,78 @@ impl Kernel for GemvF32Out {
             self.k,
         )?;
         host::store(mem, self.c, &c)
+    }
+}
+
+impl Kernel for GemvStaged {
+    fn launch_config(&self) -> LaunchConfig {
+        staged(gemv_launch(self.m, self.n, self.k))
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_staged_rows(Self::NAME, self.m)?;
+        let GemvStaged {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+        } = *self;
+        Gemv {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+        }
+        .reference(mem)
+    }
+}
+
+impl Kernel for GemvSwigluStaged {
+    fn launch_config(&self) -> LaunchConfig {
+        let GemvSwigluStaged {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        } = *self;
+        staged(
+            GemvSwiglu {
+                out,
+                a,
+                w,
+                m,
+                inter,
+                k,
+            }
+            .launch_config(),
+        )
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_staged_rows(Self::NAME, self.m)?;
+        let GemvSwigluStaged {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        } = *self;
+        GemvSwiglu {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        }
+        .reference(mem)
     }
 }
 
@@ -457,6 +650,78 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_staged_entries_take_the_small_fma_form_products() {
+        // Qwen3-0.6B's batch-1 products stage; Qwen3-8B's, the LM heads and the MMA form do not.
+        for (n, k) in [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)] {
+            assert!(gemv_stages(1, n, k) && gemv_stages(4, n, k), "n={n} k={k}");
+            assert!(
+                !gemv_stages(0, n, k) && !gemv_stages(5, n, k),
+                "n={n} k={k}"
+            );
+        }
+        for (n, k) in [
+            (6144, 4096),
+            (4096, 4096),
+            (24576, 4096),
+            (4096, 12288),
+            (151936, 1024),
+        ] {
+            assert!(!gemv_stages(1, n, k), "n={n} k={k}");
+        }
+        let plain = Gemv {
+            c: DevicePtr::NULL,
+            a: DevicePtr::NULL,
+            w: DevicePtr::NULL,
+            bias: DevicePtr::NULL,
+            m: 1,
+            n: 4096,
+            k: 1024,
+        };
+        let (p, s) = (
+            plain.launch_config(),
+            GemvStaged::from(plain).launch_config(),
+        );
+        assert_eq!((p.grid, p.block, p.shared_mem_bytes), (s.grid, s.block, 0));
+        assert_eq!(s.shared_mem_bytes, GEMV_STAGE_BYTES);
+    }
+
+    #[test]
+    fn the_staged_references_refuse_the_mma_form() {
+        let mut mem = FlatMemory::new();
+        let a = mem.put(&bf16s(&[1.0; 5 * 8]));
+        let w = mem.put(&bf16s(&[1.0; 2 * 8]));
+        let c = mem.put(&[0u8; 5 * 2 * 2]);
+        let staged = GemvStaged {
+            c,
+            a,
+            w,
+            bias: DevicePtr::NULL,
+            m: 5,
+            n: 2,
+            k: 8,
+        };
+        assert!(matches!(
+            staged.reference(&mut mem),
+            Err(HostError::BadArgs { .. })
+        ));
+        let swiglu = GemvSwigluStaged {
+            out: c,
+            a,
+            w,
+            m: 5,
+            inter: 1,
+            k: 8,
+        };
+        assert!(matches!(
+            swiglu.reference(&mut mem),
+            Err(HostError::BadArgs { .. })
+        ));
+        // Four rows are the staged form's and match the GEMV's reference.
+        let four = GemvStaged { m: 4, ..staged };
+        four.reference(&mut mem).unwrap();
     }
 
     #[test]

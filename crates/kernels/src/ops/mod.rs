@@ -24,7 +24,8 @@ pub use attention::{
 pub use elementwise::Add;
 pub use embedding::Embedding;
 pub use gemm::{
-    GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, GemvSwiglu, gemv_columns_per_block,
+    GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, GemvStaged, GemvSwiglu,
+    GemvSwigluStaged, gemv_columns_per_block, gemv_stages,
 };
 pub use qkv_post::QkvRopeKvWrite;
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
