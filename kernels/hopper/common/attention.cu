@@ -168,9 +168,14 @@ __device__ __forceinline__ void attend(
                                                       post_pos, post.cos_table, post.sin_table,
                                                       post_e, HALF);
     }
-    metrale::grid_dependency_sync();
+    // The plain form's kernel before (qkv_rope_kv_write_bf16) writes the newest key into the
+    // cache, so its copies wait. The fused form's kernel before is the QKV product, which writes
+    // no cache row (this block writes the newest key itself and patches it into its tile below),
+    // so its first copies go out before the wait and land while that product finishes.
+    if constexpr (!POST) metrale::grid_dependency_sync();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i, slots[i]);
+    if constexpr (POST) metrale::grid_dependency_sync();
 
     // Fused form: the group's G query heads, normalised and rotated exactly as
     // qkv_rope_kv_write_bf16 does (the same function, qkv_post.cuh), into shared memory, and for
