@@ -21,10 +21,10 @@ use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
-    AddRmsNorm, ArgmaxF32, Embedding, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvStaged, GemvSwiglu, GemvSwigluStaged, PagedAttention, PagedAttentionQkv, PrefillAttention,
-    PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes,
-    attention_splits, gemv_stages, prefill_attention_tiles_of,
+    AddRmsNorm, ArgmaxF32, Embedding, GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv,
+    GemvF32Out, GemvStaged, GemvSwiglu, GemvSwigluStaged, PagedAttention, PagedAttentionQkv,
+    PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul,
+    argmax_scratch_bytes, attention_splits, gemv_stages, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -230,6 +230,50 @@ impl PrefillVersion {
     }
 }
 
+/// Which GEMV products run through the staged entries (`gemv_bf16_staged`,
+/// `gemv_bf16_swiglu_staged`: the first weights copied before the programmatic-launch wait, the
+/// same bits as the plain entries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GemvStage {
+    /// None.
+    Off,
+    /// Those [`gemv_stages`] picks: at most 8M weights (Qwen3-0.6B's products).
+    Small,
+    /// Every product of the FMA form (1 to 4 rows).
+    All,
+}
+
+impl GemvStage {
+    /// The policy `METRALE_GEMV_STAGE` names (`0` or `off`, `small`, `all`), by default `small`;
+    /// another value is an error. Measured on the H200 with one kernel entry for both forms:
+    /// Qwen3-0.6B's batch-1 decode 6-8% faster staging; Qwen3-8B's 1-3% slower with the staged
+    /// path in its kernel whether it staged or not, less so staging every product
+    /// (docs/results/2026-12-01-speed-h200/gemv-prewait). Not yet measured with separate entries.
+    pub(crate) fn choose(env: Option<&str>) -> Result<GemvStage, ModelError> {
+        Ok(match env {
+            Some("0" | "off") => GemvStage::Off,
+            None | Some("small") => GemvStage::Small,
+            Some("all") => GemvStage::All,
+            Some(other) => {
+                return Err(ModelError::BadVariable {
+                    name: "METRALE_GEMV_STAGE",
+                    value: other.to_string(),
+                    expected: "0, off, small or all",
+                });
+            }
+        })
+    }
+
+    /// Whether an `m x n x k` GEMV product takes the staged entry.
+    fn stages(self, m: u32, n: u32, k: u32) -> bool {
+        match self {
+            GemvStage::Off => false,
+            GemvStage::Small => gemv_stages(m, n, k),
+            GemvStage::All => (1..=GEMV_FMA_MAX_ROWS).contains(&m),
+        }
+    }
+}
+
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
 pub struct Model {
     config: ModelConfig,
@@ -271,10 +315,8 @@ pub struct Model {
     /// Products the GEMV streams run the gate|up projection with SiLU x up in its epilogue
     /// (`gemv_bf16_swiglu`, one launch fewer per layer) unless `METRALE_FUSED_SWIGLU=0`.
     fused_swiglu: bool,
-    /// GEMV products small enough for [`gemv_stages`] run through the staged entries (their first
-    /// weights copied before the programmatic-launch wait; the same bits) unless
-    /// `METRALE_GEMV_STAGE=0`.
-    gemv_stage: bool,
+    /// Which GEMV products run through the staged entries ([`GemvStage::choose`]).
+    gemv_stage: GemvStage,
 }
 
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
@@ -370,6 +412,7 @@ impl Model {
             std::env::var("METRALE_PREFILL_ATTENTION").ok().as_deref(),
             config.head_dim as u32,
         )?;
+        let gemv_stage = GemvStage::choose(std::env::var("METRALE_GEMV_STAGE").ok().as_deref())?;
         Ok(Model {
             config,
             options,
@@ -399,7 +442,7 @@ impl Model {
             fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
                 .map_or(true, |v| v != "0"),
             fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
-            gemv_stage: std::env::var("METRALE_GEMV_STAGE").map_or(true, |v| v != "0"),
+            gemv_stage,
         })
     }
 
@@ -752,7 +795,7 @@ impl Model {
                     n: n_,
                     k: k_,
                 };
-                if self.gemv_stage && gemv_stages(m, n_, k_) {
+                if self.gemv_stage.stages(m, n_, k_) {
                     self.launch(k.gemv_staged, label, &GemvStaged::from(gemv))
                 } else {
                     self.launch(k.gemv, label, &gemv)
@@ -929,7 +972,7 @@ impl Model {
                     inter,
                     k: h,
                 };
-                if self.gemv_stage && gemv_stages(n, 2 * inter, h) {
+                if self.gemv_stage.stages(n, 2 * inter, h) {
                     let staged = GemvSwigluStaged::from(swiglu);
                     self.launch(k.gemv_swiglu_staged, "gate_up", &staged)?;
                 } else {
@@ -1141,7 +1184,24 @@ impl Drop for Model {
 
 #[cfg(test)]
 mod tests {
-    use super::PrefillVersion;
+    use super::{GemvStage, PrefillVersion};
+
+    #[test]
+    fn gemv_stage_follows_the_variable_and_refuses_unknown_values() {
+        let choose = |env| GemvStage::choose(env).unwrap();
+        assert_eq!(choose(None), GemvStage::Small);
+        assert_eq!(choose(Some("0")), GemvStage::Off);
+        assert_eq!(choose(Some("off")), GemvStage::Off);
+        assert_eq!(choose(Some("all")), GemvStage::All);
+        // Qwen3-8B's qkv product at batch 1 stages only under `all`; no policy stages 5 rows.
+        assert!(!choose(None).stages(1, 6144, 4096));
+        assert!(choose(Some("all")).stages(1, 6144, 4096));
+        assert!(choose(None).stages(1, 4096, 1024));
+        assert!(!choose(Some("all")).stages(5, 4096, 1024));
+        assert!(!choose(Some("off")).stages(1, 4096, 1024));
+        let err = GemvStage::choose(Some("yes")).unwrap_err().to_string();
+        assert_eq!(err, "METRALE_GEMV_STAGE=yes: expected 0, off, small or all");
+    }
 
     #[test]
     fn prefill_version_follows_the_variable_and_refuses_unknown_values() {

@@ -272,10 +272,12 @@ fn gemv_launch(m: u32, n: u32, k: u32) -> LaunchConfig {
 const GEMV_STAGE_BYTES: u32 = 8 * 32 * 4 * 16;
 
 /// Weights (elements) up to which a product of at most [`GEMV_FMA_MAX_ROWS`] rows takes the
-/// staged GEMV. On the H200 the stage made Qwen3-0.6B's batch-1 decode 6-8% faster (products of
-/// at most 6.3M weights); Qwen3-8B's products (16.8M to 100M weights) stream long enough that a
-/// stage gains little, and a stage in every GEMV launch made its step slower
-/// (docs/results/2026-12-01-speed-h200/gemv-prewait).
+/// staged GEMV by default. On the H200 (one kernel entry holding both forms) the stage made
+/// Qwen3-0.6B's batch-1 decode 6-8% faster (products of at most 6.3M weights); Qwen3-8B's step
+/// (products of 16.8M to 100M weights) was 1-3% slower with the staged path compiled into its
+/// GEMV whether it staged or not, and less slow staging every product
+/// (docs/results/2026-12-01-speed-h200/gemv-prewait). The model's `METRALE_GEMV_STAGE=all`
+/// stages every product, to measure that with the separate entries.
 const GEMV_STAGE_MAX_WEIGHTS: u64 = 8 << 20;
 
 /// Whether an `m x n x k` product streamed by the GEMV takes the staged entry
