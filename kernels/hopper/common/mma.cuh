@@ -60,4 +60,37 @@ __device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat162 v) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The end of an attention tile for one lane (g, tg) = (lane / 4, lane % 4) of a 16-row slice of
+// f32 accumulators in the mma layout (rows r0 and r0 + 8, columns 8 d + 2 tg and + 1 of each of the
+// HD / 8 n-tiles; acc(d, j) is the lane's accumulator j of n-tile d): the row sums l0 and l1, this
+// lane's shares, are completed over the quad, and the rows are divided by them (a zero sum gives
+// zeros) and stored as bf16 pairs to out[(first_token + row) * q_heads + head][HD]. Rows at or
+// past `count` are not written.
+template <int HD, typename Acc>
+__device__ __forceinline__ void store_tile_rows(__nv_bfloat16* out, Acc acc, float l0, float l1,
+                                                int r0, int count, int first_token,
+                                                uint32_t q_heads, uint32_t head, int tg) {
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const int r1 = r0 + 8;
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    if (r0 < count) {
+        __nv_bfloat16* dst = out + ((size_t)(first_token + r0) * q_heads + head) * HD + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < HD / 8; ++d)
+            *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
+                __floats2bfloat162_rn(acc(d, 0) * inv0, acc(d, 1) * inv0);
+    }
+    if (r1 < count) {
+        __nv_bfloat16* dst = out + ((size_t)(first_token + r1) * q_heads + head) * HD + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < HD / 8; ++d)
+            *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
+                __floats2bfloat162_rn(acc(d, 2) * inv1, acc(d, 3) * inv1);
+    }
+}
+
 }  // namespace metrale

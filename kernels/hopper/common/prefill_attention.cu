@@ -244,27 +244,8 @@ __device__ __forceinline__ void attend_tile(
     }
 
     if (!live) return;
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const int row0 = warp * 16 + g, row1 = row0 + 8;
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    if (row0 < count) {
-        __nv_bfloat16* dst = out + ((size_t)(first_token + row0) * q_heads + h) * HD + 2 * tg;
-#pragma unroll
-        for (int d = 0; d < OUT_TILES; ++d)
-            *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
-                __floats2bfloat162_rn(o[d][0] * inv0, o[d][1] * inv0);
-    }
-    if (row1 < count) {
-        __nv_bfloat16* dst = out + ((size_t)(first_token + row1) * q_heads + h) * HD + 2 * tg;
-#pragma unroll
-        for (int d = 0; d < OUT_TILES; ++d)
-            *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
-                __floats2bfloat162_rn(o[d][2] * inv1, o[d][3] * inv1);
-    }
+    metrale::store_tile_rows<HD>(out, [&](int d, int j) { return o[d][j]; }, l0, l1, warp * 16 + g,
+                                 count, first_token, q_heads, h, tg);
 }
 }  // namespace
 
@@ -595,28 +576,8 @@ __device__ __forceinline__ void attend_tile(
     const int g = lane >> 2, tg = lane & 3;
 #pragma unroll
     for (int t = 0; t < M_TILES; ++t) {
-        float l0 = st.l[t][0], l1 = st.l[t][1];
-#pragma unroll
-        for (int off = 1; off <= 2; off <<= 1) {
-            l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-            l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-        }
-        const int r0 = row0[t] + g, r1 = r0 + 8;
-        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-        if (r0 < count) {
-            __nv_bfloat16* dst = out + ((size_t)(first_token + r0) * q_heads + h) * HD + 2 * tg;
-#pragma unroll
-            for (int d = 0; d < OUT_TILES; ++d)
-                *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
-                    __floats2bfloat162_rn(st.o[t][d][0] * inv0, st.o[t][d][1] * inv0);
-        }
-        if (r1 < count) {
-            __nv_bfloat16* dst = out + ((size_t)(first_token + r1) * q_heads + h) * HD + 2 * tg;
-#pragma unroll
-            for (int d = 0; d < OUT_TILES; ++d)
-                *reinterpret_cast<__nv_bfloat162*>(dst + d * 8) =
-                    __floats2bfloat162_rn(st.o[t][d][2] * inv1, st.o[t][d][3] * inv1);
-        }
+        metrale::store_tile_rows<HD>(out, [&](int d, int j) { return st.o[t][d][j]; }, st.l[t][0],
+                                     st.l[t][1], row0[t] + g, count, first_token, q_heads, h, tg);
     }
 }
 }  // namespace v2

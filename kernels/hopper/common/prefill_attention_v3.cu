@@ -265,27 +265,8 @@ __device__ __forceinline__ void attend_tile(
     // The block's copies are all done (the last groups are empty) before it exits.
     cp_async_wait<0>();
 
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const int r0 = 64 * group + 16 * warp + g, r1 = r0 + 8;
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    if (r0 < count) {
-        __nv_bfloat16* dst = out + ((size_t)(first_token + r0) * q_heads + h) * HD + 2 * tg;
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-            *reinterpret_cast<__nv_bfloat162*>(dst + 8 * i) =
-                __floats2bfloat162_rn(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-    }
-    if (r1 < count) {
-        __nv_bfloat16* dst = out + ((size_t)(first_token + r1) * q_heads + h) * HD + 2 * tg;
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-            *reinterpret_cast<__nv_bfloat162*>(dst + 8 * i) =
-                __floats2bfloat162_rn(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
-    }
+    metrale::store_tile_rows<HD>(out, [&](int d, int j) { return o[4 * d + j]; }, l0, l1,
+                                 64 * group + 16 * warp + g, count, first_token, q_heads, h, tg);
 }
 }  // namespace v3
 }  // namespace
