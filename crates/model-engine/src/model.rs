@@ -907,6 +907,8 @@ impl Model {
                 scale,
             };
             if fused_post {
+                // The fused attention copies its first cache tiles before the programmatic-launch
+                // wait: the launch just before it (the qkv product) must write no cache row.
                 let fused = PagedAttentionQkv::fuse(&post, &attention);
                 self.launch(k.attention_qkv, "attention", &fused)?;
             } else {

@@ -141,8 +141,9 @@ __device__ __forceinline__ void attend(
     // The first STAGES - 1 tiles go out before the queries are loaded, so the two overlap. Their
     // slots (and the next tile's) come from the block table, which no kernel writes (the host
     // uploads it with the step), so they are looked up before the programmatic-launch wait, while
-    // the kernel that writes this step's queries and newest keys may still be running; the cache
-    // and the queries are read only after it.
+    // the kernel that writes this step's queries and newest keys may still be running; the
+    // queries are read only after it, and so is the cache in the plain form (the fused form's
+    // first copies: below).
     uint32_t slots[STAGES - 1];
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) slots[i] = slot_of(i);

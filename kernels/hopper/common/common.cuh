@@ -10,8 +10,12 @@ namespace metrale {
 // the stream is still running (unless METRALE_PDL=0); such a kernel must not write global memory,
 // nor read any that a kernel of the step writes, until the previous grid has finished and its
 // writes are visible. Every kernel entry calls this first, except for work on data no kernel
-// writes (the decode attention looks up its block-table slots before it); it also lets the next
-// kernel be scheduled as soon as this one's blocks have passed the wait. Never launch dependents
+// writes (the decode attention looks up its block-table slots before it, the staged GEMVs copy
+// weights) and, in the fused decode attention, cache rows that only kernels launched before the
+// one just before it can have written (that one is the QKV product); it also lets the next
+// kernel be scheduled as soon as this one's blocks have passed the wait. Because every kernel
+// launches its dependents only after its own wait, a kernel's pre-wait code overlaps only the
+// kernel just before it: every earlier kernel has finished by then. Never launch dependents
 // before the wait: a GEMV that did read stale data in a kernel two launches later (Qwen3-0.6B
 // parity failed while every kernel passed alone; docs/results/2026-12-01-speed-h200/
 // gemv-prewait). Loads issued before the wait whose values are first used after it may be moved
