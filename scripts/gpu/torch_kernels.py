@@ -8,6 +8,8 @@ launches, the median batch), written as JSON rows whose labels match bench-kerne
 What "the same thing" means per row (bf16 tensors, as transformers runs the model):
   GEMV / GEMM        F.linear(a, w)                           (cuBLAS; the LM head returns bf16)
   add+rmsnorm        the HF Qwen3RMSNorm after a residual add: h = h + x; y = w * norm(h.float()).to(bf16)
+  add+rmsnorm+X      that, then the product X (F.linear; and F.silu(g) * u for gate_up+silu*mul)
+  gate_up+silu*mul   F.linear(a, w_gate_up), then F.silu(g) * u over its halves
   silu*mul           F.silu(gate) * up over the halves of one [tokens, 2I] tensor
   decode attention   F.scaled_dot_product_attention(q, K, V, enable_gqa=True) over a contiguous
                      [batch, kv_heads, context, head_dim] cache (transformers' static-cache layout)
@@ -73,18 +75,44 @@ def rows_for(name, s, prefill):
         linear_row("gate_up", m, 2 * i, h)
         linear_row("down", m, h, i)
 
+    def add_norm(hid, x, w):
+        r = hid + x
+        v = r.float()
+        v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * v.to(bf)
+
+    def fused_rows(m):
+        # The engine's fused rows at m rows: SiLU x up after the gate|up product, and the residual
+        # add + RMSNorm before the qkv and gate|up products.
+        hid = torch.randn(m, h, device=dev, dtype=bf)
+        x = torch.randn(m, h, device=dev, dtype=bf)
+        nw = torch.ones(h, device=dev, dtype=bf)
+        w_qkv = torch.randn(qd + 2 * kvd, h, device=dev, dtype=bf) / h**0.5
+        w_gu = torch.randn(2 * i, h, device=dev, dtype=bf) / h**0.5
+
+        def swiglu(a):
+            gu = F.linear(a, w_gu)
+            return F.silu(gu[:, :i]) * gu[:, i:]
+
+        weight_bytes = (qd + 2 * kvd) * h * 2
+        out.append({"label": f"{name} add+rmsnorm+qkv_proj m={m} n={qd + 2 * kvd} k={h}",
+                    "op": "HF add + RMSNorm, F.linear", "us": timed(lambda: F.linear(add_norm(hid, x, nw), w_qkv)),
+                    "bytes": weight_bytes + m * h * 10 + m * (qd + 2 * kvd) * 2,
+                    "flops": 2 * m * (qd + 2 * kvd) * h})
+        out.append({"label": f"{name} gate_up+silu*mul m={m} n={2 * i} k={h}",
+                    "op": "F.linear, F.silu(g) * u", "us": timed(lambda: swiglu(hid)),
+                    "bytes": 2 * i * h * 2 + m * h * 2 + m * i * 2, "flops": 4 * m * i * h})
+        out.append({"label": f"{name} add+rmsnorm+gate_up+silu*mul m={m} n={2 * i} k={h}",
+                    "op": "HF add + RMSNorm, F.linear, F.silu(g) * u",
+                    "us": timed(lambda: swiglu(add_norm(hid, x, nw))),
+                    "bytes": 2 * i * h * 2 + m * h * 10 + m * i * 2, "flops": 4 * m * i * h})
+
     def norm_row(rows):
         hid = torch.randn(rows, h, device=dev, dtype=bf)
         x = torch.randn(rows, h, device=dev, dtype=bf)
         w = torch.ones(h, device=dev, dtype=bf)
-
-        def f():
-            r = hid + x
-            v = r.float()
-            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
-            return w * v.to(bf)
         out.append({"label": f"{name} add+rmsnorm rows={rows}", "op": "HF add + RMSNorm (eager)",
-                    "us": timed(f), "bytes": rows * h * 2 * 4, "flops": 4 * rows * h})
+                    "us": timed(lambda: add_norm(hid, x, w)), "bytes": rows * h * 2 * 4, "flops": 4 * rows * h})
 
     def embedding_row(t):
         # The gather into the residual stream as the engine keeps it (f32); transformers' own
@@ -149,6 +177,7 @@ def rows_for(name, s, prefill):
 
     embedding_row(1)
     norm_row(1)
+    fused_rows(1)
     qkv_post_row(1, "decode")
     silu_row(1)
     attention_row(1, 1, 1024)

@@ -205,6 +205,71 @@ fn gemv_staged_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool)
     case
 }
 
+/// The residual add + RMSNorm and the product after it in one launch ([`GemvNorm`], or with
+/// `swiglu` [`GemvSwigluNorm`] over the `n` interleaved gate|up columns), staged as the model's
+/// default policy stages it ([`gemv_stages`]). Bytes: the weight, the residual read and written
+/// (f32), the input, the norm weight and the output.
+fn gemv_norm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool) -> BenchCase {
+    let out_cols = if swiglu { n / 2 } else { n };
+    let rows = m as u64 * k as u64;
+    let stage = u32::from(gemv_stages(m, n, k));
+    BenchCase {
+        kernel: if swiglu {
+            GemvSwigluNorm::NAME
+        } else {
+            GemvNorm::NAME
+        },
+        label: format!("{} add+rmsnorm+{what} m={m} n={n} k={k}", s.name),
+        bytes: n as u64 * k as u64 * 2
+            + rows * (4 + 4 + 2)
+            + k as u64 * 2
+            + (m * out_cols) as u64 * 2,
+        flops: 2 * m as u64 * n as u64 * k as u64 + 4 * rows,
+        buffers: vec![
+            ((m * out_cols) as usize * 2, 0),
+            (rows as usize * 4, 0x3C),
+            (rows as usize * 4, 0),
+            (rows as usize * 2, 0x3C),
+            (k as usize * 2, 0x3C),
+            (n as usize * k as usize * 2, 0x3C),
+        ],
+        uploads: vec![],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            if swiglu {
+                launch_of(GemvSwigluNorm {
+                    out: p[0],
+                    residual: p[1],
+                    residual_out: p[2],
+                    input: p[3],
+                    norm_weight: p[4],
+                    w: p[5],
+                    m,
+                    inter: n / 2,
+                    k,
+                    eps: 1e-6,
+                    stage,
+                })
+            } else {
+                launch_of(GemvNorm {
+                    c: p[0],
+                    residual: p[1],
+                    residual_out: p[2],
+                    input: p[3],
+                    norm_weight: p[4],
+                    w: p[5],
+                    bias: DevicePtr::NULL,
+                    m,
+                    n,
+                    k,
+                    eps: 1e-6,
+                    stage,
+                })
+            }
+        }),
+    }
+}
+
 /// [`gemv_case`] at one row, launched with `columns` output columns per block instead of the
 /// rule's (the kernel recovers the split from the grid).
 fn gemv_split_case(s: &Shape, what: &str, n: u32, k: u32, columns: u32) -> BenchCase {
@@ -701,6 +766,12 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         if gemv_stages(1, n, k) {
             out.push(gemv_staged_case(s, what, 1, n, k, swiglu));
         }
+    }
+    // The batch-1 products after a residual add + RMSNorm, which the model runs through the
+    // normalising entries.
+    if gemv_norm_fits(1, h) {
+        out.push(gemv_norm_case(s, "qkv_proj", 1, qd + 2 * kvd, h, false));
+        out.push(gemv_norm_case(s, "gate_up+silu*mul", 1, 2 * i, h, true));
     }
     // The batch-1 GEMV at the other column splits than gemv_columns_per_block's (1 to 8 columns
     // per block: 8 to 1 warps on each column's K), to measure that rule.

@@ -398,6 +398,110 @@ fn gemv_staged_cases(rng: &mut Rng) -> Vec<Case> {
     out
 }
 
+/// The normalising GEMV entries (residual add + RMSNorm into the product): Qwen3-0.6B's and
+/// Qwen3-8B's batch-1 qkv and gate|up products with and without the weight stage, 2 to 4 rows, a
+/// bias, a null input (the residual copied), the scalar paths (k = 130), a norm row longer than
+/// one pass (k = 8192), k a multiple of 4 but not 8 (vector norm, scalar product) and fewer
+/// columns than warps. The residual is an output too: it must come back unchanged.
+fn gemv_norm_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    // (m, n, k, swiglu, bias, input, stage); for the SwiGLU form n counts gate and up rows.
+    for &(m, n, k, swiglu, bias, input, stage) in &[
+        (1u32, 4096u32, 1024u32, false, false, true, 1u32),
+        (1, 6144, 4096, false, false, true, 0),
+        (1, 6144, 4096, false, false, true, 1),
+        (4, 1024, 2048, false, true, true, 1),
+        (3, 1000, 130, false, true, true, 0),
+        (2, 777, 520, false, false, false, 1),
+        (1, 5, 4096, false, false, true, 1),
+        (1, 1024, 8192, false, false, true, 0),
+        (2, 64, 4100, false, false, true, 1),
+        (1, 6144, 1024, true, false, true, 1),
+        (1, 24576, 4096, true, false, true, 0),
+        (4, 2002, 256, true, false, true, 1),
+        (2, 600, 130, true, false, false, 0),
+    ] {
+        let rows = (m * k) as usize;
+        let residual: Vec<f32> = (0..rows).map(|_| 2.0 * rng.normal()).collect();
+        let out_elems = (m * if swiglu { n / 2 } else { n }) as usize;
+        let kernel = if swiglu {
+            GemvSwigluNorm::NAME
+        } else {
+            GemvNorm::NAME
+        };
+        out.push(Case {
+            kernel,
+            gemm: None,
+            allowance: None,
+            shape: format!("m={m} n={n} k={k} bias={bias} input={input} stage={stage}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; out_elems * 2],
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: f32_bytes(&residual),
+                    output: Some(OutputKind::F32),
+                },
+                Buffer {
+                    init: vec![0xAB; rows * 4],
+                    output: Some(OutputKind::F32),
+                },
+                Buffer {
+                    init: bf16_normal(rng, rows, 2.0),
+                    output: None,
+                },
+                Buffer {
+                    init: norm_weight(rng, k as usize),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(rng, (n * k) as usize, 1.0 / (k as f32).sqrt()),
+                    output: None,
+                },
+                Buffer {
+                    init: bf16_normal(rng, n as usize, 1.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                let input = if input { p[3] } else { DevicePtr::NULL };
+                if swiglu {
+                    launch_of(GemvSwigluNorm {
+                        out: p[0],
+                        residual: p[1],
+                        residual_out: p[2],
+                        input,
+                        norm_weight: p[4],
+                        w: p[5],
+                        m,
+                        inter: n / 2,
+                        k,
+                        eps: 1e-6,
+                        stage,
+                    })
+                } else {
+                    launch_of(GemvNorm {
+                        c: p[0],
+                        residual: p[1],
+                        residual_out: p[2],
+                        input,
+                        norm_weight: p[4],
+                        w: p[5],
+                        bias: if bias { p[6] } else { DevicePtr::NULL },
+                        m,
+                        n,
+                        k,
+                        eps: 1e-6,
+                        stage,
+                    })
+                }
+            }),
+        });
+    }
+    out
+}
+
 /// The fused qk-norm + RoPE + KV-cache write at Qwen3-8B (32/8 heads), Qwen3-0.6B (16/8) and
 /// SmolLM2 (9/3, head_dim 64, no qk-norm) shapes, decode (1 token) and a prefill chunk (300),
 /// plus head_dim 96 (the scalar path) and 256 (32 lanes per head). Positions are random in a
@@ -1382,6 +1486,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
     }
     // Last, so that the earlier cases keep their inputs at a given seed.
     out.extend(gemv_staged_cases(&mut rng));
+    out.extend(gemv_norm_cases(&mut rng));
     out
 }
 

@@ -231,6 +231,8 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvSwiglu::NAME, run::<GemvSwiglu>),
         (GemvStaged::NAME, run::<GemvStaged>),
         (GemvSwigluStaged::NAME, run::<GemvSwigluStaged>),
+        (GemvNorm::NAME, run::<GemvNorm>),
+        (GemvSwigluNorm::NAME, run::<GemvSwigluNorm>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (PagedAttentionQkv::NAME, run::<PagedAttentionQkv>),
         (AttentionCombine::NAME, run::<AttentionCombine>),

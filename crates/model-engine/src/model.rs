@@ -22,9 +22,10 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
     AddRmsNorm, ArgmaxF32, Embedding, GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv,
-    GemvF32Out, GemvStaged, GemvSwiglu, GemvSwigluStaged, PagedAttention, PagedAttentionQkv,
-    PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul,
-    argmax_scratch_bytes, attention_splits, gemv_stages, prefill_attention_tiles_of,
+    GemvF32Out, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, PagedAttention,
+    PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite,
+    SiluMul, argmax_scratch_bytes, attention_splits, gemv_norm_fits, gemv_stages,
+    prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -133,6 +134,8 @@ struct Kernels {
     gemv_swiglu: KernelHandle,
     gemv_staged: KernelHandle,
     gemv_swiglu_staged: KernelHandle,
+    gemv_norm: KernelHandle,
+    gemv_swiglu_norm: KernelHandle,
     prefill_attention: KernelHandle,
     prefill_attention_v2: KernelHandle,
     prefill_attention_v3: KernelHandle,
@@ -141,7 +144,12 @@ struct Kernels {
 
 /// Device buffers sized once for `max_tokens_per_step` tokens.
 struct Scratch {
+    /// f32 `[tokens, hidden]`: the residual stream.
     hidden: DevicePtr,
+    /// f32 `[GEMV_FMA_MAX_ROWS, hidden]`: the residual stream's other half for the normalising
+    /// GEMVs, which read it from one buffer and write the sum to the other (their blocks run
+    /// concurrently, so not in place).
+    hidden_alt: DevicePtr,
     x: DevicePtr,
     /// `[tokens, (heads + 2 * kv_heads) * head_dim]`: the fused q | k | v product.
     qkv: DevicePtr,
@@ -230,11 +238,13 @@ impl PrefillVersion {
     }
 }
 
-/// Which GEMV products run through the staged entries (`gemv_bf16_staged`,
-/// `gemv_bf16_swiglu_staged`: the first weights copied before the programmatic-launch wait, the
-/// same bits as the plain entries).
+/// Which GEMV products of 1 to 4 rows (the FMA form) take a special form: the staged entries
+/// (`METRALE_GEMV_STAGE`: `gemv_bf16_staged`, `gemv_bf16_swiglu_staged`, or the stage of the
+/// normalising entries: the first weights copied before the programmatic-launch wait) or the
+/// normalising entries (`METRALE_GEMV_NORM`: `gemv_bf16_norm`, `gemv_bf16_swiglu_norm`, the
+/// residual add + RMSNorm before the product in its launch). Each computes the plain entries' bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GemvStage {
+pub(crate) enum GemvPolicy {
     /// None.
     Off,
     /// Those [`gemv_stages`] picks: at most 8M weights (Qwen3-0.6B's products).
@@ -243,20 +253,29 @@ pub(crate) enum GemvStage {
     All,
 }
 
-impl GemvStage {
-    /// The policy `METRALE_GEMV_STAGE` names (`0` or `off`, `small`, `all`), by default `small`;
-    /// another value is an error. Measured on the H200 with one kernel entry for both forms:
+impl GemvPolicy {
+    /// The policy the variable `name` names (`0` or `off`, `small`, `all`), `default` when it is
+    /// unset; another value is an error.
+    ///
+    /// Stage (default `small`), measured on the H200 with one kernel entry for both forms:
     /// Qwen3-0.6B's batch-1 decode 6-8% faster staging; Qwen3-8B's 1-3% slower with the staged
     /// path in its kernel whether it staged or not, less so staging every product
     /// (docs/results/2026-12-01-speed-h200/gemv-prewait). Not yet measured with separate entries.
-    pub(crate) fn choose(env: Option<&str>) -> Result<GemvStage, ModelError> {
+    /// Norm (default `all`): not yet measured; the prediction is that removing the two
+    /// add_rmsnorm launches of a layer saves about 2 us each.
+    pub(crate) fn choose(
+        name: &'static str,
+        env: Option<&str>,
+        default: GemvPolicy,
+    ) -> Result<GemvPolicy, ModelError> {
         Ok(match env {
-            Some("0" | "off") => GemvStage::Off,
-            None | Some("small") => GemvStage::Small,
-            Some("all") => GemvStage::All,
+            None => default,
+            Some("0" | "off") => GemvPolicy::Off,
+            Some("small") => GemvPolicy::Small,
+            Some("all") => GemvPolicy::All,
             Some(other) => {
                 return Err(ModelError::BadVariable {
-                    name: "METRALE_GEMV_STAGE",
+                    name,
                     value: other.to_string(),
                     expected: "0, off, small or all",
                 });
@@ -264,12 +283,12 @@ impl GemvStage {
         })
     }
 
-    /// Whether an `m x n x k` GEMV product takes the staged entry.
-    fn stages(self, m: u32, n: u32, k: u32) -> bool {
+    /// Whether an `m x n x k` GEMV product takes the form.
+    fn takes(self, m: u32, n: u32, k: u32) -> bool {
         match self {
-            GemvStage::Off => false,
-            GemvStage::Small => gemv_stages(m, n, k),
-            GemvStage::All => (1..=GEMV_FMA_MAX_ROWS).contains(&m),
+            GemvPolicy::Off => false,
+            GemvPolicy::Small => gemv_stages(m, n, k),
+            GemvPolicy::All => (1..=GEMV_FMA_MAX_ROWS).contains(&m),
         }
     }
 }
@@ -315,8 +334,10 @@ pub struct Model {
     /// Products the GEMV streams run the gate|up projection with SiLU x up in its epilogue
     /// (`gemv_bf16_swiglu`, one launch fewer per layer) unless `METRALE_FUSED_SWIGLU=0`.
     fused_swiglu: bool,
-    /// Which GEMV products run through the staged entries ([`GemvStage::choose`]).
-    gemv_stage: GemvStage,
+    /// Which GEMV products stage their first weights ([`GemvPolicy::choose`]).
+    gemv_stage: GemvPolicy,
+    /// Which GEMV products after a residual add + RMSNorm do the norm in their own launch.
+    gemv_norm: GemvPolicy,
 }
 
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
@@ -346,6 +367,8 @@ impl Model {
             gemv_swiglu: g.kernel(GemvSwiglu::NAME)?,
             gemv_staged: g.kernel(GemvStaged::NAME)?,
             gemv_swiglu_staged: g.kernel(GemvSwigluStaged::NAME)?,
+            gemv_norm: g.kernel(GemvNorm::NAME)?,
+            gemv_swiglu_norm: g.kernel(GemvSwigluNorm::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
@@ -369,6 +392,7 @@ impl Model {
         let step_inputs = alloc((8 * t + rows * options.max_blocks_per_seq()) * 4)?;
         let scratch = Scratch {
             hidden: alloc(t * h * 4)?,
+            hidden_alt: alloc(t.min(GEMV_FMA_MAX_ROWS as usize) * h * 4)?,
             x: alloc(t * h * 2)?,
             qkv: alloc(t * (qd + 2 * kvd) * 2)?,
             q: alloc(t * qd * 2)?,
@@ -412,7 +436,11 @@ impl Model {
             std::env::var("METRALE_PREFILL_ATTENTION").ok().as_deref(),
             config.head_dim as u32,
         )?;
-        let gemv_stage = GemvStage::choose(std::env::var("METRALE_GEMV_STAGE").ok().as_deref())?;
+        let policy = |name: &'static str, default| {
+            GemvPolicy::choose(name, std::env::var(name).ok().as_deref(), default)
+        };
+        let gemv_stage = policy("METRALE_GEMV_STAGE", GemvPolicy::Small)?;
+        let gemv_norm = policy("METRALE_GEMV_NORM", GemvPolicy::All)?;
         Ok(Model {
             config,
             options,
@@ -443,6 +471,7 @@ impl Model {
                 .map_or(true, |v| v != "0"),
             fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
             gemv_stage,
+            gemv_norm,
         })
     }
 
@@ -795,7 +824,7 @@ impl Model {
                     n: n_,
                     k: k_,
                 };
-                if self.gemv_stage.stages(m, n_, k_) {
+                if self.gemv_stage.takes(m, n_, k_) {
                     self.launch(k.gemv_staged, label, &GemvStaged::from(gemv))
                 } else {
                     self.launch(k.gemv, label, &gemv)
@@ -847,23 +876,60 @@ impl Model {
                 vocab: c.vocab_size as u32,
             },
         )?;
+        // The residual stream: sc.hidden, updated in place by add_rmsnorm; a GEMV that normalises
+        // its own input reads it and writes the sum to the other buffer, which becomes it.
+        let mut residual = sc.hidden;
+        let other = |r: DevicePtr| {
+            if r == sc.hidden {
+                sc.hidden_alt
+            } else {
+                sc.hidden
+            }
+        };
+        // Whether the product after a residual add + RMSNorm takes the norm into its launch
+        // (GemvNorm, GemvSwigluNorm): a GEMV product of the FMA form whose A fits in shared
+        // memory, as METRALE_GEMV_NORM picks.
+        let folds_norm = |m: u32, n_: u32| {
+            self.streams_weight(m, h) && gemv_norm_fits(m, h) && self.gemv_norm.takes(m, n_, h)
+        };
+        let stage = |m: u32, n_: u32| u32::from(self.gemv_stage.takes(m, n_, h));
         for (l, w) in self.weights.layers.iter().enumerate() {
             // Layer 0 normalises the embeddings as they are; later layers first add the previous
             // layer's MLP output into the residual.
-            self.launch(
-                k.add_rmsnorm,
-                "add_rmsnorm",
-                &AddRmsNorm {
-                    out: sc.x,
-                    residual: sc.hidden,
-                    input: if l == 0 { DevicePtr::NULL } else { sc.mlp },
-                    weight: w.input_norm,
-                    rows: n,
-                    cols: h,
+            let mlp_out = if l == 0 { DevicePtr::NULL } else { sc.mlp };
+            if folds_norm(n, qd + 2 * kvd) {
+                let fused = GemvNorm {
+                    c: sc.qkv,
+                    residual,
+                    residual_out: other(residual),
+                    input: mlp_out,
+                    norm_weight: w.input_norm,
+                    w: w.qkv,
+                    bias: w.qkv_bias,
+                    m: n,
+                    n: qd + 2 * kvd,
+                    k: h,
                     eps,
-                },
-            )?;
-            gemm("qkv", sc.qkv, sc.x, w.qkv, w.qkv_bias, n, qd + 2 * kvd, h)?;
+                    stage: stage(n, qd + 2 * kvd),
+                };
+                self.launch(k.gemv_norm, "qkv", &fused)?;
+                residual = fused.residual_out;
+            } else {
+                self.launch(
+                    k.add_rmsnorm,
+                    "add_rmsnorm",
+                    &AddRmsNorm {
+                        out: sc.x,
+                        residual,
+                        input: mlp_out,
+                        weight: w.input_norm,
+                        rows: n,
+                        cols: h,
+                        eps,
+                    },
+                )?;
+                gemm("qkv", sc.qkv, sc.x, w.qkv, w.qkv_bias, n, qd + 2 * kvd, h)?;
+            }
             let post = QkvRopeKvWrite {
                 qkv: sc.qkv,
                 q_out: sc.q,
@@ -952,20 +1018,66 @@ impl Model {
                 }
             }
             gemm("o", sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
-            self.launch(
-                k.add_rmsnorm,
-                "add_rmsnorm",
-                &AddRmsNorm {
-                    out: sc.x,
-                    residual: sc.hidden,
-                    input: sc.o,
-                    weight: w.post_norm,
-                    rows: n,
-                    cols: h,
-                    eps,
-                },
-            )?;
-            if self.fused_swiglu && self.streams_weight(n, h) {
+            let swiglu = self.fused_swiglu && self.streams_weight(n, h);
+            if folds_norm(n, 2 * inter) {
+                let residual_out = other(residual);
+                if swiglu {
+                    let fused = GemvSwigluNorm {
+                        out: sc.act,
+                        residual,
+                        residual_out,
+                        input: sc.o,
+                        norm_weight: w.post_norm,
+                        w: w.gate_up,
+                        m: n,
+                        inter,
+                        k: h,
+                        eps,
+                        stage: stage(n, 2 * inter),
+                    };
+                    self.launch(k.gemv_swiglu_norm, "gate_up", &fused)?;
+                } else {
+                    let fused = GemvNorm {
+                        c: sc.gate_up,
+                        residual,
+                        residual_out,
+                        input: sc.o,
+                        norm_weight: w.post_norm,
+                        w: w.gate_up,
+                        bias: DevicePtr::NULL,
+                        m: n,
+                        n: 2 * inter,
+                        k: h,
+                        eps,
+                        stage: stage(n, 2 * inter),
+                    };
+                    self.launch(k.gemv_norm, "gate_up", &fused)?;
+                    self.launch(
+                        k.silu_mul,
+                        "silu_mul",
+                        &SiluMul {
+                            out: sc.act,
+                            gate_up: sc.gate_up,
+                            tokens: n,
+                            inter,
+                        },
+                    )?;
+                }
+                residual = residual_out;
+            } else if swiglu {
+                self.launch(
+                    k.add_rmsnorm,
+                    "add_rmsnorm",
+                    &AddRmsNorm {
+                        out: sc.x,
+                        residual,
+                        input: sc.o,
+                        weight: w.post_norm,
+                        rows: n,
+                        cols: h,
+                        eps,
+                    },
+                )?;
                 let swiglu = GemvSwiglu {
                     out: sc.act,
                     a: sc.x,
@@ -974,13 +1086,26 @@ impl Model {
                     inter,
                     k: h,
                 };
-                if self.gemv_stage.stages(n, 2 * inter, h) {
+                if self.gemv_stage.takes(n, 2 * inter, h) {
                     let staged = GemvSwigluStaged::from(swiglu);
                     self.launch(k.gemv_swiglu_staged, "gate_up", &staged)?;
                 } else {
                     self.launch(k.gemv_swiglu, "gate_up", &swiglu)?;
                 }
             } else {
+                self.launch(
+                    k.add_rmsnorm,
+                    "add_rmsnorm",
+                    &AddRmsNorm {
+                        out: sc.x,
+                        residual,
+                        input: sc.o,
+                        weight: w.post_norm,
+                        rows: n,
+                        cols: h,
+                        eps,
+                    },
+                )?;
                 gemm(
                     "gate_up",
                     sc.gate_up,
@@ -1009,7 +1134,7 @@ impl Model {
             "add_rmsnorm",
             &AddRmsNorm {
                 out: sc.x,
-                residual: sc.hidden,
+                residual,
                 input: sc.mlp,
                 weight: self.weights.final_norm,
                 rows: n,
@@ -1119,9 +1244,11 @@ impl Model {
     /// are set aside (not freed: this is a measuring tool) so that the next decode steps are
     /// captured without those launches. Where a fused launch stands for two (the one-sequence
     /// decode attention with qkv_post's work, labelled "attention"; the gate|up GEMV with
-    /// SiLU x up, labelled "gate_up"), "qkv_post" and "silu_mul" leave out nothing and the fused
-    /// label leaves out both parts: turn the fusions off (`METRALE_FUSED_QKV_ATTENTION=0`,
-    /// `METRALE_FUSED_SWIGLU=0`) to time the parts apart.
+    /// SiLU x up, labelled "gate_up"; the qkv and gate|up GEMVs that do the residual add +
+    /// RMSNorm before them, labelled "qkv" and "gate_up"), "qkv_post", "silu_mul" and
+    /// "add_rmsnorm" leave out nothing of them and the fused label leaves out every part: turn
+    /// the fusions off (`METRALE_FUSED_QKV_ATTENTION=0`, `METRALE_FUSED_SWIGLU=0`,
+    /// `METRALE_GEMV_NORM=0`) to time the parts apart.
     pub fn set_skip(&mut self, labels: &[&str]) -> Result<(), ModelError> {
         let known = [
             "embedding",
@@ -1186,23 +1313,28 @@ impl Drop for Model {
 
 #[cfg(test)]
 mod tests {
-    use super::{GemvStage, PrefillVersion};
+    use super::{GemvPolicy, PrefillVersion};
 
     #[test]
-    fn gemv_stage_follows_the_variable_and_refuses_unknown_values() {
-        let choose = |env| GemvStage::choose(env).unwrap();
-        assert_eq!(choose(None), GemvStage::Small);
-        assert_eq!(choose(Some("0")), GemvStage::Off);
-        assert_eq!(choose(Some("off")), GemvStage::Off);
-        assert_eq!(choose(Some("all")), GemvStage::All);
-        // Qwen3-8B's qkv product at batch 1 stages only under `all`; no policy stages 5 rows.
-        assert!(!choose(None).stages(1, 6144, 4096));
-        assert!(choose(Some("all")).stages(1, 6144, 4096));
-        assert!(choose(None).stages(1, 4096, 1024));
-        assert!(!choose(Some("all")).stages(5, 4096, 1024));
-        assert!(!choose(Some("off")).stages(1, 4096, 1024));
-        let err = GemvStage::choose(Some("yes")).unwrap_err().to_string();
-        assert_eq!(err, "METRALE_GEMV_STAGE=yes: expected 0, off, small or all");
+    fn gemv_policy_follows_the_variable_and_refuses_unknown_values() {
+        let choose = |env| GemvPolicy::choose("METRALE_GEMV_STAGE", env, GemvPolicy::Small);
+        let choose = |env| choose(env).unwrap();
+        assert_eq!(choose(None), GemvPolicy::Small);
+        assert_eq!(choose(Some("0")), GemvPolicy::Off);
+        assert_eq!(choose(Some("off")), GemvPolicy::Off);
+        assert_eq!(choose(Some("small")), GemvPolicy::Small);
+        assert_eq!(choose(Some("all")), GemvPolicy::All);
+        let unset = GemvPolicy::choose("METRALE_GEMV_NORM", None, GemvPolicy::All);
+        assert_eq!(unset.unwrap(), GemvPolicy::All);
+        // Qwen3-8B's qkv product at batch 1 is taken only under `all`; no policy takes 5 rows.
+        assert!(!choose(None).takes(1, 6144, 4096));
+        assert!(choose(Some("all")).takes(1, 6144, 4096));
+        assert!(choose(None).takes(1, 4096, 1024));
+        assert!(!choose(Some("all")).takes(5, 4096, 1024));
+        assert!(!choose(Some("off")).takes(1, 4096, 1024));
+        let err = GemvPolicy::choose("METRALE_GEMV_NORM", Some("yes"), GemvPolicy::All);
+        let err = err.unwrap_err().to_string();
+        assert_eq!(err, "METRALE_GEMV_NORM=yes: expected 0, off, small or all");
     }
 
     #[test]

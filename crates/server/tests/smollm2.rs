@@ -105,8 +105,9 @@ fn graph_replay_gives_the_same_tokens() {
     assert_eq!(replayed, direct);
 }
 
-/// Decode steps with the QKV post-processing folded into the decode attention and SiLU x up into
-/// the gate|up GEMV (the defaults) give the same tokens as with either fusion turned off.
+/// Decode steps with the QKV post-processing folded into the decode attention, SiLU x up into
+/// the gate|up GEMV and the residual add + RMSNorm into the GEMVs after it (the defaults) give
+/// the same tokens as with any of these fusions turned off.
 #[test]
 fn fused_launches_give_the_same_tokens() {
     let args = greedy_chat("Name three rivers.", "24", &["--ignore-eos", "--print-ids"]);
@@ -114,9 +115,11 @@ fn fused_launches_give_the_same_tokens() {
     let separate = output_ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "0"));
     let fused = output_ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "1"));
     let separate_swiglu = output_ids(met_with_env(&args, "METRALE_FUSED_SWIGLU", "0"));
+    let separate_norm = output_ids(met_with_env(&args, "METRALE_GEMV_NORM", "0"));
     assert_eq!(separate.len(), 24);
     assert_eq!(fused, separate);
     assert_eq!(separate_swiglu, separate);
+    assert_eq!(separate_norm, separate);
 }
 
 /// The engine's greedy ids must equal the reference's, except that at a step where the reference

@@ -40,6 +40,7 @@
 // Launch: grid = ceil(N / COLS), block = 256, COLS in {1, 2, 4, 8} (M <= 4) or {8, 16, 32, 64}.
 #include "async_copy.cuh"
 #include "common.cuh"
+#include "norm.cuh"
 
 namespace {
 constexpr int MAX_M = 8;
@@ -54,6 +55,7 @@ constexpr int BATCH = 8;
 // loads copied into shared memory before the programmatic-launch wait; the launch gives
 // WARPS * 32 * STAGED 16-byte slots (16 KiB) of dynamic shared memory.
 constexpr int STAGED = 4;
+constexpr uint32_t STAGE_BYTES = WARPS * 32 * STAGED * 16;
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -84,16 +86,28 @@ __device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + _
 __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = metrale::to_bf16(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
+// A 16-byte piece of A: through the read-only cache from global memory, or from shared memory.
+template <bool A_SHARED>
+__device__ __forceinline__ uint4 load_a(const uint4* p) {
+    if constexpr (A_SHARED) {
+        return *p;
+    } else {
+        return __ldg(p);
+    }
+}
+
 // acc[r][0] takes the even elements of the chunk, acc[r][1] the odd ones: two dependency chains.
 // A chunk with live == false contributes nothing (its A loads are skipped, its weights are 0).
-template <int M>
+// A_SHARED: A is in shared memory (the entries that normalise their input), not global.
+template <int M, bool A_SHARED = false>
 __device__ __forceinline__ void fma_chunk(float (&acc)[M][2], const uint4& wv,
                                           const uint4* __restrict__ a, uint32_t chunk,
                                           uint32_t row_chunks, bool live = true) {
     const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int r = 0; r < M; ++r) {
-        const uint4 av = live ? __ldg(a + (size_t)r * row_chunks + chunk) : make_uint4(0, 0, 0, 0);
+        const uint4 av =
+            live ? load_a<A_SHARED>(a + (size_t)r * row_chunks + chunk) : make_uint4(0, 0, 0, 0);
         const uint32_t x[4] = {av.x, av.y, av.z, av.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -103,43 +117,58 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[M][2], const uint4& wv,
     }
 }
 
+// The 16-byte chunks [begin, end) of a K-row that slice `slice` of `slices` takes in the FMA
+// form: whole 512-byte pieces of the row, so every warp load is 4 full lines.
+__device__ __forceinline__ uint2 fma_slice(uint32_t k, uint32_t slice, uint32_t slices) {
+    const uint32_t chunks = k / 8;
+    const uint32_t per = div_ceil(div_ceil(chunks, slices), 32) * 32;
+    const uint32_t begin = min(slice * per, chunks);
+    return make_uint2(begin, min(begin + per, chunks));
+}
+
+// The staged entries, before the programmatic-launch wait: the first STAGED loads of the lane's
+// first batch of its warp's first column (chunks [begin, end) of `w4`) are copied into `staged`
+// (the warp's STAGED * 32 16-byte slots; copies past the slice are zero-filled). Copies, because
+// ptxas moves register loads issued before griddepcontrol.wait to after it (seen in the SASS) and
+// keeps cp.async in place. Weights are never written by a kernel, so they may be read early.
+__device__ __forceinline__ void stage_first(uint4* staged, const uint4* __restrict__ w4,
+                                            uint2 range, int lane) {
+#pragma unroll
+    for (int u = 0; u < STAGED; ++u) {
+        const uint32_t c = range.x + lane + 32 * u;
+        metrale::cp_async_16(metrale::smem_addr(staged + 32 * u + lane), w4 + (c < range.y ? c : 0),
+                             c < range.y);
+    }
+    metrale::cp_async_commit();
+}
+
 // out[r] = sum over this warp's slice of K of w_row[k] * a[r, k], on every lane. Warp-uniform.
-// STAGE (the staged entries) with `waiting` set: the thread has not yet passed the
-// programmatic-launch wait. The first STAGED loads of its first batch are then copied into
-// `staged` (the warp's STAGED * 32 16-byte slots) before the wait (weights are never written by
-// a kernel), and the wait comes before the rest of the batch and the first read of A. Copies,
-// because ptxas moves register loads issued before griddepcontrol.wait to after it (seen in the
-// SASS) and keeps cp.async in place. Same sums in the same order either way.
-template <int M, bool STAGE = false>
+// STAGE with `primed` set: stage_first copied the first STAGED loads of the first batch into
+// `staged` (the warp's slots); this call takes them from there and clears `primed`. Same sums in
+// the same order either way. A_SHARED: `a` is in shared memory.
+template <int M, bool STAGE = false, bool A_SHARED = false>
 __device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16* __restrict__ w_row,
                                            const __nv_bfloat16* __restrict__ a, uint32_t k,
                                            uint32_t slice, uint32_t slices, bool vec, int lane,
-                                           bool* waiting = nullptr, uint4* staged = nullptr) {
+                                           bool* primed = nullptr, const uint4* staged = nullptr) {
     float acc[M][2];
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = 0.0f;
     if (vec) {
         const uint32_t chunks = k / 8;
-        // Slices are whole 512-byte pieces of the row, so every warp load is 4 full lines.
+        // Slices are whole 512-byte pieces of the row, so every warp load is 4 full lines
+        // (fma_slice computes the same range).
         const uint32_t per = div_ceil(div_ceil(chunks, slices), 32) * 32;
         const uint32_t begin = min(slice * per, chunks), end = min(begin + per, chunks);
         const uint4* w4 = reinterpret_cast<const uint4*>(w_row);
         const uint4* a4 = reinterpret_cast<const uint4*>(a);
         uint32_t i = begin;
         if constexpr (STAGE) {
-            if (*waiting) {
+            if (*primed) {
                 // The first batch in the tail's predicated form (a full batch takes every chunk,
-                // as the loop below would); copies past the slice are zero-filled.
+                // as the loop below would).
+                *primed = false;
                 uint4 wv[BATCH];
-#pragma unroll
-                for (int u = 0; u < STAGED; ++u) {
-                    const uint32_t c = i + lane + 32 * u;
-                    metrale::cp_async_16(metrale::smem_addr(staged + 32 * u + lane),
-                                         w4 + (c < end ? c : 0), c < end);
-                }
-                metrale::cp_async_commit();
-                metrale::grid_dependency_sync();
-                *waiting = false;
 #pragma unroll
                 for (int u = STAGED; u < BATCH; ++u) {
                     const uint32_t c = i + lane + 32 * u;
@@ -151,7 +180,7 @@ __device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16*
 #pragma unroll
                 for (int u = 0; u < BATCH; ++u) {
                     const uint32_t c = i + lane + 32 * u;
-                    fma_chunk<M>(acc, wv[u], a4, c, chunks, c < end);
+                    fma_chunk<M, A_SHARED>(acc, wv[u], a4, c, chunks, c < end);
                 }
                 i += 32 * BATCH;
             }
@@ -161,7 +190,7 @@ __device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16*
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) wv[u] = load_stream(w4 + i + lane + 32 * u);
 #pragma unroll
-            for (int u = 0; u < BATCH; ++u) fma_chunk<M>(acc, wv[u], a4, i + lane + 32 * u, chunks);
+            for (int u = 0; u < BATCH; ++u) fma_chunk<M, A_SHARED>(acc, wv[u], a4, i + lane + 32 * u, chunks);
         }
         if (i < end) {
             // The rest of the slice, fewer than BATCH chunks per lane: predicated loads, still all
@@ -175,16 +204,10 @@ __device__ __forceinline__ void column_dot(float (&out)[M], const __nv_bfloat16*
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
                 const uint32_t c = i + lane + 32 * u;
-                fma_chunk<M>(acc, wv[u], a4, c, chunks, c < end);
+                fma_chunk<M, A_SHARED>(acc, wv[u], a4, c, chunks, c < end);
             }
         }
     } else {
-        if constexpr (STAGE) {
-            if (*waiting) {
-                metrale::grid_dependency_sync();
-                *waiting = false;
-            }
-        }
         const uint32_t per = div_ceil(k, slices);
         const uint32_t begin = min(slice * per, k), end = min(begin + per, k);
         for (uint32_t e = begin + lane; e < end; e += 32) {
@@ -262,18 +285,120 @@ __device__ __forceinline__ void tile_mma(float (&d)[4], const __nv_bfloat16* __r
     for (int q = 0; q < 4; ++q) d[q] += e[q];
 }
 
+// The input of the normalising entries (gemv_bf16_norm, gemv_bf16_swiglu_norm): A is
+// bf16(rmsnorm(residual + input) * weight) row by row, computed as add_rmsnorm_f32res computes it.
+struct NormInput {
+    const float* residual;         // f32 [m, k]
+    float* residual_out;           // f32 [m, k]: residual + input, stored by block 0
+    const __nv_bfloat16* input;    // bf16 [m, k], or null (nothing added)
+    const __nv_bfloat16* weight;   // bf16 [k]
+    float eps;
+};
+
+// Fills the block's shared-memory A ([M, k] bf16) from `in`; block 0 also stores the f32 sums to
+// in.residual_out (which must not alias in.residual: the other blocks still read it). The pieces,
+// the per-thread order of the sums of squares and the reduction are add_rmsnorm_f32res's at 256
+// threads (norm.cuh), so A has the bits that kernel's output would have. `scratch` takes the
+// reduction (32 floats). Whole block; ends with a barrier.
+template <int M>
+__device__ __forceinline__ void normalise_input(__nv_bfloat16* a, const NormInput& in, uint32_t k,
+                                                float* scratch) {
+    constexpr int UNROLL = 4;  // add_rmsnorm_f32res's pieces per thread in one pass
+    const uint32_t step = blockDim.x;
+    const bool keep = blockIdx.x == 0;
+#pragma unroll 1
+    for (int r = 0; r < M; ++r) {
+        const float* res = in.residual + (size_t)r * k;
+        float* out_res = in.residual_out + (size_t)r * k;
+        const __nv_bfloat16* x = in.input == nullptr ? nullptr : in.input + (size_t)r * k;
+        __nv_bfloat16* y = a + (size_t)r * k;
+        float sq = 0.0f;
+        const bool vec = k % 4 == 0 && metrale::aligned(res, 16) && metrale::aligned(out_res, 16) &&
+                         metrale::aligned(in.weight, 8) && (x == nullptr || metrale::aligned(x, 8));
+        if (vec) {
+            const uint32_t n4 = k / 4;
+            const float4* res4 = reinterpret_cast<const float4*>(res);
+            float4* keep4 = reinterpret_cast<float4*>(out_res);
+            const uint2* x4 = reinterpret_cast<const uint2*>(x);
+            const uint2* w4 = reinterpret_cast<const uint2*>(in.weight);
+            uint2* y4 = reinterpret_cast<uint2*>(y);
+            if (n4 <= step * UNROLL) {
+                // The row in one pass from registers (Qwen3's 1024 and 4096 columns).
+                float4 v[UNROLL];
+                uint2 xv[UNROLL], wv[UNROLL];
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {
+                    const uint32_t i = threadIdx.x + u * step;
+                    if (i < n4) {
+                        v[u] = res4[i];
+                        if (x != nullptr) xv[u] = x4[i];
+                        wv[u] = w4[i];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {
+                    const uint32_t i = threadIdx.x + u * step;
+                    if (i < n4) {
+                        if (x != nullptr) metrale::add4(v[u], xv[u]);
+                        if (keep) keep4[i] = v[u];
+                        sq = metrale::add_squares4(sq, v[u]);
+                    }
+                }
+                const float inv = metrale::inverse_rms(sq, k, in.eps, scratch);
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {
+                    const uint32_t i = threadIdx.x + u * step;
+                    if (i < n4) y4[i] = metrale::scaled4(v[u], inv, wv[u]);
+                }
+            } else {
+                // Longer rows: the sums of squares, then the sums again (the same f32 adds).
+                for (uint32_t i = threadIdx.x; i < n4; i += step) {
+                    float4 v = res4[i];
+                    if (x != nullptr) metrale::add4(v, x4[i]);
+                    if (keep) keep4[i] = v;
+                    sq = metrale::add_squares4(sq, v);
+                }
+                const float inv = metrale::inverse_rms(sq, k, in.eps, scratch);
+                for (uint32_t i = threadIdx.x; i < n4; i += step) {
+                    float4 v = res4[i];
+                    if (x != nullptr) metrale::add4(v, x4[i]);
+                    y4[i] = metrale::scaled4(v, inv, w4[i]);
+                }
+            }
+        } else {
+            for (uint32_t i = threadIdx.x; i < k; i += step) {
+                float v = res[i];
+                if (x != nullptr) v += metrale::to_f32(x[i]);
+                if (keep) out_res[i] = v;
+                sq += v * v;
+            }
+            const float inv = metrale::inverse_rms(sq, k, in.eps, scratch);
+            for (uint32_t i = threadIdx.x; i < k; i += step) {
+                float v = res[i];
+                if (x != nullptr) v += metrale::to_f32(x[i]);
+                y[i] = metrale::to_bf16(v * inv * metrale::to_f32(in.weight[i]));
+            }
+        }
+    }
+    __syncthreads();
+}
+
 // partial holds WARPS x (MAX_M x TILE) floats: warp w's partial sum for row r and its j-th
 // column at partial[w * 64 + r * 8 + j].
 // SWIGLU (bf16 output, no bias): the n columns interleave gate and up rows (weight_row), and the
 // output is c[r, j] = bf16(silu(g) * u) of g and u the bf16-rounded products of gate row j and up
 // row n / 2 + j (silu_mul_bf16's formula on what gemv_bf16 would store), c being [M, n / 2].
 // Pairs never straddle blocks: cols is at least 2.
-// STAGE: the staged entries' form (FMA form only): see column_dot. The caller has not waited.
-template <int M, bool SWIGLU, bool STAGE, typename Out>
+// STAGE (FMA form only; the caller has not waited): the staged and normalising entries. With
+// `staged` (the block's 16 KiB of stage slots) not null, the block copies its warps' first weights
+// there before the wait (stage_first, column_dot). NORM: `a` is the block's shared-memory A, which
+// normalise_input fills from `norm` after the wait.
+template <int M, bool SWIGLU, bool STAGE, typename Out, bool NORM = false>
 __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                      const __nv_bfloat16* __restrict__ w,
                                      const __nv_bfloat16* __restrict__ bias, uint32_t n,
-                                     uint32_t k, float* partial, uint4* staged) {
+                                     uint32_t k, float* partial, uint4* staged,
+                                     const NormInput* norm = nullptr) {
     constexpr bool MMA = M > FMA_MAX_M;
     constexpr uint32_t PER_WARP = MMA ? TILE : 1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -285,18 +410,25 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
                      ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w)) & 15) == 0;
     float* mine = partial + warp * (MAX_M * TILE);
     static_assert(!(STAGE && MMA), "the staged entries take the FMA form only");
+    static_assert(!NORM || STAGE, "the normalising entries wait in the body");
     // The blocks of the first wave (3 per SM, the launch bounds) of a launch that gives the
-    // stage's shared memory copy their first weights before the wait: only they can be resident
-    // while the kernel before runs. Later blocks wait first. Dependents are launched after the
-    // wait, never before (common.cuh).
-    bool waiting = false;
+    // stage's shared memory copy their warps' first weights before the wait: only they can be
+    // resident while the kernel before runs. Later blocks just wait. Dependents are launched
+    // after the wait, never before (common.cuh).
+    bool primed = false;
     if constexpr (STAGE) {
-        uint32_t sms, stage_bytes;
+        uint32_t sms;
         asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(stage_bytes));
-        waiting = blockIdx.x < 3 * sms && stage_bytes >= WARPS * 32 * STAGED * 16;
-        if (!waiting) metrale::grid_dependency_sync();
+        const uint32_t first = blockIdx.x * cols + group;
+        if (staged != nullptr && blockIdx.x < 3 * sms && vec && first < n) {
+            const __nv_bfloat16* w_row = w + (size_t)weight_row<SWIGLU>(first, n) * k;
+            stage_first(staged + warp * 32 * STAGED, reinterpret_cast<const uint4*>(w_row),
+                        fma_slice(k, slice, slices), lane);
+            primed = true;
+        }
+        metrale::grid_dependency_sync();
     }
+    if constexpr (NORM) normalise_input<M>(const_cast<__nv_bfloat16*>(a), *norm, k, partial);
     for (uint32_t base = blockIdx.x * cols; base < n; base += gridDim.x * cols) {
         const uint32_t first = base + group * PER_WARP;
         if constexpr (MMA) {
@@ -327,9 +459,9 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
         } else {
             float out[M];
             if (first < n) {
-                column_dot<M, STAGE>(out, w + (size_t)weight_row<SWIGLU>(first, n) * k, a, k,
-                                     slice, slices, vec, lane, &waiting,
-                                     staged + warp * 32 * STAGED);
+                column_dot<M, STAGE, NORM>(out, w + (size_t)weight_row<SWIGLU>(first, n) * k, a,
+                                           k, slice, slices, vec, lane, &primed,
+                                           staged + warp * 32 * STAGED);
             } else {
 #pragma unroll
                 for (int r = 0; r < M; ++r) out[r] = 0.0f;
@@ -337,12 +469,6 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
             if (lane == 0) {
 #pragma unroll
                 for (int r = 0; r < M; ++r) mine[r * TILE] = out[r];
-            }
-        }
-        if constexpr (STAGE) {
-            if (waiting) {  // a warp past the last column still waits before the stores below
-                metrale::grid_dependency_sync();
-                waiting = false;
             }
         }
         __syncthreads();
@@ -408,13 +534,39 @@ __device__ __forceinline__ void gemv_staged(__nv_bfloat16* __restrict__ c,
                                             const __nv_bfloat16* __restrict__ bias, uint32_t m,
                                             uint32_t n, uint32_t k) {
     __shared__ float partial[WARPS * MAX_M * TILE];
-    extern __shared__ uint4 staged[];
+    extern __shared__ uint4 dynamic[];
+    uint32_t bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    uint4* staged = bytes >= STAGE_BYTES ? dynamic : nullptr;
     if (n == 0) return;
     switch (m) {
         case 1: gemv<1, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
         case 2: gemv<2, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
         case 3: gemv<3, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
         case 4: gemv<4, SWIGLU, true>(c, a, w, bias, n, k, partial, staged); break;
+        default: break;  // m = 0, or m > 4 (the host reference refuses it)
+    }
+}
+
+// The normalising entries' body (rows 1 to 4; the caller has not waited). Dynamic shared memory:
+// A ([m, k] bf16, rounded up to 16 bytes), then with `stage` set the 16 KiB of stage slots.
+template <bool SWIGLU = false>
+__device__ __forceinline__ void gemv_norm(__nv_bfloat16* __restrict__ c, const NormInput& in,
+                                          const __nv_bfloat16* __restrict__ w,
+                                          const __nv_bfloat16* __restrict__ bias, uint32_t m,
+                                          uint32_t n, uint32_t k, uint32_t stage) {
+    __shared__ float partial[WARPS * MAX_M * TILE];
+    extern __shared__ uint4 dynamic[];
+    uint32_t bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    const uint32_t a_bytes = (m * k * 2 + 15) / 16 * 16;
+    __nv_bfloat16* a = reinterpret_cast<__nv_bfloat16*>(dynamic);
+    uint4* staged = stage != 0 && bytes >= a_bytes + STAGE_BYTES ? dynamic + a_bytes / 16 : nullptr;
+    switch (m) {
+        case 1: gemv<1, SWIGLU, true, __nv_bfloat16, true>(c, a, w, bias, n, k, partial, staged, &in); break;
+        case 2: gemv<2, SWIGLU, true, __nv_bfloat16, true>(c, a, w, bias, n, k, partial, staged, &in); break;
+        case 3: gemv<3, SWIGLU, true, __nv_bfloat16, true>(c, a, w, bias, n, k, partial, staged, &in); break;
+        case 4: gemv<4, SWIGLU, true, __nv_bfloat16, true>(c, a, w, bias, n, k, partial, staged, &in); break;
         default: break;  // m = 0, or m > 4 (the host reference refuses it)
     }
 }
@@ -469,4 +621,33 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_swiglu_staged(
     const __nv_bfloat16* __restrict__ w, uint32_t m, uint32_t inter, uint32_t k) {
     if (inter == 0) return;
     gemv_staged<true>(out, a, w, nullptr, m, 2 * inter, k);
+}
+
+// gemv_bf16 (rows 1 to 4) of bf16(rmsnorm(residual + input) * norm_weight): add_rmsnorm_f32res and
+// the product in one launch, the same bits as the two. Every block normalises the rows into its
+// shared memory after the wait; block 0 stores residual + input to residual_out (not `residual`:
+// the other blocks read it). `input` may be null (nothing added; residual_out gets a copy). With
+// `stage` set the first-wave blocks also copy their first weights before the wait
+// (gemv_bf16_staged). Launch: gemv_bf16's block and columns per block, over at most as many
+// blocks as are resident (a block covers several column groups), with m * k * 2 bytes (rounded up
+// to 16) plus, with `stage`, 16 KiB of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_norm(
+    __nv_bfloat16* __restrict__ c, const float* __restrict__ residual,
+    float* __restrict__ residual_out, const __nv_bfloat16* __restrict__ input,
+    const __nv_bfloat16* __restrict__ norm_weight, const __nv_bfloat16* __restrict__ w,
+    const __nv_bfloat16* __restrict__ bias, uint32_t m, uint32_t n, uint32_t k, float eps,
+    uint32_t stage) {
+    const NormInput in{residual, residual_out, input, norm_weight, eps};
+    gemv_norm(c, in, w, bias, m, n, k, stage);
+}
+
+// gemv_bf16_swiglu in gemv_bf16_norm's form: the gate|up product with SiLU x up in its epilogue,
+// of the normalised rows. Launch: as gemv_bf16_norm over the 2 inter interleaved columns.
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_swiglu_norm(
+    __nv_bfloat16* __restrict__ out, const float* __restrict__ residual,
+    float* __restrict__ residual_out, const __nv_bfloat16* __restrict__ input,
+    const __nv_bfloat16* __restrict__ norm_weight, const __nv_bfloat16* __restrict__ w, uint32_t m,
+    uint32_t inter, uint32_t k, float eps, uint32_t stage) {
+    const NormInput in{residual, residual_out, input, norm_weight, eps};
+    gemv_norm<true>(out, in, w, nullptr, m, 2 * inter, k, stage);
 }

@@ -6,7 +6,7 @@
 // residual to bf16 after every add (as a bf16 PyTorch model does) is the largest source of error
 // against the f32 function of the same bf16 weights; see docs/precision.md.
 // Launch: grid = rows, block = 256 (any multiple of 32 up to 1024), no dynamic shared memory.
-#include "common.cuh"
+#include "norm.cuh"
 
 // out[r, :] = bf16(x * rsqrt(mean(x^2) + eps) * weight), x bf16 (Qwen3's per-head q/k norm).
 extern "C" __global__ void rmsnorm_bf16(__nv_bfloat16* __restrict__ out,
@@ -23,7 +23,7 @@ extern "C" __global__ void rmsnorm_bf16(__nv_bfloat16* __restrict__ out,
         const float v = metrale::to_f32(x[i]);
         sq += v * v;
     }
-    const float inv = rsqrtf(metrale::block_sum(sq, scratch) / (float)cols + eps);
+    const float inv = metrale::inverse_rms(sq, cols, eps, scratch);
     __nv_bfloat16* y = out + (size_t)r * cols;
     for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) {
         y[i] = metrale::to_bf16(metrale::to_f32(x[i]) * inv * metrale::to_f32(weight[i]));
@@ -32,27 +32,11 @@ extern "C" __global__ void rmsnorm_bf16(__nv_bfloat16* __restrict__ out,
 
 namespace {
 constexpr int UNROLL = 4;  // 16-byte pieces per thread in flight per pass
-
-__device__ __forceinline__ float4 widen4(uint2 v) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
-    return make_float4(a.x, a.y, b.x, b.y);
-}
-
-// bf16(v * inv * w) of four columns, packed.
-__device__ __forceinline__ uint2 scaled4(float4 v, float inv, uint2 wv) {
-    const float4 w = widen4(wv);
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * inv * w.x, v.y * inv * w.y);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * inv * w.z, v.w * inv * w.w);
-    uint2 o;
-    o.x = *reinterpret_cast<const uint32_t*>(&lo);
-    o.y = *reinterpret_cast<const uint32_t*>(&hi);
-    return o;
-}
-
-__device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
-    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-}
+using metrale::add4;
+using metrale::add_squares4;
+using metrale::aligned;
+using metrale::inverse_rms;
+using metrale::scaled4;
 }  // namespace
 
 // residual[r, :] += input[r, :] in f32 (skipped when input is null); then
@@ -102,17 +86,13 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
                 const uint32_t i = threadIdx.x + u * step;
                 if (i < n4) {
                     if (x != nullptr) {
-                        const float4 a = widen4(xv[u]);
-                        v[u].x += a.x;
-                        v[u].y += a.y;
-                        v[u].z += a.z;
-                        v[u].w += a.w;
+                        add4(v[u], xv[u]);
                         res4[i] = v[u];
                     }
-                    sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+                    sq = add_squares4(sq, v[u]);
                 }
             }
-            const float inv = rsqrtf(metrale::block_sum(sq, scratch) / (float)cols + eps);
+            const float inv = inverse_rms(sq, cols, eps, scratch);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const uint32_t i = threadIdx.x + u * step;
@@ -136,18 +116,14 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
                 const uint32_t i = base + u * step;
                 if (i < n4) {
                     if (x != nullptr) {
-                        const float4 a = widen4(xv[u]);
-                        v[u].x += a.x;
-                        v[u].y += a.y;
-                        v[u].z += a.z;
-                        v[u].w += a.w;
+                        add4(v[u], xv[u]);
                         res4[i] = v[u];
                     }
-                    sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+                    sq = add_squares4(sq, v[u]);
                 }
             }
         }
-        const float inv = rsqrtf(metrale::block_sum(sq, scratch) / (float)cols + eps);
+        const float inv = inverse_rms(sq, cols, eps, scratch);
         // Each thread re-reads only the pieces it wrote itself, so no barrier is needed here.
         for (uint32_t base = threadIdx.x; base < n4; base += step * UNROLL) {
             float4 v[UNROLL];
@@ -176,7 +152,7 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
         }
         sq += s * s;
     }
-    const float inv = rsqrtf(metrale::block_sum(sq, scratch) / (float)cols + eps);
+    const float inv = inverse_rms(sq, cols, eps, scratch);
     // Each thread re-reads only the elements it wrote itself, so no barrier is needed here.
     for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) {
         y[i] = metrale::to_bf16(res[i] * inv * metrale::to_f32(weight[i]));

@@ -152,6 +152,70 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`AddRmsNorm`](super::AddRmsNorm) into [`Gemv`] in one launch, for 1 to
+    /// [`GEMV_FMA_MAX_ROWS`] rows: `residual_out = residual + input` in f32 (a copy of `residual`
+    /// when `input` is null) and `c = bf16(rmsnorm(residual_out) * norm_weight) * W^T (+ bias)`,
+    /// the same bits as the two launches. Every block normalises the rows itself; `stage` (0 or 1)
+    /// also copies the first weights before the programmatic-launch wait, as [`GemvStaged`].
+    GemvNorm => names::gemv::GEMV_BF16_NORM {
+        /// bf16 `[m, n]`.
+        c: DevicePtr,
+        /// f32 `[m, k]`, the residual stream before the add (read only).
+        residual: DevicePtr,
+        /// f32 `[m, k]`: the residual stream after the add; must not alias `residual`.
+        residual_out: DevicePtr,
+        /// bf16 `[m, k]`, or null.
+        input: DevicePtr,
+        /// bf16 `[k]`, the norm's weight.
+        norm_weight: DevicePtr,
+        /// bf16 `[n, k]`.
+        w: DevicePtr,
+        /// bf16 `[n]`, or null.
+        bias: DevicePtr,
+        /// Rows (at most [`GEMV_FMA_MAX_ROWS`]).
+        m: u32,
+        /// Rows of W, columns of C.
+        n: u32,
+        /// The reduction length (the residual's width).
+        k: u32,
+        /// Added to the mean square.
+        eps: f32,
+        /// 1 to stage the first weights before the wait, 0 not to.
+        stage: u32,
+    }
+);
+
+kernel_args!(
+    /// [`GemvSwiglu`] of the normalised rows, in [`GemvNorm`]'s form (1 to
+    /// [`GEMV_FMA_MAX_ROWS`] rows; the same bits as [`AddRmsNorm`](super::AddRmsNorm) then
+    /// [`GemvSwiglu`]).
+    GemvSwigluNorm => names::gemv::GEMV_BF16_SWIGLU_NORM {
+        /// bf16 `[m, inter]`.
+        out: DevicePtr,
+        /// f32 `[m, k]`, the residual stream before the add (read only).
+        residual: DevicePtr,
+        /// f32 `[m, k]`: the residual stream after the add; must not alias `residual`.
+        residual_out: DevicePtr,
+        /// bf16 `[m, k]`, or null.
+        input: DevicePtr,
+        /// bf16 `[k]`, the norm's weight.
+        norm_weight: DevicePtr,
+        /// bf16 `[2 * inter, k]`: the gate rows, then the up rows.
+        w: DevicePtr,
+        /// Rows (at most [`GEMV_FMA_MAX_ROWS`]).
+        m: u32,
+        /// Columns of the output (half the weight's rows).
+        inter: u32,
+        /// The reduction length (the residual's width).
+        k: u32,
+        /// Added to the mean square.
+        eps: f32,
+        /// 1 to stage the first weights before the wait, 0 not to.
+        stage: u32,
+    }
+);
+
 impl From<Gemv> for GemvStaged {
     fn from(g: Gemv) -> Self {
         let Gemv {
@@ -286,6 +350,40 @@ pub fn gemv_stages(m: u32, n: u32, k: u32) -> bool {
     (1..=GEMV_FMA_MAX_ROWS).contains(&m) && u64::from(n) * u64::from(k) <= GEMV_STAGE_MAX_WEIGHTS
 }
 
+/// GEMV blocks resident at once on the Hopper class (132 SMs x 3).
+const GEMV_RESIDENT_BLOCKS: u32 = 132 * 3;
+
+/// Shared memory a normalising GEMV block keeps its rows of A in: `m * k` bf16, rounded up to 16
+/// bytes (the stage's slots follow).
+fn gemv_norm_a_bytes(m: u32, k: u32) -> u32 {
+    (m * k * 2).next_multiple_of(16)
+}
+
+/// Most shared memory a normalising GEMV block takes for A: with the stage, three blocks still fit
+/// on an SM (`__launch_bounds__(256, 3)`).
+const GEMV_NORM_MAX_A_BYTES: u32 = 48 * 1024;
+
+/// Whether an `m x n x k` product can take the normalising entries ([`GemvNorm`],
+/// [`GemvSwigluNorm`]): the FMA form's rows, and A small enough for shared memory.
+pub fn gemv_norm_fits(m: u32, k: u32) -> bool {
+    (1..=GEMV_FMA_MAX_ROWS).contains(&m) && gemv_norm_a_bytes(m, k) <= GEMV_NORM_MAX_A_BYTES
+}
+
+/// The normalising entries' launch for a product whose GEMV takes `columns` per block: the GEMV's
+/// grid, but at most the resident blocks when a block takes the most columns (the kernel then
+/// recovers the same count and loops), so that each block normalises the rows once for several
+/// column groups; A's shared memory, and the stage's with `stage`.
+fn gemv_norm_launch(m: u32, n: u32, k: u32, columns: u32, stage: u32) -> LaunchConfig {
+    let mut blocks = blocks_for(n.into(), columns).max(1);
+    if columns == 8 {
+        blocks = blocks.min(GEMV_RESIDENT_BLOCKS);
+    }
+    LaunchConfig {
+        shared_mem_bytes: gemv_norm_a_bytes(m, k) + if stage != 0 { GEMV_STAGE_BYTES } else { 0 },
+        ..LaunchConfig::linear(blocks, 256)
+    }
+}
+
 /// A staged launch: `launch` with the stage's shared memory.
 fn staged(launch: LaunchConfig) -> LaunchConfig {
     LaunchConfig {
@@ -294,15 +392,45 @@ fn staged(launch: LaunchConfig) -> LaunchConfig {
     }
 }
 
-/// The staged entries' row limit, for their references.
+/// The staged and normalising entries' row limit, for their references.
 fn check_staged_rows(name: metrale_core::KernelName, m: u32) -> Result<(), HostError> {
     if m > GEMV_FMA_MAX_ROWS {
         return Err(HostError::BadArgs {
             kernel: name,
-            message: format!("m = {m} exceeds {GEMV_FMA_MAX_ROWS} (the staged GEMV's FMA form)"),
+            message: format!("m = {m} exceeds {GEMV_FMA_MAX_ROWS} (the GEMV's FMA form)"),
         });
     }
     Ok(())
+}
+
+/// The normalising entries' A: `residual_out = residual + input` stored, and the bf16-rounded
+/// rows of `rmsnorm(residual_out) * norm_weight` returned (what [`AddRmsNorm`](super::AddRmsNorm)
+/// would write).
+#[allow(clippy::too_many_arguments)]
+fn normalised_input(
+    name: metrale_core::KernelName,
+    mem: &mut dyn HostMemory,
+    residual: DevicePtr,
+    residual_out: DevicePtr,
+    input: DevicePtr,
+    norm_weight: DevicePtr,
+    m: u32,
+    k: u32,
+    eps: f32,
+) -> Result<Vec<f32>, HostError> {
+    check_staged_rows(name, m)?;
+    let (m, k) = (m as usize, k as usize);
+    let mut sum = host::load::<f32>(mem, residual, m * k)?;
+    if !input.is_null() {
+        let x = host::load_bf16(mem, input, m * k)?;
+        sum.iter_mut().zip(&x).for_each(|(s, x)| *s += x);
+    }
+    let weight = host::load_bf16(mem, norm_weight, k)?;
+    host::store(mem, residual_out, &sum)?;
+    Ok(super::rmsnorm::normalize(&sum, &weight, k, eps)
+        .into_iter()
+        .map(host::round_bf16)
+        .collect())
 }
 
 /// The GEMV reference: the GEMM's, after checking `m`.
@@ -350,11 +478,12 @@ impl Kernel for GemvSwiglu {
     /// a gate column and its up column share a block.
     fn launch_config(&self) -> LaunchConfig {
         let n = 2 * self.inter;
-        let columns = gemv_columns_per_block(self.m, n, self.k).max(2);
-        LaunchConfig::linear(blocks_for(n.into(), columns).max(1), 256)
+        LaunchConfig::linear(
+            blocks_for(n.into(), swiglu_columns(self.m, n, self.k)).max(1),
+            256,
+        )
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        let (m, inter) = (self.m as usize, self.inter as usize);
         let gate_up = gemv_reference(
             Self::NAME,
             mem,
@@ -365,15 +494,73 @@ impl Kernel for GemvSwiglu {
             2 * self.inter,
             self.k,
         )?;
-        let mut out = Vec::with_capacity(m * inter);
-        for row in gate_up.chunks_exact((2 * inter).max(1)) {
-            let (gate, up) = row.split_at(inter);
-            out.extend(gate.iter().zip(up).map(|(&g, &u)| {
-                let (g, u) = (host::round_bf16(g), host::round_bf16(u));
-                super::activation::silu(g) * u
-            }));
-        }
-        host::store_bf16(mem, self.out, &out)
+        host::store_bf16(mem, self.out, &swiglu_rows(&gate_up, self.inter as usize))
+    }
+}
+
+/// Columns per block of the SwiGLU GEMV over `n` interleaved gate/up columns: the GEMV's, at
+/// least 2 so that a gate column and its up column share a block.
+fn swiglu_columns(m: u32, n: u32, k: u32) -> u32 {
+    gemv_columns_per_block(m, n, k).max(2)
+}
+
+/// `silu(g) * u` of the bf16-rounded gate and up halves of each `[2 * inter]` row.
+fn swiglu_rows(gate_up: &[f32], inter: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(gate_up.len() / 2);
+    for row in gate_up.chunks_exact((2 * inter).max(1)) {
+        let (gate, up) = row.split_at(inter);
+        out.extend(gate.iter().zip(up).map(|(&g, &u)| {
+            let (g, u) = (host::round_bf16(g), host::round_bf16(u));
+            super::activation::silu(g) * u
+        }));
+    }
+    out
+}
+
+impl Kernel for GemvNorm {
+    fn launch_config(&self) -> LaunchConfig {
+        let columns = gemv_columns_per_block(self.m, self.n, self.k);
+        gemv_norm_launch(self.m, self.n, self.k, columns, self.stage)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let a = normalised_input(
+            Self::NAME,
+            mem,
+            self.residual,
+            self.residual_out,
+            self.input,
+            self.norm_weight,
+            self.m,
+            self.k,
+            self.eps,
+        )?;
+        let (m, n, k) = (self.m as usize, self.n as usize, self.k as usize);
+        let c = product_of(mem, &a, self.w, self.bias, m, n, k)?;
+        host::store_bf16(mem, self.c, &c)
+    }
+}
+
+impl Kernel for GemvSwigluNorm {
+    fn launch_config(&self) -> LaunchConfig {
+        let n = 2 * self.inter;
+        let columns = swiglu_columns(self.m, n, self.k);
+        gemv_norm_launch(self.m, n, self.k, columns, self.stage)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let a = normalised_input(
+            Self::NAME,
+            mem,
+            self.residual,
+            self.residual_out,
+            self.input,
+            self.norm_weight,
+            self.m,
+            self.k,
+            self.eps,
+        )?;
+        let (m, n, k) = (self.m as usize, 2 * self.inter as usize, self.k as usize);
+        let gate_up = product_of(mem, &a, self.w, DevicePtr::NULL, m, n, k)?;
+        host::store_bf16(mem, self.out, &swiglu_rows(&gate_up, self.inter as usize))
     }
 }
 
@@ -504,6 +691,19 @@ fn reference(
     k: usize,
 ) -> Result<Vec<f32>, HostError> {
     let a = host::load_bf16(mem, a, m * k)?;
+    product_of(mem, &a, w, bias, m, n, k)
+}
+
+/// [`reference`] of an A already in host memory (`m * k` values).
+fn product_of(
+    mem: &dyn HostMemory,
+    a: &[f32],
+    w: DevicePtr,
+    bias: DevicePtr,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Vec<f32>, HostError> {
     let w = host::view::<bf16>(mem, w, n * k)?;
     let bias = if bias == DevicePtr::NULL {
         None
@@ -519,7 +719,7 @@ fn reference(
     let columns: Vec<Vec<f32>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let (a, w, bias) = (&a, &w, &bias);
+                let (w, bias) = (&w, &bias);
                 s.spawn(move || {
                     let (lo, hi) = (t * per, ((t + 1) * per).min(n));
                     let mut part = vec![0f32; m * hi.saturating_sub(lo)];
@@ -817,6 +1017,201 @@ mod tests {
         assert_eq!(
             mem.get::<u16>(fused_out, m * inter),
             mem.get::<u16>(act, m * inter)
+        );
+    }
+
+    /// The normalising entries against AddRmsNorm then the GEMV (or the SwiGLU GEMV) on the same
+    /// inputs: the same product bits, and the sum stored to `residual_out` with `residual` left
+    /// as it was; with a null input, `residual_out` is a copy.
+    #[test]
+    fn gemv_norm_is_add_rmsnorm_then_gemv() {
+        let (m, n, k) = (3usize, 10usize, 24usize);
+        let values = |n: usize, mul: usize, modulo: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * mul % modulo) as f32 - (modulo / 2) as f32) * scale)
+                .collect()
+        };
+        for with_input in [true, false] {
+            let mut mem = FlatMemory::new();
+            let residual0 = values(m * k, 7, 17, 0.3);
+            let residual = mem.put(&residual0);
+            let residual_out = mem.put(&vec![f32::NAN; m * k]);
+            let input = if with_input {
+                mem.put(&bf16s(&values(m * k, 5, 11, 0.25)))
+            } else {
+                DevicePtr::NULL
+            };
+            let norm_weight = mem.put(&bf16s(&values(k, 3, 7, 0.5)));
+            let w = mem.put(&bf16s(&values(2 * n * k, 5, 13, 0.125)));
+            let bias = mem.put(&bf16s(&values(n, 1, 5, 1.0)));
+            let fused = mem.put(&bf16s(&vec![0.0; m * n]));
+            let fused_swiglu = mem.put(&bf16s(&vec![0.0; m * n]));
+            let (inplace, x) = (mem.put(&residual0), mem.put(&bf16s(&vec![0.0; m * k])));
+            let (plain, plain_swiglu) = (
+                mem.put(&bf16s(&vec![0.0; m * n])),
+                mem.put(&bf16s(&vec![0.0; m * n])),
+            );
+            let (m32, n32, k32) = (m as u32, n as u32, k as u32);
+            GemvNorm {
+                c: fused,
+                residual,
+                residual_out,
+                input,
+                norm_weight,
+                w,
+                bias,
+                m: m32,
+                n: n32,
+                k: k32,
+                eps: 1e-5,
+                stage: 0,
+            }
+            .reference(&mut mem)
+            .unwrap();
+            GemvSwigluNorm {
+                out: fused_swiglu,
+                residual,
+                residual_out,
+                input,
+                norm_weight,
+                w,
+                m: m32,
+                inter: n32,
+                k: k32,
+                eps: 1e-5,
+                stage: 1,
+            }
+            .reference(&mut mem)
+            .unwrap();
+            crate::ops::AddRmsNorm {
+                out: x,
+                residual: inplace,
+                input,
+                weight: norm_weight,
+                rows: m32,
+                cols: k32,
+                eps: 1e-5,
+            }
+            .reference(&mut mem)
+            .unwrap();
+            Gemv {
+                c: plain,
+                a: x,
+                w,
+                bias,
+                m: m32,
+                n: n32,
+                k: k32,
+            }
+            .reference(&mut mem)
+            .unwrap();
+            GemvSwiglu {
+                out: plain_swiglu,
+                a: x,
+                w,
+                m: m32,
+                inter: n32,
+                k: k32,
+            }
+            .reference(&mut mem)
+            .unwrap();
+            assert_eq!(mem.get::<u16>(fused, m * n), mem.get::<u16>(plain, m * n));
+            assert_eq!(
+                mem.get::<u16>(fused_swiglu, m * n),
+                mem.get::<u16>(plain_swiglu, m * n)
+            );
+            assert_eq!(mem.get::<f32>(residual, m * k), residual0);
+            assert_eq!(
+                mem.get::<f32>(residual_out, m * k),
+                mem.get::<f32>(inplace, m * k)
+            );
+        }
+    }
+
+    #[test]
+    fn gemv_norm_launch_keeps_the_columns_and_sizes_shared_memory() {
+        let launch = |m: u32, n: u32, k: u32, stage: u32| {
+            GemvNorm {
+                c: DevicePtr::NULL,
+                residual: DevicePtr::NULL,
+                residual_out: DevicePtr::NULL,
+                input: DevicePtr::NULL,
+                norm_weight: DevicePtr::NULL,
+                w: DevicePtr::NULL,
+                bias: DevicePtr::NULL,
+                m,
+                n,
+                k,
+                eps: 1e-6,
+                stage,
+            }
+            .launch_config()
+        };
+        // Qwen3 products at 1 and 4 rows, a small N whose GEMV splits K, and a long column.
+        for (m, n, k) in [
+            (1, 6144, 4096),
+            (1, 4096, 1024),
+            (4, 6144, 4096),
+            (1, 1024, 4096),
+            (2, 40, 4096),
+            (1, 4096, 12288),
+        ] {
+            let plain = Gemv {
+                c: DevicePtr::NULL,
+                a: DevicePtr::NULL,
+                w: DevicePtr::NULL,
+                bias: DevicePtr::NULL,
+                m,
+                n,
+                k,
+            }
+            .launch_config();
+            let norm = launch(m, n, k, 0);
+            assert!(norm.grid[0] <= plain.grid[0], "m={m} n={n} k={k}");
+            assert!(
+                norm.grid[0] == plain.grid[0] || norm.grid[0] == GEMV_RESIDENT_BLOCKS,
+                "m={m} n={n} k={k}"
+            );
+            assert_eq!(
+                recovered_columns(m, n, norm.grid[0]),
+                gemv_columns_per_block(m, n, k),
+                "m={m} n={n} k={k}"
+            );
+            assert_eq!(norm.block, plain.block);
+            assert_eq!(norm.shared_mem_bytes, m * k * 2);
+            assert_eq!(
+                launch(m, n, k, 1).shared_mem_bytes,
+                m * k * 2 + GEMV_STAGE_BYTES
+            );
+        }
+        // A rounded up to 16 bytes; the entries take at most 4 rows and 48 KiB of A.
+        assert_eq!(launch(3, 8, 130, 0).shared_mem_bytes, 784);
+        assert!(gemv_norm_fits(4, 4096) && gemv_norm_fits(1, 24576));
+        assert!(!gemv_norm_fits(5, 1024) && !gemv_norm_fits(0, 1024));
+        assert!(!gemv_norm_fits(4, 8192) && !gemv_norm_fits(1, 24577));
+    }
+
+    #[test]
+    fn gemv_norm_references_refuse_the_mma_form() {
+        let mut mem = FlatMemory::new();
+        let k = GemvNorm {
+            c: DevicePtr::NULL,
+            residual: DevicePtr::NULL,
+            residual_out: DevicePtr::NULL,
+            input: DevicePtr::NULL,
+            norm_weight: DevicePtr::NULL,
+            w: DevicePtr::NULL,
+            bias: DevicePtr::NULL,
+            m: 5,
+            n: 8,
+            k: 8,
+            eps: 1e-6,
+            stage: 0,
+        };
+        let err = k.reference(&mut mem).unwrap_err().to_string();
+        assert!(
+            err.contains("m = 5") && err.contains("gemv_bf16_norm"),
+            "{err}"
         );
     }
 }

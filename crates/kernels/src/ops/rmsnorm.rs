@@ -47,7 +47,7 @@ kernel_args!(
 );
 
 /// The reference row normalisation in f32 (the caller rounds once when storing).
-fn normalize(x: &[f32], weight: &[f32], cols: usize, eps: f32) -> Vec<f32> {
+pub(super) fn normalize(x: &[f32], weight: &[f32], cols: usize, eps: f32) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks_exact(cols.max(1)) {
         let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / cols as f32;
