@@ -44,7 +44,9 @@ GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
 GEMV_FMA_MAX_ROWS, GEMV_STAGE_MAX_WEIGHTS = 4, 8 << 20
 # Products after a residual add + RMSNorm (qkv, gate|up) that the model runs through the
 # normalising entries (METRALE_GEMV_NORM's default, all): GEMV products of 1 to GEMV_FMA_MAX_ROWS
-# rows whose A fits in GEMV_NORM_MAX_A_BYTES of shared memory (crates/kernels, gemv_norm_fits).
+# rows whose A fits in GEMV_NORM_MAX_A_BYTES of shared memory (crates/kernels, gemv_norm_fits,
+# which also asks for 8 columns per block or a grid of resident blocks: true of every qkv and
+# gate|up product of the speed models, whose columns are short).
 GEMV_NORM_MAX_A_BYTES = 48 * 1024
 NORMED_PRODUCTS = ("qkv_proj", "gate_up", "gate_up+silu*mul")
 # The engine's prefill attention at head_dim 128 (the speed models'): version 3 on query tiles of 128

@@ -769,9 +769,13 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     }
     // The batch-1 products after a residual add + RMSNorm, which the model runs through the
     // normalising entries.
-    if gemv_norm_fits(1, h) {
-        out.push(gemv_norm_case(s, "qkv_proj", 1, qd + 2 * kvd, h, false));
-        out.push(gemv_norm_case(s, "gate_up+silu*mul", 1, 2 * i, h, true));
+    for (what, n, swiglu) in [
+        ("qkv_proj", qd + 2 * kvd, false),
+        ("gate_up+silu*mul", 2 * i, true),
+    ] {
+        if gemv_norm_fits(1, n, h) {
+            out.push(gemv_norm_case(s, what, 1, n, h, swiglu));
+        }
     }
     // The batch-1 GEMV at the other column splits than gemv_columns_per_block's (1 to 8 columns
     // per block: 8 to 1 warps on each column's K), to measure that rule.

@@ -890,8 +890,10 @@ impl Model {
         // (GemvNorm, GemvSwigluNorm): a GEMV product of the FMA form whose A fits in shared
         // memory, as METRALE_GEMV_NORM picks.
         let folds_norm = |m: u32, n_: u32| {
-            self.streams_weight(m, h) && gemv_norm_fits(m, h) && self.gemv_norm.takes(m, n_, h)
+            self.streams_weight(m, h) && gemv_norm_fits(m, n_, h) && self.gemv_norm.takes(m, n_, h)
         };
+        // A skipped launch (set_skip) writes no sum, so the stream stays where it was.
+        let moves = |label: &'static str| !self.skip.contains(&label);
         let stage = |m: u32, n_: u32| u32::from(self.gemv_stage.takes(m, n_, h));
         for (l, w) in self.weights.layers.iter().enumerate() {
             // Layer 0 normalises the embeddings as they are; later layers first add the previous
@@ -913,7 +915,9 @@ impl Model {
                     stage: stage(n, qd + 2 * kvd),
                 };
                 self.launch(k.gemv_norm, "qkv", &fused)?;
-                residual = fused.residual_out;
+                if moves("qkv") {
+                    residual = fused.residual_out;
+                }
             } else {
                 self.launch(
                     k.add_rmsnorm,
@@ -1063,7 +1067,9 @@ impl Model {
                         },
                     )?;
                 }
-                residual = residual_out;
+                if moves("gate_up") {
+                    residual = residual_out;
+                }
             } else if swiglu {
                 self.launch(
                     k.add_rmsnorm,

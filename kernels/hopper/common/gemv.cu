@@ -289,7 +289,9 @@ __device__ __forceinline__ void tile_mma(float (&d)[4], const __nv_bfloat16* __r
 // bf16(rmsnorm(residual + input) * weight) row by row, computed as add_rmsnorm_f32res computes it.
 struct NormInput {
     const float* residual;         // f32 [m, k]
-    float* residual_out;           // f32 [m, k]: residual + input, stored by block 0
+    float* residual_out;           // f32 [m, k]: residual + input, stored by block 0; 16-byte
+                                   // aligned where `residual` is, or the rows take the scalar
+                                   // path, which add_rmsnorm_f32res would not take
     const __nv_bfloat16* input;    // bf16 [m, k], or null (nothing added)
     const __nv_bfloat16* weight;   // bf16 [k]
     float eps;
@@ -428,6 +430,8 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
         }
         metrale::grid_dependency_sync();
     }
+    // NORM: `a` is the block's own shared memory (gemv_norm), written here and read only after
+    // normalise_input's closing barrier.
     if constexpr (NORM) normalise_input<M>(const_cast<__nv_bfloat16*>(a), *norm, k, partial);
     for (uint32_t base = blockIdx.x * cols; base < n; base += gridDim.x * cols) {
         const uint32_t first = base + group * PER_WARP;

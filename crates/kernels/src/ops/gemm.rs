@@ -364,9 +364,15 @@ fn gemv_norm_a_bytes(m: u32, k: u32) -> u32 {
 const GEMV_NORM_MAX_A_BYTES: u32 = 48 * 1024;
 
 /// Whether an `m x n x k` product can take the normalising entries ([`GemvNorm`],
-/// [`GemvSwigluNorm`]): the FMA form's rows, and A small enough for shared memory.
-pub fn gemv_norm_fits(m: u32, k: u32) -> bool {
-    (1..=GEMV_FMA_MAX_ROWS).contains(&m) && gemv_norm_a_bytes(m, k) <= GEMV_NORM_MAX_A_BYTES
+/// [`GemvSwigluNorm`] with `n` gate and up rows): the FMA form's rows, A small enough for shared
+/// memory, and at most the resident blocks, so that each block normalises the rows once (the
+/// launch caps the grid where a block takes 8 columns; with fewer per block, a grid over the
+/// resident blocks would normalise the rows once per column group).
+pub fn gemv_norm_fits(m: u32, n: u32, k: u32) -> bool {
+    let columns = gemv_columns_per_block(m, n, k);
+    (1..=GEMV_FMA_MAX_ROWS).contains(&m)
+        && gemv_norm_a_bytes(m, k) <= GEMV_NORM_MAX_A_BYTES
+        && (columns == 8 || blocks_for(n.into(), columns) <= GEMV_RESIDENT_BLOCKS)
 }
 
 /// The normalising entries' launch for a product whose GEMV takes `columns` per block: the GEMV's
@@ -1186,9 +1192,20 @@ mod tests {
         }
         // A rounded up to 16 bytes; the entries take at most 4 rows and 48 KiB of A.
         assert_eq!(launch(3, 8, 130, 0).shared_mem_bytes, 784);
-        assert!(gemv_norm_fits(4, 4096) && gemv_norm_fits(1, 24576));
-        assert!(!gemv_norm_fits(5, 1024) && !gemv_norm_fits(0, 1024));
-        assert!(!gemv_norm_fits(4, 8192) && !gemv_norm_fits(1, 24577));
+        // Qwen3-8B's and Qwen3-0.6B's qkv and gate|up products at 1 and 4 rows fit.
+        for (n, k) in [(6144, 4096), (24576, 4096), (4096, 1024), (6144, 1024)] {
+            assert!(
+                gemv_norm_fits(1, n, k) && gemv_norm_fits(4, n, k),
+                "n={n} k={k}"
+            );
+        }
+        assert!(!gemv_norm_fits(5, 4096, 1024) && !gemv_norm_fits(0, 4096, 1024));
+        // A over 48 KiB (4 rows of 8192) does not fit; one row of 8192 does.
+        assert!(!gemv_norm_fits(4, 4096, 8192) && gemv_norm_fits(1, 4096, 8192));
+        // A long column splits K (fewer than 8 columns per block): past the resident blocks the
+        // rows would be normalised once per column group, so it does not fit.
+        assert!(gemv_columns_per_block(1, 8192, 12288) < 8);
+        assert!(!gemv_norm_fits(1, 8192, 12288));
     }
 
     #[test]
