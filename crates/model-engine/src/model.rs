@@ -21,11 +21,11 @@ use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
-    AddRmsNorm, ArgmaxF32, Embedding, GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv,
-    GemvF32Out, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, PagedAttention,
-    PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite,
-    SiluMul, argmax_scratch_bytes, attention_splits, gemv_norm_fits, gemv_stages,
-    prefill_attention_tiles_of,
+    ATTENTION_SPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding, GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm,
+    GemmF32Out, Gemv, GemvF32Out, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm,
+    GemvSwigluStaged, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
+    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of,
+    gemv_norm_fits, gemv_stages, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -327,6 +327,9 @@ pub struct Model {
     /// Blocks a split decode attention launch aims for ([`ATTENTION_TARGET_BLOCKS`] unless
     /// `METRALE_ATTENTION_TARGET_BLOCKS` says otherwise).
     attention_target_blocks: u32,
+    /// The fewest keys a split takes ([`ATTENTION_SPLIT_KEYS`] unless
+    /// `METRALE_ATTENTION_SPLIT_KEYS` says otherwise; rounded up to a power of two).
+    attention_split_keys: u32,
     /// Decode steps of one sequence run the QKV post-processing inside the decode attention
     /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
     /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
@@ -467,6 +470,10 @@ impl Model {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(ATTENTION_TARGET_BLOCKS, |b: u32| b.max(1)),
+            attention_split_keys: std::env::var("METRALE_ATTENTION_SPLIT_KEYS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ATTENTION_SPLIT_KEYS),
             fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
                 .map_or(true, |v| v != "0"),
             fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
@@ -687,13 +694,14 @@ impl Model {
         let pure_decode = step.block_tables.len() == step.tokens.len()
             && step.logit_rows.iter().copied().eq(0..step.tokens.len())
             && step.token_seq.iter().copied().eq(0..n);
-        let split = attention_splits(
+        let split = attention_splits_of(
             paged_rows.max(1),
             qh,
             self.config.num_kv_heads as u32,
             max_context,
             ATTENTION_PARTIALS,
             self.attention_target_blocks,
+            self.attention_split_keys,
         );
         if !pure_decode {
             return self.enqueue(step, inputs, split);

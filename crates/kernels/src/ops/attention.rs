@@ -398,18 +398,49 @@ pub fn attention_splits(
     max_partials: u32,
     target_blocks: u32,
 ) -> (u32, u32) {
+    attention_splits_of(
+        tokens,
+        q_heads,
+        kv_heads,
+        max_context,
+        max_partials,
+        target_blocks,
+        ATTENTION_SPLIT_KEYS,
+    )
+}
+
+/// The fewest keys a split of [`attention_splits`] takes: 64, one 16-key tile per warp.
+pub const ATTENTION_SPLIT_KEYS: u32 = 64;
+
+/// [`attention_splits`] with at least `split_keys` keys per split (a power of two, at least 64;
+/// other values are rounded up to one): the context's pieces are `split_keys` long. Longer splits
+/// give each warp several tiles in flight and fewer splits to merge, at fewer blocks; a context of
+/// at most `split_keys` keys is not split (no partials, no merge).
+pub fn attention_splits_of(
+    tokens: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    max_context: u32,
+    max_partials: u32,
+    target_blocks: u32,
+    split_keys: u32,
+) -> (u32, u32) {
+    let split_keys = split_keys.max(ATTENTION_SPLIT_KEYS).next_power_of_two();
     let blocks = (tokens * kv_heads).max(1);
     // Rounded down: a split that leaves fewer blocks than the target is never added (at
     // Qwen3-8B batch 32, 256 (token, kv head) pairs, two splits were 4% slower than one on the
     // H200; docs/results/2026-12-01-speed-h200/ab-fused-qkv-attention).
     let want = (target_blocks / blocks).max(1);
-    let by_len = max_context.div_ceil(64).max(1).next_power_of_two();
+    let by_len = max_context.div_ceil(split_keys).max(1).next_power_of_two();
     let room = max_partials / (tokens * q_heads).max(1);
     let splits = want.min(by_len).min(room).max(1);
     if splits == 1 {
         return (0, 1);
     }
-    let per = max_context.div_ceil(splits).next_power_of_two().max(64);
+    let per = max_context
+        .div_ceil(splits)
+        .next_power_of_two()
+        .max(split_keys);
     (per, splits)
 }
 
@@ -1208,6 +1239,46 @@ mod tests {
             assert!(generation.len() <= 4, "{tokens}: {generation:?}");
             // Logarithmic in the context: a handful of shapes up to 20k keys.
             assert!(shapes.len() <= 12, "{tokens}: {shapes:?}");
+        }
+    }
+
+    #[test]
+    fn longer_splits_split_less() {
+        // At 64 keys, attention_splits itself.
+        for ctx in [1u32, 100, 160, 1024, 1025, 4096] {
+            assert_eq!(
+                attention_splits_of(1, 32, 8, ctx, 32768, 264, 64),
+                attention_splits(1, 32, 8, ctx, 32768, 264)
+            );
+        }
+        // Batch 1 at 160 keys: 4 splits of 64, 1 of 256; at 1k, 16 of 64 or 4 of 256.
+        assert_eq!(attention_splits(1, 32, 8, 160, 32768, 264), (64, 4));
+        assert_eq!(attention_splits_of(1, 32, 8, 160, 32768, 264, 256), (0, 1));
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 256),
+            (256, 4)
+        );
+        // Rounded up to a power of two of at least 64.
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 200),
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 256)
+        );
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 0),
+            attention_splits(1, 32, 8, 1024, 32768, 264)
+        );
+        // Still covering the context, fewer than half the splits empty, per >= split_keys.
+        for ctx in 1..=5000u32 {
+            let (per, splits) = attention_splits_of(1, 32, 8, ctx, 32768, 264, 256);
+            if splits > 1 {
+                let filled = ctx.div_ceil(per);
+                assert!(
+                    per >= 256 && filled <= splits && 2 * filled > splits,
+                    "{ctx}"
+                );
+            } else {
+                assert_eq!(per, 0);
+            }
         }
     }
 
