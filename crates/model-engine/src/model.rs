@@ -330,6 +330,9 @@ pub struct Model {
     /// The fewest keys a split takes ([`ATTENTION_SPLIT_KEYS`] unless
     /// `METRALE_ATTENTION_SPLIT_KEYS` says otherwise; rounded up to a power of two).
     attention_split_keys: u32,
+    /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`; 0, the
+    /// default, for the rule's grid): see [`Model::launch_gemv`].
+    gemv_grid_cap: u32,
     /// Decode steps of one sequence run the QKV post-processing inside the decode attention
     /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
     /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
@@ -470,6 +473,10 @@ impl Model {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(ATTENTION_TARGET_BLOCKS, |b: u32| b.max(1)),
+            gemv_grid_cap: std::env::var("METRALE_GEMV_GRID_CAP")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
             attention_split_keys: std::env::var("METRALE_ATTENTION_SPLIT_KEYS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -833,9 +840,9 @@ impl Model {
                     k: k_,
                 };
                 if self.gemv_stage.takes(m, n_, k_) {
-                    self.launch(k.gemv_staged, label, &GemvStaged::from(gemv))
+                    self.launch_gemv(k.gemv_staged, label, &GemvStaged::from(gemv), (m, n_))
                 } else {
-                    self.launch(k.gemv, label, &gemv)
+                    self.launch_gemv(k.gemv, label, &gemv, (m, n_))
                 }
             } else {
                 let op = GemmOp {
@@ -1102,9 +1109,9 @@ impl Model {
                 };
                 if self.gemv_stage.takes(n, 2 * inter, h) {
                     let staged = GemvSwigluStaged::from(swiglu);
-                    self.launch(k.gemv_swiglu_staged, "gate_up", &staged)?;
+                    self.launch_gemv(k.gemv_swiglu_staged, "gate_up", &staged, (n, 2 * inter))?;
                 } else {
-                    self.launch(k.gemv_swiglu, "gate_up", &swiglu)?;
+                    self.launch_gemv(k.gemv_swiglu, "gate_up", &swiglu, (n, 2 * inter))?;
                 }
             } else {
                 self.launch(
@@ -1200,7 +1207,7 @@ impl Model {
                 n: vocab,
                 k: h,
             };
-            self.launch(k.gemv_f32out, "lm_head", &head)?;
+            self.launch_gemv(k.gemv_f32out, "lm_head", &head, (rows as u32, vocab))?;
         } else {
             let head = GemmOp {
                 c: out,
@@ -1235,6 +1242,42 @@ impl Model {
             PrefillVersion::V2 => PrefillAttentionV2::TILE_TOKENS,
             PrefillVersion::V3 => PrefillAttentionV3::TILE_TOKENS,
         }
+    }
+
+    /// [`Model::launch`] of a plain or staged GEMV of `m` rows over `n` output columns, its grid
+    /// capped at `METRALE_GEMV_GRID_CAP` blocks when that leaves the kernel's recovered columns
+    /// per block (next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
+    /// GEMV_FMA_MAX_ROWS rows) as they were: the blocks then loop over the column groups, with the
+    /// same sums. For measuring fewer, longer-lived blocks; off (0) by default.
+    fn launch_gemv<K: Kernel>(
+        &self,
+        handle: KernelHandle,
+        label: &'static str,
+        args: &K,
+        (m, n): (u32, u32),
+    ) -> Result<(), ModelError> {
+        if self.skip.contains(&label) {
+            return Ok(());
+        }
+        let mut config = args.launch_config();
+        let cap = self.gemv_grid_cap;
+        let (lo, hi) = if m <= GEMV_FMA_MAX_ROWS {
+            (1, 8)
+        } else {
+            (8, 64)
+        };
+        let columns = |grid: u32| {
+            n.div_ceil(grid.max(1))
+                .max(1)
+                .next_power_of_two()
+                .clamp(lo, hi)
+        };
+        if cap > 0 && config.grid[0] > cap && columns(cap) == columns(config.grid[0]) {
+            config.grid[0] = cap;
+        }
+        let g = self.gpu.as_ref();
+        g.launch(handle, &config, &args.args(), g.default_stream())?;
+        self.mark(label)
     }
 
     /// Launches one kernel on the default stream (and, when profiling, marks its end).
