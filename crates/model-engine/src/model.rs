@@ -293,6 +293,18 @@ impl GemvPolicy {
     }
 }
 
+/// The count the variable `name` holds (`default` when it is unset); a value that is not a
+/// non-negative integer is an error, not the default.
+fn parse_count(name: &'static str, env: Option<&str>, default: u32) -> Result<u32, ModelError> {
+    env.map_or(Ok(default), |v| {
+        v.trim().parse().map_err(|_| ModelError::BadVariable {
+            name,
+            value: v.to_string(),
+            expected: "a non-negative integer",
+        })
+    })
+}
+
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
 pub struct Model {
     config: ModelConfig,
@@ -445,6 +457,9 @@ impl Model {
         let policy = |name: &'static str, default| {
             GemvPolicy::choose(name, std::env::var(name).ok().as_deref(), default)
         };
+        let count = |name: &'static str, default| {
+            parse_count(name, std::env::var(name).ok().as_deref(), default)
+        };
         let gemv_stage = policy("METRALE_GEMV_STAGE", GemvPolicy::Small)?;
         let gemv_norm = policy("METRALE_GEMV_NORM", GemvPolicy::All)?;
         Ok(Model {
@@ -464,23 +479,15 @@ impl Model {
             capture_time: std::time::Duration::ZERO,
             profiler: None,
             skip: Vec::new(),
-            gemv_max_rows: std::env::var("METRALE_GEMV_MAX_ROWS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(GEMV_MAX_ROWS, |r: u32| r.min(GEMV_MAX_ROWS)),
+            gemv_max_rows: count("METRALE_GEMV_MAX_ROWS", GEMV_MAX_ROWS)?.min(GEMV_MAX_ROWS),
             prefill_version,
-            attention_target_blocks: std::env::var("METRALE_ATTENTION_TARGET_BLOCKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(ATTENTION_TARGET_BLOCKS, |b: u32| b.max(1)),
-            gemv_grid_cap: std::env::var("METRALE_GEMV_GRID_CAP")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-            attention_split_keys: std::env::var("METRALE_ATTENTION_SPLIT_KEYS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(ATTENTION_SPLIT_KEYS),
+            attention_target_blocks: count(
+                "METRALE_ATTENTION_TARGET_BLOCKS",
+                ATTENTION_TARGET_BLOCKS,
+            )?
+            .max(1),
+            gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", 0)?,
+            attention_split_keys: count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?,
             fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
                 .map_or(true, |v| v != "0"),
             fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
@@ -1370,7 +1377,27 @@ impl Drop for Model {
 
 #[cfg(test)]
 mod tests {
-    use super::{GemvPolicy, PrefillVersion};
+    use super::{GemvPolicy, PrefillVersion, parse_count};
+
+    #[test]
+    fn counts_from_the_environment_refuse_what_is_not_one() {
+        assert_eq!(parse_count("METRALE_GEMV_GRID_CAP", None, 7).unwrap(), 7);
+        assert_eq!(
+            parse_count("METRALE_GEMV_GRID_CAP", Some("396"), 0).unwrap(),
+            396
+        );
+        assert_eq!(
+            parse_count("METRALE_GEMV_GRID_CAP", Some(" 8 "), 0).unwrap(),
+            8
+        );
+        for bad in ["", "-1", "many", "1.5"] {
+            let err = parse_count("METRALE_ATTENTION_SPLIT_KEYS", Some(bad), 64).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("METRALE_ATTENTION_SPLIT_KEYS={bad}: expected a non-negative integer")
+            );
+        }
+    }
 
     #[test]
     fn gemv_policy_follows_the_variable_and_refuses_unknown_values() {
