@@ -25,7 +25,7 @@ use metrale_kernels::ops::{
     GemmF32Out, Gemv, GemvF32Out, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm,
     GemvSwigluStaged, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
     PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of,
-    gemv_norm_fits, gemv_stages, prefill_attention_tiles_of,
+    gemv_capped_grid, gemv_norm_fits, gemv_stages, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -1267,21 +1267,7 @@ impl Model {
             return Ok(());
         }
         let mut config = args.launch_config();
-        let cap = self.gemv_grid_cap;
-        let (lo, hi) = if m <= GEMV_FMA_MAX_ROWS {
-            (1, 8)
-        } else {
-            (8, 64)
-        };
-        let columns = |grid: u32| {
-            n.div_ceil(grid.max(1))
-                .max(1)
-                .next_power_of_two()
-                .clamp(lo, hi)
-        };
-        if cap > 0 && config.grid[0] > cap && columns(cap) == columns(config.grid[0]) {
-            config.grid[0] = cap;
-        }
+        config.grid[0] = gemv_capped_grid(m, n, config.grid[0], self.gemv_grid_cap);
         let g = self.gpu.as_ref();
         g.launch(handle, &config, &args.args(), g.default_stream())?;
         self.mark(label)

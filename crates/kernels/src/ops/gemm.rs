@@ -350,6 +350,30 @@ pub fn gemv_stages(m: u32, n: u32, k: u32) -> bool {
     (1..=GEMV_FMA_MAX_ROWS).contains(&m) && u64::from(n) * u64::from(k) <= GEMV_STAGE_MAX_WEIGHTS
 }
 
+/// The grid of a GEMV launch of `m` rows over `n` columns capped at `cap` blocks (0: no cap),
+/// where the kernel then recovers the same columns per block as from `grid`
+/// (next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
+/// [`GEMV_FMA_MAX_ROWS`] rows; the SwiGLU form's floor of 2 only makes this stricter), so the
+/// blocks loop over the column groups with the same sums; otherwise `grid` itself.
+pub fn gemv_capped_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
+    let (lo, hi) = if m <= GEMV_FMA_MAX_ROWS {
+        (1, 8)
+    } else {
+        (8, 64)
+    };
+    let columns = |grid: u32| {
+        n.div_ceil(grid.max(1))
+            .max(1)
+            .next_power_of_two()
+            .clamp(lo, hi)
+    };
+    if cap > 0 && grid > cap && columns(cap) == columns(grid) {
+        cap
+    } else {
+        grid
+    }
+}
+
 /// GEMV blocks resident at once on the Hopper class (132 SMs x 3).
 const GEMV_RESIDENT_BLOCKS: u32 = 132 * 3;
 
@@ -1206,6 +1230,49 @@ mod tests {
         // rows would be normalised once per column group, so it does not fit.
         assert!(gemv_columns_per_block(1, 8192, 12288) < 8);
         assert!(!gemv_norm_fits(1, 8192, 12288));
+    }
+
+    #[test]
+    fn a_capped_gemv_grid_keeps_the_columns_per_block() {
+        for (m, n, k) in [
+            (1u32, 151936u32, 1024u32),
+            (1, 151936, 4096),
+            (1, 4096, 12288),
+            (1, 1024, 3072),
+            (4, 24576, 4096),
+            (8, 24576, 4096),
+            (8, 151936, 4096),
+            (1, 40, 4096),
+        ] {
+            let grid = Gemv {
+                c: DevicePtr::NULL,
+                a: DevicePtr::NULL,
+                w: DevicePtr::NULL,
+                bias: DevicePtr::NULL,
+                m,
+                n,
+                k,
+            }
+            .launch_config()
+            .grid[0];
+            for cap in [0u32, 1, 132, 396, 1000, 100_000] {
+                let capped = gemv_capped_grid(m, n, grid, cap);
+                assert!(
+                    capped <= grid && (capped == grid || capped == cap),
+                    "{m} {n} {k}"
+                );
+                assert_eq!(
+                    recovered_columns(m, n, capped),
+                    recovered_columns(m, n, grid),
+                    "m={m} n={n} k={k} cap={cap}"
+                );
+            }
+        }
+        // Qwen3-0.6B's LM head at one row: 18992 blocks of 8 columns become 396 of 8.
+        assert_eq!(gemv_capped_grid(1, 151936, 18992, 396), 396);
+        // A split column (1 per block) cannot be capped without changing the split.
+        assert_eq!(gemv_capped_grid(1, 4096, 4096, 396), 4096);
+        assert_eq!(gemv_capped_grid(1, 151936, 18992, 0), 18992);
     }
 
     #[test]
