@@ -158,6 +158,11 @@ __device__ __forceinline__ void attend_tile(
 
         const uint32_t k_stage = kv_smem + (j % STAGES) * STAGE_BYTES;
         float s[TILE_K / 2];
+        // The last iteration's writes of O (the rescale) and P come before the fence, so that the
+        // products below see them (the compiler may not move them past it).
+        wg::fence_operands(o);
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) wg::fence_operands(p[kk]);
         wg::fence();
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
@@ -168,6 +173,7 @@ __device__ __forceinline__ void attend_tile(
         }
         wg::commit();
         if (j > 0) {
+            wg::fence();
             issue_pv(o, p, kv_smem + ((j - 1) % STAGES) * STAGE_BYTES);
             wg::commit();
         }
@@ -256,6 +262,9 @@ __device__ __forceinline__ void attend_tile(
             for (int r = 0; r < 4; ++r) p[kk][r] = pn[kk][r];
     }
     if (key_tiles > 0) {
+        wg::fence_operands(o);
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) wg::fence_operands(p[kk]);
         wg::fence();
         issue_pv(o, p, kv_smem + ((key_tiles - 1) % STAGES) * STAGE_BYTES);
         wg::commit();
