@@ -21,11 +21,12 @@ use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
-    ATTENTION_SPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding, GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm,
-    GemmF32Out, Gemv, GemvF32Out, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm,
-    GemvSwigluStaged, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
-    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of,
-    gemv_capped_grid, gemv_norm_fits, gemv_stages, prefill_attention_tiles_of,
+    ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
+    GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, GemvNorm, GemvStaged,
+    GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, PagedAttention, PagedAttentionQkv,
+    PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul,
+    argmax_scratch_bytes, attention_splits_of, gemv_capped_grid, gemv_norm_fits, gemv_stages,
+    prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -261,8 +262,11 @@ impl GemvPolicy {
     /// Qwen3-0.6B's batch-1 decode 6-8% faster staging; Qwen3-8B's 1-3% slower with the staged
     /// path in its kernel whether it staged or not, less so staging every product
     /// (docs/results/2026-12-01-speed-h200/gemv-prewait). Not yet measured with separate entries.
-    /// Norm (default `all`): not yet measured; the prediction is that removing the two
-    /// add_rmsnorm launches of a layer saves about 2 us each.
+    /// Norm (default `small`), measured on the H200 (docs/results/2026-12-01-speed-h200/
+    /// decode-defaults): Qwen3-0.6B's 32 + 256-token generation 1041 -> 1129 tok/s with it, its
+    /// step at 1k keys 0.98 -> 0.94 ms; Qwen3-8B's 219.2 -> 206.8 tok/s, its step at 160 keys
+    /// 4.54 -> 4.83 ms (at 1k keys 4.86 -> 4.82), although its two fused launches measured alone
+    /// take 4.9 us less than the launches they replace. Why 8B loses is not known yet.
     pub(crate) fn choose(
         name: &'static str,
         env: Option<&str>,
@@ -342,6 +346,9 @@ pub struct Model {
     /// The fewest keys a split takes ([`ATTENTION_SPLIT_KEYS`] unless
     /// `METRALE_ATTENTION_SPLIT_KEYS` says otherwise; rounded up to a power of two).
     attention_split_keys: u32,
+    /// The longest context left in one split ([`ATTENTION_UNSPLIT_KEYS`] unless
+    /// `METRALE_ATTENTION_UNSPLIT_KEYS` says otherwise, 0 for none; rounded up to a power of two).
+    attention_unsplit_keys: u32,
     /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`; 0, the
     /// default, for the rule's grid): see [`Model::launch_gemv`].
     gemv_grid_cap: u32,
@@ -461,7 +468,7 @@ impl Model {
             parse_count(name, std::env::var(name).ok().as_deref(), default)
         };
         let gemv_stage = policy("METRALE_GEMV_STAGE", GemvPolicy::Small)?;
-        let gemv_norm = policy("METRALE_GEMV_NORM", GemvPolicy::All)?;
+        let gemv_norm = policy("METRALE_GEMV_NORM", GemvPolicy::Small)?;
         Ok(Model {
             config,
             options,
@@ -488,6 +495,10 @@ impl Model {
             .max(1),
             gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", 0)?,
             attention_split_keys: count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?,
+            attention_unsplit_keys: count(
+                "METRALE_ATTENTION_UNSPLIT_KEYS",
+                ATTENTION_UNSPLIT_KEYS,
+            )?,
             fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
                 .map_or(true, |v| v != "0"),
             fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
@@ -716,6 +727,7 @@ impl Model {
             ATTENTION_PARTIALS,
             self.attention_target_blocks,
             self.attention_split_keys,
+            self.attention_unsplit_keys,
         );
         if !pure_decode {
             return self.enqueue(step, inputs, split);

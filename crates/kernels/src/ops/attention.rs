@@ -388,8 +388,8 @@ pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32
 /// whole range of context lengths: the split count is at most the context's 64-key pieces rounded
 /// up to a power of two, and the keys per split is a power of two, at least 64. So the shape
 /// changes only where the context doubles, and a launch may carry more splits than its context
-/// fills (fewer than half of them empty, which the kernel passes over). One split is `(0, 1)`:
-/// the whole context.
+/// fills (fewer than half of them empty, which the kernel passes over). A context of at most
+/// [`ATTENTION_UNSPLIT_KEYS`] keys is not split. One split is `(0, 1)`: the whole context.
 pub fn attention_splits(
     tokens: u32,
     q_heads: u32,
@@ -406,16 +406,27 @@ pub fn attention_splits(
         max_partials,
         target_blocks,
         ATTENTION_SPLIT_KEYS,
+        ATTENTION_UNSPLIT_KEYS,
     )
 }
 
 /// The fewest keys a split of [`attention_splits`] takes: 64, one 16-key tile per warp.
 pub const ATTENTION_SPLIT_KEYS: u32 = 64;
 
+/// The longest context [`attention_splits`] leaves in one piece: 256 keys. Up to there a split's
+/// partials round trip and merge cost more than its extra blocks bring. On the H200, splits of at
+/// least 256 keys (one split up to 256 keys) against 64: Qwen3-8B's decode step at 160 keys 4.83
+/// -> 4.76 ms at batch 1 and 5.18 -> 5.04 ms at batch 8, Qwen3-0.6B's 32 + 256-token generation
+/// 1129 -> 1157 tok/s; but Qwen3-0.6B's step at 1k keys 0.94 -> 1.01 ms, so longer contexts keep
+/// 64-key splits (docs/results/2026-12-01-speed-h200/decode-defaults).
+pub const ATTENTION_UNSPLIT_KEYS: u32 = 256;
+
 /// [`attention_splits`] with at least `split_keys` keys per split (a power of two, at least 64;
 /// other values are rounded up to one): the context's pieces are `split_keys` long. Longer splits
 /// give each warp several tiles in flight and fewer splits to merge, at fewer blocks; a context of
-/// at most `split_keys` keys is not split (no partials, no merge).
+/// at most `split_keys` or `unsplit_keys` keys is not split (no partials, no merge). `unsplit_keys`
+/// is rounded up to a power of two, so the shape still changes only where the context doubles.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_splits_of(
     tokens: u32,
     q_heads: u32,
@@ -424,7 +435,11 @@ pub fn attention_splits_of(
     max_partials: u32,
     target_blocks: u32,
     split_keys: u32,
+    unsplit_keys: u32,
 ) -> (u32, u32) {
+    if max_context <= unsplit_keys.next_power_of_two() && unsplit_keys > 0 {
+        return (0, 1);
+    }
     let split_keys = split_keys.max(ATTENTION_SPLIT_KEYS).next_power_of_two();
     let blocks = (tokens * kv_heads).max(1);
     // Rounded down: a split that leaves fewer blocks than the target is never added (at
@@ -1203,10 +1218,26 @@ mod tests {
         assert_eq!(attention_splits(1, 32, 8, 1024, 32768, 264), (64, 16));
         // One key more rounds the pieces up to 32 (17 of them filled), not down to 9 of 128.
         assert_eq!(attention_splits(1, 32, 8, 1025, 32768, 264), (64, 32));
-        // A large prefill needs no split; neither does a context of one 64-key piece.
+        // A large prefill needs no split; neither does a context of at most 256 keys (a 257th
+        // key gives 8 pieces of 64, where 64-key pieces alone split 100 keys 2 ways).
         assert_eq!(attention_splits(4096, 32, 8, 4096, 32768, 264), (0, 1));
         assert_eq!(attention_splits(1, 32, 8, 64, 32768, 264), (0, 1));
-        assert_eq!(attention_splits(1, 32, 8, 100, 32768, 264), (64, 2));
+        assert_eq!(attention_splits(1, 32, 8, 256, 32768, 264), (0, 1));
+        assert_eq!(attention_splits(8, 32, 8, 256, 32768, 264), (0, 1));
+        assert_eq!(attention_splits(1, 32, 8, 257, 32768, 264), (64, 8));
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 100, 32768, 264, 64, 0),
+            (64, 2)
+        );
+        // Rounded up to a power of two.
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 300, 32768, 264, 64, 200),
+            (64, 8)
+        );
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 256, 32768, 264, 64, 200),
+            (0, 1)
+        );
         // Rounded down: batch 8 (64 pairs) splits 4 ways (256 blocks); batch 32 (256 pairs) not
         // at all, where rounding up gave 2 splits and 512 blocks.
         assert_eq!(attention_splits(8, 32, 8, 1024, 32768, 264), (256, 4));
@@ -1244,32 +1275,38 @@ mod tests {
 
     #[test]
     fn longer_splits_split_less() {
-        // At 64 keys, attention_splits itself.
+        // At 64 keys (and 256 unsplit), attention_splits itself.
         for ctx in [1u32, 100, 160, 1024, 1025, 4096] {
             assert_eq!(
-                attention_splits_of(1, 32, 8, ctx, 32768, 264, 64),
+                attention_splits_of(1, 32, 8, ctx, 32768, 264, 64, ATTENTION_UNSPLIT_KEYS),
                 attention_splits(1, 32, 8, ctx, 32768, 264)
             );
         }
         // Batch 1 at 160 keys: 4 splits of 64, 1 of 256; at 1k, 16 of 64 or 4 of 256.
-        assert_eq!(attention_splits(1, 32, 8, 160, 32768, 264), (64, 4));
-        assert_eq!(attention_splits_of(1, 32, 8, 160, 32768, 264, 256), (0, 1));
         assert_eq!(
-            attention_splits_of(1, 32, 8, 1024, 32768, 264, 256),
+            attention_splits_of(1, 32, 8, 160, 32768, 264, 64, 0),
+            (64, 4)
+        );
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 160, 32768, 264, 256, 0),
+            (0, 1)
+        );
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 256, 0),
             (256, 4)
         );
         // Rounded up to a power of two of at least 64.
         assert_eq!(
-            attention_splits_of(1, 32, 8, 1024, 32768, 264, 200),
-            attention_splits_of(1, 32, 8, 1024, 32768, 264, 256)
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 200, 0),
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 256, 0)
         );
         assert_eq!(
-            attention_splits_of(1, 32, 8, 1024, 32768, 264, 0),
+            attention_splits_of(1, 32, 8, 1024, 32768, 264, 0, 0),
             attention_splits(1, 32, 8, 1024, 32768, 264)
         );
         // Still covering the context, fewer than half the splits empty, per >= split_keys.
         for ctx in 1..=5000u32 {
-            let (per, splits) = attention_splits_of(1, 32, 8, ctx, 32768, 264, 256);
+            let (per, splits) = attention_splits_of(1, 32, 8, ctx, 32768, 264, 256, 0);
             if splits > 1 {
                 let filled = ctx.div_ceil(per);
                 assert!(

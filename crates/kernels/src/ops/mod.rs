@@ -16,9 +16,9 @@ mod rope;
 pub use activation::SiluMul;
 pub use argmax::{ArgmaxBf16, ArgmaxF32, argmax_scratch_bytes};
 pub use attention::{
-    ATTENTION_SPLIT_KEYS, AttentionCombine, KvCacheWrite, PagedAttention, PagedAttentionQkv,
-    PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, PrefillRow, attention_splits,
-    attention_splits_of, paged_attention_smem_bytes, prefill_attention_rows,
+    ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AttentionCombine, KvCacheWrite, PagedAttention,
+    PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, PrefillRow,
+    attention_splits, attention_splits_of, paged_attention_smem_bytes, prefill_attention_rows,
     prefill_attention_tiles, prefill_attention_tiles_of,
 };
 pub use elementwise::Add;
