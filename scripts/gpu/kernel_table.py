@@ -43,8 +43,9 @@ GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
 # GEMV_FMA_MAX_ROWS rows and at most GEMV_STAGE_MAX_WEIGHTS weights.
 GEMV_FMA_MAX_ROWS, GEMV_STAGE_MAX_WEIGHTS = 4, 8 << 20
 # Products after a residual add + RMSNorm (qkv, gate|up) that the model runs through the
-# normalising entries (METRALE_GEMV_NORM's default, all): GEMV products of 1 to GEMV_FMA_MAX_ROWS
-# rows whose A fits in GEMV_NORM_MAX_A_BYTES of shared memory (crates/kernels, gemv_norm_fits,
+# normalising entries (METRALE_GEMV_NORM's default, small): the products gemv_stages picks (1 to
+# GEMV_FMA_MAX_ROWS rows, at most GEMV_STAGE_MAX_WEIGHTS weights) whose A fits in
+# GEMV_NORM_MAX_A_BYTES of shared memory (crates/kernels, gemv_norm_fits,
 # which also asks for 8 columns per block or a grid of resident blocks: true of every qkv and
 # gate|up product of the speed models, whose columns are short).
 GEMV_NORM_MAX_A_BYTES = 48 * 1024
@@ -59,7 +60,7 @@ def on_path(r) -> bool:
     the fallback when cuBLASLt is missing (every GEMM row of the engine's path is the
     GpuBackend::gemm one), a product takes the GEMV or the library by the rule above (the other
     row at that size is the measured alternative; a GEMV product runs through the staged entry
-    exactly when gemv_stages picks it, and the qkv and gate|up products of the FMA form through
+    exactly when gemv_stages picks it, and the qkv and gate|up products gemv_stages picks through
     the normalising entries, which do the add + RMSNorm before them), and prefill attention runs on the wgmma kernel
     version 3 over tiles of 128, not versions 1 or 2, v3 on tiles of 64, or the per-query
     paged_attention_bf16, all kept in the bench for comparison."""
@@ -76,11 +77,13 @@ def on_path(r) -> bool:
             return False
         n = int(re.search(r" n=(\d+)", label).group(1))
         stages = 1 <= m <= GEMV_FMA_MAX_ROWS and n * k <= GEMV_STAGE_MAX_WEIGHTS
-        folds = gemv and 1 <= m <= GEMV_FMA_MAX_ROWS and m * k * 2 <= GEMV_NORM_MAX_A_BYTES
+        folds = gemv and stages and m * k * 2 <= GEMV_NORM_MAX_A_BYTES
         if r["kernel"].endswith("_norm"):
             return folds
         what = re.search(r" (\S+) m=\d+ n=", label).group(1)
         if folds and what in NORMED_PRODUCTS:
+            return False
+        if gemv and what == "gate_up":  # the GEMV's gate|up runs with SiLU x up in its epilogue
             return False
         return not gemv or stages == r["kernel"].endswith("_staged")
     if "prefill attention" in label:
