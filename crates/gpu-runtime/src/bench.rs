@@ -270,6 +270,18 @@ fn gemv_norm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool) -
     }
 }
 
+/// A GEMV case of `m` rows over `n` launch columns at the model's default grid: capped at
+/// [`GEMV_RESIDENT_BLOCKS`] where [`gemv_capped_grid`] allows it, as `Model::launch_gemv` does.
+fn engine_grid(mut case: BenchCase, m: u32, n: u32) -> BenchCase {
+    let build = case.build;
+    case.build = Box::new(move |p| {
+        let (mut config, args) = build(p);
+        config.grid[0] = gemv_capped_grid(m, n, config.grid[0], GEMV_RESIDENT_BLOCKS);
+        (config, args)
+    });
+    case
+}
+
 /// [`gemv_case`] at one row, launched with `columns` output columns per block instead of the
 /// rule's (the kernel recovers the split from the grid).
 fn gemv_split_case(s: &Shape, what: &str, n: u32, k: u32, columns: u32) -> BenchCase {
@@ -746,15 +758,38 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     let (h, i) = (s.hidden, s.inter);
     let (qd, kvd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
     let mut out = Vec::new();
+    // The GEMV rows at the model's grid (capped at the resident blocks), and at batch 1 also at
+    // one block per column group (uncapped), to measure the cap.
     for m in [1u32, 8] {
-        out.push(gemv_case(s, "q_proj", m, qd, h, false));
-        out.push(gemv_case(s, "qkv_proj", m, qd + 2 * kvd, h, false));
-        out.push(gemv_case(s, "k_proj", m, kvd, h, false));
-        out.push(gemv_case(s, "o_proj", m, h, qd, false));
-        out.push(gemv_case(s, "gate_up", m, 2 * i, h, false));
-        out.push(gemv_swiglu_case(s, m, i, h));
-        out.push(gemv_case(s, "down", m, h, i, false));
-        out.push(gemv_case(s, "lm_head", m, s.vocab, h, true));
+        for (what, n, k) in [
+            ("q_proj", qd, h),
+            ("qkv_proj", qd + 2 * kvd, h),
+            ("k_proj", kvd, h),
+            ("o_proj", h, qd),
+            ("gate_up", 2 * i, h),
+            ("gate_up+silu*mul", 2 * i, h),
+            ("down", h, i),
+            ("lm_head", s.vocab, h),
+        ] {
+            let case = |capped: bool| {
+                let case = match what {
+                    "gate_up+silu*mul" => gemv_swiglu_case(s, m, i, h),
+                    _ => gemv_case(s, what, m, n, k, what == "lm_head"),
+                };
+                if capped {
+                    engine_grid(case, m, n)
+                } else {
+                    let mut case = case;
+                    case.label = format!("{} (uncapped grid)", case.label);
+                    case
+                }
+            };
+            out.push(case(true));
+            let grid = n.div_ceil(gemv_columns_per_block(m, n, k)).max(1);
+            if m == 1 && gemv_capped_grid(m, n, grid, GEMV_RESIDENT_BLOCKS) != grid {
+                out.push(case(false));
+            }
+        }
     }
     // The batch-1 products the model runs through the staged entries.
     for (what, n, k, swiglu) in [
@@ -764,7 +799,11 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         ("down", h, i, false),
     ] {
         if gemv_stages(1, n, k) {
-            out.push(gemv_staged_case(s, what, 1, n, k, swiglu));
+            out.push(engine_grid(
+                gemv_staged_case(s, what, 1, n, k, swiglu),
+                1,
+                n,
+            ));
         }
     }
     // The batch-1 products after a residual add + RMSNorm, which the model runs through the
@@ -932,5 +971,39 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e}", case.label));
         }
         assert!(cases.iter().all(|c| c.bytes > 0 && c.flops > 0));
+    }
+
+    #[test]
+    fn gemv_rows_launch_at_the_models_grid() {
+        // Qwen3-8B's batch-1 products have more column groups than resident blocks: their rows
+        // launch the capped grid the model launches, and an "(uncapped grid)" row keeps one block
+        // per column group for comparison.
+        let cases = model_cases(&QWEN3_8B, &[128]);
+        let grid = |label: &str| {
+            let case = cases
+                .iter()
+                .find(|c| c.label == label)
+                .unwrap_or_else(|| panic!("{label}"));
+            let ptrs = vec![DevicePtr::NULL; case.buffers.len() + case.uploads.len()];
+            (case.build)(&ptrs).0.grid[0]
+        };
+        let mut labels: Vec<_> = cases.iter().map(|c| c.label.as_str()).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), cases.len(), "labels are unique");
+        for what in [
+            "qkv_proj m=1 n=6144",
+            "gate_up+silu*mul m=1 n=24576",
+            "lm_head m=1 n=151936",
+        ] {
+            let capped = format!("qwen3-8b {what} k=4096");
+            assert_eq!(grid(&capped), GEMV_RESIDENT_BLOCKS, "{capped}");
+            assert!(grid(&format!("{capped} (uncapped grid)")) > GEMV_RESIDENT_BLOCKS);
+        }
+        // o_proj: 4096 columns at 8 per block, 512 blocks, capped too.
+        assert_eq!(
+            grid("qwen3-8b o_proj m=1 n=4096 k=4096"),
+            GEMV_RESIDENT_BLOCKS
+        );
     }
 }

@@ -22,11 +22,11 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
-    GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, GemvNorm, GemvStaged,
-    GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, PagedAttention, PagedAttentionQkv,
-    PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul,
-    argmax_scratch_bytes, attention_splits_of, gemv_capped_grid, gemv_norm_fits, gemv_stages,
-    prefill_attention_tiles_of,
+    GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
+    GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, PagedAttention,
+    PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite,
+    SiluMul, argmax_scratch_bytes, attention_splits_of, gemv_capped_grid, gemv_norm_fits,
+    gemv_stages, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -349,8 +349,8 @@ pub struct Model {
     /// The longest context left in one split ([`ATTENTION_UNSPLIT_KEYS`] unless
     /// `METRALE_ATTENTION_UNSPLIT_KEYS` says otherwise, 0 for none; rounded up to a power of two).
     attention_unsplit_keys: u32,
-    /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`; 0, the
-    /// default, for the rule's grid): see [`Model::launch_gemv`].
+    /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`, default
+    /// [`GEMV_RESIDENT_BLOCKS`]; 0 for the rule's grid): see [`Model::launch_gemv`].
     gemv_grid_cap: u32,
     /// Decode steps of one sequence run the QKV post-processing inside the decode attention
     /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
@@ -493,7 +493,7 @@ impl Model {
                 ATTENTION_TARGET_BLOCKS,
             )?
             .max(1),
-            gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", 0)?,
+            gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", GEMV_RESIDENT_BLOCKS)?,
             attention_split_keys: count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?,
             attention_unsplit_keys: count(
                 "METRALE_ATTENTION_UNSPLIT_KEYS",
@@ -1267,7 +1267,7 @@ impl Model {
     /// capped at `METRALE_GEMV_GRID_CAP` blocks when that leaves the kernel's recovered columns
     /// per block (next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
     /// GEMV_FMA_MAX_ROWS rows) as they were: the blocks then loop over the column groups, with the
-    /// same sums. For measuring fewer, longer-lived blocks; off (0) by default.
+    /// same sums. By default at the blocks resident at once ([`GEMV_RESIDENT_BLOCKS`]).
     fn launch_gemv<K: Kernel>(
         &self,
         handle: KernelHandle,

@@ -374,8 +374,12 @@ pub fn gemv_capped_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
     }
 }
 
-/// GEMV blocks resident at once on the Hopper class (132 SMs x 3).
-const GEMV_RESIDENT_BLOCKS: u32 = 132 * 3;
+/// GEMV blocks resident at once on the Hopper class (132 SMs x 3, the launch bounds). The
+/// model's default grid cap for plain and staged GEMV launches ([`gemv_capped_grid`]): on the
+/// H200, capping them here made Qwen3-8B's batch-1 decode step at 160 keys 4.436 -> 4.313 ms
+/// (generate 225.3 -> 230.7 tok/s) and Qwen3-0.6B's generate 1175.1 -> 1193.2 tok/s
+/// (docs/results/2026-12-01-speed-h200/grid-cap).
+pub const GEMV_RESIDENT_BLOCKS: u32 = 132 * 3;
 
 /// Shared memory a normalising GEMV block keeps its rows of A in: `m * k` bf16, rounded up to 16
 /// bytes (the stage's slots follow).
