@@ -261,7 +261,9 @@ impl GemvPolicy {
     /// Stage (default `small`), measured on the H200 with one kernel entry for both forms:
     /// Qwen3-0.6B's batch-1 decode 6-8% faster staging; Qwen3-8B's 1-3% slower with the staged
     /// path in its kernel whether it staged or not, less so staging every product
-    /// (docs/results/2026-12-01-speed-h200/gemv-prewait). Not yet measured with separate entries.
+    /// (docs/results/2026-12-01-speed-h200/gemv-prewait); with separate entries, staging all of
+    /// 8B's products made its step at 160 keys 4.436 -> 4.559 ms
+    /// (docs/results/2026-12-01-speed-h200/grid-cap).
     /// Norm (default `small`), measured on the H200 (docs/results/2026-12-01-speed-h200/
     /// decode-defaults): Qwen3-0.6B's 32 + 256-token generation 1041 -> 1129 tok/s with it, its
     /// step at 1k keys 0.98 -> 0.94 ms; Qwen3-8B's 219.2 -> 206.8 tok/s, its step at 160 keys

@@ -340,8 +340,9 @@ const GEMV_STAGE_BYTES: u32 = 8 * 32 * 4 * 16;
 /// Qwen3-0.6B's batch-1 decode 6-8% faster (products of at most 6.3M weights); Qwen3-8B's step
 /// (products of 16.8M to 100M weights) was 1-3% slower with the staged path compiled into its
 /// GEMV whether it staged or not, and less slow staging every product
-/// (docs/results/2026-12-01-speed-h200/gemv-prewait). The model's `METRALE_GEMV_STAGE=all`
-/// stages every product, to measure that with the separate entries.
+/// (docs/results/2026-12-01-speed-h200/gemv-prewait). With the separate entries, staging every
+/// product (the model's `METRALE_GEMV_STAGE=all`) made Qwen3-8B's step at 160 keys 4.436 ->
+/// 4.559 ms (docs/results/2026-12-01-speed-h200/grid-cap).
 const GEMV_STAGE_MAX_WEIGHTS: u64 = 8 << 20;
 
 /// Whether an `m x n x k` product streamed by the GEMV takes the staged entry
