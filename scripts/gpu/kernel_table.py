@@ -30,7 +30,7 @@ def base(label: str) -> str:
     """The label the PyTorch row of the same computation has: also without the prefill attention's
     tiling suffixes."""
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
-    label = re.sub(r" \(\d+ columns per block\)$", "", label)
+    label = re.sub(r" \((resident grid of )?\d+ columns per block\)$", "", label)
     label = re.sub(r" \(staged\)$", "", label)
     label = re.sub(r" \(uncapped grid\)$", "", label)
     return re.sub(r" \((tensor cores v2|wgmma v3), \d+ tiles of <=\d+\)$", "", label)

@@ -124,9 +124,10 @@ met)
     timeout 120 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1,8,32 --context 160 \
       --json "$RES/bench-model-short-$m.json" > "$RES/bench-model-short-$m.md" 2>&1
     record "met bench-model $m, 160-token contexts" "exit $?"
-    # Timing experiments: what each kind of launch costs inside the replayed decode graph, and
-    # the library GEMM instead of the GEMV at batch 8.
-    timeout 150 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 1,8 \
+    # Timing experiments: what each kind of launch costs inside the replayed decode graph (at
+    # 160-token contexts, those of the batch-1 generation; harness-eeba53e and earlier ran it at
+    # 1k), and the library GEMM instead of the GEMV at batch 8.
+    timeout 150 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 1,8 --context 160 \
       --skip-each "${SKIP_EACH:-add_rmsnorm,qkv,qkv_post,attention,o,gate_up,silu_mul,down,lm_head}" \
       --json "$RES/bench-model-skip-$m.json" > "$RES/bench-model-skip-$m.md" 2>&1
     record "met bench-model $m --skip-each" "exit $?"

@@ -296,6 +296,27 @@ fn gemv_split_case(s: &Shape, what: &str, n: u32, k: u32, columns: u32) -> Bench
     case
 }
 
+/// [`gemv_case`] at one row on [`GEMV_RESIDENT_BLOCKS`] blocks where the cap changes the
+/// columns per block (the kernel recovers them from the grid; the blocks loop over the groups).
+fn gemv_resident_case(s: &Shape, what: &str, n: u32, k: u32) -> BenchCase {
+    let mut case = gemv_case(s, what, 1, n, k, false);
+    let columns = n
+        .div_ceil(GEMV_RESIDENT_BLOCKS)
+        .next_power_of_two()
+        .clamp(1, 8);
+    case.label = format!(
+        "{} (resident grid of {columns} columns per block)",
+        case.label
+    );
+    let build = case.build;
+    case.build = Box::new(move |p| {
+        let (mut config, args) = build(p);
+        config.grid[0] = GEMV_RESIDENT_BLOCKS;
+        (config, args)
+    });
+    case
+}
+
 /// `C[m, n] = A[m, k] · W[n, k]^T` with bf16 output, pointers left null.
 fn product(m: u32, n: u32, k: u32) -> GemmOp {
     GemmOp {
@@ -829,6 +850,12 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
                 out.push(gemv_split_case(s, what, n, k, columns));
             }
         }
+        // At the resident blocks where that changes the split (METRALE_GEMV_CAP_RESPLIT=1).
+        let grid = n.div_ceil(gemv_columns_per_block(1, n, k)).max(1);
+        if grid > GEMV_RESIDENT_BLOCKS && gemv_capped_grid(1, n, grid, GEMV_RESIDENT_BLOCKS) == grid
+        {
+            out.push(gemv_resident_case(s, what, n, k));
+        }
     }
     out.push(embedding_case(s, 1));
     out.push(norm_case(s, 1));
@@ -836,7 +863,8 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     out.push(silu_case(s, 1));
     out.push(argmax_case(s, 1));
     out.push(argmax_case(s, 64));
-    for context in [1024u32, 8192] {
+    // 256 keys: one split (the harness's batch-1 decode contexts are 32 to 288 keys).
+    for context in [256u32, 1024, 8192] {
         out.extend(attention_cases(s, 1, 1, context));
     }
     out.extend(attention_cases(s, 64, 1, 1024));

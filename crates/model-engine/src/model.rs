@@ -354,6 +354,10 @@ pub struct Model {
     /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`, default
     /// [`GEMV_RESIDENT_BLOCKS`]; 0 for the rule's grid): see [`Model::launch_gemv`].
     gemv_grid_cap: u32,
+    /// The cap applies also where it changes the kernel's columns per block
+    /// (`METRALE_GEMV_CAP_RESPLIT=1`; off by default): other splits of K, so other sums. For
+    /// measuring products such as Qwen3-8B's down projection (one column per block, 4096 blocks).
+    gemv_cap_resplit: bool,
     /// Decode steps of one sequence run the QKV post-processing inside the decode attention
     /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
     /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
@@ -496,6 +500,7 @@ impl Model {
             )?
             .max(1),
             gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", GEMV_RESIDENT_BLOCKS)?,
+            gemv_cap_resplit: count("METRALE_GEMV_CAP_RESPLIT", 0)? != 0,
             attention_split_keys: count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?,
             attention_unsplit_keys: count(
                 "METRALE_ATTENTION_UNSPLIT_KEYS",
@@ -1269,7 +1274,8 @@ impl Model {
     /// capped at `METRALE_GEMV_GRID_CAP` blocks when that leaves the kernel's recovered columns
     /// per block (next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
     /// GEMV_FMA_MAX_ROWS rows) as they were: the blocks then loop over the column groups, with the
-    /// same sums. By default at the blocks resident at once ([`GEMV_RESIDENT_BLOCKS`]).
+    /// same sums. By default at the blocks resident at once ([`GEMV_RESIDENT_BLOCKS`]); with
+    /// `METRALE_GEMV_CAP_RESPLIT=1` also where the columns per block change.
     fn launch_gemv<K: Kernel>(
         &self,
         handle: KernelHandle,
@@ -1281,7 +1287,11 @@ impl Model {
             return Ok(());
         }
         let mut config = args.launch_config();
-        config.grid[0] = gemv_capped_grid(m, n, config.grid[0], self.gemv_grid_cap);
+        config.grid[0] = if self.gemv_cap_resplit && self.gemv_grid_cap > 0 {
+            config.grid[0].min(self.gemv_grid_cap)
+        } else {
+            gemv_capped_grid(m, n, config.grid[0], self.gemv_grid_cap)
+        };
         let g = self.gpu.as_ref();
         g.launch(handle, &config, &args.args(), g.default_stream())?;
         self.mark(label)
