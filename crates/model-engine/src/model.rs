@@ -25,8 +25,8 @@ use metrale_kernels::ops::{
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
     GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, PagedAttention,
     PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite,
-    SiluMul, argmax_scratch_bytes, attention_splits_of, gemv_capped_grid, gemv_norm_fits,
-    gemv_stages, prefill_attention_tiles_of,
+    SiluMul, argmax_scratch_bytes, attention_splits_of, gemv_balanced_grid, gemv_capped_grid,
+    gemv_norm_fits, gemv_stages, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -358,6 +358,9 @@ pub struct Model {
     /// (`METRALE_GEMV_CAP_RESPLIT=1`; off by default): other splits of K, so other sums. For
     /// measuring products such as Qwen3-8B's down projection (one column per block, 4096 blocks).
     gemv_cap_resplit: bool,
+    /// The capped grid spread evenly over the column groups ([`gemv_balanced_grid`],
+    /// `METRALE_GEMV_GRID_BALANCE=1`; off by default): the same sums on fewer blocks.
+    gemv_grid_balance: bool,
     /// Decode steps of one sequence run the QKV post-processing inside the decode attention
     /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
     /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
@@ -501,6 +504,7 @@ impl Model {
             .max(1),
             gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", GEMV_RESIDENT_BLOCKS)?,
             gemv_cap_resplit: count("METRALE_GEMV_CAP_RESPLIT", 0)? != 0,
+            gemv_grid_balance: count("METRALE_GEMV_GRID_BALANCE", 0)? != 0,
             attention_split_keys: count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?,
             attention_unsplit_keys: count(
                 "METRALE_ATTENTION_UNSPLIT_KEYS",
@@ -1289,6 +1293,8 @@ impl Model {
         let mut config = args.launch_config();
         config.grid[0] = if self.gemv_cap_resplit && self.gemv_grid_cap > 0 {
             config.grid[0].min(self.gemv_grid_cap)
+        } else if self.gemv_grid_balance {
+            gemv_balanced_grid(m, n, config.grid[0], self.gemv_grid_cap)
         } else {
             gemv_capped_grid(m, n, config.grid[0], self.gemv_grid_cap)
         };

@@ -351,27 +351,48 @@ pub fn gemv_stages(m: u32, n: u32, k: u32) -> bool {
     (1..=GEMV_FMA_MAX_ROWS).contains(&m) && u64::from(n) * u64::from(k) <= GEMV_STAGE_MAX_WEIGHTS
 }
 
-/// The grid of a GEMV launch of `m` rows over `n` columns capped at `cap` blocks (0: no cap),
-/// where the kernel then recovers the same columns per block as from `grid`
-/// (next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
-/// [`GEMV_FMA_MAX_ROWS`] rows; the SwiGLU form's floor of 2 only makes this stricter), so the
-/// blocks loop over the column groups with the same sums; otherwise `grid` itself.
-pub fn gemv_capped_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
+/// The columns per block the GEMV kernel recovers from a grid of `grid` blocks over `n` columns
+/// at `m` rows: next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
+/// [`GEMV_FMA_MAX_ROWS`] rows (the SwiGLU form's floor of 2 only makes comparisons stricter).
+fn gemv_grid_columns(m: u32, n: u32, grid: u32) -> u32 {
     let (lo, hi) = if m <= GEMV_FMA_MAX_ROWS {
         (1, 8)
     } else {
         (8, 64)
     };
-    let columns = |grid: u32| {
-        n.div_ceil(grid.max(1))
-            .max(1)
-            .next_power_of_two()
-            .clamp(lo, hi)
-    };
-    if cap > 0 && grid > cap && columns(cap) == columns(grid) {
+    n.div_ceil(grid.max(1))
+        .max(1)
+        .next_power_of_two()
+        .clamp(lo, hi)
+}
+
+/// The grid of a GEMV launch of `m` rows over `n` columns capped at `cap` blocks (0: no cap),
+/// where the kernel then recovers the same columns per block as from `grid`
+/// ([`gemv_grid_columns`]), so the blocks loop over the column groups with the same sums;
+/// otherwise `grid` itself.
+pub fn gemv_capped_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
+    if cap > 0 && grid > cap && gemv_grid_columns(m, n, cap) == gemv_grid_columns(m, n, grid) {
         cap
     } else {
         grid
+    }
+}
+
+/// [`gemv_capped_grid`] with the column groups spread evenly: the fewest blocks that still take
+/// every group in the capped grid's rounds (ceil(grid / capped) groups per block), so that no
+/// round runs on a fraction of the blocks (Qwen3-8B's o_proj, 512 groups on a cap of 396: 256
+/// blocks of 2 groups, not 116 of 2 and 280 of 1). The same columns per block, so the same sums
+/// (`METRALE_GEMV_GRID_BALANCE=1`, to measure).
+pub fn gemv_balanced_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
+    let capped = gemv_capped_grid(m, n, grid, cap);
+    if capped == grid {
+        return grid;
+    }
+    let balanced = grid.div_ceil(grid.div_ceil(capped));
+    if gemv_grid_columns(m, n, balanced) == gemv_grid_columns(m, n, grid) {
+        balanced
+    } else {
+        capped
     }
 }
 
@@ -1278,6 +1299,40 @@ mod tests {
         // A split column (1 per block) cannot be capped without changing the split.
         assert_eq!(gemv_capped_grid(1, 4096, 4096, 396), 4096);
         assert_eq!(gemv_capped_grid(1, 151936, 18992, 0), 18992);
+    }
+
+    #[test]
+    fn a_balanced_gemv_grid_takes_the_capped_rounds_on_fewer_blocks() {
+        for m in 1..=8u32 {
+            for n in (1..=30_000u32)
+                .step_by(37)
+                .chain([4096, 6144, 24576, 151936])
+            {
+                let grid = n.div_ceil(if m <= GEMV_FMA_MAX_ROWS { 8 } else { 64 });
+                for cap in [0u32, 132, 396] {
+                    let capped = gemv_capped_grid(m, n, grid, cap);
+                    let balanced = gemv_balanced_grid(m, n, grid, cap);
+                    assert!(balanced <= capped, "m={m} n={n} cap={cap}");
+                    // The same columns per block, and no more rounds than the capped grid's.
+                    assert_eq!(
+                        recovered_columns(m, n, balanced),
+                        recovered_columns(m, n, grid),
+                        "m={m} n={n} cap={cap}"
+                    );
+                    assert_eq!(
+                        grid.div_ceil(balanced),
+                        grid.div_ceil(capped),
+                        "m={m} n={n} cap={cap}"
+                    );
+                }
+            }
+        }
+        // Qwen3-8B at one row: o_proj's 512 groups on 256 blocks, qkv's 768 on 384, gate|up's
+        // 3072 on 384, the LM head's 18992 on 396.
+        assert_eq!(gemv_balanced_grid(1, 4096, 512, 396), 256);
+        assert_eq!(gemv_balanced_grid(1, 6144, 768, 396), 384);
+        assert_eq!(gemv_balanced_grid(1, 24576, 3072, 396), 384);
+        assert_eq!(gemv_balanced_grid(1, 151936, 18992, 396), 396);
     }
 
     #[test]
