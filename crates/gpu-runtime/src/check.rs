@@ -1487,6 +1487,52 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // Last, so that the earlier cases keep their inputs at a given seed.
     out.extend(gemv_staged_cases(&mut rng));
     out.extend(gemv_norm_cases(&mut rng));
+    out.extend(gemv_grid_cases(&mut rng));
+    out
+}
+
+/// `case` launched on `grid` blocks instead of its own launch's.
+fn on_grid(mut case: Case, grid: u32) -> Case {
+    let build = case.build;
+    case.build = Box::new(move |p| {
+        let (mut config, args) = build(p);
+        config.grid[0] = grid;
+        (config, args)
+    });
+    case.shape = format!("{} grid={grid}", case.shape);
+    case
+}
+
+/// The GEMV entries on grids other than their launch's, where the blocks loop over the column
+/// groups: the model's capped grid (Qwen3-8B's qkv, an LM head and Qwen3-0.6B's gate|up on the
+/// 396 resident blocks), the balanced one (o_proj's 512 groups on 256 blocks), grids that change
+/// the columns per block (8B's down on 396 blocks: 8 columns of one warp each, not one column of
+/// 8 warps; `METRALE_GEMV_CAP_RESPLIT`), and a few blocks taking many rounds, in the FMA and MMA
+/// forms, the scalar path and the staged entries.
+fn gemv_grid_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(m, n, k, bias, grid) in &[
+        (1u32, 6144u32, 4096u32, false, 396u32),
+        (1, 4096, 4096, true, 256),
+        (1, 4096, 12288, false, 396),
+        (3, 1000, 130, true, 7),
+        (2, 77, 12288, false, 3),
+        (6, 1000, 576, true, 5),
+    ] {
+        let case = product_case(rng, Product::Gemv, m, n, k, bias, false);
+        out.push(on_grid(case, grid));
+    }
+    // An LM head's shape (f32 out), 6144 groups of 8 columns: 16 rounds on 396 blocks.
+    let lm_head = product_case(rng, Product::Gemv, 1, 49152, 576, false, true);
+    out.push(on_grid(lm_head, 396));
+    for &(m, inter, k, grid) in &[(1u32, 3072u32, 1024u32, 396u32), (4, 1001, 256, 9)] {
+        out.push(on_grid(gemv_swiglu_case(rng, m, inter, k), grid));
+    }
+    for case in gemv_staged_cases(rng) {
+        if case.shape.starts_with("m=1 n=4096 k=1024") || case.shape.starts_with("m=2 n=777") {
+            out.push(on_grid(case, 11));
+        }
+    }
     out
 }
 
