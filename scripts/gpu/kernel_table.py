@@ -8,9 +8,10 @@ same run, matched by label, as markdown (stdout) and JSON.
 A met row's label may carry a suffix the PyTorch row does not (" (GpuBackend::gemm)" for the
 library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles of <=T)" and
 " (wgmma v3, N tiles of <=T)" for the prefill attention's versions 2 and 3, " (N columns per
-block)" for the GEMV at a split it does not use); a
-split attention's combine kernel is added
-to its attention row, since PyTorch's one call does both. "speedup" is PyTorch time over met time:
+block)" and " (resident grid of N columns per block)" for the GEMV at a split it does not use,
+" (uncapped grid)" for the GEMV on one block per column group, " (staged)" for the staged GEMV
+entries); a split attention's combine kernel is added to its attention row, since PyTorch's one
+call does both. "speedup" is PyTorch time over met time:
 above 1, met is faster. Rows where met is not faster are listed after the table.
 """
 

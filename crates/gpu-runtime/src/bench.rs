@@ -270,13 +270,26 @@ fn gemv_norm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool) -
     }
 }
 
-/// A GEMV case of `m` rows over `n` launch columns at the model's default grid: capped at
-/// [`GEMV_RESIDENT_BLOCKS`] where [`gemv_capped_grid`] allows it, as `Model::launch_gemv` does.
+/// A GEMV case's own grid (one block per column group), from its launch.
+fn launch_grid(case: &BenchCase) -> u32 {
+    let ptrs = vec![DevicePtr::NULL; case.buffers.len() + case.uploads.len()];
+    (case.build)(&ptrs).0.grid[0]
+}
+
+/// A GEMV case of `m` rows over `n` launch columns at the model's default grid
+/// ([`gemv_launch_grid`] under [`GEMV_RESIDENT_BLOCKS`] and the default [`GemvGridMode`], as
+/// `Model::launch_gemv` launches it).
 fn engine_grid(mut case: BenchCase, m: u32, n: u32) -> BenchCase {
     let build = case.build;
     case.build = Box::new(move |p| {
         let (mut config, args) = build(p);
-        config.grid[0] = gemv_capped_grid(m, n, config.grid[0], GEMV_RESIDENT_BLOCKS);
+        config.grid[0] = gemv_launch_grid(
+            m,
+            n,
+            config.grid[0],
+            GEMV_RESIDENT_BLOCKS,
+            GemvGridMode::default(),
+        );
         (config, args)
     });
     case
@@ -805,9 +818,10 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
                     case
                 }
             };
-            out.push(case(true));
-            let grid = n.div_ceil(gemv_columns_per_block(m, n, k)).max(1);
-            if m == 1 && gemv_capped_grid(m, n, grid, GEMV_RESIDENT_BLOCKS) != grid {
+            let engine = case(true);
+            let capped = launch_grid(&engine) != launch_grid(&case(false));
+            out.push(engine);
+            if m == 1 && capped {
                 out.push(case(false));
             }
         }
@@ -838,7 +852,8 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         }
     }
     // The batch-1 GEMV at the other column splits than gemv_columns_per_block's (1 to 8 columns
-    // per block: 8 to 1 warps on each column's K), to measure that rule.
+    // per block: 8 to 1 warps on each column's K), to measure that rule; uncapped, one block per
+    // column group at that split, so set them against the "(uncapped grid)" rows.
     for (what, n, k) in [
         ("qkv_proj", qd + 2 * kvd, h),
         ("o_proj", h, qd),
@@ -850,10 +865,10 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
                 out.push(gemv_split_case(s, what, n, k, columns));
             }
         }
-        // At the resident blocks where that changes the split (METRALE_GEMV_CAP_RESPLIT=1).
-        let grid = n.div_ceil(gemv_columns_per_block(1, n, k)).max(1);
-        if grid > GEMV_RESIDENT_BLOCKS && gemv_capped_grid(1, n, grid, GEMV_RESIDENT_BLOCKS) == grid
-        {
+        // At the resident blocks where that changes the split (METRALE_GEMV_GRID_MODE=resplit).
+        let grid = launch_grid(&gemv_case(s, what, 1, n, k, false));
+        let resplit = |mode| gemv_launch_grid(1, n, grid, GEMV_RESIDENT_BLOCKS, mode);
+        if resplit(GemvGridMode::Resplit) != resplit(GemvGridMode::Same) {
             out.push(gemv_resident_case(s, what, n, k));
         }
     }
@@ -1008,12 +1023,12 @@ mod tests {
         // per column group for comparison.
         let cases = model_cases(&QWEN3_8B, &[128]);
         let grid = |label: &str| {
-            let case = cases
-                .iter()
-                .find(|c| c.label == label)
-                .unwrap_or_else(|| panic!("{label}"));
-            let ptrs = vec![DevicePtr::NULL; case.buffers.len() + case.uploads.len()];
-            (case.build)(&ptrs).0.grid[0]
+            launch_grid(
+                cases
+                    .iter()
+                    .find(|c| c.label == label)
+                    .unwrap_or_else(|| panic!("{label}")),
+            )
         };
         let mut labels: Vec<_> = cases.iter().map(|c| c.label.as_str()).collect();
         labels.sort_unstable();
@@ -1031,6 +1046,13 @@ mod tests {
         // o_proj: 4096 columns at 8 per block, 512 blocks, capped too.
         assert_eq!(
             grid("qwen3-8b o_proj m=1 n=4096 k=4096"),
+            GEMV_RESIDENT_BLOCKS
+        );
+        // down: one column per block over 4096 blocks, left uncapped; its resplit row takes the
+        // resident blocks at 8 columns each.
+        assert_eq!(grid("qwen3-8b down m=1 n=4096 k=12288"), 4096);
+        assert_eq!(
+            grid("qwen3-8b down m=1 n=4096 k=12288 (resident grid of 8 columns per block)"),
             GEMV_RESIDENT_BLOCKS
         );
     }

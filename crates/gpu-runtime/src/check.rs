@@ -1507,7 +1507,7 @@ fn on_grid(mut case: Case, grid: u32) -> Case {
 /// groups: the model's capped grid (Qwen3-8B's qkv, an LM head and Qwen3-0.6B's gate|up on the
 /// 396 resident blocks), the balanced one (o_proj's 512 groups on 256 blocks), grids that change
 /// the columns per block (8B's down on 396 blocks: 8 columns of one warp each, not one column of
-/// 8 warps; `METRALE_GEMV_CAP_RESPLIT`), and a few blocks taking many rounds, in the FMA and MMA
+/// 8 warps; `METRALE_GEMV_GRID_MODE=resplit`), and a few blocks taking many rounds, in the FMA and MMA
 /// forms, the scalar path and the staged entries.
 fn gemv_grid_cases(rng: &mut Rng) -> Vec<Case> {
     let mut out = Vec::new();
@@ -1528,8 +1528,13 @@ fn gemv_grid_cases(rng: &mut Rng) -> Vec<Case> {
     for &(m, inter, k, grid) in &[(1u32, 3072u32, 1024u32, 396u32), (4, 1001, 256, 9)] {
         out.push(on_grid(gemv_swiglu_case(rng, m, inter, k), grid));
     }
+    // Of the staged entries' cases, a plain and a SwiGLU one of Qwen3-0.6B's, and a ragged one.
     for case in gemv_staged_cases(rng) {
-        if case.shape.starts_with("m=1 n=4096 k=1024") || case.shape.starts_with("m=2 n=777") {
+        let shape = case.shape.as_str();
+        if shape.starts_with("m=1 n=4096 k=1024 ")
+            || shape.starts_with("m=2 n=777 ")
+            || shape.starts_with("m=1 inter=3072 ")
+        {
             out.push(on_grid(case, 11));
         }
     }

@@ -23,9 +23,9 @@ use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, lau
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, PagedAttention,
-    PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite,
-    SiluMul, argmax_scratch_bytes, attention_splits_of, gemv_balanced_grid, gemv_capped_grid,
+    GemvGridMode, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
+    PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3,
+    QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of, gemv_launch_grid,
     gemv_norm_fits, gemv_stages, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
@@ -354,13 +354,9 @@ pub struct Model {
     /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`, default
     /// [`GEMV_RESIDENT_BLOCKS`]; 0 for the rule's grid): see [`Model::launch_gemv`].
     gemv_grid_cap: u32,
-    /// The cap applies also where it changes the kernel's columns per block
-    /// (`METRALE_GEMV_CAP_RESPLIT=1`; off by default): other splits of K, so other sums. For
-    /// measuring products such as Qwen3-8B's down projection (one column per block, 4096 blocks).
-    gemv_cap_resplit: bool,
-    /// The capped grid spread evenly over the column groups ([`gemv_balanced_grid`],
-    /// `METRALE_GEMV_GRID_BALANCE=1`; off by default): the same sums on fewer blocks.
-    gemv_grid_balance: bool,
+    /// How the cap applies (`METRALE_GEMV_GRID_MODE=same|balanced|resplit`, default same):
+    /// [`GemvGridMode`].
+    gemv_grid_mode: GemvGridMode,
     /// Decode steps of one sequence run the QKV post-processing inside the decode attention
     /// (`paged_attention_qkv_bf16`, one launch fewer per layer) unless
     /// `METRALE_FUSED_QKV_ATTENTION=0`; the outputs are the same bits either way.
@@ -478,6 +474,14 @@ impl Model {
         };
         let gemv_stage = policy("METRALE_GEMV_STAGE", GemvPolicy::Small)?;
         let gemv_norm = policy("METRALE_GEMV_NORM", GemvPolicy::Small)?;
+        let gemv_grid_mode = match std::env::var("METRALE_GEMV_GRID_MODE") {
+            Err(_) => GemvGridMode::default(),
+            Ok(v) => GemvGridMode::parse(&v).ok_or(ModelError::BadVariable {
+                name: "METRALE_GEMV_GRID_MODE",
+                value: v,
+                expected: "same, balanced or resplit",
+            })?,
+        };
         Ok(Model {
             config,
             options,
@@ -503,8 +507,7 @@ impl Model {
             )?
             .max(1),
             gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", GEMV_RESIDENT_BLOCKS)?,
-            gemv_cap_resplit: count("METRALE_GEMV_CAP_RESPLIT", 0)? != 0,
-            gemv_grid_balance: count("METRALE_GEMV_GRID_BALANCE", 0)? != 0,
+            gemv_grid_mode,
             attention_split_keys: count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?,
             attention_unsplit_keys: count(
                 "METRALE_ATTENTION_UNSPLIT_KEYS",
@@ -1278,8 +1281,9 @@ impl Model {
     /// capped at `METRALE_GEMV_GRID_CAP` blocks when that leaves the kernel's recovered columns
     /// per block (next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
     /// GEMV_FMA_MAX_ROWS rows) as they were: the blocks then loop over the column groups, with the
-    /// same sums. By default at the blocks resident at once ([`GEMV_RESIDENT_BLOCKS`]); with
-    /// `METRALE_GEMV_CAP_RESPLIT=1` also where the columns per block change.
+    /// same sums. By default at the blocks resident at once ([`GEMV_RESIDENT_BLOCKS`]);
+    /// `METRALE_GEMV_GRID_MODE` spreads the groups evenly or caps also where the columns per block
+    /// change ([`GemvGridMode`]).
     fn launch_gemv<K: Kernel>(
         &self,
         handle: KernelHandle,
@@ -1291,13 +1295,13 @@ impl Model {
             return Ok(());
         }
         let mut config = args.launch_config();
-        config.grid[0] = if self.gemv_cap_resplit && self.gemv_grid_cap > 0 {
-            config.grid[0].min(self.gemv_grid_cap)
-        } else if self.gemv_grid_balance {
-            gemv_balanced_grid(m, n, config.grid[0], self.gemv_grid_cap)
-        } else {
-            gemv_capped_grid(m, n, config.grid[0], self.gemv_grid_cap)
-        };
+        config.grid[0] = gemv_launch_grid(
+            m,
+            n,
+            config.grid[0],
+            self.gemv_grid_cap,
+            self.gemv_grid_mode,
+        );
         let g = self.gpu.as_ref();
         g.launch(handle, &config, &args.args(), g.default_stream())?;
         self.mark(label)

@@ -437,10 +437,13 @@ pub fn attention_splits_of(
     split_keys: u32,
     unsplit_keys: u32,
 ) -> (u32, u32) {
-    if max_context <= unsplit_keys.next_power_of_two() && unsplit_keys > 0 {
+    // Rounded up to a power of two, saturating (a value past 2^31 leaves every context whole,
+    // or takes splits of 2^31 keys).
+    let pow2 = |x: u32| x.checked_next_power_of_two().unwrap_or(1 << 31);
+    if unsplit_keys > 0 && (unsplit_keys > 1 << 31 || max_context <= pow2(unsplit_keys)) {
         return (0, 1);
     }
-    let split_keys = split_keys.max(ATTENTION_SPLIT_KEYS).next_power_of_two();
+    let split_keys = pow2(split_keys.max(ATTENTION_SPLIT_KEYS));
     let blocks = (tokens * kv_heads).max(1);
     // Rounded down: a split that leaves fewer blocks than the target is never added (at
     // Qwen3-8B batch 32, 256 (token, kv head) pairs, two splits were 4% slower than one on the
@@ -1275,13 +1278,26 @@ mod tests {
 
     #[test]
     fn longer_splits_split_less() {
-        // At 64 keys (and 256 unsplit), attention_splits itself.
-        for ctx in [1u32, 100, 160, 1024, 1025, 4096] {
-            assert_eq!(
-                attention_splits_of(1, 32, 8, ctx, 32768, 264, 64, ATTENTION_UNSPLIT_KEYS),
-                attention_splits(1, 32, 8, ctx, 32768, 264)
-            );
+        // An unsplit threshold that is not a power of two is rounded up to one (200 -> 256), so
+        // the shape still changes only where the context doubles (up to 2k keys; past 33 x 64
+        // keys the block target also moves the keys per split).
+        for ctx in 2..=2048u32 {
+            let shape = |c| attention_splits_of(1, 32, 8, c, 32768, 264, 64, 200);
+            if shape(ctx) != shape(ctx - 1) {
+                assert!((ctx - 1).is_power_of_two(), "{ctx}: {:?}", shape(ctx));
+            }
+            assert_eq!(shape(ctx).1 == 1, ctx <= 256, "{ctx}");
         }
+        // Huge values saturate: past 2^31 unsplit keys no context is split; split keys past
+        // 2^31 take splits of 2^31 keys (one, at any context a u32 holds).
+        assert_eq!(
+            attention_splits_of(1, 32, 8, u32::MAX, 1 << 30, 264, 64, u32::MAX),
+            (0, 1)
+        );
+        assert_eq!(
+            attention_splits_of(1, 32, 8, 1 << 20, 1 << 30, 264, u32::MAX, 0),
+            (0, 1)
+        );
         // Batch 1 at 160 keys: 4 splits of 64, 1 of 256; at 1k, 16 of 64 or 4 of 256.
         assert_eq!(
             attention_splits_of(1, 32, 8, 160, 32768, 264, 64, 0),

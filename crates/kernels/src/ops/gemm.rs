@@ -381,8 +381,8 @@ pub fn gemv_capped_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
 /// [`gemv_capped_grid`] with the column groups spread evenly: the fewest blocks that still take
 /// every group in the capped grid's rounds (ceil(grid / capped) groups per block), so that no
 /// round runs on a fraction of the blocks (Qwen3-8B's o_proj, 512 groups on a cap of 396: 256
-/// blocks of 2 groups, not 116 of 2 and 280 of 1). The same columns per block, so the same sums
-/// (`METRALE_GEMV_GRID_BALANCE=1`, to measure).
+/// blocks of 2 groups, not 116 of 2 and 280 of 1). The same columns per block, so the same sums;
+/// where fewer blocks would change them, the capped grid.
 pub fn gemv_balanced_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
     let capped = gemv_capped_grid(m, n, grid, cap);
     if capped == grid {
@@ -393,6 +393,44 @@ pub fn gemv_balanced_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
         balanced
     } else {
         capped
+    }
+}
+
+/// How a GEMV launch's grid is capped ([`gemv_launch_grid`]; the model's
+/// `METRALE_GEMV_GRID_MODE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemvGridMode {
+    /// [`gemv_capped_grid`]: capped where the columns per block stay the same (the default).
+    #[default]
+    Same,
+    /// [`gemv_balanced_grid`]: the same, with the column groups spread evenly.
+    Balanced,
+    /// Capped even where the kernel then takes other columns per block: other splits of K, so
+    /// other sums (for measuring products such as Qwen3-8B's down projection, one column per
+    /// block over 4096 blocks).
+    Resplit,
+}
+
+impl GemvGridMode {
+    /// The mode `value` names (`same`, `balanced`, `resplit`), or `None`.
+    pub fn parse(value: &str) -> Option<GemvGridMode> {
+        match value {
+            "same" => Some(GemvGridMode::Same),
+            "balanced" => Some(GemvGridMode::Balanced),
+            "resplit" => Some(GemvGridMode::Resplit),
+            _ => None,
+        }
+    }
+}
+
+/// The grid a GEMV launch of `m` rows over `n` columns takes instead of its own `grid` (one block
+/// per column group) under a cap of `cap` blocks (0: none) and `mode`.
+pub fn gemv_launch_grid(m: u32, n: u32, grid: u32, cap: u32, mode: GemvGridMode) -> u32 {
+    match mode {
+        GemvGridMode::Same => gemv_capped_grid(m, n, grid, cap),
+        GemvGridMode::Balanced => gemv_balanced_grid(m, n, grid, cap),
+        GemvGridMode::Resplit if cap > 0 => grid.min(cap),
+        GemvGridMode::Resplit => grid,
     }
 }
 
@@ -1303,36 +1341,73 @@ mod tests {
 
     #[test]
     fn a_balanced_gemv_grid_takes_the_capped_rounds_on_fewer_blocks() {
-        for m in 1..=8u32 {
+        let mut kept_capped = 0;
+        for m in [1u32, 4, 5, 8] {
             for n in (1..=30_000u32)
                 .step_by(37)
                 .chain([4096, 6144, 24576, 151936])
             {
-                let grid = n.div_ceil(if m <= GEMV_FMA_MAX_ROWS { 8 } else { 64 });
-                for cap in [0u32, 132, 396] {
-                    let capped = gemv_capped_grid(m, n, grid, cap);
-                    let balanced = gemv_balanced_grid(m, n, grid, cap);
-                    assert!(balanced <= capped, "m={m} n={n} cap={cap}");
-                    // The same columns per block, and no more rounds than the capped grid's.
-                    assert_eq!(
-                        recovered_columns(m, n, balanced),
-                        recovered_columns(m, n, grid),
-                        "m={m} n={n} cap={cap}"
-                    );
-                    assert_eq!(
-                        grid.div_ceil(balanced),
-                        grid.div_ceil(capped),
-                        "m={m} n={n} cap={cap}"
-                    );
+                // The launch's own grid (the most columns per block) and grids of fewer columns.
+                let widest = n.div_ceil(if m <= GEMV_FMA_MAX_ROWS { 8 } else { 64 });
+                for grid in [widest, n.div_ceil(4), n.div_ceil(2), n, 300.min(n)] {
+                    for cap in [0u32, 132, 260, 396] {
+                        let capped = gemv_capped_grid(m, n, grid, cap);
+                        let balanced = gemv_balanced_grid(m, n, grid, cap);
+                        let at = format!("m={m} n={n} grid={grid} cap={cap}");
+                        assert!(balanced <= capped, "{at}");
+                        // The same columns per block, and the capped grid's rounds.
+                        assert_eq!(
+                            recovered_columns(m, n, balanced),
+                            recovered_columns(m, n, grid),
+                            "{at}"
+                        );
+                        assert_eq!(grid.div_ceil(balanced), grid.div_ceil(capped), "{at}");
+                        if capped < grid && balanced == capped && grid % capped != 0 {
+                            kept_capped += 1;
+                        }
+                    }
                 }
             }
         }
+        // Where fewer blocks would take more columns each, the capped grid stays (n = 1000 on
+        // 300 blocks of 4 columns, cap 260: 150 blocks would take 8).
+        assert_eq!(gemv_capped_grid(1, 1000, 300, 260), 260);
+        assert_eq!(gemv_balanced_grid(1, 1000, 300, 260), 260);
+        assert!(kept_capped > 0);
         // Qwen3-8B at one row: o_proj's 512 groups on 256 blocks, qkv's 768 on 384, gate|up's
         // 3072 on 384, the LM head's 18992 on 396.
         assert_eq!(gemv_balanced_grid(1, 4096, 512, 396), 256);
         assert_eq!(gemv_balanced_grid(1, 6144, 768, 396), 384);
         assert_eq!(gemv_balanced_grid(1, 24576, 3072, 396), 384);
         assert_eq!(gemv_balanced_grid(1, 151936, 18992, 396), 396);
+    }
+
+    #[test]
+    fn gemv_grid_modes() {
+        let mode = |v| GemvGridMode::parse(v);
+        assert_eq!(mode("same"), Some(GemvGridMode::Same));
+        assert_eq!(mode("balanced"), Some(GemvGridMode::Balanced));
+        assert_eq!(mode("resplit"), Some(GemvGridMode::Resplit));
+        assert_eq!(mode("1"), None);
+        assert_eq!(GemvGridMode::default(), GemvGridMode::Same);
+        // Qwen3-8B's down projection at one row: one column per block over 4096 blocks. Only
+        // the resplit mode caps it (8 columns per block then).
+        for m in [GemvGridMode::Same, GemvGridMode::Balanced] {
+            assert_eq!(gemv_launch_grid(1, 4096, 4096, 396, m), 4096);
+        }
+        assert_eq!(
+            gemv_launch_grid(1, 4096, 4096, 396, GemvGridMode::Resplit),
+            396
+        );
+        assert_eq!(
+            gemv_launch_grid(1, 4096, 4096, 0, GemvGridMode::Resplit),
+            4096
+        );
+        assert_eq!(
+            gemv_launch_grid(1, 4096, 512, 396, GemvGridMode::Balanced),
+            256
+        );
+        assert_eq!(gemv_launch_grid(1, 4096, 512, 396, GemvGridMode::Same), 396);
     }
 
     #[test]

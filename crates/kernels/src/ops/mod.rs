@@ -25,8 +25,9 @@ pub use elementwise::Add;
 pub use embedding::Embedding;
 pub use gemm::{
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, gemv_balanced_grid,
-    gemv_capped_grid, gemv_columns_per_block, gemv_norm_fits, gemv_stages,
+    GemvGridMode, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
+    gemv_balanced_grid, gemv_capped_grid, gemv_columns_per_block, gemv_launch_grid, gemv_norm_fits,
+    gemv_stages,
 };
 pub use qkv_post::QkvRopeKvWrite;
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
