@@ -28,7 +28,8 @@
 #             bench-kernels (the binary's kernels are measured under its own name) unless
 #             AB_VAR_KERNELS=1. $AB_MODEL_RUNS (default "8b 8b-short 0.6b") picks the bench-model
 #             runs: 8b (TTFT 1024/8192, batch 1/8/64 at 1k), 8b-short (batch 1/8/32 at 160),
-#             0.6b (TTFT 1024, batch 1/64).
+#             0.6b (TTFT 1024, batch 1/64). $AB_REPEAT (default 1) runs the entries that many
+#             times in turn, timing only after the first pass (rows named -r2, -r3, ...).
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -179,6 +180,10 @@ parity)
 ab)
   bins=${AB:-met met_b}
   : > "$RES/ab-rows.md"
+  # AB_REPEAT=N runs the entries N times in turn (A B A B ...), so that drift over a call shows
+  # against the differences; the later passes only time (no checks, bench-kernels or parity), and
+  # their rows and files carry -rN.
+  for rep in $(seq "${AB_REPEAT:-1}"); do
   for entry in $bins; do
     # `name:VAR=value,VAR2=value2` runs stashed binary `name` under those variables, as its own
     # row set (named name-VAR-value-...).
@@ -191,9 +196,11 @@ ab)
       printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${vars//,/ }" "$STASH/${entry%%:*}" > "$bin"
       chmod +x "$bin"
     fi
+    [ "$rep" -gt 1 ] && b="$b-r$rep"
     # A variant runs its binary's kernels, measured under the binary's own name.
     measure_kernels=1
     [ "$variant" = 1 ] && [ "${AB_VAR_KERNELS:-0}" != 1 ] && measure_kernels=0
+    [ "$rep" -gt 1 ] && measure_kernels=0
     kernels=${AB_KERNEL:-attention}
     [ "$measure_kernels" = 1 ] || kernels=""
     for kern in $kernels; do
@@ -232,10 +239,12 @@ ab)
         "$(grep -o 'decode [0-9.]* tok/s' "$RES/ab-generate-$m-$b.txt" | grep -o '[0-9.]*' | head -1)" \
         "$(grep -o '[0-9]* decode-step graphs' "$RES/ab-generate-$m-$b.txt" | grep -o '^[0-9]*')" "$ids" >> "$RES/ab-rows.md"
     done
+    [ "$rep" -gt 1 ] && continue
     reference_logits qwen3-0.6b
     timeout 60 "$bin" parity --backend cuda --model-from-path "$CKPT/qwen3-0.6b" --reference /root/ref/qwen3-0.6b.safetensors \
       > "$RES/ab-parity-$b.txt" 2>&1
     record "$b parity qwen3-0.6b" "exit $? ($(tail -n1 "$RES/ab-parity-$b.txt"))"
+  done
   done
   echo "| binary row | value |" > "$RES/ab-table.md"
   echo "|---|---|" >> "$RES/ab-table.md"
