@@ -10,7 +10,9 @@
 //!
 //! A plan (descriptors and the heuristic's first algorithm) is built once per shape and reused.
 //! The heuristic is asked with cuBLASLt's default alignment assumptions (256-byte aligned
-//! operands): callers pass allocation bases or 256-byte aligned offsets into them.
+//! operands): callers pass allocation bases or 256-byte aligned offsets into them. With
+//! `METRALE_BLASLT_LOG` set, each new plan's algorithm (id, tile, stages, split-k, ...) goes to
+//! stderr, to set against the algorithms other callers of cuBLASLt get on the same shapes.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -193,6 +195,19 @@ impl BlasLt {
                     key.m, key.n, key.k
                 )));
             }
+            if std::env::var_os("METRALE_BLASLT_LOG").is_some() {
+                eprintln!(
+                    "met: cuBLASLt m={} n={} k={} bias={} f32_out={}: {} (workspace {} bytes, {:.2} waves)",
+                    key.m,
+                    key.n,
+                    key.k,
+                    key.bias,
+                    key.f32_out,
+                    describe(&result.algo),
+                    result.workspaceSize,
+                    result.wavesCount
+                );
+            }
             Ok(Plan {
                 desc,
                 w_layout,
@@ -268,6 +283,43 @@ impl BlasLt {
             )
         }
     }
+}
+
+/// The configuration cuBLASLt's heuristic picked, as its algorithm attributes (for
+/// `METRALE_BLASLT_LOG`, to set against what cuBLASLt's own log shows for another caller).
+fn describe(algo: &lt::cublasLtMatmulAlgo_t) -> String {
+    use lt::cublasLtMatmulAlgoConfigAttributes_t as A;
+    let get = |attr, bytes: usize| {
+        let mut value = 0u64;
+        let mut written = 0usize;
+        // SAFETY: `value` holds at least `bytes` (4 or 2) bytes; cuBLASLt writes at most that many.
+        let status = unsafe {
+            lt::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                &mut value as *mut u64 as *mut c_void,
+                bytes,
+                &mut written,
+            )
+        };
+        if status == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            value.to_string()
+        } else {
+            "?".to_string()
+        }
+    };
+    format!(
+        "algo {} tile {} stages {} split-k {} reduction {} swizzle {} custom {} inner {} cluster {}",
+        get(A::CUBLASLT_ALGO_CONFIG_ID, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_STAGES_ID, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2),
+        get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2),
+    )
 }
 
 impl Drop for BlasLt {
