@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{met, met_with_env, smollm2};
+use common::{assert_clean_failure, met, met_with_env, smollm2};
 
 /// `met generate` arguments: the host backend, greedy, `prompt` as one chat message, then `extra`.
 fn greedy_chat(prompt: &str, max_tokens: &str, extra: &[&str]) -> Vec<String> {
@@ -120,6 +120,31 @@ fn fused_launches_give_the_same_tokens() {
     assert_eq!(fused, separate);
     assert_eq!(separate_swiglu, separate);
     assert_eq!(separate_norm, separate);
+}
+
+/// An engine switch with a value it does not take stops the run with a message that names the
+/// variable and what it takes (exit 1, no panic), instead of quietly running the default.
+#[test]
+fn bad_engine_switches_fail_cleanly() {
+    let args = greedy_chat("Hi.", "2", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for (key, value, expected) in [
+        (
+            "METRALE_GEMV_GRID_MODE",
+            "fast",
+            "same, balanced or resplit",
+        ),
+        ("METRALE_GEMV_NORM", "yes", "0, off, small or all"),
+        (
+            "METRALE_ATTENTION_UNSPLIT_KEYS",
+            "-1",
+            "a non-negative integer",
+        ),
+        ("METRALE_GEMV_GRID_CAP", "lots", "a non-negative integer"),
+    ] {
+        let out = met_with_env(&args, key, value);
+        assert_clean_failure(&out, &[&format!("{key}={value}"), expected]);
+    }
 }
 
 /// The engine's greedy ids must equal the reference's, except that at a step where the reference
