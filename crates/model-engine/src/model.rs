@@ -385,6 +385,39 @@ impl Model {
         options: ModelOptions,
         progress: LoadProgress,
     ) -> Result<Self, ModelError> {
+        // The environment switches first, so that a value they do not take stops the load before
+        // any weight moves.
+        let prefill_version = PrefillVersion::choose(
+            std::env::var("METRALE_PREFILL_ATTENTION").ok().as_deref(),
+            config.head_dim as u32,
+        )?;
+        let policy = |name: &'static str, default| {
+            GemvPolicy::choose(name, std::env::var(name).ok().as_deref(), default)
+        };
+        let count = |name: &'static str, default| {
+            parse_count(name, std::env::var(name).ok().as_deref(), default)
+        };
+        let on_unless_zero = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
+        let gemv_stage = policy("METRALE_GEMV_STAGE", GemvPolicy::Small)?;
+        let gemv_norm = policy("METRALE_GEMV_NORM", GemvPolicy::Small)?;
+        let gemv_grid_mode = match std::env::var("METRALE_GEMV_GRID_MODE") {
+            Err(_) => GemvGridMode::default(),
+            Ok(v) => GemvGridMode::parse(&v).ok_or(ModelError::BadVariable {
+                name: "METRALE_GEMV_GRID_MODE",
+                value: v,
+                expected: "same, balanced or resplit",
+            })?,
+        };
+        let gemv_max_rows = count("METRALE_GEMV_MAX_ROWS", GEMV_MAX_ROWS)?.min(GEMV_MAX_ROWS);
+        let attention_target_blocks =
+            count("METRALE_ATTENTION_TARGET_BLOCKS", ATTENTION_TARGET_BLOCKS)?.max(1);
+        let gemv_grid_cap = count("METRALE_GEMV_GRID_CAP", GEMV_RESIDENT_BLOCKS)?;
+        let attention_split_keys = count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?;
+        let attention_unsplit_keys =
+            count("METRALE_ATTENTION_UNSPLIT_KEYS", ATTENTION_UNSPLIT_KEYS)?;
+        let use_graphs = on_unless_zero("METRALE_CUDA_GRAPHS");
+        let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
+        let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
         let g = gpu.as_ref();
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
@@ -462,26 +495,6 @@ impl Model {
         g.synchronize(stream)?;
         g.copy_h2d(bytemuck::cast_slice(&cos), rope_cos)?;
         g.copy_h2d(bytemuck::cast_slice(&sin), rope_sin)?;
-        let prefill_version = PrefillVersion::choose(
-            std::env::var("METRALE_PREFILL_ATTENTION").ok().as_deref(),
-            config.head_dim as u32,
-        )?;
-        let policy = |name: &'static str, default| {
-            GemvPolicy::choose(name, std::env::var(name).ok().as_deref(), default)
-        };
-        let count = |name: &'static str, default| {
-            parse_count(name, std::env::var(name).ok().as_deref(), default)
-        };
-        let gemv_stage = policy("METRALE_GEMV_STAGE", GemvPolicy::Small)?;
-        let gemv_norm = policy("METRALE_GEMV_NORM", GemvPolicy::Small)?;
-        let gemv_grid_mode = match std::env::var("METRALE_GEMV_GRID_MODE") {
-            Err(_) => GemvGridMode::default(),
-            Ok(v) => GemvGridMode::parse(&v).ok_or(ModelError::BadVariable {
-                name: "METRALE_GEMV_GRID_MODE",
-                value: v,
-                expected: "same, balanced or resplit",
-            })?,
-        };
         Ok(Model {
             config,
             options,
@@ -494,28 +507,20 @@ impl Model {
             scratch,
             kernels,
             owned,
-            use_graphs: std::env::var("METRALE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            use_graphs,
             graphs: std::collections::HashMap::new(),
             capture_time: std::time::Duration::ZERO,
             profiler: None,
             skip: Vec::new(),
-            gemv_max_rows: count("METRALE_GEMV_MAX_ROWS", GEMV_MAX_ROWS)?.min(GEMV_MAX_ROWS),
+            gemv_max_rows,
             prefill_version,
-            attention_target_blocks: count(
-                "METRALE_ATTENTION_TARGET_BLOCKS",
-                ATTENTION_TARGET_BLOCKS,
-            )?
-            .max(1),
-            gemv_grid_cap: count("METRALE_GEMV_GRID_CAP", GEMV_RESIDENT_BLOCKS)?,
+            attention_target_blocks,
+            gemv_grid_cap,
             gemv_grid_mode,
-            attention_split_keys: count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?,
-            attention_unsplit_keys: count(
-                "METRALE_ATTENTION_UNSPLIT_KEYS",
-                ATTENTION_UNSPLIT_KEYS,
-            )?,
-            fused_qkv_attention: std::env::var("METRALE_FUSED_QKV_ATTENTION")
-                .map_or(true, |v| v != "0"),
-            fused_swiglu: std::env::var("METRALE_FUSED_SWIGLU").map_or(true, |v| v != "0"),
+            attention_split_keys,
+            attention_unsplit_keys,
+            fused_qkv_attention,
+            fused_swiglu,
             gemv_stage,
             gemv_norm,
         })

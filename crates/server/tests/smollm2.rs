@@ -123,7 +123,8 @@ fn fused_launches_give_the_same_tokens() {
 }
 
 /// An engine switch with a value it does not take stops the run with a message that names the
-/// variable and what it takes (exit 1, no panic), instead of quietly running the default.
+/// variable and what it takes (exit 1, no panic), instead of quietly running the default, and
+/// before any weight is loaded.
 #[test]
 fn bad_engine_switches_fail_cleanly() {
     let args = greedy_chat("Hi.", "2", &[]);
@@ -144,6 +145,8 @@ fn bad_engine_switches_fail_cleanly() {
     ] {
         let out = met_with_env(&args, key, value);
         assert_clean_failure(&out, &[&format!("{key}={value}"), expected]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("loading weights"), "{key}: {stderr}");
     }
 }
 
