@@ -43,7 +43,10 @@ export PYTHONUNBUFFERED=1
 summary=()
 record() { summary+=("| $1 | $2 |"); }
 finish() {
-  tar czf "$OUT/speed-$phase.tgz" -C "$RES" .
+  # A phase run twice in one call (two `ab` runs) keeps both tarballs: speed-ab.tgz, speed-ab-2.tgz.
+  local tgz="$OUT/speed-$phase.tgz" n=2
+  while [ -e "$tgz" ]; do tgz="$OUT/speed-$phase-$n.tgz"; n=$((n + 1)); done
+  tar czf "$tgz" -C "$RES" .
   echo
   echo "| step | result |"
   echo "|---|---|"
