@@ -21,7 +21,7 @@
 #             matching each word of $AB_KERNEL (default attention), bench-kernels' rows matching
 #             $AB_ROWS, bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
 #             generate on both models (tok/s, graphs captured, a hash of the greedy ids), and
-#             Qwen3-0.6B parity; a table of every row per binary last. $AB_SEEDS (e.g. "1 2 3")
+#             Qwen3-0.6B parity; last, every row with the binaries side by side (ab-pivot.md). $AB_SEEDS (e.g. "1 2 3")
 #             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs. An
 #             entry `name:VAR=value,...` runs binary `name` under those variables (e.g.
 #             AB="met met_b met_b:METRALE_GEMV_STAGE=off"); such an entry skips check-kernels and
@@ -183,6 +183,7 @@ parity)
 ab)
   bins=${AB:-met met_b}
   : > "$RES/ab-rows.md"
+  names=()
   # AB_REPEAT=N runs the entries N times in turn (A B A B ...), so that drift over a call shows
   # against the differences; the later passes only time (no checks, bench-kernels or parity), and
   # their rows and files carry -rN.
@@ -200,6 +201,7 @@ ab)
       chmod +x "$bin"
     fi
     [ "$rep" -gt 1 ] && b="$b-r$rep"
+    names+=("$b")
     # A variant runs its binary's kernels, measured under the binary's own name.
     measure_kernels=1
     [ "$variant" = 1 ] && [ "${AB_VAR_KERNELS:-0}" != 1 ] && measure_kernels=0
@@ -252,7 +254,9 @@ ab)
   echo "| binary row | value |" > "$RES/ab-table.md"
   echo "|---|---|" >> "$RES/ab-table.md"
   sort "$RES/ab-rows.md" >> "$RES/ab-table.md"
-  cat "$RES/ab-table.md"
+  # The same rows with the binaries side by side.
+  python3 scripts/gpu/ab_pivot.py "$RES/ab-rows.md" "${names[@]}" > "$RES/ab-pivot.md"
+  cat "$RES/ab-pivot.md"
   finish
   ;;
 summary)
