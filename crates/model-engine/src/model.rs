@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
-use metrale_core::DevicePtr;
+use metrale_core::{DevicePtr, LaunchConfig};
 use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
@@ -1076,6 +1076,12 @@ impl Model {
             }
             gemm("o", sc.o, sc.attn, w.o, DevicePtr::NULL, n, h, qd)?;
             let swiglu = self.fused_swiglu && self.streams_weight(n, h);
+            let silu_mul = SiluMul {
+                out: sc.act,
+                gate_up: sc.gate_up,
+                tokens: n,
+                inter,
+            };
             if folds_norm(n, 2 * inter) {
                 let residual_out = other(residual);
                 if swiglu {
@@ -1109,47 +1115,10 @@ impl Model {
                         stage: stage(n, 2 * inter),
                     };
                     self.launch(k.gemv_norm, "gate_up", &fused)?;
-                    self.launch(
-                        k.silu_mul,
-                        "silu_mul",
-                        &SiluMul {
-                            out: sc.act,
-                            gate_up: sc.gate_up,
-                            tokens: n,
-                            inter,
-                        },
-                    )?;
+                    self.launch(k.silu_mul, "silu_mul", &silu_mul)?;
                 }
                 if moves("gate_up") {
                     residual = residual_out;
-                }
-            } else if swiglu {
-                self.launch(
-                    k.add_rmsnorm,
-                    "add_rmsnorm",
-                    &AddRmsNorm {
-                        out: sc.x,
-                        residual,
-                        input: sc.o,
-                        weight: w.post_norm,
-                        rows: n,
-                        cols: h,
-                        eps,
-                    },
-                )?;
-                let swiglu = GemvSwiglu {
-                    out: sc.act,
-                    a: sc.x,
-                    w: w.gate_up,
-                    m: n,
-                    inter,
-                    k: h,
-                };
-                if self.gemv_stage.takes(n, 2 * inter, h) {
-                    let staged = GemvSwigluStaged::from(swiglu);
-                    self.launch_gemv(k.gemv_swiglu_staged, "gate_up", &staged, (n, 2 * inter))?;
-                } else {
-                    self.launch_gemv(k.gemv_swiglu, "gate_up", &swiglu, (n, 2 * inter))?;
                 }
             } else {
                 self.launch(
@@ -1165,26 +1134,35 @@ impl Model {
                         eps,
                     },
                 )?;
-                gemm(
-                    "gate_up",
-                    sc.gate_up,
-                    sc.x,
-                    w.gate_up,
-                    DevicePtr::NULL,
-                    n,
-                    2 * inter,
-                    h,
-                )?;
-                self.launch(
-                    k.silu_mul,
-                    "silu_mul",
-                    &SiluMul {
+                if swiglu {
+                    let swiglu = GemvSwiglu {
                         out: sc.act,
-                        gate_up: sc.gate_up,
-                        tokens: n,
+                        a: sc.x,
+                        w: w.gate_up,
+                        m: n,
                         inter,
-                    },
-                )?;
+                        k: h,
+                    };
+                    if self.gemv_stage.takes(n, 2 * inter, h) {
+                        let staged = GemvSwigluStaged::from(swiglu);
+                        self.launch_gemv(k.gemv_swiglu_staged, "gate_up", &staged, (n, 2 * inter))?;
+                    } else {
+                        self.launch_gemv(k.gemv_swiglu, "gate_up", &swiglu, (n, 2 * inter))?;
+                    }
+                } else {
+                    let (gate_up, x) = (sc.gate_up, sc.x);
+                    gemm(
+                        "gate_up",
+                        gate_up,
+                        x,
+                        w.gate_up,
+                        DevicePtr::NULL,
+                        n,
+                        2 * inter,
+                        h,
+                    )?;
+                    self.launch(k.silu_mul, "silu_mul", &silu_mul)?;
+                }
             }
             gemm("down", sc.mlp, sc.act, w.down, DevicePtr::NULL, n, h, inter)?;
         }
@@ -1296,9 +1274,6 @@ impl Model {
         args: &K,
         (m, n): (u32, u32),
     ) -> Result<(), ModelError> {
-        if self.skip.contains(&label) {
-            return Ok(());
-        }
         let mut config = args.launch_config();
         config.grid[0] = gemv_launch_grid(
             m,
@@ -1307,9 +1282,7 @@ impl Model {
             self.gemv_grid_cap,
             self.gemv_grid_mode,
         );
-        let g = self.gpu.as_ref();
-        g.launch(handle, &config, &args.args(), g.default_stream())?;
-        self.mark(label)
+        self.launch_with(handle, label, args, &config)
     }
 
     /// Launches one kernel on the default stream (and, when profiling, marks its end).
@@ -1319,11 +1292,22 @@ impl Model {
         label: &'static str,
         args: &K,
     ) -> Result<(), ModelError> {
+        self.launch_with(handle, label, args, &args.launch_config())
+    }
+
+    /// [`Model::launch`] with the given launch geometry.
+    fn launch_with<K: Kernel>(
+        &self,
+        handle: KernelHandle,
+        label: &'static str,
+        args: &K,
+        config: &LaunchConfig,
+    ) -> Result<(), ModelError> {
         if self.skip.contains(&label) {
             return Ok(());
         }
         let g = self.gpu.as_ref();
-        launch_kernel(g, handle, args, g.default_stream())?;
+        g.launch(handle, config, &args.args(), g.default_stream())?;
         self.mark(label)
     }
 
