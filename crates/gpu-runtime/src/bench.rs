@@ -313,10 +313,7 @@ fn gemv_split_case(s: &Shape, what: &str, n: u32, k: u32, columns: u32) -> Bench
 /// columns per block (the kernel recovers them from the grid; the blocks loop over the groups).
 fn gemv_resident_case(s: &Shape, what: &str, n: u32, k: u32) -> BenchCase {
     let mut case = gemv_case(s, what, 1, n, k, false);
-    let columns = n
-        .div_ceil(GEMV_RESIDENT_BLOCKS)
-        .next_power_of_two()
-        .clamp(1, 8);
+    let columns = gemv_grid_columns(1, n, GEMV_RESIDENT_BLOCKS);
     case.label = format!(
         "{} (resident grid of {columns} columns per block)",
         case.label

@@ -354,7 +354,7 @@ pub fn gemv_stages(m: u32, n: u32, k: u32) -> bool {
 /// The columns per block the GEMV kernel recovers from a grid of `grid` blocks over `n` columns
 /// at `m` rows: next_pow2(ceil(n / grid)) clamped to 1..8, or 8..64 in the MMA form past
 /// [`GEMV_FMA_MAX_ROWS`] rows (the SwiGLU form's floor of 2 only makes comparisons stricter).
-fn gemv_grid_columns(m: u32, n: u32, grid: u32) -> u32 {
+pub fn gemv_grid_columns(m: u32, n: u32, grid: u32) -> u32 {
     let (lo, hi) = if m <= GEMV_FMA_MAX_ROWS {
         (1, 8)
     } else {

@@ -26,8 +26,8 @@ pub use embedding::Embedding;
 pub use gemm::{
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
     GemvGridMode, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
-    gemv_balanced_grid, gemv_capped_grid, gemv_columns_per_block, gemv_launch_grid, gemv_norm_fits,
-    gemv_stages,
+    gemv_balanced_grid, gemv_capped_grid, gemv_columns_per_block, gemv_grid_columns,
+    gemv_launch_grid, gemv_norm_fits, gemv_stages,
 };
 pub use qkv_post::QkvRopeKvWrite;
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
