@@ -783,6 +783,39 @@ fn argmax_case(s: &Shape, rows: u32) -> BenchCase {
     }
 }
 
+/// `phases - 1` grid barriers over `blocks` blocks, one per SM (grid_barrier.cu): the time per
+/// barrier of a persistent decode kernel (docs/persistent-decode.md) is the row's time over
+/// `phases - 1`. Bytes: the words each block writes and reads, a u32 each per phase.
+fn grid_barrier_case(s: &Shape, blocks: u32, phases: u32) -> BenchCase {
+    BenchCase {
+        kernel: GridBarrier::NAME,
+        label: format!(
+            "{} grid barrier x{} blocks={blocks}",
+            s.name,
+            phases.saturating_sub(1)
+        ),
+        bytes: 8 * blocks as u64 * phases as u64,
+        flops: phases as u64,
+        // The sync words zero, as the kernel leaves the count between launches.
+        buffers: vec![
+            (8, 0),
+            (2 * blocks as usize * 4, 0),
+            (blocks as usize * 4, 0),
+        ],
+        uploads: vec![],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(GridBarrier {
+                sync: p[0],
+                data: p[1],
+                out: p[2],
+                blocks,
+                phases,
+            })
+        }),
+    }
+}
+
 /// The decode path's kernels at batch 1 (and the GEMV at batch 8), decode attention at several
 /// contexts, and the prefill GEMMs and attention at `prefill_tokens`, for one model shape.
 pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
@@ -875,6 +908,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     out.push(silu_case(s, 1));
     out.push(argmax_case(s, 1));
     out.push(argmax_case(s, 64));
+    out.push(grid_barrier_case(s, GEMV_RESIDENT_BLOCKS / 3, 1001));
     // 256 keys: one split (the harness's batch-1 decode contexts are 32 to 288 keys).
     for context in [256u32, 1024, 8192] {
         out.extend(attention_cases(s, 1, 1, context));

@@ -1488,7 +1488,45 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gemv_staged_cases(&mut rng));
     out.extend(gemv_norm_cases(&mut rng));
     out.extend(gemv_grid_cases(&mut rng));
+    out.push(grid_barrier_case(4, 7));
+    out.push(grid_barrier_case(1, 3));
     out
+}
+
+/// The grid barrier over `blocks` blocks (few enough to be resident on any GPU) and `phases`
+/// phases: the checksums say whether each block saw the others' words of the phase before, the
+/// sync words whether the count went back to zero and the generation moved once per barrier.
+fn grid_barrier_case(blocks: u32, phases: u32) -> Case {
+    let words = |n: usize, v: u32| v.to_le_bytes().repeat(n);
+    Case {
+        kernel: GridBarrier::NAME,
+        gemm: None,
+        allowance: None,
+        shape: format!("blocks={blocks} phases={phases}"),
+        buffers: vec![
+            Buffer {
+                init: words(2, 0),
+                output: Some(OutputKind::I32),
+            },
+            Buffer {
+                init: words(2 * blocks as usize, 0x5a5a_5a5a),
+                output: Some(OutputKind::I32),
+            },
+            Buffer {
+                init: words(blocks as usize, 0x5a5a_5a5a),
+                output: Some(OutputKind::I32),
+            },
+        ],
+        build: Box::new(move |p| {
+            launch_of(GridBarrier {
+                sync: p[0],
+                data: p[1],
+                out: p[2],
+                blocks,
+                phases,
+            })
+        }),
+    }
 }
 
 /// `case` launched on `grid` blocks instead of its own launch's.

@@ -241,6 +241,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (PrefillAttentionV3::NAME, run::<PrefillAttentionV3>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
         (QkvRopeKvWrite::NAME, run::<QkvRopeKvWrite>),
+        (GridBarrier::NAME, run::<GridBarrier>),
     ]
 };
 

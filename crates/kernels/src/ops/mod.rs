@@ -9,6 +9,7 @@ mod attention;
 mod elementwise;
 mod embedding;
 mod gemm;
+mod grid_barrier;
 mod qkv_post;
 mod rmsnorm;
 mod rope;
@@ -29,6 +30,7 @@ pub use gemm::{
     gemv_balanced_grid, gemv_capped_grid, gemv_columns_per_block, gemv_grid_columns,
     gemv_launch_grid, gemv_norm_fits, gemv_stages,
 };
+pub use grid_barrier::GridBarrier;
 pub use qkv_post::QkvRopeKvWrite;
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
 pub use rope::RopeNeox;
