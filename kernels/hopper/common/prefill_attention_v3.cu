@@ -18,14 +18,16 @@
 // Per key tile j, each warpgroup issues S_j = Q K_j^T (8 k-steps of m64n128k16, both operands in
 // shared memory) and O += P_{j-1} V_{j-1} (8 k-steps of m64n128k16, P in registers, V read
 // N-major) back to back, then the copies of key tile j + 1 (their block-table lookups overlap the
-// products), waits for both products, then masks S_j, updates the running max and sum, rescales O
-// by the factor of the max's move and makes P_j (bf16). No register the products read or write is
-// touched while they run (docs/results/2026-12-01-speed-h200/prefill-v3: a softmax overlapping the
-// P V product gave wrong outputs). The arithmetic is version 2's at key
-// tiles of 128: f32 scores scaled by scale log2(e), ex2 on the SFU, probabilities rounded to bf16
-// for the product and for the row sum (docs/precision.md), the output divided by the row sum and
-// rounded to bf16 once. A warpgroup whose rows all precede a key tile still multiplies it (fully
-// masked, P = 0): only a tile's last key tile can be one.
+// products), and waits for both products. Warpgroup 0 then masks S_j, updates the running max and
+// sum, rescales O by the factor of the max's move and makes P_j (bf16); warpgroup 1 does the same
+// for S_j after the next tile's barrier, before issuing that tile's products, so that each
+// warpgroup's softmax runs while the other's products keep the tensor cores busy (ping-pong). No
+// register the products read or write is touched while they run (docs/results/2026-12-01-speed-
+// h200/prefill-v3: a softmax overlapping the warpgroup's own P V product gave wrong outputs). The
+// arithmetic is version 2's at key tiles of 128: f32 scores scaled by scale log2(e), ex2 on the
+// SFU, probabilities rounded to bf16 for the product and for the row sum (docs/precision.md), the
+// output divided by the row sum and rounded to bf16 once. A warpgroup whose rows all precede a
+// key tile still multiplies it (fully masked, P = 0): only a tile's last key tile can be one.
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "mma.cuh"
@@ -148,18 +150,11 @@ __device__ __forceinline__ void attend_tile(
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     uint32_t p[K_STEPS][4];
 
-    for (uint32_t j = 0; j < key_tiles; ++j) {
-        // Key tile j has landed for every thread and is visible to the async proxy; every
-        // warpgroup is done with the P V product of tile j + AHEAD - STAGES, whose stage tile
-        // j + AHEAD takes.
-        cp_async_wait<AHEAD - 1>();
-        wg::fence_proxy_async();
-        __syncthreads();
-
+    float s[TILE_K / 2];
+    // S_j = Q K_j^T and, for j > 0, O += P_{j-1} V_{j-1}, issued as two commit groups. The last
+    // writes of O (the rescale) and P come before the fence, so that the products see them.
+    auto issue = [&](uint32_t j) {
         const uint32_t k_stage = kv_smem + (j % STAGES) * STAGE_BYTES;
-        float s[TILE_K / 2];
-        // The last iteration's writes of O (the rescale) and P come before the fence, so that the
-        // products below see them (the compiler may not move them past it).
         wg::fence_operands(o);
 #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk) wg::fence_operands(p[kk]);
@@ -168,8 +163,7 @@ __device__ __forceinline__ void attend_tile(
         for (int ks = 0; ks < 8; ++ks) {
             const uint32_t block = (ks >> 2), step = (ks & 3) * 32;
             wg::mma_ss(s, wg::desc_sw128(q_rows + block * Q_BLOCK + step, 16, 1024),
-                                 wg::desc_sw128(k_stage + block * KV_BLOCK + step, 16, 1024),
-                                 ks > 0);
+                       wg::desc_sw128(k_stage + block * KV_BLOCK + step, 16, 1024), ks > 0);
         }
         wg::commit();
         if (j > 0) {
@@ -177,21 +171,20 @@ __device__ __forceinline__ void attend_tile(
             issue_pv(o, p, kv_smem + ((j - 1) % STAGES) * STAGE_BYTES);
             wg::commit();
         }
-        // The copies of tile j + AHEAD (block-table lookups and all) go out while the products
-        // run: issued before them, their lookups' latency held the products back every tile.
-        if (j + AHEAD < key_tiles)
-            load_kv(kv_smem + ((j + AHEAD) % STAGES) * STAGE_BYTES, k_cache, v_cache, table,
-                    blocks, (j + AHEAD) * TILE_K, n_keys, kv_heads, kvh);
-        cp_async_commit();
-        // Nothing runs while a product is in flight: every register the products read or write
-        // is settled before the softmax touches any (with the softmax overlapping the P V product
-        // instead, outputs went wrong on the H200 in a way that moved with register allocation).
+    };
+    // Waits for this warpgroup's products; nothing touches their registers while they run (with
+    // the softmax overlapping this warpgroup's own P V product, outputs went wrong on the H200 in
+    // a way that moved with register allocation).
+    auto settle = [&]() {
         wg::wait<0>();
         wg::fence_operands(o);
 #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk) wg::fence_operands(p[kk]);
         wg::fence_operands(s);
-
+    };
+    // The softmax of key tile j from S_j (in s): masks, moves the running max and sum, rescales
+    // O (which holds P_{j-1} V_{j-1} by now) and makes P_j.
+    auto softmax = [&](uint32_t j) {
         // Causal mask (which also hides the zero-filled keys past the context) where the key
         // tile reaches past the warpgroup's first position.
         const int32_t k0 = (int32_t)(j * TILE_K);
@@ -245,8 +238,6 @@ __device__ __forceinline__ void attend_tile(
         }
         l0 = l0 * corr0 + sum0;
         l1 = l1 * corr1 + sum1;
-
-        // O, which now holds P_{j-1} V_{j-1}, moves to the new max.
         if (corr0 != 1.0f || corr1 != 1.0f) {
 #pragma unroll
             for (int i = 0; i < 16; ++i) {
@@ -260,8 +251,39 @@ __device__ __forceinline__ void attend_tile(
         for (int kk = 0; kk < K_STEPS; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) p[kk][r] = pn[kk][r];
+    };
+
+    // Ping-pong between the warpgroups: warpgroup 1 runs the softmax of key tile j - 1 after the
+    // barrier that starts tile j, not before it. So its softmax runs while warpgroup 0's products
+    // of tile j keep the tensor cores busy, and warpgroup 0's softmax of tile j while warpgroup
+    // 1's products run. Every wgmma issue and wait stays on the path both warpgroups take (in a
+    // branch on the warpgroup, ptxas serialises them: C7518); only the softmax is per warpgroup,
+    // and it touches no register of a product in flight. Same arithmetic per warpgroup, in the
+    // same order, as the lockstep loop.
+    for (uint32_t j = 0; j < key_tiles; ++j) {
+        // Key tile j has landed for every thread and is visible to the async proxy; both
+        // warpgroups are done with the products of tile j + AHEAD - STAGES (waited for in an
+        // earlier tile's interval), whose stage tile j + AHEAD takes.
+        cp_async_wait<AHEAD - 1>();
+        wg::fence_proxy_async();
+        __syncthreads();
+        // Nothing is in flight here (each warpgroup waited at the end of the last tile); the wait
+        // tells ptxas so, which it needs before warpgroup 1's softmax writes the products'
+        // registers (without it: C7515, every wgmma serialised).
+        settle();
+        if (group == 1 && j > 0) softmax(j - 1);
+        issue(j);
+        // The copies of tile j + AHEAD (block-table lookups and all) go out while the products
+        // run: issued before them, their lookups' latency held the products back every tile.
+        if (j + AHEAD < key_tiles)
+            load_kv(kv_smem + ((j + AHEAD) % STAGES) * STAGE_BYTES, k_cache, v_cache, table,
+                    blocks, (j + AHEAD) * TILE_K, n_keys, kv_heads, kvh);
+        cp_async_commit();
+        settle();
+        if (group == 0) softmax(j);
     }
     if (key_tiles > 0) {
+        if (group == 1) softmax(key_tiles - 1);
         wg::fence_operands(o);
 #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk) wg::fence_operands(p[kk]);
