@@ -196,6 +196,24 @@ impl PagedAttentionQkv {
     }
 }
 
+impl PagedAttentionQkv {
+    /// [`PagedAttention::partials_allowance`] for the fused form: its queries come out of the
+    /// f32 normalisation and rotation, and one within a hair of a bf16 rounding boundary
+    /// ([`Q_FLIP_MARGIN_ULPS`]) may round the other way on the GPU (seen on the H200: -1.23046875,
+    /// a tie on the host, moved a partial by 7e-3). Writes the newest keys and values into the
+    /// caches in `mem`, as the kernel does, since the attention reads them.
+    pub fn partials_allowance(&self, mem: &mut dyn HostMemory) -> Result<Vec<f32>, HostError> {
+        let (post, attention) = self.parts();
+        let exact = post.write_kv_and_transform_q(mem)?;
+        let q: Vec<f32> = exact.iter().map(|&x| widen(bf16::from_f32(x))).collect();
+        let flip: Vec<f32> = exact
+            .iter()
+            .map(|x| bf16_flip_within(x.abs(), Q_FLIP_MARGIN_ULPS).unwrap_or(0.0))
+            .collect();
+        attention.partials_allowance(&q, &flip, mem)
+    }
+}
+
 impl Kernel for PagedAttentionQkv {
     fn launch_config(&self) -> LaunchConfig {
         self.parts().1.launch_config()
@@ -592,6 +610,58 @@ impl SeqKv<'_> {
         (acc, max, total)
     }
 
+    /// Per element of [`attend`](Self::attend)'s split partial (the `head_dim` weighted sums, the
+    /// max, the sum), how far a correct decode attention kernel can stray from it:
+    /// - the kernel rounds each probability to f16 before it weights its value (relative error
+    ///   at most 2^-11, whatever running max it was taken against), so a weighted sum may move by
+    ///   up to 2^-11 of `sum_j p_j |v_j|`;
+    /// - `q_flip` (per element of `qv`, zero for most) is one bf16 ulp where the query came out
+    ///   of an f32 computation within a hair of a bf16 rounding boundary (the fused form's
+    ///   normalised, rotated queries), which the GPU may round the other way: key `j`'s score
+    ///   then moves by up to `ds_j = scale * sum_i q_flip_i |k_ji|`, the max by up to
+    ///   `D = max_j ds_j`, and each probability relative to the max by a factor within
+    ///   `e^(+-(ds_j + D))`.
+    ///
+    /// Both together: `p_j` may end up anywhere within `p_j * [1 - g_j, 1 + g_j]` with
+    /// `g_j = (1 + 2^-11) e^(ds_j + D) - 1`; the sums' bounds are `sum_j p_j |v_j| g_j` and
+    /// `sum_j p_j g_j`, the max's `D`. The f32 summation order is left to the comparison's
+    /// relative tolerance.
+    fn attend_allowance(
+        &self,
+        qv: &[f32],
+        q_flip: &[f32],
+        keys: std::ops::Range<usize>,
+        scale: f32,
+    ) -> Vec<f32> {
+        let d = self.head_dim;
+        let mut scores = Vec::with_capacity(keys.len());
+        let mut shifts = Vec::with_capacity(keys.len());
+        for j in keys.clone() {
+            let k = &self.k_cache[self.slot(j)..][..d];
+            scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * scale);
+            let shift = q_flip
+                .iter()
+                .zip(k)
+                .map(|(f, b)| f * widen(*b).abs())
+                .sum::<f32>();
+            shifts.push(shift * scale);
+        }
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max_shift = shifts.iter().copied().fold(0f32, f32::max);
+        let mut bound = vec![0f32; d + 2];
+        for ((j, s), shift) in keys.zip(&scores).zip(&shifts) {
+            let p = (s - max).exp();
+            let g = (1.0 + F16_PROBABILITY_ROUNDING) * (shift + max_shift).exp() - 1.0;
+            let v = &self.v_cache[self.slot(j)..][..d];
+            for (b, x) in bound.iter_mut().zip(v) {
+                *b += p * widen(*x).abs() * g;
+            }
+            bound[d + 1] += p * g;
+        }
+        bound[d] = max_shift;
+        bound
+    }
+
     /// Attention of query `qv` over keys `0..ctx` as the tensor-core prefill kernels compute it:
     /// keys in tiles of `tile` (the kernel's online-softmax step) from key 0, a running max
     /// updated per tile, each probability rounded to bf16 before it weights its value and before
@@ -658,6 +728,10 @@ impl SeqKv<'_> {
     }
 }
 
+/// The decode attention's rounding of a probability to f16: at most half an ulp of its 11-bit
+/// significand, relative.
+const F16_PROBABILITY_ROUNDING: f32 = 1.0 / 2048.0;
+
 /// How close, in f32 ulps, a probability may sit to a bf16 rounding boundary before the GPU may
 /// round it the other way: its dot product (in another summation order) and its 2^x (ex2.approx,
 /// within 2 ulps) differ from the host's in the last few bits; 2^10 ulps (1.2e-4 relative) is a
@@ -668,10 +742,21 @@ const BF16_FLIP_MARGIN_ULPS: u32 = 1 << 10;
 /// of a bf16 rounding boundary: how much its bf16 value changes when it rounds the other way (one
 /// bf16 ulp at its magnitude).
 fn bf16_flip(p: f32) -> Option<f32> {
+    bf16_flip_within(p, BF16_FLIP_MARGIN_ULPS)
+}
+
+/// How close, in f32 ulps, a query element may sit to a bf16 rounding boundary before the fused
+/// decode attention may round it the other way: the GPU computes the host's normalisation and
+/// rotation in f32 in another summation order with an approximate reciprocal square root
+/// (within 2 ulps), so its values differ from the host's in the last few bits; 64 ulps is far
+/// above that and flags about 0.2% of the queries (each flag widens its head's allowance).
+const Q_FLIP_MARGIN_ULPS: u32 = 64;
+
+/// [`bf16_flip`] with a margin of `margin` f32 ulps.
+fn bf16_flip_within(p: f32, margin: u32) -> Option<f32> {
     let bits = p.to_bits();
     let from_boundary = (bits & 0xffff).abs_diff(0x8000);
-    (p.is_normal() && from_boundary < BF16_FLIP_MARGIN_ULPS)
-        .then(|| f32::from_bits(bits & 0x7f80_0000) / 128.0)
+    (p.is_normal() && from_boundary < margin).then(|| f32::from_bits(bits & 0x7f80_0000) / 128.0)
 }
 
 impl Kernel for PagedAttention {
@@ -718,6 +803,37 @@ impl PagedAttention {
         mem: &mut dyn HostMemory,
         kernel: metrale_core::KernelName,
     ) -> Result<(), HostError> {
+        let outputs = self.attend_splits(q, None, mem, kernel)?;
+        if self.splits > 1 {
+            host::store(mem, self.partials, &outputs.parts)?;
+        }
+        host::store_bf16(mem, self.out, &outputs.out)
+    }
+
+    /// Per element of `partials` (`[tokens, q_heads, splits, head_dim + 2]`; empty for one
+    /// split), how far a correct kernel's value can stray from the reference's: see
+    /// `SeqKv::attend_allowance`. `q` as [`attend_host`](Self::attend_host) takes it, `q_flip`
+    /// per query element one bf16 ulp where the GPU may round it the other way (zeros where the
+    /// queries are an input).
+    pub fn partials_allowance(
+        &self,
+        q: &[f32],
+        q_flip: &[f32],
+        mem: &dyn HostMemory,
+    ) -> Result<Vec<f32>, HostError> {
+        Ok(self
+            .attend_splits(q, Some(q_flip), mem, Self::NAME)?
+            .allowance)
+    }
+
+    /// The reference's outputs without storing them, and given `q_flip` the partials' allowance.
+    fn attend_splits(
+        &self,
+        q: &[f32],
+        q_flip: Option<&[f32]>,
+        mem: &dyn HostMemory,
+        kernel: metrale_core::KernelName,
+    ) -> Result<SplitOutputs, HostError> {
         let (t_n, qh, kvh, d) = (
             self.tokens as usize,
             self.q_heads as usize,
@@ -749,6 +865,7 @@ impl PagedAttention {
         let (z, per) = (self.splits.max(1) as usize, self.keys_per_split as usize);
         let mut out = vec![0f32; t_n * qh * d];
         let mut parts = vec![0f32; if z > 1 { t_n * qh * z * (d + 2) } else { 0 }];
+        let mut allowance = vec![0f32; if q_flip.is_some() { parts.len() } else { 0 }];
         let mut scores = Vec::new();
         for t in 0..t_n {
             let (seq, pos) = (token_seq[t] as usize, positions[t]);
@@ -780,6 +897,12 @@ impl PagedAttention {
                     } else {
                         (split * per).min(ctx)..((split + 1) * per).min(ctx)
                     };
+                    if let (Some(flip), true) = (q_flip, z > 1) {
+                        let flip = &flip[(t * qh + h) * d..][..d];
+                        let bound = kv.attend_allowance(qv, flip, keys.clone(), self.scale);
+                        allowance[((t * qh + h) * z + split) * (d + 2)..][..d + 2]
+                            .copy_from_slice(&bound);
+                    }
                     let (acc, max, total) = kv.attend(qv, keys, self.scale, &mut scores);
                     if z == 1 {
                         let o = &mut out[(t * qh + h) * d..][..d];
@@ -797,13 +920,26 @@ impl PagedAttention {
                 }
             }
         }
-        drop((k_cache, v_cache));
         if z > 1 {
-            host::store(mem, self.partials, &parts)?;
             out = combine(&parts, t_n * qh, d, z);
         }
-        host::store_bf16(mem, self.out, &out)
+        Ok(SplitOutputs {
+            out,
+            parts,
+            allowance,
+        })
     }
+}
+
+/// [`PagedAttention::attend_splits`]'s results.
+struct SplitOutputs {
+    /// The f32 outputs before their bf16 rounding.
+    out: Vec<f32>,
+    /// The split partials, merged into `out` (empty for one split).
+    parts: Vec<f32>,
+    /// Given `q_flip`, the partials' allowance
+    /// ([`partials_allowance`](PagedAttention::partials_allowance)); else empty.
+    allowance: Vec<f32>,
 }
 
 impl PrefillAttention {
