@@ -368,6 +368,11 @@ pub struct Model {
     gemv_stage: GemvPolicy,
     /// Which GEMV products after a residual add + RMSNorm do the norm in their own launch.
     gemv_norm: GemvPolicy,
+    /// Events around each step's device work, when step timing is on
+    /// ([`Model::set_step_timing`]).
+    step_events: Option<(metrale_gpu_runtime::Event, metrale_gpu_runtime::Event)>,
+    /// The device time of the last step run with step timing on, ms.
+    last_step_gpu_ms: Option<f32>,
 }
 
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
@@ -523,6 +528,8 @@ impl Model {
             fused_swiglu,
             gemv_stage,
             gemv_norm,
+            step_events: None,
+            last_step_gpu_ms: None,
         })
     }
 
@@ -535,6 +542,44 @@ impl Model {
     /// (docs/results/2026-11-30-speed-h200, kernel-table and bench-model-gemm8 files).
     fn streams_weight(&self, m: u32, k: u32) -> bool {
         m <= self.gemv_max_rows && (m <= GEMV_WIDE_K_MAX_ROWS || k < GEMV_WIDE_K)
+    }
+
+    /// Times each step's device work with two events: from after its inputs are uploaded to
+    /// after its last launch (the argmax in [`Model::forward_argmax`]), so that a step's wall
+    /// time minus this is what the host's round trip between steps costs (the device waits for
+    /// it: the upload and the read-back are synchronous). Read it with
+    /// [`Model::last_step_gpu_ms`].
+    pub fn set_step_timing(&mut self, on: bool) -> Result<(), ModelError> {
+        self.step_events = if on {
+            match self.step_events {
+                Some(events) => Some(events),
+                None => {
+                    let g = self.gpu.as_ref();
+                    Some((g.create_event()?, g.create_event()?))
+                }
+            }
+        } else {
+            None
+        };
+        self.last_step_gpu_ms = None;
+        Ok(())
+    }
+
+    /// The device time of the last step run with step timing on, ms.
+    pub fn last_step_gpu_ms(&self) -> Option<f32> {
+        self.last_step_gpu_ms
+    }
+
+    /// Records the step timing's end event and reads the step's device time (synchronises).
+    fn finish_step_timing(&mut self) -> Result<(), ModelError> {
+        if let Some((start, end)) = self.step_events {
+            let g = self.gpu.as_ref();
+            let s = g.default_stream();
+            g.record_event(end, s)?;
+            g.synchronize(s)?;
+            self.last_step_gpu_ms = Some(g.elapsed_ms(start, end)?);
+        }
+        Ok(())
     }
 
     /// Whether decode steps are replayed from captured graphs.
@@ -643,6 +688,7 @@ impl Model {
     /// Runs one step and returns the logits of `step.logit_rows`, row-major `[rows, vocab]`.
     pub fn forward(&mut self, step: &StepInput) -> Result<Vec<f32>, ModelError> {
         let rows = self.run(step)?;
+        self.finish_step_timing()?;
         let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());
         g.synchronize(s)?;
         let mut logits = vec![0f32; rows * self.config.vocab_size];
@@ -704,6 +750,8 @@ impl Model {
             };
             launch_kernel(g, self.kernels.argmax_f32, &argmax, s)?;
         }
+        self.finish_step_timing()?;
+        let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());
         g.synchronize(s)?;
         if rows > 0 {
             g.copy_d2h(self.scratch.argmax, bytemuck::cast_slice_mut(&mut ids))?;
@@ -716,6 +764,10 @@ impl Model {
     fn run(&mut self, step: &StepInput) -> Result<usize, ModelError> {
         self.validate(step)?;
         let inputs = self.upload(step)?;
+        if let Some((start, _)) = self.step_events {
+            let g = self.gpu.as_ref();
+            g.record_event(start, g.default_stream())?;
+        }
         let n = step.tokens.len() as u32;
         let qh = self.config.num_heads as u32;
         // The split decode attention covers the leading decode rows of a mixed step, or the

@@ -7,7 +7,10 @@
 //! - decode: the time of one decode step at batch B, every sequence holding C cached tokens,
 //!   against the step's memory floor (every weight byte once, plus every cached K/V byte the
 //!   step attends to, over the measured read bandwidth; an untied input embedding is not counted,
-//!   the step gathers only B of its rows).
+//!   the step gathers only B of its rows);
+//! - decode, device time only: the same step timed by two events around its launches (from
+//!   after the upload to after the argmax), so that the row above minus this one is the host's
+//!   round trip between steps, which a greedy decode pays per token.
 //!
 //! Token ids are drawn from a fixed-seed generator. The KV cache of the decode rows is reserved
 //! but not filled by a prefill: a step's cost does not depend on the cached values, and filling
@@ -74,6 +77,9 @@ struct Row {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -174,7 +180,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         (config.vocab_size * config.hidden_size * 2) as f64
     };
     for &b in &args.batches {
-        let (ms, profile) = time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
+        let (ms, device_ms, profile) =
+            time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
         if let Some(launches) = profile {
             profiles.push((
                 format!("decode batch {b}, context {}", args.context),
@@ -192,12 +199,21 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             floor_ms: Some(bytes / (args.hbm_tb_s * 1e12) * 1e3),
             tok_s: b as f64 / ms * 1e3,
         });
+        rows.push(Row {
+            kind: "decode step, device time only",
+            without: None,
+            batch: b,
+            tokens: args.context,
+            ms: device_ms,
+            floor_ms: None,
+            tok_s: b as f64 / device_ms * 1e3,
+        });
     }
 
     for label in &args.skip_each {
         model.set_skip(&[label.as_str()])?;
         for &b in &args.batches {
-            let (ms, _) = time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
+            let (ms, _, _) = time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
             rows.push(Row {
                 kind: "timing experiment (wrong outputs): decode step without",
                 without: Some(label.clone()),
@@ -238,8 +254,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The median time of a decode step of `b` sequences of `args.context` cached tokens (each row's
-/// argmax taken on the device), after one untimed step; with `--profile`, the launches of one
-/// more step with their times.
+/// argmax taken on the device), after one untimed step, and the median device time of as many
+/// more (events around the step's launches); with `--profile`, the launches of one more step
+/// with their times.
 #[allow(clippy::type_complexity)]
 fn time_decode(
     model: &mut Model,
@@ -247,7 +264,7 @@ fn time_decode(
     next_id: &mut dyn FnMut() -> u32,
     b: usize,
     args: &Args,
-) -> anyhow::Result<(f64, Option<Vec<(&'static str, f64)>>)> {
+) -> anyhow::Result<(f64, f64, Option<Vec<(&'static str, f64)>>)> {
     let block_size = model.options().block_size;
     let mut tables = Vec::new();
     for _ in 0..b {
@@ -274,6 +291,15 @@ fn time_decode(
         model.forward_argmax(&step)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    // The same steps' device time alone (events from after the upload to after the argmax):
+    // the difference is the host's round trip between steps.
+    model.set_step_timing(true)?;
+    let mut device = Vec::new();
+    for _ in 0..args.repeats {
+        model.forward_argmax(&step)?;
+        device.extend(model.last_step_gpu_ms().map(f64::from));
+    }
+    model.set_step_timing(false)?;
     let profile = if args.profile {
         Some(profile_step(model, &step)?)
     } else {
@@ -282,7 +308,7 @@ fn time_decode(
     for mut t in tables {
         t.release(allocator)?;
     }
-    Ok((median(times), profile))
+    Ok((median(times), median(device), profile))
 }
 
 /// One more run of `step` with an event after every launch; the launches in order with their ms.

@@ -33,12 +33,20 @@ fn prints_a_row_per_configuration() {
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| row"))
         .collect();
-    assert_eq!(rows.len(), 3, "{stdout}");
+    assert_eq!(rows.len(), 5, "{stdout}");
     assert!(
         rows[0].starts_with("| prefill (time to first logits) | 1 | 8 |"),
         "{stdout}"
     );
-    assert!(rows[2].starts_with("| decode step | 2 | 20 |"), "{stdout}");
+    assert!(rows[1].starts_with("| decode step | 1 | 20 |"), "{stdout}");
+    assert!(rows[3].starts_with("| decode step | 2 | 20 |"), "{stdout}");
+    // Each decode row is followed by the same step's device time, a positive number of ms.
+    for (row, batch) in [(rows[2], 1), (rows[4], 2)] {
+        let prefix = format!("| decode step, device time only | {batch} | 20 |");
+        assert!(row.starts_with(&prefix), "{stdout}");
+        let ms: f64 = row.split('|').nth(4).unwrap().trim().parse().unwrap();
+        assert!(ms.is_finite() && ms > 0.0, "{row}");
+    }
 }
 
 #[test]
