@@ -741,7 +741,7 @@ fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
             buffer(f32_bytes(&cos), None),
             buffer(f32_bytes(&sin), None),
         ];
-        // The f16 probabilities' and the bf16 queries' freedom in the partials.
+        // The f16 probabilities' and the bf16 queries' and newest keys' freedom in the partials.
         let allowance = (splits > 1).then(|| Allowance {
             buffer: 1,
             extra: host_allowance(&buffers, make, |k, mem| k.partials_allowance(mem)),
@@ -1179,7 +1179,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             let allowance = (splits > 1).then(|| Allowance {
                 buffer: 1,
                 extra: host_allowance(&buffers, make, |k, mem| {
-                    k.partials_allowance(&q_f32, &vec![0.0; q_f32.len()], mem)
+                    k.partials_allowance(&q_f32, &vec![0.0; q_f32.len()], &[], mem)
                 }),
             });
             out.push(Case {

@@ -368,8 +368,10 @@ pub struct Model {
     gemv_stage: GemvPolicy,
     /// Which GEMV products after a residual add + RMSNorm do the norm in their own launch.
     gemv_norm: GemvPolicy,
-    /// Events around each step's device work, when step timing is on
-    /// ([`Model::set_step_timing`]).
+    /// Whether each step's device work is timed ([`Model::set_step_timing`]).
+    step_timing: bool,
+    /// The two events step timing records, created on first use and kept (the backend has no
+    /// call to destroy an event).
     step_events: Option<(metrale_gpu_runtime::Event, metrale_gpu_runtime::Event)>,
     /// The device time of the last step run with step timing on, ms.
     last_step_gpu_ms: Option<f32>,
@@ -528,6 +530,7 @@ impl Model {
             fused_swiglu,
             gemv_stage,
             gemv_norm,
+            step_timing: false,
             step_events: None,
             last_step_gpu_ms: None,
         })
@@ -547,20 +550,17 @@ impl Model {
     /// Times each step's device work with two events: from after its inputs are uploaded to
     /// after its last launch (the argmax in [`Model::forward_argmax`]), so that a step's wall
     /// time minus this is what the host's round trip between steps costs (the device waits for
-    /// it: the upload and the read-back are synchronous). Read it with
+    /// it: the upload and the read-back are synchronous). The stream is idle when the first
+    /// event is recorded, so the time also holds the host's submission of the step's launches
+    /// (one graph launch and the argmax when replayed, every launch otherwise): the round trip it
+    /// leaves out is the upload, the read-back and the host's work between steps. Read it with
     /// [`Model::last_step_gpu_ms`].
     pub fn set_step_timing(&mut self, on: bool) -> Result<(), ModelError> {
-        self.step_events = if on {
-            match self.step_events {
-                Some(events) => Some(events),
-                None => {
-                    let g = self.gpu.as_ref();
-                    Some((g.create_event()?, g.create_event()?))
-                }
-            }
-        } else {
-            None
-        };
+        if on && self.step_events.is_none() {
+            let g = self.gpu.as_ref();
+            self.step_events = Some((g.create_event()?, g.create_event()?));
+        }
+        self.step_timing = on;
         self.last_step_gpu_ms = None;
         Ok(())
     }
@@ -572,7 +572,7 @@ impl Model {
 
     /// Records the step timing's end event and reads the step's device time (synchronises).
     fn finish_step_timing(&mut self) -> Result<(), ModelError> {
-        if let Some((start, end)) = self.step_events {
+        if let (true, Some((start, end))) = (self.step_timing, self.step_events) {
             let g = self.gpu.as_ref();
             let s = g.default_stream();
             g.record_event(end, s)?;
@@ -764,7 +764,7 @@ impl Model {
     fn run(&mut self, step: &StepInput) -> Result<usize, ModelError> {
         self.validate(step)?;
         let inputs = self.upload(step)?;
-        if let Some((start, _)) = self.step_events {
+        if let (true, Some((start, _))) = (self.step_timing, self.step_events) {
             let g = self.gpu.as_ref();
             g.record_event(start, g.default_stream())?;
         }

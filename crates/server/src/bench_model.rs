@@ -9,8 +9,9 @@
 //!   step attends to, over the measured read bandwidth; an untied input embedding is not counted,
 //!   the step gathers only B of its rows);
 //! - decode, device time only: the same step timed by two events around its launches (from
-//!   after the upload to after the argmax), so that the row above minus this one is the host's
-//!   round trip between steps, which a greedy decode pays per token.
+//!   after the upload to after the argmax; the host's submission of the launches falls inside),
+//!   so that the row above minus this one is the rest of the host's round trip between steps
+//!   (the upload, the read-back, the work in between), which a greedy decode pays per token.
 //!
 //! Token ids are drawn from a fixed-seed generator. The KV cache of the decode rows is reserved
 //! but not filled by a prefill: a step's cost does not depend on the cached values, and filling

@@ -200,17 +200,17 @@ impl PagedAttentionQkv {
     /// [`PagedAttention::partials_allowance`] for the fused form: its queries come out of the
     /// f32 normalisation and rotation, and one within a hair of a bf16 rounding boundary
     /// ([`Q_FLIP_MARGIN_ULPS`]) may round the other way on the GPU (seen on the H200: -1.23046875,
-    /// a tie on the host, moved a partial by 7e-3). Writes the newest keys and values into the
-    /// caches in `mem`, as the kernel does, since the attention reads them.
+    /// a tie on the host, moved a partial by 7e-3); so may the newest key it writes and patches
+    /// into its tile. Writes the newest keys and values into the caches in `mem`, as the kernel
+    /// does, since the attention reads them.
     pub fn partials_allowance(&self, mem: &mut dyn HostMemory) -> Result<Vec<f32>, HostError> {
         let (post, attention) = self.parts();
-        let exact = post.write_kv_and_transform_q(mem)?;
+        let (exact, keys) = post.write_kv_and_transform(mem)?;
         let q: Vec<f32> = exact.iter().map(|&x| widen(bf16::from_f32(x))).collect();
-        let flip: Vec<f32> = exact
-            .iter()
-            .map(|x| bf16_flip_within(x.abs(), Q_FLIP_MARGIN_ULPS).unwrap_or(0.0))
-            .collect();
-        attention.partials_allowance(&q, &flip, mem)
+        let flip = |x: &f32| bf16_flip_within(x.abs(), Q_FLIP_MARGIN_ULPS).unwrap_or(0.0);
+        let q_flip: Vec<f32> = exact.iter().map(flip).collect();
+        let key_flip: Vec<Vec<f32>> = keys.iter().map(|k| k.iter().map(flip).collect()).collect();
+        attention.partials_allowance(&q, &q_flip, &key_flip, mem)
     }
 }
 
@@ -613,14 +613,18 @@ impl SeqKv<'_> {
     /// Per element of [`attend`](Self::attend)'s split partial (the `head_dim` weighted sums, the
     /// max, the sum), how far a correct decode attention kernel can stray from it:
     /// - the kernel rounds each probability to f16 before it weights its value (relative error
-    ///   at most 2^-11, whatever running max it was taken against), so a weighted sum may move by
-    ///   up to 2^-11 of `sum_j p_j |v_j|`;
+    ///   at most 2^-11, whatever running max it was taken against; below f16's normal range the
+    ///   error is absolute, at most 2^-25, which the comparison's floor covers), so a weighted
+    ///   sum may move by up to 2^-11 of `sum_j p_j |v_j|`;
     /// - `q_flip` (per element of `qv`, zero for most) is one bf16 ulp where the query came out
     ///   of an f32 computation within a hair of a bf16 rounding boundary (the fused form's
     ///   normalised, rotated queries), which the GPU may round the other way: key `j`'s score
     ///   then moves by up to `ds_j = scale * sum_i q_flip_i |k_ji|`, the max by up to
     ///   `D = max_j ds_j`, and each probability relative to the max by a factor within
-    ///   `e^(+-(ds_j + D))`.
+    ///   `e^(+-(ds_j + D))`;
+    /// - `newest` (the fused form): the key at that position, which the kernel rounds from its
+    ///   own f32 values, with one bf16 ulp per element near a rounding boundary; its score moves
+    ///   by up to `scale * sum_i |q_i| k_flip_i` more.
     ///
     /// Both together: `p_j` may end up anywhere within `p_j * [1 - g_j, 1 + g_j]` with
     /// `g_j = (1 + 2^-11) e^(ds_j + D) - 1`; the sums' bounds are `sum_j p_j |v_j| g_j` and
@@ -630,6 +634,7 @@ impl SeqKv<'_> {
         &self,
         qv: &[f32],
         q_flip: &[f32],
+        newest: Option<(usize, &[f32])>,
         keys: std::ops::Range<usize>,
         scale: f32,
     ) -> Vec<f32> {
@@ -639,11 +644,16 @@ impl SeqKv<'_> {
         for j in keys.clone() {
             let k = &self.k_cache[self.slot(j)..][..d];
             scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * scale);
-            let shift = q_flip
+            let mut shift = q_flip
                 .iter()
                 .zip(k)
                 .map(|(f, b)| f * widen(*b).abs())
                 .sum::<f32>();
+            // The newest key, which the fused kernel rounds from its own f32 values: each of its
+            // elements near a bf16 boundary may differ by its flip from the cache's.
+            if let Some((_, k_flip)) = newest.filter(|&(at, _)| at == j) {
+                shift += qv.iter().zip(k_flip).map(|(q, f)| q.abs() * f).sum::<f32>();
+            }
             shifts.push(shift * scale);
         }
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -745,11 +755,14 @@ fn bf16_flip(p: f32) -> Option<f32> {
     bf16_flip_within(p, BF16_FLIP_MARGIN_ULPS)
 }
 
-/// How close, in f32 ulps, a query element may sit to a bf16 rounding boundary before the fused
-/// decode attention may round it the other way: the GPU computes the host's normalisation and
-/// rotation in f32 in another summation order with an approximate reciprocal square root
-/// (within 2 ulps), so its values differ from the host's in the last few bits; 64 ulps is far
-/// above that and flags about 0.2% of the queries (each flag widens its head's allowance).
+/// How close, in f32 ulps, a query or new key element may sit to a bf16 rounding boundary before
+/// the fused decode attention may round it the other way: the GPU computes the host's
+/// normalisation and rotation in f32 in another summation order with an approximate reciprocal
+/// square root (within 2 ulps), so its values differ from the host's in the last few bits; 64
+/// ulps is far above that and flags about 0.2% of the elements (each flag widens its head's
+/// allowance). Not a strict bound: where the rotation's `x cos - y sin` nearly cancels, the two
+/// sides can differ by more ulps of the (small) result, but a flip of a small value is a small
+/// step, below what the comparison's floor already allows.
 const Q_FLIP_MARGIN_ULPS: u32 = 64;
 
 /// [`bf16_flip`] with a margin of `margin` f32 ulps.
@@ -814,15 +827,21 @@ impl PagedAttention {
     /// split), how far a correct kernel's value can stray from the reference's: see
     /// `SeqKv::attend_allowance`. `q` as [`attend_host`](Self::attend_host) takes it, `q_flip`
     /// per query element one bf16 ulp where the GPU may round it the other way (zeros where the
-    /// queries are an input).
+    /// queries are an input), `key_flip` per token the same for the key it writes at its
+    /// position (`[kv_heads * head_dim]`; empty, or no entry, where the kernel writes none).
     pub fn partials_allowance(
         &self,
         q: &[f32],
         q_flip: &[f32],
+        key_flip: &[Vec<f32>],
         mem: &dyn HostMemory,
     ) -> Result<Vec<f32>, HostError> {
+        let flips = Flips {
+            q: q_flip,
+            newest_key: key_flip,
+        };
         Ok(self
-            .attend_splits(q, Some(q_flip), mem, Self::NAME)?
+            .attend_splits(q, Some(flips), mem, Self::NAME)?
             .allowance)
     }
 
@@ -830,7 +849,7 @@ impl PagedAttention {
     fn attend_splits(
         &self,
         q: &[f32],
-        q_flip: Option<&[f32]>,
+        flips: Option<Flips>,
         mem: &dyn HostMemory,
         kernel: metrale_core::KernelName,
     ) -> Result<SplitOutputs, HostError> {
@@ -865,7 +884,7 @@ impl PagedAttention {
         let (z, per) = (self.splits.max(1) as usize, self.keys_per_split as usize);
         let mut out = vec![0f32; t_n * qh * d];
         let mut parts = vec![0f32; if z > 1 { t_n * qh * z * (d + 2) } else { 0 }];
-        let mut allowance = vec![0f32; if q_flip.is_some() { parts.len() } else { 0 }];
+        let mut allowance = vec![0f32; if flips.is_some() { parts.len() } else { 0 }];
         let mut scores = Vec::new();
         for t in 0..t_n {
             let (seq, pos) = (token_seq[t] as usize, positions[t]);
@@ -897,9 +916,15 @@ impl PagedAttention {
                     } else {
                         (split * per).min(ctx)..((split + 1) * per).min(ctx)
                     };
-                    if let (Some(flip), true) = (q_flip, z > 1) {
-                        let flip = &flip[(t * qh + h) * d..][..d];
-                        let bound = kv.attend_allowance(qv, flip, keys.clone(), self.scale);
+                    if let (Some(f), true) = (flips, z > 1) {
+                        let q_flip = &f.q[(t * qh + h) * d..][..d];
+                        let newest = f
+                            .newest_key
+                            .get(t)
+                            .filter(|k| !k.is_empty())
+                            .map(|k| (pos as usize, &k[kv.head..][..d]));
+                        let bound =
+                            kv.attend_allowance(qv, q_flip, newest, keys.clone(), self.scale);
                         allowance[((t * qh + h) * z + split) * (d + 2)..][..d + 2]
                             .copy_from_slice(&bound);
                     }
@@ -929,6 +954,14 @@ impl PagedAttention {
             allowance,
         })
     }
+}
+
+/// The rounding freedom [`PagedAttention::attend_splits`] bounds: per query element and per
+/// token's newest key element, one bf16 ulp where the GPU may round the other way, else zero.
+#[derive(Clone, Copy)]
+struct Flips<'a> {
+    q: &'a [f32],
+    newest_key: &'a [Vec<f32>],
 }
 
 /// [`PagedAttention::attend_splits`]'s results.
@@ -1346,6 +1379,43 @@ mod tests {
         // The split launch merged them itself, into the same output.
         let merged = f32s(&m.get(k.out, 128));
         assert_eq!(merged, out);
+    }
+
+    /// The partials' allowance: f16 rounding alone gives 2^-11 of `sum p |v|` per weighted sum;
+    /// a flip-prone newest key widens only the split that holds it, by the score shift it can
+    /// cause (`scale * sum |q| k_flip`), in the max's entry too.
+    #[test]
+    fn partials_allowance_bounds_rounding_and_the_newest_key() {
+        let mut m = FlatMemory::new();
+        let k = PagedAttention {
+            keys_per_split: 2,
+            splits: 2,
+            ..causal_setup(&mut m)
+        };
+        // Every score the same (q all ones against keys all 0.5): p = 1 for every key.
+        let q = vec![1.0f32; 2 * 64];
+        let none = k.partials_allowance(&q, &vec![0.0; 128], &[], &m).unwrap();
+        let at = |t: usize, split: usize, i: usize| (t * 2 + split) * 66 + i;
+        let f16 = F16_PROBABILITY_ROUNDING;
+        // Token 1 (position 2): split 0 holds keys 0 and 1 (values (10, 0) and (0, 10)), split 1
+        // key 2 (value (5, 5)).
+        assert!((none[at(1, 0, 0)] - 10.0 * f16).abs() < 1e-6);
+        assert!((none[at(1, 0, 65)] - 2.0 * f16).abs() < 1e-6);
+        assert!((none[at(1, 1, 0)] - 5.0 * f16).abs() < 1e-6);
+        assert_eq!(none[at(1, 1, 64)], 0.0);
+        // Token 1's new key (position 2) may flip by 0.01 in every element.
+        let keys = vec![Vec::new(), vec![0.01f32; 64]];
+        let flipped = k
+            .partials_allowance(&q, &vec![0.0; 128], &keys, &m)
+            .unwrap();
+        let shift = 64.0 * 0.01;
+        let g = (1.0 + f16) * (2.0f32 * shift).exp() - 1.0;
+        assert!((flipped[at(1, 1, 0)] - 5.0 * g).abs() < 1e-4);
+        assert!((flipped[at(1, 1, 64)] - shift).abs() < 1e-6);
+        for i in 0..66 {
+            assert_eq!(flipped[at(1, 0, i)], none[at(1, 0, i)], "split 0, {i}");
+            assert_eq!(flipped[at(0, 0, i)], none[at(0, 0, i)], "token 0, {i}");
+        }
     }
 
     #[test]

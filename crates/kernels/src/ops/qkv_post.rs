@@ -105,6 +105,16 @@ impl QkvRopeKvWrite {
         &self,
         mem: &mut dyn HostMemory,
     ) -> Result<Vec<f32>, HostError> {
+        Ok(self.write_kv_and_transform(mem)?.0)
+    }
+
+    /// [`write_kv_and_transform_q`](Self::write_kv_and_transform_q), also returning each token's
+    /// new keys `[kv_heads * head_dim]` in f32 before the rounding to bf16 that the cache stores
+    /// (empty for a token with a negative slot, which writes nothing).
+    pub(crate) fn write_kv_and_transform(
+        &self,
+        mem: &mut dyn HostMemory,
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>), HostError> {
         let (tokens, qh, kvh, d) = (
             self.tokens as usize,
             self.q_heads as usize,
@@ -147,12 +157,14 @@ impl QkvRopeKvWrite {
             x
         };
         let mut q_out = Vec::with_capacity(tokens * qh * d);
+        let mut keys = Vec::with_capacity(tokens);
         for t in 0..tokens {
             let row = &qkv[t * heads * d..(t + 1) * heads * d];
             for h in 0..qh {
                 q_out.extend(transform(&row[h * d..(h + 1) * d], &q_norm, positions[t]));
             }
             if slots[t] < 0 {
+                keys.push(Vec::new());
                 continue;
             }
             let at = slots[t] as usize * kv_row * 2;
@@ -165,8 +177,9 @@ impl QkvRopeKvWrite {
                 self.v_cache.offset(at),
                 &row[(qh + kvh) * d..(qh + 2 * kvh) * d],
             )?;
+            keys.push(k);
         }
-        Ok(q_out)
+        Ok((q_out, keys))
     }
 }
 
