@@ -13,7 +13,10 @@
 #   met       met bench-model (TTFT at 128/1024/8192, decode step at batch 1/8/32/64 against its
 #             memory floor, per-launch profile; decode steps at 160-token contexts), met generate
 #   peers     transformers eager and static+compile (manual loop) decode at batch 1, 8 and 32, each
-#             in its own process, and transformers TTFT at 128/1024/8192 tokens
+#             in its own process, and transformers TTFT at 128/1024/8192 tokens. Qwen3-8B's runs
+#             took 412-468 s on the H200 (each compile is minutes): give that phase a call of its
+#             own, and no outer `timeout` under 500 s (harness-392a047 lost batch 32 and SDPA to
+#             one of 260 s)
 #   parity    reference logits (transformers f32 on the bf16 weights) and met parity on CUDA
 #   summary   scripts/gpu/speed_summary.py: the speed table (JSON + markdown) from all of the above
 #   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
