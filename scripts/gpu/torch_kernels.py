@@ -180,6 +180,7 @@ def rows_for(name, s, prefill):
     fused_rows(1)
     qkv_post_row(1, "decode")
     silu_row(1)
+    attention_row(1, 1, 160)
     attention_row(1, 1, 256)
     attention_row(1, 1, 1024)
     attention_row(1, 1, 8192)

@@ -909,8 +909,9 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     out.push(argmax_case(s, 1));
     out.push(argmax_case(s, 64));
     out.push(grid_barrier_case(s, GEMV_RESIDENT_BLOCKS / 3, 1001));
-    // 256 keys: one split (the harness's batch-1 decode contexts are 32 to 288 keys).
-    for context in [256u32, 1024, 8192] {
+    // 160 and 256 keys: one split (the harness's batch-1 decode contexts are 32 to 288 keys, 160
+    // on average, where the fused attention costs about 7.5 us a layer in the model).
+    for context in [160u32, 256, 1024, 8192] {
         out.extend(attention_cases(s, 1, 1, context));
     }
     out.extend(attention_cases(s, 64, 1, 1024));
