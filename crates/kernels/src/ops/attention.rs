@@ -578,6 +578,21 @@ impl SeqKv<'_> {
             + self.head
     }
 
+    /// Key `j`'s row.
+    fn key(&self, j: usize) -> &[bf16] {
+        &self.k_cache[self.slot(j)..][..self.head_dim]
+    }
+
+    /// Value `j`'s row.
+    fn value(&self, j: usize) -> &[bf16] {
+        &self.v_cache[self.slot(j)..][..self.head_dim]
+    }
+
+    /// The raw (unscaled) dot product of query `qv` with key `j`, summed in f32 in order.
+    fn dot(&self, qv: &[f32], j: usize) -> f32 {
+        qv.iter().zip(self.key(j)).map(|(a, b)| a * widen(*b)).sum()
+    }
+
     /// Attention of query `qv` over `keys`, all f32: the unnormalised weighted sum of the values,
     /// the largest scaled score and the sum of `exp(score - max)` (zeros, `-inf` and 0 for no
     /// keys). `scores` is scratch.
@@ -591,8 +606,7 @@ impl SeqKv<'_> {
         let d = self.head_dim;
         scores.clear();
         for j in keys.clone() {
-            let k = &self.k_cache[self.slot(j)..][..d];
-            scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * scale);
+            scores.push(self.dot(qv, j) * scale);
         }
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut total = 0f32;
@@ -602,7 +616,7 @@ impl SeqKv<'_> {
         }
         let mut acc = vec![0f32; d];
         for (j, p) in keys.zip(scores.iter()) {
-            let v = &self.v_cache[self.slot(j)..][..d];
+            let v = self.value(j);
             for (a, x) in acc.iter_mut().zip(v) {
                 *a += p * widen(*x);
             }
@@ -642,11 +656,10 @@ impl SeqKv<'_> {
         let mut scores = Vec::with_capacity(keys.len());
         let mut shifts = Vec::with_capacity(keys.len());
         for j in keys.clone() {
-            let k = &self.k_cache[self.slot(j)..][..d];
-            scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>() * scale);
+            scores.push(self.dot(qv, j) * scale);
             let mut shift = q_flip
                 .iter()
-                .zip(k)
+                .zip(self.key(j))
                 .map(|(f, b)| f * widen(*b).abs())
                 .sum::<f32>();
             // The newest key, which the fused kernel rounds from its own f32 values: each of its
@@ -662,7 +675,7 @@ impl SeqKv<'_> {
         for ((j, s), shift) in keys.zip(&scores).zip(&shifts) {
             let p = (s - max).exp();
             let g = (1.0 + F16_PROBABILITY_ROUNDING) * (shift + max_shift).exp() - 1.0;
-            let v = &self.v_cache[self.slot(j)..][..d];
+            let v = self.value(j);
             for (b, x) in bound.iter_mut().zip(v) {
                 *b += p * widen(*x).abs() * g;
             }
@@ -700,8 +713,7 @@ impl SeqKv<'_> {
             let keys = start..(start + tile).min(ctx);
             scores.clear();
             for j in keys.clone() {
-                let k = &self.k_cache[self.slot(j)..][..d];
-                scores.push(qv.iter().zip(k).map(|(a, b)| a * widen(*b)).sum::<f32>());
+                scores.push(self.dot(qv, j));
             }
             let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let new_max = max.max(tile_max * scale_log2);
@@ -715,7 +727,7 @@ impl SeqKv<'_> {
                 }
                 let p = widen(bf16::from_f32(exact));
                 total += p;
-                let v = &self.v_cache[self.slot(j)..][..d];
+                let v = self.value(j);
                 for (a, x) in acc.iter_mut().zip(v) {
                     *a += p * widen(*x);
                 }
@@ -729,7 +741,7 @@ impl SeqKv<'_> {
         let mut allowance = vec![0f32; d];
         for (j, flip, m) in near {
             let w = flip * (m - max).exp2() / total;
-            let v = &self.v_cache[self.slot(j)..][..d];
+            let v = self.value(j);
             for ((a, x), o) in allowance.iter_mut().zip(v).zip(&out) {
                 *a += w * (widen(*x) - o).abs();
             }
