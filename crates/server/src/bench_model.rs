@@ -182,7 +182,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     for &b in &args.batches {
         let (ms, device_ms, profile) =
-            time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
+            time_decode(&mut model, &mut allocator, &mut next_id, b, args, true)?;
         if let Some(launches) = profile {
             profiles.push((
                 format!("decode batch {b}, context {}", args.context),
@@ -214,7 +214,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for label in &args.skip_each {
         model.set_skip(&[label.as_str()])?;
         for &b in &args.batches {
-            let (ms, _, _) = time_decode(&mut model, &mut allocator, &mut next_id, b, args)?;
+            let (ms, _, _) = time_decode(&mut model, &mut allocator, &mut next_id, b, args, false)?;
             rows.push(Row {
                 kind: "timing experiment (wrong outputs): decode step without",
                 without: Some(label.clone()),
@@ -255,9 +255,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The median time of a decode step of `b` sequences of `args.context` cached tokens (each row's
-/// argmax taken on the device), after one untimed step, and the median device time of as many
-/// more (events around the step's launches); with `--profile`, the launches of one more step
-/// with their times.
+/// argmax taken on the device), after one untimed step; with `detail`, also the median device
+/// time of as many more (events around the step's launches) and, with `--profile`, the launches
+/// of one more step with their times (the timing experiments need neither).
 #[allow(clippy::type_complexity)]
 fn time_decode(
     model: &mut Model,
@@ -265,6 +265,7 @@ fn time_decode(
     next_id: &mut dyn FnMut() -> u32,
     b: usize,
     args: &Args,
+    detail: bool,
 ) -> anyhow::Result<(f64, f64, Option<Vec<(&'static str, f64)>>)> {
     let block_size = model.options().block_size;
     let mut tables = Vec::new();
@@ -294,14 +295,16 @@ fn time_decode(
     }
     // The same steps' device time alone (events from after the upload to after the argmax):
     // the difference is the host's round trip between steps.
-    model.set_step_timing(true)?;
     let mut device = Vec::new();
-    for _ in 0..args.repeats {
-        model.forward_argmax(&step)?;
-        device.extend(model.last_step_gpu_ms().map(f64::from));
+    if detail {
+        model.set_step_timing(true)?;
+        for _ in 0..args.repeats {
+            model.forward_argmax(&step)?;
+            device.extend(model.last_step_gpu_ms().map(f64::from));
+        }
+        model.set_step_timing(false)?;
     }
-    model.set_step_timing(false)?;
-    let profile = if args.profile {
+    let profile = if detail && args.profile {
         Some(profile_step(model, &step)?)
     } else {
         None
