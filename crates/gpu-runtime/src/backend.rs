@@ -109,6 +109,11 @@ pub trait GpuBackend: Send + Sync {
     fn copy_h2d(&self, src: &[u8], dst: DevicePtr) -> Result<(), GpuError>;
     /// Copies device memory to host bytes.
     fn copy_d2h(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), GpuError>;
+    /// Copies device memory to host bytes on `stream`: synchronous with respect to the host and
+    /// ordered after the work queued on `stream` only, so that a side stream can read a result
+    /// (after [`GpuBackend::stream_wait_event`] on the event that follows it) while later work
+    /// stays queued on the default stream.
+    fn copy_d2h_on(&self, src: DevicePtr, dst: &mut [u8], stream: Stream) -> Result<(), GpuError>;
     /// Copies device to device on `stream`.
     fn copy_d2d(
         &self,

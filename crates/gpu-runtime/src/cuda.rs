@@ -345,6 +345,21 @@ impl GpuBackend for CudaBackend {
         }
     }
 
+    fn copy_d2h_on(&self, src: DevicePtr, dst: &mut [u8], stream: Stream) -> Result<(), GpuError> {
+        self.no_capture("a device-to-host copy")?;
+        self.bind()?;
+        let s = self.stream(stream)?;
+        // SAFETY: `dst` is valid for writes of `dst.len()` bytes and stays borrowed until the
+        // stream is synchronised below.
+        unsafe {
+            check(
+                "cuMemcpyDtoHAsync",
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src.0, dst.len(), s),
+            )?;
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(s))
+        }
+    }
+
     fn copy_d2d(
         &self,
         src: DevicePtr,

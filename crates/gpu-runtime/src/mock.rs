@@ -181,6 +181,10 @@ impl GpuBackend for MockBackend {
         Ok(())
     }
 
+    fn copy_d2h_on(&self, src: DevicePtr, dst: &mut [u8], _stream: Stream) -> Result<(), GpuError> {
+        self.copy_d2h(src, dst)
+    }
+
     fn copy_d2d(
         &self,
         src: DevicePtr,

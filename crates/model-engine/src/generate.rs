@@ -145,34 +145,63 @@ fn run(
             first = Some(pick(model, &input, &mut request.sampler)?);
         }
     }
-    let mut next = first.ok_or_else(|| ModelError::InvalidStep("empty prompt".into()))?;
+    let next = first.ok_or_else(|| ModelError::InvalidStep("empty prompt".into()))?;
+    let first_token_at = start.elapsed();
     let mut tokens = Vec::new();
-    let mut first_token_at = None;
-    let finish = loop {
-        if first_token_at.is_none() {
-            first_token_at = Some(start.elapsed());
-        }
-        if request.stop_tokens.contains(&next) {
-            break FinishReason::Stop;
+    let (stop_tokens, max_new) = (request.stop_tokens, request.max_new_tokens);
+    // Takes one sampled token: Some(reason) when generation ends with it.
+    let mut accept = |tokens: &mut Vec<u32>, next: u32| {
+        if stop_tokens.contains(&next) {
+            return Some(FinishReason::Stop);
         }
         tokens.push(next);
         if on_token(next) == Flow::Stop {
-            break FinishReason::Cancelled;
+            return Some(FinishReason::Cancelled);
         }
         let pos = prompt.len() + tokens.len() - 1;
-        if tokens.len() >= request.max_new_tokens || pos + 1 >= total {
-            break FinishReason::Length;
+        if tokens.len() >= max_new || pos + 1 >= total {
+            return Some(FinishReason::Length);
         }
-        let input = StepInput {
-            tokens: &[next],
-            positions: &[pos as u32],
-            token_seq: &[0],
-            block_tables: &[table],
-            logit_rows: &[0],
-        };
-        next = pick(model, &input, &mut request.sampler)?;
+        None
     };
-    let ttft = first_token_at.unwrap_or_default();
+    let finish = if let Some(finish) = accept(&mut tokens, next) {
+        finish
+    } else if device_argmax && model.decode_ahead_steps() > 0 {
+        // Greedy on the device with steps queued ahead of the host (METRALE_DECODE_AHEAD): no
+        // round trip per token; a stop token is seen a few steps late and those steps discarded.
+        let position = prompt.len() + tokens.len() - 1;
+        let steps = (total - 1 - position).min(max_new - tokens.len());
+        let mut finish = FinishReason::Length;
+        let sampler = &mut request.sampler;
+        model.decode_ahead(table, next, position, steps, &mut |id| {
+            sampler.record(id);
+            match accept(&mut tokens, id) {
+                Some(f) => {
+                    finish = f;
+                    false
+                }
+                None => true,
+            }
+        })?;
+        finish
+    } else {
+        let mut next = next;
+        loop {
+            let pos = prompt.len() + tokens.len() - 1;
+            let input = StepInput {
+                tokens: &[next],
+                positions: &[pos as u32],
+                token_seq: &[0],
+                block_tables: &[table],
+                logit_rows: &[0],
+            };
+            next = pick(model, &input, &mut request.sampler)?;
+            if let Some(finish) = accept(&mut tokens, next) {
+                break finish;
+            }
+        }
+    };
+    let ttft = first_token_at;
     Ok(Generated {
         tokens,
         finish,

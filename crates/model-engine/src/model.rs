@@ -19,7 +19,9 @@ use std::sync::Arc;
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::{DevicePtr, LaunchConfig};
-use metrale_gpu_runtime::{GemmOp, GpuBackend, GpuError, Graph, KernelHandle, launch_kernel};
+use metrale_gpu_runtime::{
+    Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, Stream, launch_kernel,
+};
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
@@ -196,6 +198,9 @@ struct StepBuffers {
     decode_rows: u32,
     tables: DevicePtr,
 }
+
+/// The most decode steps [`Model::decode_ahead`] keeps queued ahead of the id it reads back.
+pub const MAX_DECODE_AHEAD: u32 = 8;
 
 /// Room for split-K attention partials ((token, head, split) triples): 64 decode rows of 32
 /// heads can split 16 ways, 1 row 512 ways.
@@ -375,6 +380,15 @@ pub struct Model {
     step_events: Option<(metrale_gpu_runtime::Event, metrale_gpu_runtime::Event)>,
     /// The device time of the last step run with step timing on, ms.
     last_step_gpu_ms: Option<f32>,
+    /// Greedy decode of one sequence keeps this many steps queued while it reads an id back
+    /// ([`Model::decode_ahead`]; `METRALE_DECODE_AHEAD`, default 0: a host round trip per step,
+    /// through [`Model::forward_argmax`]).
+    decode_ahead: u32,
+    /// The stream ids are read back on while decode steps stay queued (created on first use).
+    readback: Option<Stream>,
+    /// Events [`Model::decode_ahead`] records after each step's argmax, kept for reuse (the
+    /// backend has no call to destroy an event).
+    ahead_events: Vec<Event>,
 }
 
 /// Most rows for which a product over [`GEMV_WIDE_K`] or more inputs still uses the GEMV
@@ -425,6 +439,7 @@ impl Model {
         let use_graphs = on_unless_zero("METRALE_CUDA_GRAPHS");
         let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
         let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
+        let decode_ahead = count("METRALE_DECODE_AHEAD", 0)?.min(MAX_DECODE_AHEAD);
         let g = gpu.as_ref();
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
@@ -533,6 +548,9 @@ impl Model {
             step_timing: false,
             step_events: None,
             last_step_gpu_ms: None,
+            decode_ahead,
+            readback: None,
+            ahead_events: Vec::new(),
         })
     }
 
@@ -733,6 +751,127 @@ impl Model {
         Ok(())
     }
 
+    /// How many steps [`Model::decode_ahead`] keeps queued ahead of the id it reads back
+    /// (`METRALE_DECODE_AHEAD`; 0: the caller steps with [`Model::forward_argmax`]).
+    pub fn decode_ahead_steps(&self) -> u32 {
+        self.decode_ahead
+    }
+
+    /// Greedy decode of one sequence without a host round trip per step: step `i` feeds
+    /// `first` (for `i` = 0) or step `i - 1`'s argmax, taken on the device, at position
+    /// `first_position + i`, for up to `steps` steps. Every step's integer inputs go up in one
+    /// copy before the first (the block table is fixed: `table` must already reach the last
+    /// position); then each step is queued as two device copies (its inputs, the previous id),
+    /// its graph and its argmax, and each id comes back on a side stream once
+    /// [`decode_ahead_steps`](Self::decode_ahead_steps) more steps are queued behind it (at least
+    /// none), so the device has that many steps in hand while the host reads. `on_id` sees every id in
+    /// order and returns whether to go on; the steps queued past the last one it accepts run
+    /// and are discarded (their cache rows lie past the sequence's end). Returns once nothing
+    /// is queued.
+    pub fn decode_ahead(
+        &mut self,
+        table: &BlockTable,
+        first: u32,
+        first_position: usize,
+        steps: usize,
+        on_id: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<(), ModelError> {
+        if steps == 0 {
+            return Ok(());
+        }
+        // Step i's id is read once step i + ahead is queued.
+        let lag = (self.decode_ahead as usize + 1).min(steps);
+        let width = self.options.max_blocks_per_seq();
+        let stride = (8 + width) * 4;
+        // Every step's inputs, packed as `upload` would (the id a placeholder past step 0).
+        let mut plan = Vec::with_capacity(steps * (8 + width));
+        for i in 0..steps {
+            let position = [(first_position + i) as u32];
+            let step = StepInput {
+                tokens: &[if i == 0 { first } else { 0 }],
+                positions: &position,
+                token_seq: &[0],
+                block_tables: &[table],
+                logit_rows: &[0],
+            };
+            self.validate(&step)?;
+            plan.extend(self.pack(&step).0);
+        }
+        let g = self.gpu.clone();
+        let g = g.as_ref();
+        let s = g.default_stream();
+        let readback = match self.readback {
+            Some(r) => r,
+            None => *self.readback.insert(g.create_stream()?),
+        };
+        let plan_dev = g.alloc(plan.len() * 4)?;
+        let ids = g.alloc(steps * 4)?;
+        while self.ahead_events.len() <= lag {
+            self.ahead_events.push(g.create_event()?);
+        }
+        let events: Vec<Event> = self.ahead_events[..=lag].to_vec();
+        let result = (|| -> Result<(), ModelError> {
+            g.copy_h2d(bytemuck::cast_slice(&plan), plan_dev)?;
+            let read = |j: usize| -> Result<u32, ModelError> {
+                g.stream_wait_event(readback, events[j % events.len()])?;
+                let mut id = [0u8; 4];
+                g.copy_d2h_on(ids.offset(j * 4), &mut id, readback)?;
+                Ok(i32::from_ne_bytes(id) as u32)
+            };
+            let mut next_read = 0;
+            for i in 0..steps {
+                g.copy_d2d(
+                    plan_dev.offset(i * stride),
+                    self.scratch.step_inputs,
+                    stride,
+                    s,
+                )?;
+                if i > 0 {
+                    g.copy_d2d(ids.offset((i - 1) * 4), self.scratch.step_inputs, 4, s)?;
+                }
+                let position = [(first_position + i) as u32];
+                let step = StepInput {
+                    tokens: &[0],
+                    positions: &position,
+                    token_seq: &[0],
+                    block_tables: &[table],
+                    logit_rows: &[0],
+                };
+                self.run_with(&step, false)?;
+                let argmax = ArgmaxF32 {
+                    out: ids.offset(i * 4),
+                    logits: self.scratch.logits,
+                    rows: 1,
+                    cols: self.config.vocab_size as u32,
+                    scratch: self.scratch.argmax_scratch,
+                };
+                launch_kernel(g, self.kernels.argmax_f32, &argmax, s)?;
+                g.record_event(events[i % events.len()], s)?;
+                if i + 1 >= lag {
+                    let go_on = on_id(read(next_read)?);
+                    next_read += 1;
+                    if !go_on {
+                        return Ok(());
+                    }
+                }
+            }
+            while next_read < steps {
+                let go_on = on_id(read(next_read)?);
+                next_read += 1;
+                if !go_on {
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        // Nothing queued may outlive the buffers it reads.
+        let drained = g.synchronize(s);
+        g.free(plan_dev)?;
+        g.free(ids)?;
+        result?;
+        Ok(drained?)
+    }
+
     /// Runs one step and returns the argmax of each row of `step.logit_rows` (the lowest id on
     /// ties, NaN never chosen: what a greedy sampler without bias or penalties picks), taken on
     /// the device so that only one id per row comes back instead of the row's logits.
@@ -762,8 +901,18 @@ impl Model {
     /// Queues one step up to the logits of `step.logit_rows` in `scratch.logits`; returns the
     /// number of rows. Nothing is synchronised.
     fn run(&mut self, step: &StepInput) -> Result<usize, ModelError> {
+        self.run_with(step, true)
+    }
+
+    /// [`Model::run`]; with `upload` false the step's inputs must already be in
+    /// `scratch.step_inputs` (queued there by the caller, as [`Model::pack`] lays them out).
+    fn run_with(&mut self, step: &StepInput, upload: bool) -> Result<usize, ModelError> {
         self.validate(step)?;
-        let inputs = self.upload(step)?;
+        let inputs = if upload {
+            self.upload(step)?
+        } else {
+            self.pack(step).1
+        };
         if let (true, Some((start, _))) = (self.step_timing, self.step_events) {
             let g = self.gpu.as_ref();
             g.record_event(start, g.default_stream())?;
@@ -825,7 +974,15 @@ impl Model {
 
     /// Uploads the step's integer inputs in one copy; returns where each part landed.
     fn upload(&self, step: &StepInput) -> Result<StepBuffers, ModelError> {
-        let g = self.gpu.as_ref();
+        let (packed, buffers) = self.pack(step);
+        self.gpu
+            .copy_h2d(bytemuck::cast_slice(&packed), self.scratch.step_inputs)?;
+        Ok(buffers)
+    }
+
+    /// The step's integer inputs as [`Model::upload`] copies them to `scratch.step_inputs`, and
+    /// where each part lands there.
+    fn pack(&self, step: &StepInput) -> (Vec<i32>, StepBuffers) {
         let o = &self.options;
         let sc = &self.scratch;
         let n = step.tokens.len();
@@ -855,9 +1012,8 @@ impl Model {
         let mut packed = [ids, positions, token_seq, slots, tiles].concat();
         packed.resize(8 * n, 0);
         packed.extend(tables);
-        g.copy_h2d(bytemuck::cast_slice(&packed), sc.step_inputs)?;
         let region = |i: usize| sc.step_inputs.offset(i * n * 4);
-        Ok(StepBuffers {
+        let buffers = StepBuffers {
             ids: region(0),
             positions: region(1),
             token_seq: region(2),
@@ -866,7 +1022,8 @@ impl Model {
             num_tiles,
             decode_rows,
             tables: region(8),
-        })
+        };
+        (packed, buffers)
     }
 
     /// Queues the step's kernels (the inputs already uploaded) up to the logits of

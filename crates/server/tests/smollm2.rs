@@ -122,6 +122,24 @@ fn fused_launches_give_the_same_tokens() {
     assert_eq!(separate_norm, separate);
 }
 
+/// Greedy decode with steps queued ahead of the host (ids read back a few steps late, the
+/// argmax fed to the next step on the device) gives the same tokens as a round trip per step:
+/// to a length limit, and to an end-of-sequence token (the steps queued past it discarded).
+#[test]
+fn decode_ahead_gives_the_same_tokens() {
+    for extra in [&["--ignore-eos", "--print-ids"][..], &["--print-ids"][..]] {
+        let args = greedy_chat("Name two colours.", "24", extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let stepped = met_with_env(&args, "METRALE_DECODE_AHEAD", "0");
+        let want = output_ids(stepped);
+        assert!(!want.is_empty());
+        for ahead in ["1", "3", "8"] {
+            let got = output_ids(met_with_env(&args, "METRALE_DECODE_AHEAD", ahead));
+            assert_eq!(got, want, "METRALE_DECODE_AHEAD={ahead} {extra:?}");
+        }
+    }
+}
+
 /// An engine switch with a value it does not take stops the run with a message that names the
 /// variable and what it takes (exit 1, no panic), instead of quietly running the default, and
 /// before any weight is loaded.
@@ -142,6 +160,7 @@ fn bad_engine_switches_fail_cleanly() {
             "a non-negative integer",
         ),
         ("METRALE_GEMV_GRID_CAP", "lots", "a non-negative integer"),
+        ("METRALE_DECODE_AHEAD", "two", "a non-negative integer"),
     ] {
         let out = met_with_env(&args, key, value);
         assert_clean_failure(&out, &[&format!("{key}={value}"), expected]);
