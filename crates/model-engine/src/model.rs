@@ -761,7 +761,8 @@ impl Model {
     /// `first` (for `i` = 0) or step `i - 1`'s argmax, taken on the device, at position
     /// `first_position + i`, for up to `steps` steps. Every step's integer inputs go up in one
     /// copy before the first (the block table is fixed: `table` must already reach the last
-    /// position); then each step is queued as two device copies (its inputs, the previous id),
+    /// position; the table row goes with the first step only, 32 bytes with each later one);
+    /// then each step is queued as two device copies (its inputs, the previous id),
     /// its graph and its argmax, and each id comes back on a side stream once
     /// [`decode_ahead_steps`](Self::decode_ahead_steps) more steps are queued behind it (at least
     /// none), so the device has that many steps in hand while the host reads. `on_id` sees every id in
@@ -781,10 +782,12 @@ impl Model {
         }
         // Step i's id is read once step i + ahead is queued.
         let lag = (self.decode_ahead as usize + 1).min(steps);
-        let width = self.options.max_blocks_per_seq();
-        let stride = (8 + width) * 4;
-        // Every step's inputs, packed as `upload` would (the id a placeholder past step 0).
-        let mut plan = Vec::with_capacity(steps * (8 + width));
+        // Every step's inputs as `upload` packs them (the id a placeholder past step 0): the
+        // first step's whole, then only each later step's first 8 values (id, position,
+        // sequence, slot, its one tile), since the block table row after them does not change.
+        const HEAD: usize = 8;
+        let mut plan = Vec::new();
+        let mut buffers = None;
         for i in 0..steps {
             let position = [(first_position + i) as u32];
             let step = StepInput {
@@ -795,8 +798,16 @@ impl Model {
                 logit_rows: &[0],
             };
             self.validate(&step)?;
-            plan.extend(self.pack(&step).0);
+            let (packed, places) = self.pack(&step);
+            if i == 0 {
+                plan.extend(packed);
+                buffers = Some(places);
+            } else {
+                plan.extend(&packed[..HEAD]);
+            }
         }
+        let first_len = plan.len() - (steps - 1) * HEAD;
+        debug_assert_eq!(first_len, HEAD + self.options.max_blocks_per_seq());
         let g = self.gpu.clone();
         let g = g.as_ref();
         let s = g.default_stream();
@@ -820,10 +831,14 @@ impl Model {
             };
             let mut next_read = 0;
             for i in 0..steps {
+                let (at, len) = match i {
+                    0 => (0, first_len),
+                    _ => (first_len + (i - 1) * HEAD, HEAD),
+                };
                 g.copy_d2d(
-                    plan_dev.offset(i * stride),
+                    plan_dev.offset(at * 4),
                     self.scratch.step_inputs,
-                    stride,
+                    len * 4,
                     s,
                 )?;
                 if i > 0 {
@@ -837,7 +852,7 @@ impl Model {
                     block_tables: &[table],
                     logit_rows: &[0],
                 };
-                self.run_with(&step, false)?;
+                self.run_with(&step, buffers)?;
                 let argmax = ArgmaxF32 {
                     out: ids.offset(i * 4),
                     logits: self.scratch.logits,
@@ -864,12 +879,12 @@ impl Model {
             }
             Ok(())
         })();
-        // Nothing queued may outlive the buffers it reads.
+        // Nothing queued may outlive the buffers it reads; the first error is the one to report.
         let drained = g.synchronize(s);
-        g.free(plan_dev)?;
-        g.free(ids)?;
+        let freed = g.free(plan_dev).and(g.free(ids));
         result?;
-        Ok(drained?)
+        drained?;
+        Ok(freed?)
     }
 
     /// Runs one step and returns the argmax of each row of `step.logit_rows` (the lowest id on
@@ -901,22 +916,29 @@ impl Model {
     /// Queues one step up to the logits of `step.logit_rows` in `scratch.logits`; returns the
     /// number of rows. Nothing is synchronised.
     fn run(&mut self, step: &StepInput) -> Result<usize, ModelError> {
-        self.run_with(step, true)
+        self.run_with(step, None)
     }
 
-    /// [`Model::run`]; with `upload` false the step's inputs must already be in
-    /// `scratch.step_inputs` (queued there by the caller, as [`Model::pack`] lays them out).
-    fn run_with(&mut self, step: &StepInput, upload: bool) -> Result<usize, ModelError> {
-        self.validate(step)?;
-        let inputs = if upload {
-            self.upload(step)?
-        } else {
-            self.pack(step).1
+    /// [`Model::run`]; with `queued` the step was validated by the caller and its inputs are
+    /// queued into `scratch.step_inputs` (as [`Model::pack`] lays them out, at these places)
+    /// ahead of it on the stream, so nothing is uploaded (and step timing does not apply).
+    fn run_with(
+        &mut self,
+        step: &StepInput,
+        queued: Option<StepBuffers>,
+    ) -> Result<usize, ModelError> {
+        let inputs = match queued {
+            Some(inputs) => inputs,
+            None => {
+                self.validate(step)?;
+                let inputs = self.upload(step)?;
+                if let (true, Some((start, _))) = (self.step_timing, self.step_events) {
+                    let g = self.gpu.as_ref();
+                    g.record_event(start, g.default_stream())?;
+                }
+                inputs
+            }
         };
-        if let (true, Some((start, _))) = (self.step_timing, self.step_events) {
-            let g = self.gpu.as_ref();
-            g.record_event(start, g.default_stream())?;
-        }
         let n = step.tokens.len() as u32;
         let qh = self.config.num_heads as u32;
         // The split decode attention covers the leading decode rows of a mixed step, or the
