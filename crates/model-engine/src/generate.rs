@@ -201,12 +201,11 @@ fn run(
             }
         }
     };
-    let ttft = first_token_at;
     Ok(Generated {
         tokens,
         finish,
         prompt_tokens: prompt.len(),
-        time_to_first_token: ttft,
-        decode_time: start.elapsed().saturating_sub(ttft),
+        time_to_first_token: first_token_at,
+        decode_time: start.elapsed().saturating_sub(first_token_at),
     })
 }

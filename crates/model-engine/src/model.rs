@@ -381,7 +381,7 @@ pub struct Model {
     step_timing: bool,
     /// The two events step timing records, created on first use and kept (the backend has no
     /// call to destroy an event).
-    step_events: Option<(metrale_gpu_runtime::Event, metrale_gpu_runtime::Event)>,
+    step_events: Option<(Event, Event)>,
     /// The device time of the last step run with step timing on, ms.
     last_step_gpu_ms: Option<f32>,
     /// Greedy decode of one sequence keeps this many steps queued while it reads an id back
@@ -802,13 +802,13 @@ impl Model {
                 logit_rows: &[0],
             };
             self.validate(&step)?;
-            let (packed, places) = self.pack(&step);
+            let (packed, places) = self.pack(&step, i == 0);
             if i == 0 {
-                plan.extend(packed);
                 buffers = Some(places);
             } else {
-                plan.extend(&packed[..HEAD]);
+                debug_assert_eq!(packed.len(), HEAD);
             }
+            plan.extend(packed);
         }
         let first_len = plan.len() - (steps - 1) * HEAD;
         debug_assert_eq!(first_len, HEAD + self.options.max_blocks_per_seq());
@@ -1000,15 +1000,16 @@ impl Model {
 
     /// Uploads the step's integer inputs in one copy; returns where each part landed.
     fn upload(&self, step: &StepInput) -> Result<StepBuffers, ModelError> {
-        let (packed, buffers) = self.pack(step);
+        let (packed, buffers) = self.pack(step, true);
         self.gpu
             .copy_h2d(bytemuck::cast_slice(&packed), self.scratch.step_inputs)?;
         Ok(buffers)
     }
 
     /// The step's integer inputs as [`Model::upload`] copies them to `scratch.step_inputs`, and
-    /// where each part lands there.
-    fn pack(&self, step: &StepInput) -> (Vec<i32>, StepBuffers) {
+    /// where each part lands there; without `tables`, only the per-token part before the block
+    /// table rows (`8 * tokens` values).
+    fn pack(&self, step: &StepInput, tables: bool) -> (Vec<i32>, StepBuffers) {
         let o = &self.options;
         let sc = &self.scratch;
         let n = step.tokens.len();
@@ -1025,19 +1026,20 @@ impl Model {
                     .expect("validated") as i32
             })
             .collect();
-        let width = o.max_blocks_per_seq();
-        let tables: Vec<i32> = step
-            .block_tables
-            .iter()
-            .flat_map(|t| t.padded_row(width, 0))
-            .collect();
         let tiles = prefill_attention_tiles_of(&token_seq, &positions, self.prefill_tile());
         let num_tiles = tiles.len() as u32;
         let decode_rows = tiles.iter().take_while(|t| t[3] == 1).count() as u32;
         let tiles = tiles.concat();
         let mut packed = [ids, positions, token_seq, slots, tiles].concat();
         packed.resize(8 * n, 0);
-        packed.extend(tables);
+        if tables {
+            let width = o.max_blocks_per_seq();
+            packed.extend(
+                step.block_tables
+                    .iter()
+                    .flat_map(|t| t.padded_row(width, 0)),
+            );
+        }
         let region = |i: usize| sc.step_inputs.offset(i * n * 4);
         let buffers = StepBuffers {
             ids: region(0),
