@@ -160,6 +160,17 @@ impl BlasLt {
             let w_layout = layout(bf16, key.k, key.n, key.k)?;
             let a_layout = layout(bf16, key.k, key.m, key.k)?;
             let c_layout = layout(out, key.n, key.m, key.n)?;
+            // The rows the heuristic is asked about (heuristic_rows): where they differ from the
+            // product's, layouts of that many rows for the question only.
+            let asked_m = heuristic_rows(key.m, heuristic_rows_setting());
+            let asked = if asked_m == key.m {
+                None
+            } else {
+                Some((
+                    layout(bf16, key.k, asked_m, key.k)?,
+                    layout(out, key.n, asked_m, key.n)?,
+                ))
+            };
 
             let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
             check(lt::cublasLtMatmulPreferenceCreate(&mut pref), "preference")?;
@@ -173,31 +184,68 @@ impl BlasLt {
                 ),
                 "preference attribute",
             )?;
-            let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
-            let mut found = 0i32;
-            let status = lt::cublasLtMatmulAlgoGetHeuristic(
-                self.handle,
-                desc,
-                w_layout,
-                a_layout,
-                c_layout,
-                c_layout,
-                pref,
-                1,
-                &mut result,
-                &mut found,
-            );
+            let first = |a: lt::cublasLtMatrixLayout_t, c: lt::cublasLtMatrixLayout_t| {
+                let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+                let mut found = 0i32;
+                let status = lt::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    desc,
+                    w_layout,
+                    a,
+                    c,
+                    c,
+                    pref,
+                    1,
+                    &mut result,
+                    &mut found,
+                );
+                check(status, "heuristic").map(|()| (found > 0).then_some(result))
+            };
+            // The algorithm picked for `asked_m` rows, if cuBLASLt accepts it for the product's
+            // own shape within the workspace; otherwise (and by default) the one picked for it.
+            let mut borrowed = None;
+            if let Some((a, c)) = asked {
+                let picked = first(a, c);
+                lt::cublasLtMatrixLayoutDestroy(a);
+                lt::cublasLtMatrixLayoutDestroy(c);
+                if let Ok(Some(picked)) = picked {
+                    let mut checked: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+                    let status = lt::cublasLtMatmulAlgoCheck(
+                        self.handle,
+                        desc,
+                        w_layout,
+                        a_layout,
+                        c_layout,
+                        c_layout,
+                        &picked.algo,
+                        &mut checked,
+                    );
+                    if status == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                        && checked.workspaceSize <= WORKSPACE_BYTES
+                    {
+                        borrowed = Some(checked);
+                    }
+                }
+            }
+            let result = match borrowed {
+                Some(result) => Ok(Some(result)),
+                None => first(a_layout, c_layout),
+            };
             lt::cublasLtMatmulPreferenceDestroy(pref);
-            check(status, "heuristic")?;
-            if found == 0 {
+            let Some(result) = result? else {
                 return Err(GpuError::Library(format!(
                     "cuBLASLt has no algorithm for m={} n={} k={}",
                     key.m, key.n, key.k
                 )));
-            }
+            };
             if std::env::var_os("METRALE_BLASLT_LOG").is_some() {
+                let from = if borrowed.is_some() {
+                    format!(" (picked for m={asked_m})")
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "met: cuBLASLt m={} n={} k={} bias={} f32_out={}: {} (workspace {} bytes, {:.2} waves)",
+                    "met: cuBLASLt m={} n={} k={} bias={} f32_out={}: {}{from} (workspace {} bytes, {:.2} waves)",
                     key.m,
                     key.n,
                     key.k,
@@ -285,6 +333,30 @@ impl BlasLt {
     }
 }
 
+/// `METRALE_BLASLT_HEURISTIC_M`: products of fewer rows than this take the algorithm cuBLASLt's
+/// heuristic picks for this many rows (where cuBLASLt accepts it for their own shape); 0 or unset:
+/// every product takes the one picked for its own rows.
+fn heuristic_rows_setting() -> u32 {
+    static ROWS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        let Ok(value) = std::env::var("METRALE_BLASLT_HEURISTIC_M") else {
+            return 0;
+        };
+        value.trim().parse().unwrap_or_else(|_| {
+            eprintln!(
+                "met: METRALE_BLASLT_HEURISTIC_M={value:?} is not a row count; using each product's own rows"
+            );
+            0
+        })
+    })
+}
+
+/// The rows cuBLASLt's heuristic is asked about for a product of `m` rows under a setting of
+/// `rows` (see [`heuristic_rows_setting`]): `rows` where `m` is below it, else `m`.
+fn heuristic_rows(m: u32, rows: u32) -> u32 {
+    if m < rows { rows } else { m }
+}
+
 /// The configuration cuBLASLt's heuristic picked, as its algorithm attributes (for
 /// `METRALE_BLASLT_LOG`, to set against what cuBLASLt's own log shows for another caller).
 fn describe(algo: &lt::cublasLtMatmulAlgo_t) -> String {
@@ -336,5 +408,19 @@ impl Drop for BlasLt {
             lt::cublasLtDestroy(self.handle);
             sys::cuMemFree_v2(self.workspace);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heuristic_rows;
+
+    #[test]
+    fn heuristic_rows_only_raise_smaller_products() {
+        assert_eq!(heuristic_rows(8, 0), 8);
+        assert_eq!(heuristic_rows(8, 16), 16);
+        assert_eq!(heuristic_rows(16, 16), 16);
+        assert_eq!(heuristic_rows(64, 16), 64);
+        assert_eq!(heuristic_rows(1, 16), 16);
     }
 }
