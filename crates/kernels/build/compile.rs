@@ -51,7 +51,13 @@ fn find_nvcc() -> Result<PathBuf, String> {
             }
         }
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/nvcc/lib");
+    // The manifest directory cargo gives this run, not the one baked in when the build script was
+    // compiled: a target directory shared with a worktree elsewhere (scripts/ab-build.sh) reuses
+    // a build script compiled there, whose baked-in path may be gone.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let venv = manifest.join("../../.venv/nvcc/lib");
     if let Ok(entries) = std::fs::read_dir(&venv) {
         for entry in entries.flatten() {
             let p = entry.path().join("site-packages/nvidia/cu13/bin/nvcc");
