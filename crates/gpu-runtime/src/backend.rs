@@ -88,6 +88,16 @@ pub enum GpuError {
     /// A GPU library call (cuBLASLt) failed.
     #[error("{0}")]
     Library(String),
+    /// A run-time switch (environment variable) of the backend holds a value it does not take.
+    #[error("{name}={value}: expected {expected}")]
+    BadVariable {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it takes.
+        expected: &'static str,
+    },
 }
 
 /// GPU memory, kernel launch, streams, events and graphs, with three implementations.

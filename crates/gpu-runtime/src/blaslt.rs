@@ -59,6 +59,8 @@ unsafe impl Send for Plan {}
 /// A cuBLASLt handle, its workspace and the plans built so far.
 pub struct BlasLt {
     handle: lt::cublasLtHandle_t,
+    /// Products of fewer rows take the algorithm picked for this many ([`heuristic_rows`]).
+    heuristic_m: u32,
     workspace: sys::CUdeviceptr,
     plans: Mutex<HashMap<Key, Plan>>,
 }
@@ -71,8 +73,9 @@ unsafe impl Sync for BlasLt {}
 
 impl BlasLt {
     /// Loads cuBLASLt and creates a handle and workspace in the current CUDA context, or `None`
-    /// when the library is not installed.
-    pub fn new() -> Result<Option<Self>, GpuError> {
+    /// when the library is not installed. Products of fewer than `heuristic_m` rows take the
+    /// algorithm the heuristic picks for `heuristic_m` rows ([`heuristic_rows`]; 0: their own).
+    pub fn new(heuristic_m: u32) -> Result<Option<Self>, GpuError> {
         // SAFETY: only probes for the shared library.
         if !unsafe { lt::is_culib_present() } {
             return Ok(None);
@@ -90,6 +93,7 @@ impl BlasLt {
         }
         Ok(Some(BlasLt {
             handle,
+            heuristic_m,
             workspace,
             plans: Mutex::new(HashMap::new()),
         }))
@@ -162,7 +166,7 @@ impl BlasLt {
             let c_layout = layout(out, key.n, key.m, key.n)?;
             // The rows the heuristic is asked about (heuristic_rows): where they differ from the
             // product's, layouts of that many rows for the question only.
-            let asked_m = heuristic_rows(key.m, heuristic_rows_setting());
+            let asked_m = heuristic_rows(key.m, self.heuristic_m);
             let asked = if asked_m == key.m {
                 None
             } else {
@@ -333,21 +337,26 @@ impl BlasLt {
     }
 }
 
-/// `METRALE_BLASLT_HEURISTIC_M`: products of fewer rows than this take the algorithm cuBLASLt's
-/// heuristic picks for this many rows (where cuBLASLt accepts it for their own shape); 0 or unset:
-/// every product takes the one picked for its own rows.
-fn heuristic_rows_setting() -> u32 {
-    static ROWS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| {
-        let Ok(value) = std::env::var("METRALE_BLASLT_HEURISTIC_M") else {
-            return 0;
-        };
-        value.trim().parse().unwrap_or_else(|_| {
-            eprintln!(
-                "met: METRALE_BLASLT_HEURISTIC_M={value:?} is not a row count; using each product's own rows"
-            );
-            0
-        })
+/// Rows below which a product takes the algorithm cuBLASLt's heuristic picks for this many rows
+/// (where cuBLASLt accepts it for the product's own shape). On the H200 the heuristic's pick for 8
+/// rows streamed Qwen3-8B's gate|up in 54.78 us and its down projection in 30.90; the pick for 16
+/// rows, run on the same 8 rows, took 49.78 and 28.78 (qkv 16.04 -> 15.67, o 11.84 -> 13.25), and
+/// the batch-8 decode step at 160 keys went 4.958 -> 4.777 ms (4.970 -> 4.806 in a second call;
+/// 5.384 -> 5.244 at 1024 keys). Asking for 32 rows: 4.897 ms
+/// (docs/results/2026-12-02-speed-h200/blaslt-rows).
+pub const HEURISTIC_ROWS: u32 = 16;
+
+/// `METRALE_BLASLT_HEURISTIC_M` (`value`, or `None` when unset): the rows below which products take
+/// the algorithm picked for that many; unset: [`HEURISTIC_ROWS`]; 0: each product its own. Anything
+/// but a non-negative integer is an error.
+pub fn heuristic_rows_setting(value: Option<&str>) -> Result<u32, GpuError> {
+    let Some(value) = value else {
+        return Ok(HEURISTIC_ROWS);
+    };
+    value.trim().parse().map_err(|_| GpuError::BadVariable {
+        name: "METRALE_BLASLT_HEURISTIC_M",
+        value: value.to_string(),
+        expected: "a non-negative integer",
     })
 }
 
@@ -413,7 +422,7 @@ impl Drop for BlasLt {
 
 #[cfg(test)]
 mod tests {
-    use super::heuristic_rows;
+    use super::{HEURISTIC_ROWS, heuristic_rows, heuristic_rows_setting};
 
     #[test]
     fn heuristic_rows_only_raise_smaller_products() {
@@ -422,5 +431,19 @@ mod tests {
         assert_eq!(heuristic_rows(16, 16), 16);
         assert_eq!(heuristic_rows(64, 16), 64);
         assert_eq!(heuristic_rows(1, 16), 16);
+    }
+
+    #[test]
+    fn heuristic_rows_setting_defaults_and_refuses_other_values() {
+        assert_eq!(heuristic_rows_setting(None).unwrap(), HEURISTIC_ROWS);
+        assert_eq!(heuristic_rows_setting(Some("0")).unwrap(), 0);
+        assert_eq!(heuristic_rows_setting(Some(" 32 ")).unwrap(), 32);
+        for bad in ["-1", "sixteen", ""] {
+            let err = heuristic_rows_setting(Some(bad)).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!("METRALE_BLASLT_HEURISTIC_M={bad}: expected a non-negative integer")
+            );
+        }
     }
 }

@@ -1541,6 +1541,20 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gemv_grid_cases(&mut rng));
     out.push(grid_barrier_case(4, 7));
     out.push(grid_barrier_case(1, 3));
+    // Fewer rows than blaslt::HEURISTIC_ROWS through GpuBackend::gemm: the algorithm picked for 16
+    // rows on 8 and 5 (Qwen3-8B's down projection at batch 8, split over K on the H200; a bias at
+    // 5 rows).
+    for &(m, n, k, bias) in &[(8u32, 4096u32, 12288u32, false), (5, 6144, 4096, true)] {
+        out.push(product_case(
+            &mut rng,
+            Product::Library,
+            m,
+            n,
+            k,
+            bias,
+            false,
+        ));
+    }
     out
 }
 

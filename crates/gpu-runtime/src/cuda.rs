@@ -141,6 +141,9 @@ pub struct CudaBackend {
     /// Measured on the H200 with decode graphs: Qwen3-8B 156.1 -> 158.8 tok/s, Qwen3-0.6B
     /// 706.3 -> 728.9 tok/s, the same greedy ids (docs/results/2026-11-30-speed-h200/launch-ab).
     pdl: bool,
+    /// Products of fewer rows take the cuBLASLt algorithm picked for this many
+    /// (`METRALE_BLASLT_HEURISTIC_M`, default [`crate::blaslt::HEURISTIC_ROWS`]; 0: their own).
+    blaslt_rows: u32,
 }
 
 impl CudaBackend {
@@ -180,6 +183,9 @@ impl CudaBackend {
             state: Mutex::new(CudaState::default()),
             blaslt: std::sync::OnceLock::new(),
             pdl: std::env::var("METRALE_PDL").map_or(true, |v| v != "0"),
+            blaslt_rows: crate::blaslt::heuristic_rows_setting(
+                std::env::var("METRALE_BLASLT_HEURISTIC_M").ok().as_deref(),
+            )?,
         };
         backend.bind()?;
         let main = backend.new_stream()?;
@@ -465,7 +471,7 @@ impl GpuBackend for CudaBackend {
                 return None;
             }
             self.bind().ok()?;
-            crate::blaslt::BlasLt::new().unwrap_or_else(|e| {
+            crate::blaslt::BlasLt::new(self.blaslt_rows).unwrap_or_else(|e| {
                 eprintln!("met: cuBLASLt unavailable ({e}); GEMMs use the built-in kernel");
                 None
             })
