@@ -227,6 +227,9 @@ impl BlasLt {
                     if status == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
                         && checked.workspaceSize <= WORKSPACE_BYTES
                     {
+                        // The check reports the workspace and waves for this shape; the algorithm
+                        // is the one picked (set here rather than relied on being copied back).
+                        checked.algo = picked.algo;
                         borrowed = Some(checked);
                     }
                 }
