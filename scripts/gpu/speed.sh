@@ -12,6 +12,9 @@
 #             whether the greedy ids agree, and met bench-model's prefill and decode rows
 #   met       met bench-model (TTFT at 128/1024/8192, decode step at batch 1/8/32/64 against its
 #             memory floor, per-launch profile; decode steps at 160-token contexts), met generate
+#   timeline  with a trace build stashed as $STASH/met_t (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE,
+#             wip/kernel-timeline until merged): met_t bench-model --timeline at 160-token
+#             contexts, batch 1 and 8: each launch's wait and span inside the replayed step
 #   peers     transformers eager and static+compile (manual loop) decode at batch 1, 8 and 32, each
 #             in its own process, and transformers TTFT at 128/1024/8192 tokens. Qwen3-8B's runs
 #             took 412-468 s on the H200 (each compile is minutes): give that phase a call of its
@@ -148,6 +151,17 @@ met)
     "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
       --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$m.txt" 2>&1
     record "met generate $m batch 1" "$(grep -o 'decode [0-9.]* tok/s' "$RES/met-decode-$m.txt")"
+  done
+  finish
+  ;;
+timeline)
+  # Where a replayed decode step's time goes, launch by launch (a trace build's kernels record
+  # their programmatic-launch waits: ARCHITECTURE.md).
+  [ -x "$STASH/met_t" ] || { echo "timeline: no trace build at $STASH/met_t" >&2; exit 2; }
+  for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
+    timeout 120 "$STASH/met_t" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1,8 --context 160 \
+      --timeline > "$RES/timeline-$m.md" 2>&1
+    record "met_t bench-model $m --timeline" "exit $? ($(grep -c '^| [0-9]' "$RES/timeline-$m.md") launches listed)"
   done
   finish
   ;;
