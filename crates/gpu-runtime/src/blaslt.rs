@@ -366,7 +366,7 @@ pub fn heuristic_rows_setting(value: Option<&str>) -> Result<u32, GpuError> {
 /// The rows cuBLASLt's heuristic is asked about for a product of `m` rows under a setting of
 /// `rows` (see [`heuristic_rows_setting`]): `rows` where `m` is below it, else `m`.
 fn heuristic_rows(m: u32, rows: u32) -> u32 {
-    if m < rows { rows } else { m }
+    m.max(rows)
 }
 
 /// The configuration cuBLASLt's heuristic picked, as its algorithm attributes (for
