@@ -36,6 +36,7 @@
 #             runs: 8b (TTFT 1024/8192, batch 1/8/64 at 1k), 8b-short (batch 1/8/32 at 160),
 #             0.6b (TTFT 1024, batch 1/64). $AB_REPEAT (default 1) runs the entries that many
 #             times in turn, timing only after the first pass (rows named -r2, -r3, ...).
+#             AB_PARITY=0 skips the parity runs (and the reference logits they need).
 #
 # Results collect in $RES and are packed into $OUT/speed-<phase>.tgz with a summary table.
 set -uo pipefail
@@ -262,6 +263,7 @@ ab)
         "$(grep -o '[0-9]* decode-step graphs' "$RES/ab-generate-$m-$b.txt" | grep -o '^[0-9]*')" "$ids" >> "$RES/ab-rows.md"
     done
     [ "$rep" -gt 1 ] && continue
+    [ "${AB_PARITY:-1}" = 1 ] || continue
     reference_logits qwen3-0.6b
     timeout 60 "$bin" parity --backend cuda --model-from-path "$CKPT/qwen3-0.6b" --reference /root/ref/qwen3-0.6b.safetensors \
       > "$RES/ab-parity-$b.txt" 2>&1
