@@ -19,6 +19,7 @@ use std::sync::Arc;
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::{DevicePtr, LaunchConfig};
+use metrale_gpu_runtime::trace::{TraceRecord, parse_trace, trace_header, trace_words};
 use metrale_gpu_runtime::{
     Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, Stream, launch_kernel,
 };
@@ -889,6 +890,37 @@ impl Model {
         result?;
         drained?;
         Ok(freed?)
+    }
+
+    /// A trace build's timeline of one step of `step` through [`Model::forward_argmax`] (replayed
+    /// from its graph when graphs are on): every launch's record in launch order (block 0 at its
+    /// programmatic-launch wait: [`metrale_gpu_runtime::trace`]), at most `capacity` of them, or
+    /// `None` when the loaded kernels have no trace (a release build, the host or mock backend).
+    /// The step's outputs are the untraced step's (the trace only adds stores of its own).
+    pub fn trace_step(
+        &mut self,
+        step: &StepInput,
+        capacity: usize,
+    ) -> Result<Option<Vec<TraceRecord>>, ModelError> {
+        let g = self.gpu.clone();
+        let bytes = trace_words(capacity) * 8;
+        let buffer = g.alloc(bytes)?;
+        let mut traced = || -> Result<Option<Vec<TraceRecord>>, ModelError> {
+            g.copy_h2d(&trace_header(capacity), buffer)?;
+            if !g.set_kernel_trace(buffer)? {
+                return Ok(None);
+            }
+            let ran = self.forward_argmax(step);
+            g.set_kernel_trace(DevicePtr::NULL)?;
+            ran?;
+            let mut raw = vec![0u8; bytes];
+            g.copy_d2h(buffer, &mut raw)?;
+            let words: Vec<u64> = bytemuck::pod_collect_to_vec(&raw);
+            Ok(Some(parse_trace(&words)))
+        };
+        let result = traced();
+        g.free(buffer)?;
+        result
     }
 
     /// Runs one step and returns the argmax of each row of `step.logit_rows` (the lowest id on
