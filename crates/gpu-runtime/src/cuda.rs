@@ -352,17 +352,17 @@ impl GpuBackend for CudaBackend {
                     c"metrale_trace_buffer".as_ptr(),
                 )
             };
-            if found != sys::CUresult::CUDA_SUCCESS || bytes != 8 {
+            if found == sys::CUresult::CUDA_ERROR_NOT_FOUND {
                 continue;
             }
-            let value: u64 = buffer.0;
-            // SAFETY: `at` is the module's 8-byte global; the copy is synchronous.
-            unsafe {
-                check(
-                    "cuMemcpyHtoD",
-                    sys::cuMemcpyHtoD_v2(at, &value as *const u64 as *const c_void, 8),
-                )?;
+            check("cuModuleGetGlobal", found)?;
+            if bytes != 8 {
+                return Err(GpuError::Memory(format!(
+                    "metrale_trace_buffer is {bytes} bytes, not a pointer's 8"
+                )));
             }
+            // On the main stream and synchronised (copy_h2d), so the step's kernels see it.
+            self.copy_h2d(&buffer.0.to_le_bytes(), DevicePtr(at))?;
             any = true;
         }
         Ok(any)

@@ -63,10 +63,12 @@ pub struct Args {
     /// in place. The outputs of those steps are wrong; they are only timed.
     #[arg(long, value_delimiter = ',')]
     skip_each: Vec<String>,
-    /// After the timed rows, replay each decode configuration once more with the kernels' trace
-    /// on and print its timeline: per launch, how long block 0 waited at the programmatic-launch
-    /// wait and the span from that wait's release to the next launch's. Needs a trace build
-    /// (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE); launches of cuBLASLt have no record.
+    /// After the timed rows, run each decode configuration twice more (once profiled for the
+    /// launch labels, unless --profile already did, and once with the kernels' trace on, from
+    /// its graph when graphs are on) and print the traced step's timeline: per launch, how long
+    /// block 0 waited at the programmatic-launch wait and the span from that wait's release to
+    /// the next launch's. Needs a trace build (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE);
+    /// cuBLASLt's launches have no record, so steps that use it are shown unlabelled.
     #[arg(long)]
     timeline: bool,
 }
@@ -332,10 +334,11 @@ fn time_decode(
         None
     };
     let timeline = if detail && args.timeline {
-        let labels: Vec<&'static str> = profile_step(model, &step)?
-            .into_iter()
-            .map(|(label, _)| label)
-            .collect();
+        let launches = match &profile {
+            Some(launches) => launches.clone(),
+            None => profile_step(model, &step)?,
+        };
+        let labels: Vec<&'static str> = launches.into_iter().map(|(label, _)| label).collect();
         let records = model.trace_step(&step, labels.len() + 64)?;
         Some((labels, records))
     } else {
@@ -405,9 +408,10 @@ fn print_timeline(what: &str, labels: &[&'static str], records: Option<&[TraceRe
         _ => 0.0,
     };
     println!(
-        "timeline: {what}: {} launches recorded of {} launched, {total:.1} µs from the first wait's release to the last{}",
+        "timeline: {what}: {} launches recorded of {} launched, {total:.1} µs from the first wait's release to the last, clock step {}{}",
         records.len(),
         labels.len(),
+        clock_step_ns(records).map_or("unknown".to_string(), |ns| format!("{ns} ns")),
         if paired {
             ""
         } else {
@@ -454,4 +458,20 @@ fn print_timeline(what: &str, labels: &[&'static str], records: Option<&[TraceRe
             r.sm
         );
     }
+}
+
+/// The smallest non-zero difference between any two of the records' timestamps: an upper bound on
+/// the %globaltimer's tick here (some GPUs tick it only every microsecond), so the timeline's
+/// resolution is printed beside it.
+fn clock_step_ns(records: &[TraceRecord]) -> Option<u64> {
+    let mut stamps: Vec<u64> = records
+        .iter()
+        .flat_map(|r| [r.entered_ns, r.released_ns])
+        .collect();
+    stamps.sort_unstable();
+    stamps
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .filter(|&d| d > 0)
+        .min()
 }

@@ -28,11 +28,11 @@ __device__ __forceinline__ unsigned long long trace_clock() {
 // Block 0's record (see metrale_trace_buffer), written after the dependents are launched so
 // that it does not delay them.
 __device__ __forceinline__ void trace_wait(unsigned long long entered, unsigned long long released) {
-    unsigned long long* buf = metrale_trace_buffer;
-    if (buf == nullptr || (threadIdx.x | threadIdx.y | threadIdx.z) != 0 ||
-        (blockIdx.x | blockIdx.y | blockIdx.z) != 0) {
+    if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0 || (blockIdx.x | blockIdx.y | blockIdx.z) != 0) {
         return;
     }
+    unsigned long long* buf = metrale_trace_buffer;
+    if (buf == nullptr) return;
     const unsigned long long slot = atomicAdd(buf, 1ull);
     if (slot >= buf[1]) return;
     unsigned int sm;
