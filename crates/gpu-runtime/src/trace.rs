@@ -21,6 +21,10 @@ pub struct TraceRecord {
     pub sm: u32,
 }
 
+/// Records a trace buffer has room for: the kernels' bound (`TRACE_CAPACITY` in common.cuh, a
+/// constant so that recording needs no load of the buffer's header).
+pub const TRACE_CAPACITY: usize = 1 << 16;
+
 /// Words of a trace buffer of `capacity` records.
 pub fn trace_words(capacity: usize) -> usize {
     2 + 4 * capacity

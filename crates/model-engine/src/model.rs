@@ -19,7 +19,9 @@ use std::sync::Arc;
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::{DevicePtr, LaunchConfig};
-use metrale_gpu_runtime::trace::{TraceRecord, parse_trace, trace_header, trace_words};
+use metrale_gpu_runtime::trace::{
+    TRACE_CAPACITY, TraceRecord, parse_trace, trace_header, trace_words,
+};
 use metrale_gpu_runtime::{
     Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, Stream, launch_kernel,
 };
@@ -895,14 +897,12 @@ impl Model {
     /// A trace build's timeline of one step of `step` through [`Model::forward_argmax`] (replayed
     /// from its graph when graphs are on): the record of every launch of our kernels in launch
     /// order (block 0 at its programmatic-launch wait: [`metrale_gpu_runtime::trace`]; cuBLASLt's
-    /// launches have none), at most `capacity` of them, or `None` when the loaded kernels have no
-    /// trace (a release build, the host or mock backend). The step's outputs are the untraced
-    /// step's (the trace only adds stores of its own).
-    pub fn trace_step(
-        &mut self,
-        step: &StepInput,
-        capacity: usize,
-    ) -> Result<Option<Vec<TraceRecord>>, ModelError> {
+    /// launches have none), at most [`TRACE_CAPACITY`] of them, or `None` when the loaded
+    /// kernels have no trace (a release build, the host or mock backend). The step's outputs are
+    /// the untraced step's (the trace only adds stores of its own).
+    pub fn trace_step(&mut self, step: &StepInput) -> Result<Option<Vec<TraceRecord>>, ModelError> {
+        // The kernels write up to their own bound; the buffer has room for all of it.
+        let capacity = TRACE_CAPACITY;
         let g = self.gpu.clone();
         let bytes = trace_words(capacity) * 8;
         let buffer = g.alloc(bytes)?;

@@ -339,7 +339,7 @@ fn time_decode(
             None => profile_step(model, &step)?,
         };
         let labels: Vec<&'static str> = launches.into_iter().map(|(label, _)| label).collect();
-        let records = model.trace_step(&step, labels.len() + 64)?;
+        let records = model.trace_step(&step)?;
         Some((labels, records))
     } else {
         None
