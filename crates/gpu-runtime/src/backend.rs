@@ -185,6 +185,17 @@ pub trait GpuBackend: Send + Sync {
     /// Milliseconds between two recorded, completed events.
     fn elapsed_ms(&self, start: Event, end: Event) -> Result<f32, GpuError>;
 
+    /// Points every loaded module's kernel trace at `buffer` (`DevicePtr::NULL`: off). A trace
+    /// build's kernels (`METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE`) then record, in block 0 of
+    /// every launch, when it reached its programmatic-launch wait and when the wait returned
+    /// (`metrale_trace_buffer` in kernels/hopper/common/common.cuh; [`crate::TraceRecord`]).
+    /// Returns whether any module has the trace: release builds and the host and mock backends
+    /// have none.
+    fn set_kernel_trace(&self, buffer: DevicePtr) -> Result<bool, GpuError> {
+        let _ = buffer;
+        Ok(false)
+    }
+
     // Graphs.
     /// Starts recording device-side work queued on `stream` instead of running it.
     fn begin_capture(&self, stream: Stream) -> Result<(), GpuError>;

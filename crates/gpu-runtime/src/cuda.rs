@@ -336,6 +336,38 @@ impl GpuBackend for CudaBackend {
         }
     }
 
+    fn set_kernel_trace(&self, buffer: DevicePtr) -> Result<bool, GpuError> {
+        self.no_capture("setting the kernel trace")?;
+        self.bind()?;
+        let mut any = false;
+        for &(_, module) in &self.modules {
+            let (mut at, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
+            // SAFETY: out-pointers to locals; the module handle is loaded and owned by self; the
+            // name is a NUL-terminated literal.
+            let found = unsafe {
+                sys::cuModuleGetGlobal_v2(
+                    &mut at,
+                    &mut bytes,
+                    module as sys::CUmodule,
+                    c"metrale_trace_buffer".as_ptr(),
+                )
+            };
+            if found == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+                continue;
+            }
+            check("cuModuleGetGlobal", found)?;
+            if bytes != 8 {
+                return Err(GpuError::Memory(format!(
+                    "metrale_trace_buffer is {bytes} bytes, not a pointer's 8"
+                )));
+            }
+            // On the main stream and synchronised (copy_h2d), so the step's kernels see it.
+            self.copy_h2d(&buffer.0.to_le_bytes(), DevicePtr(at))?;
+            any = true;
+        }
+        Ok(any)
+    }
+
     fn copy_d2h(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), GpuError> {
         self.no_capture("a device-to-host copy")?;
         self.bind()?;

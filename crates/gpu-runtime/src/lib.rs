@@ -24,6 +24,7 @@ mod host;
 mod mock;
 mod pool;
 pub mod probe;
+pub mod trace;
 
 pub use backend::{
     Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream,

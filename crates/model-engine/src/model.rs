@@ -19,6 +19,9 @@ use std::sync::Arc;
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
 use metrale_core::{DevicePtr, LaunchConfig};
+use metrale_gpu_runtime::trace::{
+    TRACE_CAPACITY, TraceRecord, parse_trace, trace_header, trace_words,
+};
 use metrale_gpu_runtime::{
     Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, Stream, launch_kernel,
 };
@@ -891,6 +894,57 @@ impl Model {
         Ok(freed?)
     }
 
+    /// A trace build's timeline of one step of `step` through [`Model::forward_argmax`] (replayed
+    /// from its graph when graphs are on): the record of every launch of our kernels in launch
+    /// order (block 0 at its programmatic-launch wait: [`metrale_gpu_runtime::trace`]; cuBLASLt's
+    /// launches have none), at most [`TRACE_CAPACITY`] of them, or `None` when the loaded
+    /// kernels have no trace (a release build, the host or mock backend). The step's outputs are
+    /// the untraced step's (the trace only adds stores of its own).
+    pub fn trace_step(&mut self, step: &StepInput) -> Result<Option<Vec<TraceRecord>>, ModelError> {
+        // The kernels write up to their own bound; the buffer has room for all of it.
+        let capacity = TRACE_CAPACITY;
+        let g = self.gpu.clone();
+        let bytes = trace_words(capacity) * 8;
+        let buffer = g.alloc(bytes)?;
+        if let Err(e) = g.copy_h2d(&trace_header(capacity), buffer) {
+            g.free(buffer)?;
+            return Err(e.into());
+        }
+        let on = g.set_kernel_trace(buffer);
+        let ran = match on {
+            Ok(true) => Some(self.forward_argmax(step)),
+            _ => None,
+        };
+        // Off on every path, and the buffer freed only once no module points at it any more
+        // (otherwise it is left allocated: later kernels would write records into it).
+        let off = g.set_kernel_trace(DevicePtr::NULL);
+        if let Err(off_error) = off {
+            let first = match on {
+                Err(e) => e,
+                Ok(_) => off_error,
+            };
+            return Err(first.into());
+        }
+        let read = match (&on, &ran) {
+            (Ok(true), Some(Ok(_))) => {
+                let mut raw = vec![0u8; bytes];
+                g.copy_d2h(buffer, &mut raw).map(|()| {
+                    let words: Vec<u64> = bytemuck::pod_collect_to_vec(&raw);
+                    Some(parse_trace(&words))
+                })
+            }
+            _ => Ok(None),
+        };
+        let freed = g.free(buffer);
+        on?;
+        if let Some(ran) = ran {
+            ran?;
+        }
+        let records = read?;
+        freed?;
+        Ok(records)
+    }
+
     /// Runs one step and returns the argmax of each row of `step.logit_rows` (the lowest id on
     /// ties, NaN never chosen: what a greedy sampler without bias or penalties picks), taken on
     /// the device so that only one id per row comes back instead of the row's logits.
@@ -907,6 +961,7 @@ impl Model {
                 scratch: self.scratch.argmax_scratch,
             };
             launch_kernel(g, self.kernels.argmax_f32, &argmax, s)?;
+            self.mark("argmax")?;
         }
         self.finish_step_timing()?;
         let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());

@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 use metrale_cache::{BlockAllocator, BlockTable, DEFAULT_BLOCK_SIZE};
+use metrale_gpu_runtime::trace::{TraceRecord, spans_us};
 use metrale_model_engine::{Model, ModelOptions, StepInput};
 
 use crate::load::{self, ModelArgs};
@@ -62,7 +63,19 @@ pub struct Args {
     /// in place. The outputs of those steps are wrong; they are only timed.
     #[arg(long, value_delimiter = ',')]
     skip_each: Vec<String>,
+    /// After the timed rows, run each decode configuration twice more (once profiled for the
+    /// launch labels, unless --profile already did, and once with the kernels' trace on, from
+    /// its graph when graphs are on) and print the traced step's timeline: per launch, how long
+    /// block 0 waited at the programmatic-launch wait and the span from that wait's release to
+    /// the next launch's. Needs a trace build (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE);
+    /// cuBLASLt's launches have no record, so steps that use it are shown unlabelled.
+    #[arg(long)]
+    timeline: bool,
 }
+
+/// A decode configuration's trace: the step's launch labels (from a profiled run) and the
+/// records of the traced replay, or `None` when the kernels have no trace.
+type Timeline = (Vec<&'static str>, Option<Vec<TraceRecord>>);
 
 #[derive(serde::Serialize)]
 struct Row {
@@ -180,13 +193,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         (config.vocab_size * config.hidden_size * 2) as f64
     };
+    let mut timelines = Vec::new();
     for &b in &args.batches {
-        let (ms, device_ms, profile) =
+        let (ms, device_ms, profile, timeline) =
             time_decode(&mut model, &mut allocator, &mut next_id, b, args, true)?;
         if let Some(launches) = profile {
             profiles.push((
                 format!("decode batch {b}, context {}", args.context),
                 launches,
+            ));
+        }
+        if let Some(timeline) = timeline {
+            timelines.push((
+                format!("decode batch {b}, context {}", args.context),
+                timeline,
             ));
         }
         let bytes = model.weight_bytes() as f64 - untied_embedding
@@ -214,7 +234,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for label in &args.skip_each {
         model.set_skip(&[label.as_str()])?;
         for &b in &args.batches {
-            let (ms, _, _) = time_decode(&mut model, &mut allocator, &mut next_id, b, args, false)?;
+            let (ms, _, _, _) =
+                time_decode(&mut model, &mut allocator, &mut next_id, b, args, false)?;
             rows.push(Row {
                 kind: "timing experiment (wrong outputs): decode step without",
                 without: Some(label.clone()),
@@ -248,6 +269,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for (what, launches) in &profiles {
         print_profile(what, launches);
     }
+    for (what, (labels, records)) in &timelines {
+        print_timeline(what, labels, records.as_deref());
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
     }
@@ -266,7 +290,7 @@ fn time_decode(
     b: usize,
     args: &Args,
     detail: bool,
-) -> anyhow::Result<(f64, f64, Option<Vec<(&'static str, f64)>>)> {
+) -> anyhow::Result<(f64, f64, Option<Vec<(&'static str, f64)>>, Option<Timeline>)> {
     let block_size = model.options().block_size;
     let mut tables = Vec::new();
     for _ in 0..b {
@@ -309,10 +333,21 @@ fn time_decode(
     } else {
         None
     };
+    let timeline = if detail && args.timeline {
+        let launches = match &profile {
+            Some(launches) => launches.clone(),
+            None => profile_step(model, &step)?,
+        };
+        let labels: Vec<&'static str> = launches.into_iter().map(|(label, _)| label).collect();
+        let records = model.trace_step(&step)?;
+        Some((labels, records))
+    } else {
+        None
+    };
     for mut t in tables {
         t.release(allocator)?;
     }
-    Ok((median(times), median(device), profile))
+    Ok((median(times), median(device), profile, timeline))
 }
 
 /// One more run of `step` with an event after every launch; the launches in order with their ms.
@@ -352,4 +387,91 @@ fn print_profile(what: &str, launches: &[(&'static str, f64)]) {
             1e3 * ms / count as f64
         );
     }
+}
+
+/// A traced step's launches (`--timeline`): per label, the launches, the mean wait of block 0 at
+/// the programmatic-launch wait and the mean span from its release to the next launch's, then
+/// every launch in order. Labels pair with records by position only when every launch recorded
+/// (each of ours does; cuBLASLt's do not).
+fn print_timeline(what: &str, labels: &[&'static str], records: Option<&[TraceRecord]>) {
+    println!();
+    let Some(records) = records else {
+        println!(
+            "timeline: {what}: these kernels have no trace (build with METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE)"
+        );
+        return;
+    };
+    let spans = spans_us(records);
+    let paired = records.len() == labels.len();
+    let total = match (records.first(), records.last()) {
+        (Some(a), Some(b)) => b.released_ns.saturating_sub(a.released_ns) as f64 / 1e3,
+        _ => 0.0,
+    };
+    println!(
+        "timeline: {what}: {} launches recorded of {} launched, {total:.1} µs from the first wait's release to the last, clock step {}{}",
+        records.len(),
+        labels.len(),
+        clock_step_ns(records).map_or("unknown".to_string(), |ns| format!("{ns} ns")),
+        if paired {
+            ""
+        } else {
+            " (counts differ: launches are not labelled)"
+        }
+    );
+    let label = |i: usize| if paired { labels[i] } else { "?" };
+    if paired {
+        let mut by_label: Vec<(&str, usize, f64, f64, usize)> = Vec::new();
+        for (i, &(waited, span)) in spans.iter().enumerate() {
+            let entry = match by_label.iter_mut().find(|e| e.0 == labels[i]) {
+                Some(entry) => entry,
+                None => {
+                    by_label.push((labels[i], 0, 0.0, 0.0, 0));
+                    by_label.last_mut().expect("just pushed")
+                }
+            };
+            entry.1 += 1;
+            entry.2 += waited;
+            if let Some(span) = span {
+                entry.3 += span;
+                entry.4 += 1;
+            }
+        }
+        println!("| launch | count | waited µs (mean) | span µs (mean) | span µs (sum) |");
+        println!("|---|---|---|---|---|");
+        for (l, count, waited, span, spans) in by_label {
+            println!(
+                "| {l} | {count} | {:.2} | {:.2} | {span:.1} |",
+                waited / count as f64,
+                span / spans.max(1) as f64
+            );
+        }
+    }
+    println!("| # | launch | blocks x threads | SM | waited µs | span µs |");
+    println!("|---|---|---|---|---|---|");
+    for (i, (r, (waited, span))) in records.iter().zip(&spans).enumerate() {
+        let span = span.map_or("-".to_string(), |s| format!("{s:.2}"));
+        println!(
+            "| {i} | {} | {} x {} | {} | {waited:.2} | {span} |",
+            label(i),
+            r.blocks,
+            r.threads,
+            r.sm
+        );
+    }
+}
+
+/// The smallest non-zero difference between any two of the records' timestamps: an upper bound on
+/// the %globaltimer's tick here (some GPUs tick it only every microsecond), so the timeline's
+/// resolution is printed beside it.
+fn clock_step_ns(records: &[TraceRecord]) -> Option<u64> {
+    let mut stamps: Vec<u64> = records
+        .iter()
+        .flat_map(|r| [r.entered_ns, r.released_ns])
+        .collect();
+    stamps.sort_unstable();
+    stamps
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .filter(|&d| d > 0)
+        .min()
 }

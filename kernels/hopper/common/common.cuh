@@ -4,7 +4,53 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#ifdef METRALE_TRACE
+// A trace build's in-step timeline (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE; `met bench-model
+// --timeline`). When the host has pointed this module's metrale_trace_buffer at device memory (u64
+// words: the records written, the capacity in records, then four words a record), block 0 of
+// every launch records the %globaltimer when it reached its programmatic-launch wait and when the
+// wait returned, its grid's block count (high half) and block size (low half), and its SM.
+// Release builds have neither the variable nor the code.
+extern "C" {
+__device__ unsigned long long* metrale_trace_buffer = nullptr;
+}
+#endif
+
 namespace metrale {
+
+#ifdef METRALE_TRACE
+// Records a trace buffer holds (the host allocates room for this many: trace.rs TRACE_CAPACITY).
+constexpr unsigned long long TRACE_CAPACITY = 1ull << 16;
+
+__device__ __forceinline__ unsigned long long trace_clock() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The trace buffer for block 0's thread 0 of a traced launch, else null.
+__device__ __forceinline__ unsigned long long* trace_buffer() {
+    if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0 || (blockIdx.x | blockIdx.y | blockIdx.z) != 0) {
+        return nullptr;
+    }
+    return metrale_trace_buffer;
+}
+
+// Block 0's record (see metrale_trace_buffer) in slot `slot`.
+__device__ __forceinline__ void trace_record(unsigned long long* buf, unsigned long long slot,
+                                             unsigned long long entered,
+                                             unsigned long long released) {
+    if (slot >= TRACE_CAPACITY) return;
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    unsigned long long* r = buf + 2 + 4 * slot;
+    r[0] = entered;
+    r[1] = released;
+    r[2] = ((unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 32) |
+           (blockDim.x * blockDim.y * blockDim.z);
+    r[3] = sm;
+}
+#endif
 
 // Programmatic dependent launch. The CUDA backend may launch a kernel while the one before it on
 // the stream is still running (unless METRALE_PDL=0); such a kernel must not write global memory,
@@ -22,8 +68,22 @@ namespace metrale {
 // after it by ptxas (seen in the SASS); cp.async and prefetches stay. Without a programmatic
 // dependency both instructions do nothing.
 __device__ __forceinline__ void grid_dependency_sync() {
+#ifdef METRALE_TRACE
+    // The slot is taken before the wait, so that its atomic's latency hides behind the wait and
+    // launch order is slot order (the next launch starts only after this one's blocks have
+    // passed their waits); the record's stores go out after the dependents are launched.
+    unsigned long long* trace = trace_buffer();
+    const unsigned long long entered = trace_clock();
+    const unsigned long long slot = trace != nullptr ? atomicAdd(trace, 1ull) : 0;
+#endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifdef METRALE_TRACE
+    const unsigned long long released = trace_clock();
+#endif
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#ifdef METRALE_TRACE
+    if (trace != nullptr) trace_record(trace, slot, entered, released);
+#endif
 }
 
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
