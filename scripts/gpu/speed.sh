@@ -12,8 +12,8 @@
 #             whether the greedy ids agree, and met bench-model's prefill and decode rows
 #   met       met bench-model (TTFT at 128/1024/8192, decode step at batch 1/8/32/64 against its
 #             memory floor, per-launch profile; decode steps at 160-token contexts), met generate
-#   timeline  with a trace build stashed as $STASH/met_t (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE,
-#             wip/kernel-timeline until merged): met_t bench-model --timeline at 160-token
+#   timeline  with a trace build stashed as $STASH/met_t (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE
+#             CARGO_TARGET_DIR=target/trace cargo build --release): met_t bench-model --timeline at 160-token
 #             contexts, batch 1 and 8: each launch's wait and span inside the replayed step
 #   peers     transformers eager and static+compile (manual loop) decode at batch 1, 8 and 32, each
 #             in its own process, and transformers TTFT at 128/1024/8192 tokens. Qwen3-8B's runs

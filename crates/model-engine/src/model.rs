@@ -280,7 +280,10 @@ impl GemvPolicy {
     /// decode-defaults): Qwen3-0.6B's 32 + 256-token generation 1041 -> 1129 tok/s with it, its
     /// step at 1k keys 0.98 -> 0.94 ms; Qwen3-8B's 219.2 -> 206.8 tok/s, its step at 160 keys
     /// 4.54 -> 4.83 ms (at 1k keys 4.86 -> 4.82), although its two fused launches measured alone
-    /// take 4.9 us less than the launches they replace. Why 8B loses is not known yet.
+    /// take 4.9 us less than the launches they replace. The loss is the driver's L1 / shared split
+    /// for the normalising kernels: with an explicit carveout of 25-75% for them (wip/norm-prefetch,
+    /// `METRALE_SMEM_CARVEOUT_KERNELS`) 8B's folded step equals the separate launches' (4.347-4.374
+    /// against 4.368 ms), no gain (docs/results/2026-12-02-speed-h200/norm-carveout).
     pub(crate) fn choose(
         name: &'static str,
         env: Option<&str>,
