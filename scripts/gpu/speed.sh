@@ -15,6 +15,10 @@
 #   timeline  with a trace build stashed as $STASH/met_t (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE
 #             CARGO_TARGET_DIR=target/trace cargo build --release): met_t bench-model --timeline at 160-token
 #             contexts, batch 1 and 8: each launch's wait and span inside the replayed step
+#   timelines the same trace build, batch 1 at 160 keys, once per variant of $TL_VARIANTS (entries
+#             `name` or `name:VAR=value,VAR2=value`, e.g. "base c100:METRALE_SMEM_CARVEOUT=100")
+#             on each model of $SPEED_MODELS; then the variants side by side, per launch label
+#             (scripts/gpu/timeline_pivot.py: span and wait), in timelines-<model>.md
 #   peers     transformers eager and static+compile (manual loop) decode at batch 1, 8 and 32, each
 #             in its own process, and transformers TTFT at 128/1024/8192 tokens. Qwen3-8B's runs
 #             took 412-468 s on the H200 (each compile is minutes): give that phase a call of its
@@ -163,6 +167,25 @@ timeline)
     timeout 120 "$STASH/met_t" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1,8 --context 160 \
       --timeline > "$RES/timeline-$m.md" 2>&1
     record "met_t bench-model $m --timeline" "exit $? ($(grep -c '^| [0-9]' "$RES/timeline-$m.md") launches listed)"
+  done
+  finish
+  ;;
+timelines)
+  # The batch-1 timeline under each variant, side by side.
+  [ -x "$STASH/met_t" ] || { echo "timelines: no trace build at $STASH/met_t" >&2; exit 2; }
+  for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
+    pivot=()
+    for entry in ${TL_VARIANTS:-base}; do
+      name=${entry%%:*} vars=""
+      [ "$entry" != "$name" ] && vars=${entry#*:}
+      env ${vars//,/ } timeout 60 "$STASH/met_t" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1 \
+        --context 160 --timeline > "$RES/timeline-$m-$name.md" 2>&1
+      record "met_t --timeline $m $name" "exit $? (${vars:-no variables})"
+      pivot+=("$name=$RES/timeline-$m-$name.md")
+    done
+    python3 scripts/gpu/timeline_pivot.py "${pivot[@]}" > "$RES/timelines-$m.md" 2>&1
+    echo "== $m"
+    cat "$RES/timelines-$m.md"
   done
   finish
   ;;
