@@ -362,16 +362,10 @@ fn profile_step(model: &mut Model, step: &StepInput) -> anyhow::Result<Vec<(&'st
 /// Where a step's GPU time went: per label, launches, total ms and share, largest first.
 fn print_profile(what: &str, launches: &[(&'static str, f64)]) {
     let total: f64 = launches.iter().map(|(_, ms)| ms).sum();
-    let mut by_label: Vec<(&str, usize, f64)> = Vec::new();
-    for &(label, ms) in launches {
-        match by_label.iter_mut().find(|(l, _, _)| *l == label) {
-            Some(entry) => {
-                entry.1 += 1;
-                entry.2 += ms;
-            }
-            None => by_label.push((label, 1, ms)),
-        }
-    }
+    let mut by_label: Vec<(&str, usize, f64)> = group_by_label(launches.iter().copied())
+        .into_iter()
+        .map(|(label, ms)| (label, ms.len(), ms.iter().sum()))
+        .collect();
     by_label.sort_by(|a, b| b.2.total_cmp(&a.2));
     println!();
     println!(
@@ -420,29 +414,17 @@ fn print_timeline(what: &str, labels: &[&'static str], records: Option<&[TraceRe
     );
     let label = |i: usize| if paired { labels[i] } else { "?" };
     if paired {
-        let mut by_label: Vec<(&str, usize, f64, f64, usize)> = Vec::new();
-        for (i, &(waited, span)) in spans.iter().enumerate() {
-            let entry = match by_label.iter_mut().find(|e| e.0 == labels[i]) {
-                Some(entry) => entry,
-                None => {
-                    by_label.push((labels[i], 0, 0.0, 0.0, 0));
-                    by_label.last_mut().expect("just pushed")
-                }
-            };
-            entry.1 += 1;
-            entry.2 += waited;
-            if let Some(span) = span {
-                entry.3 += span;
-                entry.4 += 1;
-            }
-        }
         println!("| launch | count | waited µs (mean) | span µs (mean) | span µs (sum) |");
         println!("|---|---|---|---|---|");
-        for (l, count, waited, span, spans) in by_label {
+        for (l, launches) in group_by_label(labels.iter().copied().zip(spans.iter().copied())) {
+            let count = launches.len();
+            let waited: f64 = launches.iter().map(|(waited, _)| waited).sum();
+            let spans: Vec<f64> = launches.iter().filter_map(|&(_, span)| span).collect();
+            let span: f64 = spans.iter().sum();
             println!(
                 "| {l} | {count} | {:.2} | {:.2} | {span:.1} |",
                 waited / count as f64,
-                span / spans.max(1) as f64
+                span / spans.len().max(1) as f64
             );
         }
     }
@@ -460,6 +442,20 @@ fn print_timeline(what: &str, labels: &[&'static str], records: Option<&[TraceRe
     }
 }
 
+/// `items`' values grouped by label, the labels in the order they first appear.
+fn group_by_label<V>(
+    items: impl IntoIterator<Item = (&'static str, V)>,
+) -> Vec<(&'static str, Vec<V>)> {
+    let mut groups: Vec<(&'static str, Vec<V>)> = Vec::new();
+    for (label, value) in items {
+        match groups.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, values)) => values.push(value),
+            None => groups.push((label, vec![value])),
+        }
+    }
+    groups
+}
+
 /// The smallest non-zero difference between any two of the records' timestamps: an upper bound on
 /// the %globaltimer's tick here (some GPUs tick it only every microsecond), so the timeline's
 /// resolution is printed beside it.
@@ -474,4 +470,19 @@ fn clock_step_ns(records: &[TraceRecord]) -> Option<u64> {
         .map(|w| w[1] - w[0])
         .filter(|&d| d > 0)
         .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::group_by_label;
+
+    #[test]
+    fn labels_group_in_first_seen_order() {
+        let groups = group_by_label([("qkv", 1), ("attention", 2), ("qkv", 3), ("o", 4)]);
+        assert_eq!(
+            groups,
+            vec![("qkv", vec![1, 3]), ("attention", vec![2]), ("o", vec![4])]
+        );
+        assert!(group_by_label(Vec::<(&'static str, u8)>::new()).is_empty());
+    }
 }
