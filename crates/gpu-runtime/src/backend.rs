@@ -159,6 +159,22 @@ pub trait GpuBackend: Send + Sync {
         stream: Stream,
     ) -> Result<(), GpuError>;
 
+    /// [`GpuBackend::launch`] with this launch's own preferred shared-memory carveout, percent of
+    /// the most shared memory an SM has (0-100; the driver's hint
+    /// `CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`). Backends without an L1 / shared
+    /// split launch as usual.
+    fn launch_with_carveout(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+        carveout_percent: u8,
+    ) -> Result<(), GpuError> {
+        let _ = carveout_percent;
+        self.launch(kernel, config, args, stream)
+    }
+
     /// Queues the dense product `C = A · W^T (+ bias)` described by `op`. `kernel` is the handle
     /// of `op`'s own GEMM kernel ([`GemmOp::kernel_name`]), which backends without a better
     /// implementation launch; the CUDA backend uses cuBLASLt when it is installed.

@@ -530,79 +530,24 @@ impl GpuBackend for CudaBackend {
         args: &[KernelArg],
         stream: Stream,
     ) -> Result<(), GpuError> {
-        let function = self
-            .state()
-            .kernels
-            .get(kernel.0 as usize)
-            .map(|&(_, f)| f as sys::CUfunction)
-            .ok_or(GpuError::InvalidHandle {
-                kind: "kernel",
-                id: kernel.0.into(),
-            })?;
-        let s = self.stream(stream)?;
-        self.bind()?;
-        // Each argument lives in its own 8-byte slot; the driver copies the values at launch.
-        let mut slots: Vec<[u8; 8]> = args
-            .iter()
-            .map(|a| {
-                let mut slot = [0u8; 8];
-                match *a {
-                    KernelArg::Ptr(p) => slot.copy_from_slice(&p.0.to_ne_bytes()),
-                    KernelArg::U64(v) => slot.copy_from_slice(&v.to_ne_bytes()),
-                    KernelArg::I32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-                    KernelArg::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-                    KernelArg::F32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-                }
-                slot
-            })
-            .collect();
-        let mut params: Vec<*mut c_void> = slots
-            .iter_mut()
-            .map(|s| s.as_mut_ptr() as *mut c_void)
-            .collect();
-        let [gx, gy, gz] = config.grid;
-        let [bx, by, bz] = config.block;
-        if self.pdl {
-            // SAFETY: the attribute is plain data; its union member is the one `id` names.
-            let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attribute.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attribute.value.programmaticStreamSerializationAllowed = 1;
-            let launch = sys::CUlaunchConfig {
-                gridDimX: gx,
-                gridDimY: gy,
-                gridDimZ: gz,
-                blockDimX: bx,
-                blockDimY: by,
-                blockDimZ: bz,
-                sharedMemBytes: config.shared_mem_bytes,
-                hStream: s,
-                attrs: &mut attribute,
-                numAttrs: 1,
-            };
-            // SAFETY: as for cuLaunchKernel below; `launch` and `attribute` outlive the call.
-            return check("cuLaunchKernelEx", unsafe {
-                sys::cuLaunchKernelEx(&launch, function, params.as_mut_ptr(), std::ptr::null_mut())
-            });
-        }
-        // SAFETY: `params` holds one pointer per argument of the kernel's signature (the typed
-        // argument structs in metrale-kernels mirror the C signatures), each to a live slot at
-        // least as large as the argument; both outlive the call, which copies the values.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                function,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                config.shared_mem_bytes,
-                s,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        self.launch_inner(kernel, config, args, stream, None)
+    }
+
+    fn launch_with_carveout(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+        carveout_percent: u8,
+    ) -> Result<(), GpuError> {
+        self.launch_inner(
+            kernel,
+            config,
+            args,
+            stream,
+            Some(carveout_percent.min(100)),
+        )
     }
 
     fn create_stream(&self) -> Result<Stream, GpuError> {
@@ -718,6 +663,105 @@ impl GpuBackend for CudaBackend {
         let s = self.stream(stream)?;
         // SAFETY: an executable graph instantiated by this backend.
         check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, s) })
+    }
+}
+
+impl CudaBackend {
+    /// [`GpuBackend::launch`], with the launch's own shared-memory carveout preference when
+    /// `carveout` is set (a launch attribute: it travels into captured graphs with the launch).
+    fn launch_inner(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+        carveout: Option<u8>,
+    ) -> Result<(), GpuError> {
+        let function = self
+            .state()
+            .kernels
+            .get(kernel.0 as usize)
+            .map(|&(_, f)| f as sys::CUfunction)
+            .ok_or(GpuError::InvalidHandle {
+                kind: "kernel",
+                id: kernel.0.into(),
+            })?;
+        let s = self.stream(stream)?;
+        self.bind()?;
+        // Each argument lives in its own 8-byte slot; the driver copies the values at launch.
+        let mut slots: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| {
+                let mut slot = [0u8; 8];
+                match *a {
+                    KernelArg::Ptr(p) => slot.copy_from_slice(&p.0.to_ne_bytes()),
+                    KernelArg::U64(v) => slot.copy_from_slice(&v.to_ne_bytes()),
+                    KernelArg::I32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+                    KernelArg::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+                    KernelArg::F32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+                }
+                slot
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr() as *mut c_void)
+            .collect();
+        let [gx, gy, gz] = config.grid;
+        let [bx, by, bz] = config.block;
+        // SAFETY: the attributes are plain data; each one's union member is the one its `id` names.
+        let mut attributes: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut count = 0;
+        if self.pdl {
+            attributes[count].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attributes[count]
+                .value
+                .programmaticStreamSerializationAllowed = 1;
+            count += 1;
+        }
+        if let Some(percent) = carveout {
+            attributes[count].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
+            attributes[count].value.sharedMemCarveout = percent.into();
+            count += 1;
+        }
+        if count > 0 {
+            let launch = sys::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: bx,
+                blockDimY: by,
+                blockDimZ: bz,
+                sharedMemBytes: config.shared_mem_bytes,
+                hStream: s,
+                attrs: attributes.as_mut_ptr(),
+                numAttrs: count as u32,
+            };
+            // SAFETY: as for cuLaunchKernel below; `launch` and `attributes` outlive the call.
+            return check("cuLaunchKernelEx", unsafe {
+                sys::cuLaunchKernelEx(&launch, function, params.as_mut_ptr(), std::ptr::null_mut())
+            });
+        }
+        // SAFETY: `params` holds one pointer per argument of the kernel's signature (the typed
+        // argument structs in metrale-kernels mirror the C signatures), each to a live slot at
+        // least as large as the argument; both outlive the call, which copies the values.
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                function,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                config.shared_mem_bytes,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
     }
 }
 

@@ -326,6 +326,52 @@ fn parse_count(name: &'static str, env: Option<&str>, default: u32) -> Result<u3
     })
 }
 
+/// The labels the model's launches carry (its profile's rows; [`Model::set_skip`]).
+const LAUNCH_LABELS: [&str; 11] = [
+    "embedding",
+    "add_rmsnorm",
+    "qkv",
+    "qkv_post",
+    "attention",
+    "prefill_attention",
+    "o",
+    "gate_up",
+    "silu_mul",
+    "down",
+    "lm_head",
+];
+
+/// `METRALE_CARVEOUT_LABELS`: launches of these labels ask the driver for this shared-memory
+/// carveout (percent of the most an SM has), e.g. `qkv=100,o=100`; unset or empty: none does.
+fn parse_carveout_labels(env: Option<&str>) -> Result<Vec<(&'static str, u8)>, ModelError> {
+    let bad = |v: &str| ModelError::BadVariable {
+        name: "METRALE_CARVEOUT_LABELS",
+        value: v.to_string(),
+        expected: "label=percent pairs separated by commas (percent 0 to 100; labels: embedding, \
+                   add_rmsnorm, qkv, qkv_post, attention, prefill_attention, o, gate_up, \
+                   silu_mul, down, lm_head)",
+    };
+    let Some(env) = env else {
+        return Ok(Vec::new());
+    };
+    env.split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (label, percent) = pair.split_once('=').ok_or_else(|| bad(env))?;
+            let label = LAUNCH_LABELS
+                .iter()
+                .copied()
+                .find(|k| *k == label.trim())
+                .ok_or_else(|| bad(env))?;
+            match percent.trim().parse::<u8>() {
+                Ok(p) if p <= 100 => Ok((label, p)),
+                _ => Err(bad(env)),
+            }
+        })
+        .collect()
+}
+
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
 pub struct Model {
     config: ModelConfig,
@@ -351,6 +397,9 @@ pub struct Model {
     profiler: Option<std::sync::Mutex<Profiler>>,
     /// Launch labels left out, for timing experiments (`set_skip`).
     skip: Vec<&'static str>,
+    /// Launches that ask for their own shared-memory carveout (`METRALE_CARVEOUT_LABELS`, for
+    /// measuring; empty by default: the driver's choice).
+    carveout_labels: Vec<(&'static str, u8)>,
     /// Products of at most this many rows stream the weight with the GEMV kernel; larger ones
     /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
     gemv_max_rows: u32,
@@ -450,6 +499,8 @@ impl Model {
         let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
         let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
         let decode_ahead = count("METRALE_DECODE_AHEAD", DECODE_AHEAD)?.min(MAX_DECODE_AHEAD);
+        let carveout_labels =
+            parse_carveout_labels(std::env::var("METRALE_CARVEOUT_LABELS").ok().as_deref())?;
         let g = gpu.as_ref();
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
@@ -544,6 +595,7 @@ impl Model {
             capture_time: std::time::Duration::ZERO,
             profiler: None,
             skip: Vec::new(),
+            carveout_labels,
             gemv_max_rows,
             prefill_version,
             attention_target_blocks,
@@ -1602,7 +1654,12 @@ impl Model {
             return Ok(());
         }
         let g = self.gpu.as_ref();
-        g.launch(handle, config, &args.args(), g.default_stream())?;
+        match self.carveout_labels.iter().find(|(l, _)| *l == label) {
+            Some(&(_, percent)) => {
+                g.launch_with_carveout(handle, config, &args.args(), g.default_stream(), percent)?
+            }
+            None => g.launch(handle, config, &args.args(), g.default_stream())?,
+        }
         self.mark(label)
     }
 
@@ -1618,28 +1675,19 @@ impl Model {
     /// the fusions off (`METRALE_FUSED_QKV_ATTENTION=0`, `METRALE_FUSED_SWIGLU=0`,
     /// `METRALE_GEMV_NORM=0`) to time the parts apart.
     pub fn set_skip(&mut self, labels: &[&str]) -> Result<(), ModelError> {
-        let known = [
-            "embedding",
-            "add_rmsnorm",
-            "qkv",
-            "qkv_post",
-            "attention",
-            "prefill_attention",
-            "o",
-            "gate_up",
-            "silu_mul",
-            "down",
-            "lm_head",
-        ];
         self.skip = labels
             .iter()
             .map(|l| {
-                known.iter().copied().find(|k| k == l).ok_or_else(|| {
-                    ModelError::InvalidStep(format!(
-                        "unknown launch label `{l}`; the labels are {}",
-                        known.join(", ")
-                    ))
-                })
+                LAUNCH_LABELS
+                    .iter()
+                    .copied()
+                    .find(|k| k == l)
+                    .ok_or_else(|| {
+                        ModelError::InvalidStep(format!(
+                            "unknown launch label `{l}`; the labels are {}",
+                            LAUNCH_LABELS.join(", ")
+                        ))
+                    })
             })
             .collect::<Result<_, _>>()?;
         self.graphs.clear();
@@ -1681,7 +1729,25 @@ impl Drop for Model {
 
 #[cfg(test)]
 mod tests {
-    use super::{GemvPolicy, PrefillVersion, parse_count};
+    use super::{GemvPolicy, PrefillVersion, parse_carveout_labels, parse_count};
+
+    #[test]
+    fn carveout_labels_take_known_labels_and_percentages() {
+        assert!(parse_carveout_labels(None).unwrap().is_empty());
+        assert!(parse_carveout_labels(Some("")).unwrap().is_empty());
+        assert_eq!(
+            parse_carveout_labels(Some("qkv=100, o = 50,attention=0")).unwrap(),
+            vec![("qkv", 100), ("o", 50), ("attention", 0)]
+        );
+        for bad in ["qkv", "qkv=101", "qkv=-1", "mlp=50", "o=half", "=50"] {
+            let err = parse_carveout_labels(Some(bad)).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("METRALE_CARVEOUT_LABELS={bad}: expected")),
+                "{bad}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn counts_from_the_environment_refuse_what_is_not_one() {
