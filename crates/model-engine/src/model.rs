@@ -342,19 +342,20 @@ const LAUNCH_LABELS: [&str; 11] = [
 ];
 
 /// `METRALE_CARVEOUT_LABELS`: launches of these labels ask the driver for this shared-memory
-/// carveout (percent of the most an SM has), e.g. `qkv=100,o=100`; unset or empty: none does.
+/// carveout (percent of the most an SM has), e.g. `qkv=100,o=100` (pairs split by `,` or `+`,
+/// the latter for speed.sh's variant lists); unset or empty: none does.
 fn parse_carveout_labels(env: Option<&str>) -> Result<Vec<(&'static str, u8)>, ModelError> {
     let bad = |v: &str| ModelError::BadVariable {
         name: "METRALE_CARVEOUT_LABELS",
         value: v.to_string(),
-        expected: "label=percent pairs separated by commas (percent 0 to 100; labels: embedding, \
+        expected: "label=percent pairs separated by `,` or `+` (percent 0 to 100; labels: embedding, \
                    add_rmsnorm, qkv, qkv_post, attention, prefill_attention, o, gate_up, \
                    silu_mul, down, lm_head)",
     };
     let Some(env) = env else {
         return Ok(Vec::new());
     };
-    env.split(',')
+    env.split([',', '+'])
         .map(str::trim)
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
@@ -1736,7 +1737,7 @@ mod tests {
         assert!(parse_carveout_labels(None).unwrap().is_empty());
         assert!(parse_carveout_labels(Some("")).unwrap().is_empty());
         assert_eq!(
-            parse_carveout_labels(Some("qkv=100, o = 50,attention=0")).unwrap(),
+            parse_carveout_labels(Some("qkv=100, o = 50+attention=0")).unwrap(),
             vec![("qkv", 100), ("o", 50), ("attention", 0)]
         );
         for bad in ["qkv", "qkv=101", "qkv=-1", "mlp=50", "o=half", "=50"] {
