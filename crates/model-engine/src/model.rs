@@ -398,9 +398,9 @@ pub struct Model {
     profiler: Option<std::sync::Mutex<Profiler>>,
     /// Launch labels left out, for timing experiments (`set_skip`).
     skip: Vec<&'static str>,
-    /// Launches that ask for their own shared-memory carveout (`METRALE_CARVEOUT_LABELS`, for
-    /// measuring; empty by default: the driver's choice).
-    carveout_labels: Vec<(&'static str, u8)>,
+    /// Launches that ask for their own shared-memory carveout, in place of
+    /// [`Model::carveout`]'s rule (`METRALE_CARVEOUT_LABELS`, for measuring; set but empty: none).
+    carveout_labels: Option<Vec<(&'static str, u8)>>,
     /// Products of at most this many rows stream the weight with the GEMV kernel; larger ones
     /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
     gemv_max_rows: u32,
@@ -500,8 +500,10 @@ impl Model {
         let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
         let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
         let decode_ahead = count("METRALE_DECODE_AHEAD", DECODE_AHEAD)?.min(MAX_DECODE_AHEAD);
-        let carveout_labels =
-            parse_carveout_labels(std::env::var("METRALE_CARVEOUT_LABELS").ok().as_deref())?;
+        let carveout_labels = match std::env::var("METRALE_CARVEOUT_LABELS") {
+            Ok(v) => Some(parse_carveout_labels(Some(&v))?),
+            Err(_) => None,
+        };
         let g = gpu.as_ref();
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
@@ -1290,9 +1292,7 @@ impl Model {
         // Whether the product after a residual add + RMSNorm takes the norm into its launch
         // (GemvNorm, GemvSwigluNorm): a GEMV product of the FMA form whose A fits in shared
         // memory, as METRALE_GEMV_NORM picks.
-        let folds_norm = |m: u32, n_: u32| {
-            self.streams_weight(m, h) && gemv_norm_fits(m, n_, h) && self.gemv_norm.takes(m, n_, h)
-        };
+        let folds_norm = |m: u32, n_: u32| self.folds_norm(m, n_, h);
         // A skipped launch (set_skip) writes no sum, so the stream stays where it was.
         let moves = |label: &'static str| !self.skip.contains(&label);
         let stage = |m: u32, n_: u32| u32::from(self.gemv_stage.takes(m, n_, h));
@@ -1630,7 +1630,7 @@ impl Model {
             self.gemv_grid_cap,
             self.gemv_grid_mode,
         );
-        self.launch_with(handle, label, args, &config)
+        self.launch_with(handle, label, args, &config, self.carveout(label, Some(m)))
     }
 
     /// Launches one kernel on the default stream (and, when profiling, marks its end).
@@ -1640,28 +1640,67 @@ impl Model {
         label: &'static str,
         args: &K,
     ) -> Result<(), ModelError> {
-        self.launch_with(handle, label, args, &args.launch_config())
+        let carveout = self.carveout(label, None);
+        self.launch_with(handle, label, args, &args.launch_config(), carveout)
     }
 
-    /// [`Model::launch`] with the given launch geometry.
+    /// [`Model::launch`] with the given launch geometry and shared-memory carveout.
     fn launch_with<K: Kernel>(
         &self,
         handle: KernelHandle,
         label: &'static str,
         args: &K,
         config: &LaunchConfig,
+        carveout: Option<u8>,
     ) -> Result<(), ModelError> {
         if self.skip.contains(&label) {
             return Ok(());
         }
         let g = self.gpu.as_ref();
-        match self.carveout_labels.iter().find(|(l, _)| *l == label) {
-            Some(&(_, percent)) => {
+        match carveout {
+            Some(percent) => {
                 g.launch_with_carveout(handle, config, &args.args(), g.default_stream(), percent)?
             }
             None => g.launch(handle, config, &args.args(), g.default_stream())?,
         }
         self.mark(label)
+    }
+
+    /// The shared-memory carveout (percent) a launch of `label` asks for (`rows`: the rows of a
+    /// GEMV product, where known); `None` leaves the split to the driver. An SM changes its L1 / shared split only when it is idle,
+    /// so a kernel whose blocks need a split other than the one the kernel before left waits for
+    /// SMs to drain instead of becoming resident early; and a streaming GEMV given less L1 keeps
+    /// fewer loads in flight. The rule, measured on the H200 at batch 1 with 160 keys
+    /// (docs/results/2026-12-02-speed-h200/carveout):
+    /// - the QKV product asks for the most shared memory, the split the decode attention after
+    ///   it needs: Qwen3-8B's qkv launch 16.5 -> 14.4 us a layer, its step 4.32 -> 4.26 ms;
+    ///   neutral at Qwen3-0.6B;
+    /// - the o projection does too when the gate|up launch after it folds the residual add +
+    ///   RMSNorm (Qwen3-0.6B's sizes: step 0.823 -> 0.803 ms); at Qwen3-8B's, where gate|up
+    ///   streams 96 MB without the norm, it made gate|up 47.6 -> 54.4 us, so it does not.
+    ///
+    /// `METRALE_CARVEOUT_LABELS` replaces the rule.
+    fn carveout(&self, label: &'static str, rows: Option<u32>) -> Option<u8> {
+        const MOST_SHARED: u8 = 100;
+        if let Some(labels) = &self.carveout_labels {
+            return labels.iter().find(|(l, _)| *l == label).map(|&(_, p)| p);
+        }
+        let c = &self.config;
+        let (h, inter) = (c.hidden_size as u32, c.intermediate_size as u32);
+        match label {
+            "qkv" => Some(MOST_SHARED),
+            "o" if rows.is_some_and(|m| self.folds_norm(m, 2 * inter, h)) => Some(MOST_SHARED),
+            _ => None,
+        }
+    }
+
+    /// Whether the product of `rows` x `n` x `k` after a residual add + RMSNorm takes the norm into
+    /// its launch (GemvNorm, GemvSwigluNorm): a GEMV product of the FMA form whose A fits in
+    /// shared memory, as METRALE_GEMV_NORM picks.
+    fn folds_norm(&self, rows: u32, n: u32, k: u32) -> bool {
+        self.streams_weight(rows, k)
+            && gemv_norm_fits(rows, n, k)
+            && self.gemv_norm.takes(rows, n, k)
     }
 
     /// For timing experiments only: leave out every launch with one of these labels (the
