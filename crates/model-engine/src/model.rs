@@ -373,6 +373,18 @@ fn parse_carveout_labels(env: Option<&str>) -> Result<Vec<(&'static str, u8)>, M
         .collect()
 }
 
+/// [`Model::carveout`]'s rule: the carveout (percent) a launch of `label` asks for, given whether
+/// the gate|up launch after it folds the residual add + RMSNorm (`gate_up_folds_norm`, which only
+/// the o projection looks at).
+fn carveout_rule(label: &str, gate_up_folds_norm: bool) -> Option<u8> {
+    const MOST_SHARED: u8 = 100;
+    match label {
+        "qkv" => Some(MOST_SHARED),
+        "o" if gate_up_folds_norm => Some(MOST_SHARED),
+        _ => None,
+    }
+}
+
 /// A loaded model: weights, KV pool, scratch and kernel handles on one backend.
 pub struct Model {
     config: ModelConfig,
@@ -1667,11 +1679,12 @@ impl Model {
     }
 
     /// The shared-memory carveout (percent) a launch of `label` asks for (`rows`: the rows of a
-    /// GEMV product, where known); `None` leaves the split to the driver. An SM changes its L1 / shared split only when it is idle,
-    /// so a kernel whose blocks need a split other than the one the kernel before left waits for
-    /// SMs to drain instead of becoming resident early; and a streaming GEMV given less L1 keeps
-    /// fewer loads in flight. The rule, measured on the H200 at batch 1 with 160 keys
-    /// (docs/results/2026-12-02-speed-h200/carveout):
+    /// GEMV product, where known); `None` leaves the split to the driver. A kernel whose blocks
+    /// need another L1 / shared split than the SMs hold becomes resident only once the kernel
+    /// before has left them (the decode attention's block 0 waited 0.06 us for its release behind
+    /// a QKV product at the driver's split, 1.09 us behind one at 100%); and a launch at 100%
+    /// leaves its SMs with the smallest L1 for the launches after it. The rule, measured on the
+    /// H200 at batch 1 with 160 keys (docs/results/2026-12-02-speed-h200/carveout):
     /// - the QKV product asks for the most shared memory, the split the decode attention after
     ///   it needs: Qwen3-8B's qkv launch 16.5 -> 14.4 us a layer, its step 4.32 -> 4.26 ms;
     ///   neutral at Qwen3-0.6B;
@@ -1681,17 +1694,15 @@ impl Model {
     ///
     /// `METRALE_CARVEOUT_LABELS` replaces the rule.
     fn carveout(&self, label: &'static str, rows: Option<u32>) -> Option<u8> {
-        const MOST_SHARED: u8 = 100;
         if let Some(labels) = &self.carveout_labels {
             return labels.iter().find(|(l, _)| *l == label).map(|&(_, p)| p);
         }
         let c = &self.config;
         let (h, inter) = (c.hidden_size as u32, c.intermediate_size as u32);
-        match label {
-            "qkv" => Some(MOST_SHARED),
-            "o" if rows.is_some_and(|m| self.folds_norm(m, 2 * inter, h)) => Some(MOST_SHARED),
-            _ => None,
-        }
+        carveout_rule(
+            label,
+            rows.is_some_and(|m| self.folds_norm(m, 2 * inter, h)),
+        )
     }
 
     /// Whether the product of `rows` x `n` x `k` after a residual add + RMSNorm takes the norm into
@@ -1769,7 +1780,21 @@ impl Drop for Model {
 
 #[cfg(test)]
 mod tests {
-    use super::{GemvPolicy, PrefillVersion, parse_carveout_labels, parse_count};
+    use super::{
+        GemvPolicy, LAUNCH_LABELS, PrefillVersion, carveout_rule, parse_carveout_labels,
+        parse_count,
+    };
+
+    #[test]
+    fn the_carveout_rule_names_qkv_and_o_before_a_folded_norm() {
+        for folds in [false, true] {
+            assert_eq!(carveout_rule("qkv", folds), Some(100));
+            assert_eq!(carveout_rule("o", folds), folds.then_some(100));
+            for label in LAUNCH_LABELS.iter().filter(|l| !["qkv", "o"].contains(l)) {
+                assert_eq!(carveout_rule(label, folds), None, "{label}");
+            }
+        }
+    }
 
     #[test]
     fn carveout_labels_take_known_labels_and_percentages() {

@@ -161,6 +161,12 @@ fn bad_engine_switches_fail_cleanly() {
         ),
         ("METRALE_GEMV_GRID_CAP", "lots", "a non-negative integer"),
         ("METRALE_DECODE_AHEAD", "two", "a non-negative integer"),
+        (
+            "METRALE_CARVEOUT_LABELS",
+            "qkv=150",
+            "label=percent pairs separated by `,` or `+`",
+        ),
+        ("METRALE_CARVEOUT_LABELS", "mlp=50", "labels: embedding"),
     ] {
         let out = met_with_env(&args, key, value);
         assert_clean_failure(&out, &[&format!("{key}={value}"), expected]);
