@@ -341,16 +341,20 @@ const LAUNCH_LABELS: [&str; 11] = [
     "lm_head",
 ];
 
-/// `METRALE_CARVEOUT_LABELS`: launches of these labels ask the driver for this shared-memory
-/// carveout (percent of the most an SM has), e.g. `qkv=100,o=100` (pairs split by `,` or `+`,
-/// the latter for speed.sh's variant lists); unset or empty: none does.
-fn parse_carveout_labels(env: Option<&str>) -> Result<Vec<(&'static str, u8)>, ModelError> {
+/// `label=value` pairs split by `,` or `+` (the latter for speed.sh's variant lists) from the
+/// variable `name`, each label one of `labels` and each value one `value` takes; `expected` says
+/// what the variable holds. Unset or empty: no pair.
+fn parse_label_values<T>(
+    name: &'static str,
+    env: Option<&str>,
+    labels: &[&'static str],
+    expected: &'static str,
+    value: impl Fn(&str) -> Option<T>,
+) -> Result<Vec<(&'static str, T)>, ModelError> {
     let bad = |v: &str| ModelError::BadVariable {
-        name: "METRALE_CARVEOUT_LABELS",
+        name,
         value: v.to_string(),
-        expected: "label=percent pairs separated by `,` or `+` (percent 0 to 100; labels: embedding, \
-                   add_rmsnorm, qkv, qkv_post, attention, prefill_attention, o, gate_up, \
-                   silu_mul, down, lm_head)",
+        expected,
     };
     let Some(env) = env else {
         return Ok(Vec::new());
@@ -359,18 +363,46 @@ fn parse_carveout_labels(env: Option<&str>) -> Result<Vec<(&'static str, u8)>, M
         .map(str::trim)
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
-            let (label, percent) = pair.split_once('=').ok_or_else(|| bad(env))?;
-            let label = LAUNCH_LABELS
+            let (label, v) = pair.split_once('=').ok_or_else(|| bad(env))?;
+            let label = labels
                 .iter()
                 .copied()
                 .find(|k| *k == label.trim())
                 .ok_or_else(|| bad(env))?;
-            match percent.trim().parse::<u8>() {
-                Ok(p) if p <= 100 => Ok((label, p)),
-                _ => Err(bad(env)),
-            }
+            Ok((label, value(v.trim()).ok_or_else(|| bad(env))?))
         })
         .collect()
+}
+
+/// `METRALE_CARVEOUT_LABELS`: launches of these labels ask the driver for this shared-memory
+/// carveout (percent of the most an SM has), e.g. `qkv=100,o=100`; unset or empty: none does.
+fn parse_carveout_labels(env: Option<&str>) -> Result<Vec<(&'static str, u8)>, ModelError> {
+    parse_label_values(
+        "METRALE_CARVEOUT_LABELS",
+        env,
+        &LAUNCH_LABELS,
+        "label=percent pairs separated by `,` or `+` (percent 0 to 100; labels: embedding, \
+         add_rmsnorm, qkv, qkv_post, attention, prefill_attention, o, gate_up, silu_mul, down, \
+         lm_head)",
+        |v| v.parse::<u8>().ok().filter(|&p| p <= 100),
+    )
+}
+
+/// The labels of GEMV launches (plain, staged and normalising entries), whose grid may shrink:
+/// their blocks loop over the column groups.
+const GEMV_LABELS: [&str; 5] = ["qkv", "o", "gate_up", "down", "lm_head"];
+
+/// `METRALE_GRID_CAP_LABELS`: GEMV launches of these labels take at most this many blocks, e.g.
+/// `qkv=372` (the other SMs stay free for the launch after it); unset or empty: the usual grids.
+fn parse_grid_cap_labels(env: Option<&str>) -> Result<Vec<(&'static str, u32)>, ModelError> {
+    parse_label_values(
+        "METRALE_GRID_CAP_LABELS",
+        env,
+        &GEMV_LABELS,
+        "label=blocks pairs separated by `,` or `+` (blocks at least 1; labels: qkv, o, gate_up, \
+         down, lm_head)",
+        |v| v.parse::<u32>().ok().filter(|&b| b >= 1),
+    )
 }
 
 /// [`Model::carveout`]'s rule: the carveout (percent) a launch of `label` asks for, given whether
@@ -413,6 +445,9 @@ pub struct Model {
     /// Launches that ask for their own shared-memory carveout, in place of
     /// [`Model::carveout`]'s rule (`METRALE_CARVEOUT_LABELS`, for measuring; set but empty: none).
     carveout_labels: Option<Vec<(&'static str, u8)>>,
+    /// GEMV launches that take at most this many blocks (`METRALE_GRID_CAP_LABELS`, for
+    /// measuring; empty by default).
+    grid_cap_labels: Vec<(&'static str, u32)>,
     /// Products of at most this many rows stream the weight with the GEMV kernel; larger ones
     /// go to `GpuBackend::gemm` (`METRALE_GEMV_MAX_ROWS`, 0..=8, default 8).
     gemv_max_rows: u32,
@@ -512,6 +547,8 @@ impl Model {
         let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
         let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
         let decode_ahead = count("METRALE_DECODE_AHEAD", DECODE_AHEAD)?.min(MAX_DECODE_AHEAD);
+        let grid_cap_labels =
+            parse_grid_cap_labels(std::env::var("METRALE_GRID_CAP_LABELS").ok().as_deref())?;
         let carveout_labels = match std::env::var("METRALE_CARVEOUT_LABELS") {
             Ok(v) => Some(parse_carveout_labels(Some(&v))?),
             Err(_) => None,
@@ -611,6 +648,7 @@ impl Model {
             profiler: None,
             skip: Vec::new(),
             carveout_labels,
+            grid_cap_labels,
             gemv_max_rows,
             prefill_version,
             attention_target_blocks,
@@ -1669,11 +1707,15 @@ impl Model {
             return Ok(());
         }
         let g = self.gpu.as_ref();
+        let mut config = *config;
+        if let Some(&(_, cap)) = self.grid_cap_labels.iter().find(|(l, _)| *l == label) {
+            config.grid[0] = config.grid[0].min(cap);
+        }
         match carveout {
             Some(percent) => {
-                g.launch_with_carveout(handle, config, &args.args(), g.default_stream(), percent)?
+                g.launch_with_carveout(handle, &config, &args.args(), g.default_stream(), percent)?
             }
-            None => g.launch(handle, config, &args.args(), g.default_stream())?,
+            None => g.launch(handle, &config, &args.args(), g.default_stream())?,
         }
         self.mark(label)
     }
@@ -1782,8 +1824,25 @@ impl Drop for Model {
 mod tests {
     use super::{
         GemvPolicy, LAUNCH_LABELS, PrefillVersion, carveout_rule, parse_carveout_labels,
-        parse_count,
+        parse_count, parse_grid_cap_labels,
     };
+
+    #[test]
+    fn grid_caps_take_gemv_labels_and_positive_counts() {
+        assert!(parse_grid_cap_labels(None).unwrap().is_empty());
+        assert_eq!(
+            parse_grid_cap_labels(Some("qkv=372+ gate_up = 264")).unwrap(),
+            vec![("qkv", 372), ("gate_up", 264)]
+        );
+        for bad in ["qkv=0", "attention=8", "o", "down=-3", "lm_head=many"] {
+            let err = parse_grid_cap_labels(Some(bad)).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("METRALE_GRID_CAP_LABELS={bad}: expected")),
+                "{bad}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn the_carveout_rule_names_qkv_and_o_before_a_folded_norm() {
