@@ -26,6 +26,9 @@
 #             one of 260 s)
 #   parity    reference logits (transformers f32 on the bf16 weights) and met parity on CUDA
 #   summary   scripts/gpu/speed_summary.py: the speed table (JSON + markdown) from all of the above
+#   harness-a, harness-b, harness-c  the phases above as the three calls of one harness run:
+#             a = checkpoints + kernels (8B shapes) + met, b = the 8B peers, c = the 0.6B peers +
+#             parity + summary
 #   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
 #             each stashed binary in $AB (default "met met_b"), check-kernels on the kernels
 #             matching each word of $AB_KERNEL (default attention), bench-kernels' rows matching
@@ -300,6 +303,29 @@ ab)
   python3 scripts/gpu/ab_pivot.py "$RES/ab-rows.md" "${names[@]}" > "$RES/ab-pivot.md"
   cat "$RES/ab-pivot.md"
   finish
+  ;;
+harness-a|harness-b|harness-c)
+  # The whole harness in three device calls on one warm machine (each under the 10-minute
+  # limit; on the H200: a ~220 s, b ~470 s, c ~150 s): a = checkpoints, kernels (Qwen3-8B's
+  # shapes), met; b = Qwen3-8B's transformers peers (minutes of compiles: no outer timeout under
+  # 500 s); c = Qwen3-0.6B's peers, parity, summary. If the machine went cold between calls, run
+  # `checkpoints` first (the results of earlier calls came back in their tarballs: make the
+  # summary from the merged results with speed_summary.py, as harness-392a047's README shows).
+  case "$phase" in
+  harness-a)
+    SPEED_MODELS="qwen3-8b qwen3-0.6b" bash "$0" checkpoints
+    KERNEL_SHAPES=${KERNEL_SHAPES:-qwen3-8b} bash "$0" kernels
+    bash "$0" met
+    ;;
+  harness-b)
+    SPEED_MODELS=qwen3-8b HF_TIMEOUT=${HF_TIMEOUT:-240} bash "$0" peers
+    ;;
+  harness-c)
+    SPEED_MODELS=qwen3-0.6b HF_RUNS_SMALL=${HF_RUNS_SMALL:-"1:static_compile_loop 1:eager"} bash "$0" peers
+    SPEED_MODELS=qwen3-0.6b bash "$0" parity
+    bash "$0" summary
+    ;;
+  esac
   ;;
 summary)
   python3 scripts/gpu/speed_summary.py --results "$RES" --ckpt "$CKPT" --json "$RES/summary.json" > "$RES/summary.md" 2>&1
