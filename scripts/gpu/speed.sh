@@ -31,8 +31,8 @@
 #             parity + summary
 #   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
 #             each stashed binary in $AB (default "met met_b"), check-kernels on the kernels
-#             matching each word of $AB_KERNEL (default attention), bench-kernels' rows matching
-#             $AB_ROWS, bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
+#             matching each word of $AB_KERNEL (default attention), bench-kernels' rows (of the
+#             shape $AB_SHAPE, default qwen3-8b) matching $AB_ROWS, bench-model's TTFT and decode rows (1k contexts; batch 1/8/32 at 160), batch-1 met
 #             generate on both models (tok/s, graphs captured, a hash of the greedy ids), and
 #             Qwen3-0.6B parity; last, every row with the binaries side by side (ab-pivot.md). $AB_SEEDS (e.g. "1 2 3")
 #             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs. An
@@ -261,7 +261,7 @@ ab)
       done
     done
     if [ "$measure_kernels" = 1 ]; then
-      timeout 90 "$bin" bench-kernels --shape qwen3-8b --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
+      timeout 90 "$bin" bench-kernels --shape "${AB_SHAPE:-qwen3-8b}" --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
       grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
         awk -F'|' -v b="$b" '{gsub(/^ +| +$/, "", $3); printf "| %s %s | %s us |\n", b, $3, $4+0}' >> "$RES/ab-rows.md"
     fi
