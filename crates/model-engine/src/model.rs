@@ -1732,7 +1732,7 @@ impl Model {
     ///   neutral at Qwen3-0.6B;
     /// - the o projection does too when the gate|up launch after it folds the residual add +
     ///   RMSNorm (Qwen3-0.6B's sizes: step 0.823 -> 0.803 ms); at Qwen3-8B's, where gate|up
-    ///   streams 96 MB without the norm, it made gate|up 47.6 -> 54.4 us, so it does not.
+    ///   streams 201 MB without the norm, it made gate|up 47.6 -> 54.4 us, so it does not.
     ///
     /// `METRALE_CARVEOUT_LABELS` replaces the rule.
     fn carveout(&self, label: &'static str, rows: Option<u32>) -> Option<u8> {
