@@ -29,6 +29,8 @@ pub enum Recorded {
         args: Vec<KernelArg>,
         /// The stream.
         stream: Stream,
+        /// The launch's own shared-memory carveout ([`GpuBackend::launch_with_carveout`]).
+        carveout: Option<u8>,
     },
     /// Host to device.
     CopyH2D {
@@ -245,23 +247,18 @@ impl GpuBackend for MockBackend {
         args: &[KernelArg],
         stream: Stream,
     ) -> Result<(), GpuError> {
-        let name = *self
-            .state()
-            .kernels
-            .get(kernel.0 as usize)
-            .ok_or(GpuError::InvalidHandle {
-                kind: "kernel",
-                id: kernel.0.into(),
-            })?;
-        self.submit(
-            Recorded::Launch {
-                kernel: name,
-                config: *config,
-                args: args.to_vec(),
-                stream,
-            },
-            stream,
-        )
+        self.record_launch(kernel, config, args, stream, None)
+    }
+
+    fn launch_with_carveout(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+        carveout_percent: u8,
+    ) -> Result<(), GpuError> {
+        self.record_launch(kernel, config, args, stream, Some(carveout_percent))
     }
 
     fn create_stream(&self) -> Result<Stream, GpuError> {
@@ -307,5 +304,36 @@ impl GpuBackend for MockBackend {
         s.log.push(Recorded::GraphLaunch(graph));
         s.log.extend(ops);
         Ok(())
+    }
+}
+
+impl MockBackend {
+    /// Records a launch of `kernel`, with its carveout if it asked for one.
+    fn record_launch(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+        carveout: Option<u8>,
+    ) -> Result<(), GpuError> {
+        let name = *self
+            .state()
+            .kernels
+            .get(kernel.0 as usize)
+            .ok_or(GpuError::InvalidHandle {
+                kind: "kernel",
+                id: kernel.0.into(),
+            })?;
+        self.submit(
+            Recorded::Launch {
+                kernel: name,
+                config: *config,
+                args: args.to_vec(),
+                stream,
+                carveout,
+            },
+            stream,
+        )
     }
 }

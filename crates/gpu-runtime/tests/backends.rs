@@ -173,8 +173,10 @@ fn mock_records_launch_shape_and_order() {
             config,
             args,
             stream,
+            carveout,
         } => {
             assert_eq!(*kernel, names::rmsnorm::RMSNORM_BF16);
+            assert_eq!(*carveout, None);
             assert_eq!(config.grid, [3, 1, 1]);
             assert_eq!(*args, k.args());
             assert_eq!(*stream, s);
