@@ -393,7 +393,8 @@ fn parse_carveout_labels(env: Option<&str>) -> Result<Vec<(&'static str, u8)>, M
 const GEMV_LABELS: [&str; 5] = ["qkv", "o", "gate_up", "down", "lm_head"];
 
 /// `METRALE_GRID_CAP_LABELS`: GEMV launches of these labels take at most this many blocks, e.g.
-/// `qkv=372` (the other SMs stay free for the launch after it); unset or empty: the usual grids.
+/// `qkv=132` (one block an SM, leaving registers beside it for the launch after it to become
+/// resident early); unset or empty: the usual grids.
 fn parse_grid_cap_labels(env: Option<&str>) -> Result<Vec<(&'static str, u32)>, ModelError> {
     parse_label_values(
         "METRALE_GRID_CAP_LABELS",
