@@ -129,6 +129,35 @@ impl MockBackend {
         self.state().log.clear();
     }
 
+    /// Records a launch of `kernel`, with its carveout if it asked for one.
+    fn record_launch(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+        carveout: Option<u8>,
+    ) -> Result<(), GpuError> {
+        let name = *self
+            .state()
+            .kernels
+            .get(kernel.0 as usize)
+            .ok_or(GpuError::InvalidHandle {
+                kind: "kernel",
+                id: kernel.0.into(),
+            })?;
+        self.submit(
+            Recorded::Launch {
+                kernel: name,
+                config: *config,
+                args: args.to_vec(),
+                stream,
+                carveout,
+            },
+            stream,
+        )
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -304,36 +333,5 @@ impl GpuBackend for MockBackend {
         s.log.push(Recorded::GraphLaunch(graph));
         s.log.extend(ops);
         Ok(())
-    }
-}
-
-impl MockBackend {
-    /// Records a launch of `kernel`, with its carveout if it asked for one.
-    fn record_launch(
-        &self,
-        kernel: KernelHandle,
-        config: &LaunchConfig,
-        args: &[KernelArg],
-        stream: Stream,
-        carveout: Option<u8>,
-    ) -> Result<(), GpuError> {
-        let name = *self
-            .state()
-            .kernels
-            .get(kernel.0 as usize)
-            .ok_or(GpuError::InvalidHandle {
-                kind: "kernel",
-                id: kernel.0.into(),
-            })?;
-        self.submit(
-            Recorded::Launch {
-                kernel: name,
-                config: *config,
-                args: args.to_vec(),
-                stream,
-                carveout,
-            },
-            stream,
-        )
     }
 }

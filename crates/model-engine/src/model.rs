@@ -1742,10 +1742,9 @@ impl Model {
         }
         let c = &self.config;
         let (h, inter) = (c.hidden_size as u32, c.intermediate_size as u32);
-        carveout_rule(
-            label,
-            rows.is_some_and(|m| self.folds_norm(m, 2 * inter, h)),
-        )
+        // Only the o projection's case looks at the gate|up launch after it.
+        let folds = label == "o" && rows.is_some_and(|m| self.folds_norm(m, 2 * inter, h));
+        carveout_rule(label, folds)
     }
 
     /// Whether the product of `rows` x `n` x `k` after a residual add + RMSNorm takes the norm into
