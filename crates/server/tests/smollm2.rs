@@ -167,7 +167,11 @@ fn bad_engine_switches_fail_cleanly() {
             "label=percent pairs separated by `,` or `+`",
         ),
         ("METRALE_CARVEOUT_LABELS", "mlp=50", "labels: embedding"),
-        ("METRALE_GRID_CAP_LABELS", "attention=8", "labels: qkv, o, gate_up"),
+        (
+            "METRALE_GRID_CAP_LABELS",
+            "attention=8",
+            "labels: qkv, o, gate_up",
+        ),
     ] {
         let out = met_with_env(&args, key, value);
         assert_clean_failure(&out, &[&format!("{key}={value}"), expected]);
