@@ -21,7 +21,11 @@
 // - M <= FMA_MAX_M: one output column per warp. Each lane streams 16-byte chunks of the weight
 //   row, BATCH loads (4 KiB per warp) issued together, and does 8 FMAs per chunk and row of A
 //   (A is re-read from L1). This costs about 8 + 17 M instructions per 16 weight bytes: fine up
-//   to M = 4, issue-bound beyond.
+//   to M = 4, issue-bound beyond. One row over at most PAIR_MAX_K = 1024 inputs at 8 columns a
+//   block (one warp a column) takes two columns a warp instead (gemv_pairs: a column's row is
+//   only half a batch, so the warp loads two rows at once), with the same sums; a block then
+//   covers 16 columns a round, so a launch of ceil(N / 8) blocks leaves half of them idle (the
+//   model caps plain GEMV grids at the 396 resident blocks, where they loop).
 // - M > FMA_MAX_M: eight output columns per warp through mma.sync m16n8k16 (bf16 in, f32
 //   accumulate), so the arithmetic is two MMAs per 512 weight bytes whatever M is. Lane (g, t)
 //   (g = lane / 4, t = lane % 4) loads 16 bytes of weight row g and of A row g at chunk 4 i + t;
