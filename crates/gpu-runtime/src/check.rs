@@ -1555,6 +1555,12 @@ pub fn cases(seed: u64) -> Vec<Case> {
             false,
         ));
     }
+    // Rows of at most 1024 elements at 8 columns a block take two columns a warp (gemv_pairs):
+    // Qwen3-0.6B's LM head's k with a ragged last round (f32 out), and a bf16 one with a bias.
+    let lm_head = product_case(&mut rng, Product::Gemv, 1, 10007, 1024, false, true);
+    out.push(on_grid(lm_head, 396));
+    let short = product_case(&mut rng, Product::Gemv, 1, 777, 512, true, false);
+    out.push(on_grid(short, 13));
     out
 }
 

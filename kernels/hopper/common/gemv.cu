@@ -21,7 +21,11 @@
 // - M <= FMA_MAX_M: one output column per warp. Each lane streams 16-byte chunks of the weight
 //   row, BATCH loads (4 KiB per warp) issued together, and does 8 FMAs per chunk and row of A
 //   (A is re-read from L1). This costs about 8 + 17 M instructions per 16 weight bytes: fine up
-//   to M = 4, issue-bound beyond.
+//   to M = 4, issue-bound beyond. One row over at most PAIR_MAX_K = 1024 inputs at 8 columns a
+//   block (one warp a column) takes two columns a warp instead (gemv_pairs: a column's row is
+//   only half a batch, so the warp loads two rows at once), with the same sums; a block then
+//   covers 16 columns a round, so a launch of ceil(N / 8) blocks leaves half of them idle (the
+//   model caps plain GEMV grids at the 396 resident blocks, where they loop).
 // - M > FMA_MAX_M: eight output columns per warp through mma.sync m16n8k16 (bf16 in, f32
 //   accumulate), so the arithmetic is two MMAs per 512 weight bytes whatever M is. Lane (g, t)
 //   (g = lane / 4, t = lane % 4) loads 16 bytes of weight row g and of A row g at chunk 4 i + t;
@@ -510,6 +514,66 @@ __device__ __forceinline__ void gemv(Out* __restrict__ c, const __nv_bfloat16* _
     }
 }
 
+// Rows of at most PAIR_MAX_K elements (a warp's half batch: 4 loads a lane) take two columns a
+// warp in gemv_pairs.
+constexpr uint32_t PAIR_MAX_K = 32 * (BATCH / 2) * 8;
+
+// Whether gemv<1> would take 8 columns a block (next_pow2(ceil(n / gridDim.x)) >= 8, so one warp
+// a column, K unsplit) over a short, vector-aligned row: then gemv_pairs computes the same sums.
+__device__ __forceinline__ bool pairs_fit(const __nv_bfloat16* a, const __nv_bfloat16* w, uint32_t n,
+                                          uint32_t k) {
+    const bool vec = k % 8 == 0 &&
+                     ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w)) & 15) == 0;
+    return vec && k <= PAIR_MAX_K && next_pow2(div_ceil(n, gridDim.x)) >= (uint32_t)WARPS;
+}
+
+// gemv<1> (one row, plain entry) for rows of at most PAIR_MAX_K elements, two columns a warp: warp
+// w of a block round takes columns base + w and base + 8 + w and issues both columns' weight loads
+// (4 a lane each, a whole batch) before using any, so a warp keeps 4 KiB in flight where the one
+// column form's half-empty batch kept 2. Each column's sum is the one-column form's bit for bit
+// (the same chunks per lane in the same order, the same warp sum, the bias added after), and lane 0
+// stores it: one warp per column needs no block reduction.
+template <typename Out>
+__device__ __forceinline__ void gemv_pairs(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+                                           const __nv_bfloat16* __restrict__ w,
+                                           const __nv_bfloat16* __restrict__ bias, uint32_t n,
+                                           uint32_t k) {
+    constexpr int HALF = BATCH / 2;
+    constexpr uint32_t ROUND = 2 * WARPS;  // columns a block takes a round
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t chunks = k / 8;
+    const uint4* a4 = reinterpret_cast<const uint4*>(a);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (uint32_t base = blockIdx.x * ROUND; base < n; base += gridDim.x * ROUND) {
+        const uint32_t col[2] = {base + warp, base + WARPS + warp};
+        uint4 wv[2][HALF];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const uint4* w4 = reinterpret_cast<const uint4*>(w + (size_t)min(col[j], n - 1) * k);
+#pragma unroll
+            for (int u = 0; u < HALF; ++u) {
+                const uint32_t ch = lane + 32 * u;
+                wv[j][u] = col[j] < n && ch < chunks ? load_stream(w4 + ch) : zero;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float acc[1][2] = {{0.0f, 0.0f}};
+#pragma unroll
+            for (int u = 0; u < HALF; ++u) {
+                const uint32_t ch = lane + 32 * u;
+                fma_chunk<1>(acc, wv[j][u], a4, ch, chunks, ch < chunks);
+            }
+            // 0 + : a zero sum stored as +0, as gemv<1>'s block reduction (which starts at 0) does.
+            float sum = 0.0f + metrale::warp_sum(acc[0][0] + acc[0][1]);
+            if (lane == 0 && col[j] < n) {
+                if (bias != nullptr) sum += metrale::to_f32(bias[col[j]]);
+                store(&c[col[j]], sum);
+            }
+        }
+    }
+}
+
 template <bool SWIGLU = false, typename Out>
 __device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                          const __nv_bfloat16* __restrict__ w,
@@ -518,7 +582,13 @@ __device__ __forceinline__ void gemv_any(Out* __restrict__ c, const __nv_bfloat1
     __shared__ float partial[WARPS * MAX_M * TILE];
     if (n == 0) return;
     switch (m) {
-        case 1: gemv<1, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
+        case 1:
+            if (!SWIGLU && pairs_fit(a, w, n, k)) {
+                gemv_pairs(c, a, w, bias, n, k);
+            } else {
+                gemv<1, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr);
+            }
+            break;
         case 2: gemv<2, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
         case 3: gemv<3, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
         case 4: gemv<4, SWIGLU, false>(c, a, w, bias, n, k, partial, nullptr); break;
