@@ -468,10 +468,9 @@ pub fn gemv_norm_fits(m: u32, n: u32, k: u32) -> bool {
 /// loops) at most the resident blocks with the column groups spread evenly over them
 /// ([`gemv_balanced_grid`]), so that each block normalises the rows once for several column
 /// groups and no block's round runs alone: Qwen3-0.6B's QKV product, 512 groups, takes 256
-/// blocks of 2, not 116 of 2 and 280 of 1 (which ran on the H200 at batch 1 with 160 keys
-/// 6.64 us a layer against 5.50 on 264 blocks, step 0.804 -> 0.767 ms, generate 1250 -> 1291
-/// tok/s; docs/results/2026-12-02-speed-h200/norm-grid). A's shared memory, and the stage's with
-/// `stage`.
+/// blocks of 2, not 116 of 2 and 280 of 1 (on the H200 at batch 1 with 160 keys: 6.65 -> 5.43 us
+/// a layer; docs/results/2026-12-02-speed-h200/norm-grid). A's shared memory, and the stage's
+/// with `stage`.
 fn gemv_norm_launch(m: u32, n: u32, k: u32, columns: u32, stage: u32) -> LaunchConfig {
     let mut blocks = blocks_for(n.into(), columns).max(1);
     if columns == 8 {
