@@ -434,23 +434,34 @@ fn gemv_staged_cases(rng: &mut Rng) -> Vec<Case> {
 /// one pass (k = 8192), k a multiple of 4 but not 8 (vector norm, scalar product) and fewer
 /// columns than warps. The residual is an output too: it must come back unchanged.
 fn gemv_norm_cases(rng: &mut Rng) -> Vec<Case> {
+    gemv_norm_cases_of(
+        rng,
+        &[
+            (1u32, 4096u32, 1024u32, false, false, true, 1u32),
+            (1, 6144, 4096, false, false, true, 0),
+            (1, 6144, 4096, false, false, true, 1),
+            (4, 1024, 2048, false, true, true, 1),
+            (3, 1000, 130, false, true, true, 0),
+            (2, 777, 520, false, false, false, 1),
+            (1, 5, 4096, false, false, true, 1),
+            (1, 1024, 8192, false, false, true, 0),
+            (2, 64, 4100, false, false, true, 1),
+            (1, 6144, 1024, true, false, true, 1),
+            (1, 24576, 4096, true, false, true, 0),
+            (4, 2002, 256, true, false, true, 1),
+            (2, 600, 130, true, false, false, 0),
+        ],
+    )
+}
+
+/// One normalising GEMV case per `(m, n, k, swiglu, bias, input, stage)`; for the SwiGLU form n
+/// counts gate and up rows.
+fn gemv_norm_cases_of(
+    rng: &mut Rng,
+    shapes: &[(u32, u32, u32, bool, bool, bool, u32)],
+) -> Vec<Case> {
     let mut out = Vec::new();
-    // (m, n, k, swiglu, bias, input, stage); for the SwiGLU form n counts gate and up rows.
-    for &(m, n, k, swiglu, bias, input, stage) in &[
-        (1u32, 4096u32, 1024u32, false, false, true, 1u32),
-        (1, 6144, 4096, false, false, true, 0),
-        (1, 6144, 4096, false, false, true, 1),
-        (4, 1024, 2048, false, true, true, 1),
-        (3, 1000, 130, false, true, true, 0),
-        (2, 777, 520, false, false, false, 1),
-        (1, 5, 4096, false, false, true, 1),
-        (1, 1024, 8192, false, false, true, 0),
-        (2, 64, 4100, false, false, true, 1),
-        (1, 6144, 1024, true, false, true, 1),
-        (1, 24576, 4096, true, false, true, 0),
-        (4, 2002, 256, true, false, true, 1),
-        (2, 600, 130, true, false, false, 0),
-    ] {
+    for &(m, n, k, swiglu, bias, input, stage) in shapes {
         let rows = (m * k) as usize;
         let residual: Vec<f32> = (0..rows).map(|_| 2.0 * rng.normal()).collect();
         let out_elems = (m * if swiglu { n / 2 } else { n }) as usize;
@@ -1561,6 +1572,19 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.push(on_grid(lm_head, 396));
     let short = product_case(&mut rng, Product::Gemv, 1, 777, 512, true, false);
     out.push(on_grid(short, 13));
+    // The normalising entries' pair form (one row, k <= 1024, 8 columns a block): a ragged last
+    // round with a bias, SwiGLU pairs of a ragged round with no input, unstaged, and blocks that
+    // loop over several rounds (the first one staged, the others loaded).
+    out.extend(gemv_norm_cases_of(
+        &mut rng,
+        &[
+            (1, 1000, 1024, false, true, true, 1),
+            (1, 1030, 520, true, false, false, 1),
+            (1, 777, 512, false, false, true, 0),
+            (1, 16000, 512, false, true, true, 1),
+            (1, 16000, 256, true, false, true, 1),
+        ],
+    ));
     out
 }
 

@@ -520,6 +520,7 @@ constexpr uint32_t PAIR_MAX_K = 32 * (BATCH / 2) * 8;
 
 // Whether gemv<1> would take 8 columns a block (next_pow2(ceil(n / gridDim.x)) >= 8, so one warp
 // a column, K unsplit) over a short, vector-aligned row: then gemv_pairs computes the same sums.
+// (The SwiGLU form's floor of 2 columns a block is below 8, so the same test holds for it.)
 __device__ __forceinline__ bool pairs_fit(const __nv_bfloat16* a, const __nv_bfloat16* w, uint32_t n,
                                           uint32_t k) {
     const bool vec = k % 8 == 0 &&
@@ -527,48 +528,161 @@ __device__ __forceinline__ bool pairs_fit(const __nv_bfloat16* a, const __nv_bfl
     return vec && k <= PAIR_MAX_K && next_pow2(div_ceil(n, gridDim.x)) >= (uint32_t)WARPS;
 }
 
+// The normalising pair form's stage: each warp's two rows of at most PAIR_MAX_K elements, whole
+// (BATCH / 2 16-byte loads a lane each): 32 KiB a block. Must match GEMV_PAIR_STAGE_BYTES in
+// ops/gemm.rs.
+constexpr uint32_t PAIR_STAGE_BYTES = WARPS * 2 * 32 * (BATCH / 2) * 16;
+
+// The pair forms' loads: lane `lane`'s HALF chunks of the weight rows behind columns col[0] and
+// col[1] (zero past n or the row), all issued before any is used.
+template <bool SWIGLU>
+__device__ __forceinline__ void pair_load(uint4 (&wv)[2][BATCH / 2], const __nv_bfloat16* __restrict__ w,
+                                          const uint32_t (&col)[2], uint32_t n, uint32_t k, int lane) {
+    const uint32_t chunks = k / 8;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const uint4* w4 =
+            reinterpret_cast<const uint4*>(w + (size_t)weight_row<SWIGLU>(min(col[j], n - 1), n) * k);
+#pragma unroll
+        for (int u = 0; u < BATCH / 2; ++u) {
+            const uint32_t ch = lane + 32 * u;
+            wv[j][u] = col[j] < n && ch < chunks ? load_stream(w4 + ch) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// The pair forms' sums, on every lane: each column's as gemv<1>'s one-column form computes it (the
+// same chunks per lane in the same order, the same warp sum). A_SHARED: A is in shared memory.
+template <bool A_SHARED>
+__device__ __forceinline__ void pair_sums(float (&sum)[2], const uint4 (&wv)[2][BATCH / 2],
+                                          const __nv_bfloat16* __restrict__ a, uint32_t k, int lane) {
+    const uint32_t chunks = k / 8;
+    const uint4* a4 = reinterpret_cast<const uint4*>(a);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        float acc[1][2] = {{0.0f, 0.0f}};
+#pragma unroll
+        for (int u = 0; u < BATCH / 2; ++u) {
+            const uint32_t ch = lane + 32 * u;
+            fma_chunk<1, A_SHARED>(acc, wv[j][u], a4, ch, chunks, ch < chunks);
+        }
+        // 0 + : a zero sum stored as +0, as gemv<1>'s block reduction (which starts at 0) does.
+        sum[j] = 0.0f + metrale::warp_sum(acc[0][0] + acc[0][1]);
+    }
+}
+
 // gemv<1> (one row, plain entry) for rows of at most PAIR_MAX_K elements, two columns a warp: warp
 // w of a block round takes columns base + w and base + 8 + w and issues both columns' weight loads
 // (4 a lane each, a whole batch) before using any, so a warp keeps 4 KiB in flight where the one
 // column form's half-empty batch kept 2. Each column's sum is the one-column form's bit for bit
-// (the same chunks per lane in the same order, the same warp sum, the bias added after), and lane 0
-// stores it: one warp per column needs no block reduction.
+// (pair_sums, the bias added after), and lane 0 stores it: one warp per column needs no block
+// reduction.
 template <typename Out>
 __device__ __forceinline__ void gemv_pairs(Out* __restrict__ c, const __nv_bfloat16* __restrict__ a,
                                            const __nv_bfloat16* __restrict__ w,
                                            const __nv_bfloat16* __restrict__ bias, uint32_t n,
                                            uint32_t k) {
-    constexpr int HALF = BATCH / 2;
     constexpr uint32_t ROUND = 2 * WARPS;  // columns a block takes a round
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (uint32_t base = blockIdx.x * ROUND; base < n; base += gridDim.x * ROUND) {
+        const uint32_t col[2] = {base + warp, base + WARPS + warp};
+        uint4 wv[2][BATCH / 2];
+        pair_load<false>(wv, w, col, n, k, lane);
+        float sum[2];
+        pair_sums<false>(sum, wv, a, k, lane);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (lane == 0 && col[j] < n) {
+                float s = sum[j];
+                if (bias != nullptr) s += metrale::to_f32(bias[col[j]]);
+                store(&c[col[j]], s);
+            }
+        }
+    }
+}
+
+// The normalising entries' one-row form for rows of at most PAIR_MAX_K elements at 8 columns a
+// block (gemv_pairs' condition, with A in shared memory): two columns a warp, 16 a block round.
+// With `staged` (PAIR_STAGE_BYTES: both rows of each warp's first round, whole) the first-wave
+// blocks copy those rows before the programmatic-launch wait, so a block's first round needs no
+// weight load after it. The plain form stores each column from lane 0; the SwiGLU form meets the
+// gate and up sums of each pair (adjacent columns, neighbouring warps) in `partial` and stores
+// silu_mul_bf16's formula of their bf16 roundings, as gemv<1, true> does. Same bits as gemv<1>'s
+// normalising form. The caller has not waited.
+template <bool SWIGLU>
+__device__ __forceinline__ void gemv_norm_pairs(__nv_bfloat16* __restrict__ c, __nv_bfloat16* a,
+                                                const NormInput& in,
+                                                const __nv_bfloat16* __restrict__ w,
+                                                const __nv_bfloat16* __restrict__ bias, uint32_t n,
+                                                uint32_t k, float* partial, uint4* staged) {
+    constexpr int HALF = BATCH / 2;
+    constexpr uint32_t ROUND = 2 * WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t chunks = k / 8;
-    const uint4* a4 = reinterpret_cast<const uint4*>(a);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
+    uint4* mine = staged + warp * 2 * 32 * HALF;  // this warp's [2][HALF][32] slots
+    bool primed = false;
+    {
+        uint32_t sms;
+        asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+        const uint32_t base = blockIdx.x * ROUND;
+        if (staged != nullptr && blockIdx.x < 3 * sms && base < n) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const uint32_t col = base + j * WARPS + warp;
+                const uint4* w4 = reinterpret_cast<const uint4*>(
+                    w + (size_t)weight_row<SWIGLU>(min(col, n - 1), n) * k);
+#pragma unroll
+                for (int u = 0; u < HALF; ++u) {
+                    const uint32_t ch = lane + 32 * u;
+                    const bool live = col < n && ch < chunks;
+                    metrale::cp_async_16(metrale::smem_addr(mine + (j * HALF + u) * 32 + lane),
+                                         w4 + (live ? ch : 0), live);
+                }
+            }
+            metrale::cp_async_commit();
+            primed = true;
+        }
+    }
+    metrale::grid_dependency_sync();
+    normalise_input<1>(a, in, k, partial);
     for (uint32_t base = blockIdx.x * ROUND; base < n; base += gridDim.x * ROUND) {
         const uint32_t col[2] = {base + warp, base + WARPS + warp};
         uint4 wv[2][HALF];
+        if (primed) {
+            // Each lane reads back only its own copies.
+            primed = false;
+            metrale::cp_async_wait<0>();
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const uint4* w4 = reinterpret_cast<const uint4*>(w + (size_t)min(col[j], n - 1) * k);
+            for (int j = 0; j < 2; ++j)
 #pragma unroll
-            for (int u = 0; u < HALF; ++u) {
-                const uint32_t ch = lane + 32 * u;
-                wv[j][u] = col[j] < n && ch < chunks ? load_stream(w4 + ch) : zero;
-            }
+                for (int u = 0; u < HALF; ++u) wv[j][u] = mine[(j * HALF + u) * 32 + lane];
+        } else {
+            pair_load<SWIGLU>(wv, w, col, n, k, lane);
         }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            float acc[1][2] = {{0.0f, 0.0f}};
-#pragma unroll
-            for (int u = 0; u < HALF; ++u) {
-                const uint32_t ch = lane + 32 * u;
-                fma_chunk<1>(acc, wv[j][u], a4, ch, chunks, ch < chunks);
+        float sum[2];
+        pair_sums<true>(sum, wv, a, k, lane);
+        if constexpr (SWIGLU) {
+            // Column base + v's sum at partial[v]; thread i < 8 takes the pair (2i, 2i + 1).
+            if (lane == 0) {
+                partial[warp] = sum[0];
+                partial[WARPS + warp] = sum[1];
             }
-            // 0 + : a zero sum stored as +0, as gemv<1>'s block reduction (which starts at 0) does.
-            float sum = 0.0f + metrale::warp_sum(acc[0][0] + acc[0][1]);
-            if (lane == 0 && col[j] < n) {
-                if (bias != nullptr) sum += metrale::to_f32(bias[col[j]]);
-                store(&c[col[j]], sum);
+            __syncthreads();
+            const uint32_t cc = 2 * threadIdx.x;
+            if (threadIdx.x < ROUND / 2 && base + cc < n) {
+                const float g = metrale::to_f32(metrale::to_bf16(partial[cc]));
+                const float u = metrale::to_f32(metrale::to_bf16(partial[cc + 1]));
+                store(&c[(base + cc) / 2], swiglu(g, u));
+            }
+            __syncthreads();
+        } else {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                if (lane == 0 && col[j] < n) {
+                    float s = sum[j];
+                    if (bias != nullptr) s += metrale::to_f32(bias[col[j]]);
+                    store(&c[col[j]], s);
+                }
             }
         }
     }
@@ -635,6 +749,12 @@ __device__ __forceinline__ void gemv_norm(__nv_bfloat16* __restrict__ c, const N
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
     const uint32_t a_bytes = (m * k * 2 + 15) / 16 * 16;
     __nv_bfloat16* a = reinterpret_cast<__nv_bfloat16*>(dynamic);
+    if (m == 1 && pairs_fit(a, w, n, k)) {
+        // The pair form stages only with room for both rows of every warp (the host gives it).
+        uint4* staged = stage != 0 && bytes >= a_bytes + PAIR_STAGE_BYTES ? dynamic + a_bytes / 16 : nullptr;
+        gemv_norm_pairs<SWIGLU>(c, a, in, w, bias, n, k, partial, staged);
+        return;
+    }
     uint4* staged = stage != 0 && bytes >= a_bytes + STAGE_BYTES ? dynamic + a_bytes / 16 : nullptr;
     switch (m) {
         case 1: gemv<1, SWIGLU, true, __nv_bfloat16, true>(c, a, w, bias, n, k, partial, staged, &in); break;

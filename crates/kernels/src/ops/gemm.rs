@@ -471,15 +471,41 @@ pub fn gemv_norm_fits(m: u32, n: u32, k: u32) -> bool {
 /// blocks of 2, not 116 of 2 and 280 of 1 (on the H200 at batch 1 with 160 keys: 6.65 -> 5.43 us
 /// a layer; docs/results/2026-12-02-speed-h200/norm-grid). A's shared memory, and the stage's
 /// with `stage`.
+///
+/// One row over at most [`GEMV_PAIR_MAX_K`] inputs at 8 columns a block takes the kernel's pair
+/// form (two columns a warp, 16 a block round: `gemv_norm_pairs` in gemv.cu): one block per 16
+/// columns, spread the same way, and a stage of [`GEMV_PAIR_STAGE_BYTES`] (each warp's two rows,
+/// whole). Qwen3-0.6B's qkv and gate|up products: 256 and 384 blocks of one round each.
 fn gemv_norm_launch(m: u32, n: u32, k: u32, columns: u32, stage: u32) -> LaunchConfig {
-    let mut blocks = blocks_for(n.into(), columns).max(1);
+    let pairs = gemv_norm_pairs(m, k, columns);
+    let mut blocks = blocks_for(n.into(), if pairs { 2 * columns } else { columns }).max(1);
     if columns == 8 {
         blocks = gemv_balanced_grid(m, n, blocks, GEMV_RESIDENT_BLOCKS);
     }
+    let stage_bytes = match (stage != 0, pairs) {
+        (false, _) => 0,
+        (true, false) => GEMV_STAGE_BYTES,
+        (true, true) => GEMV_PAIR_STAGE_BYTES,
+    };
     LaunchConfig {
-        shared_mem_bytes: gemv_norm_a_bytes(m, k) + if stage != 0 { GEMV_STAGE_BYTES } else { 0 },
+        shared_mem_bytes: gemv_norm_a_bytes(m, k) + stage_bytes,
         ..LaunchConfig::linear(blocks, 256)
     }
+}
+
+/// Inputs (K) up to which a one-row GEMV at 8 columns a block takes two columns a warp: a row is
+/// then at most half a warp's load batch (`PAIR_MAX_K` in gemv.cu).
+pub const GEMV_PAIR_MAX_K: u32 = 1024;
+
+/// The normalising pair form's stage: 8 warps x 2 rows x [`GEMV_PAIR_MAX_K`] bf16
+/// (`PAIR_STAGE_BYTES` in gemv.cu).
+const GEMV_PAIR_STAGE_BYTES: u32 = 8 * 2 * GEMV_PAIR_MAX_K * 2;
+
+/// Whether a normalising launch of `m` rows over `k` inputs at `columns` per block takes the
+/// kernel's pair form (which it also requires of the weight's alignment; a misaligned weight
+/// takes the one-column form on the same grid, with the same sums).
+fn gemv_norm_pairs(m: u32, k: u32, columns: u32) -> bool {
+    m == 1 && columns == 8 && k % 8 == 0 && k <= GEMV_PAIR_MAX_K
 }
 
 /// A staged launch: `launch` with the stage's shared memory.
@@ -1266,9 +1292,11 @@ mod tests {
             .launch_config();
             let norm = launch(m, n, k, 0);
             assert!(norm.grid[0] <= plain.grid[0], "m={m} n={n} k={k}");
-            // Past the resident blocks, the groups spread evenly: each block takes the same
-            // number of rounds, and the fewest rounds the resident blocks allow.
-            let groups = plain.grid[0];
+            // One block per column group (per 16 columns in the pair form); past the resident
+            // blocks, the groups spread evenly: each block takes the same number of rounds, and
+            // the fewest rounds the resident blocks allow.
+            let pairs = gemv_norm_pairs(m, k, gemv_columns_per_block(m, n, k));
+            let groups = if pairs { n.div_ceil(16) } else { plain.grid[0] };
             if norm.grid[0] < groups {
                 let rounds = groups.div_ceil(GEMV_RESIDENT_BLOCKS);
                 assert_eq!(norm.grid[0], groups.div_ceil(rounds), "m={m} n={n} k={k}");
@@ -1280,13 +1308,24 @@ mod tests {
             );
             assert_eq!(norm.block, plain.block);
             assert_eq!(norm.shared_mem_bytes, m * k * 2);
-            assert_eq!(
-                launch(m, n, k, 1).shared_mem_bytes,
-                m * k * 2 + GEMV_STAGE_BYTES
-            );
+            let stage = if pairs {
+                GEMV_PAIR_STAGE_BYTES
+            } else {
+                GEMV_STAGE_BYTES
+            };
+            assert_eq!(launch(m, n, k, 1).shared_mem_bytes, m * k * 2 + stage);
         }
-        // Qwen3-0.6B's QKV product at one row: 512 groups of 8 columns on 256 blocks of 2.
+        // Qwen3-0.6B's QKV product at one row: 256 blocks of one pair round (16 columns), with
+        // both rows of every warp staged.
         assert_eq!(launch(1, 4096, 1024, 0).grid[0], 256);
+        assert_eq!(launch(1, 4096, 1024, 1).shared_mem_bytes, 2048 + 32 * 1024);
+        // Past the resident blocks, pair rounds spread evenly too: 1000 rounds on 334 blocks.
+        assert_eq!(launch(1, 16000, 512, 0).grid[0], 334);
+        // Longer rows keep one column a warp: 4 rows' 1024 columns, or k past 1024.
+        assert_eq!(
+            launch(1, 4096, 1032, 1).shared_mem_bytes,
+            2064 + GEMV_STAGE_BYTES
+        );
         // A rounded up to 16 bytes; the entries take at most 4 rows and 48 KiB of A.
         assert_eq!(launch(3, 8, 130, 0).shared_mem_bytes, 784);
         // Qwen3-8B's and Qwen3-0.6B's qkv and gate|up products at 1 and 4 rows fit.
