@@ -41,7 +41,9 @@
 // bounds fix it at 80 (3 blocks, 24 warps per SM: at 3 to 4 KiB in flight per warp, about twice
 // the bytes an SM needs in flight to cover HBM latency at full bandwidth), no spills
 // (gemv_bf16_swiglu, with the interleaved rows and the pair epilogue: 8 bytes spilled).
-// Launch: grid = ceil(N / COLS), block = 256, COLS in {1, 2, 4, 8} (M <= 4) or {8, 16, 32, 64}.
+// Launch: grid = ceil(N / COLS), block = 256, COLS in {1, 2, 4, 8} (M <= 4) or {8, 16, 32, 64};
+// the host may cap the grid where the blocks then loop (and the normalising entries' pair form
+// takes one block per 16 columns).
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "norm.cuh"
@@ -619,7 +621,8 @@ __device__ __forceinline__ void gemv_norm_pairs(__nv_bfloat16* __restrict__ c, _
     constexpr uint32_t ROUND = 2 * WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t chunks = k / 8;
-    uint4* mine = staged + warp * 2 * 32 * HALF;  // this warp's [2][HALF][32] slots
+    // This warp's [2][HALF][32] slots, where there is a stage.
+    uint4* mine = staged != nullptr ? staged + warp * 2 * 32 * HALF : nullptr;
     bool primed = false;
     {
         uint32_t sms;
@@ -737,7 +740,8 @@ __device__ __forceinline__ void gemv_staged(__nv_bfloat16* __restrict__ c,
 }
 
 // The normalising entries' body (rows 1 to 4; the caller has not waited). Dynamic shared memory:
-// A ([m, k] bf16, rounded up to 16 bytes), then with `stage` set the 16 KiB of stage slots.
+// A ([m, k] bf16, rounded up to 16 bytes), then with `stage` set the stage slots: 16 KiB, or
+// PAIR_STAGE_BYTES (32 KiB) for the pair form, which stages only with that much.
 template <bool SWIGLU = false>
 __device__ __forceinline__ void gemv_norm(__nv_bfloat16* __restrict__ c, const NormInput& in,
                                           const __nv_bfloat16* __restrict__ w,
@@ -822,9 +826,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_swiglu_staged(
 // shared memory after the wait; block 0 stores residual + input to residual_out (not `residual`:
 // the other blocks read it). `input` may be null (nothing added; residual_out gets a copy). With
 // `stage` set the first-wave blocks also copy their first weights before the wait
-// (gemv_bf16_staged). Launch: gemv_bf16's block and columns per block, over at most as many
-// blocks as are resident (a block covers several column groups), with m * k * 2 bytes (rounded up
-// to 16) plus, with `stage`, 16 KiB of dynamic shared memory.
+// (gemv_bf16_staged). One row over at most PAIR_MAX_K inputs at 8 columns a block takes the pair
+// form (gemv_norm_pairs). Launch: gemv_bf16's block and columns per block (one block per 16
+// columns in the pair form), over at most as many blocks as are resident (a block covers several
+// column groups), with m * k * 2 bytes (rounded up to 16) plus, with `stage`, 16 KiB of dynamic
+// shared memory (32 KiB in the pair form).
 extern "C" __global__ void __launch_bounds__(256, 3) gemv_bf16_norm(
     __nv_bfloat16* __restrict__ c, const float* __restrict__ residual,
     float* __restrict__ residual_out, const __nv_bfloat16* __restrict__ input,

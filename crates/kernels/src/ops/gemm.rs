@@ -1321,11 +1321,28 @@ mod tests {
         assert_eq!(launch(1, 4096, 1024, 1).shared_mem_bytes, 2048 + 32 * 1024);
         // Past the resident blocks, pair rounds spread evenly too: 1000 rounds on 334 blocks.
         assert_eq!(launch(1, 16000, 512, 0).grid[0], 334);
-        // Longer rows keep one column a warp: 4 rows' 1024 columns, or k past 1024.
+        // Rows past 1024 inputs keep one column a warp, and the 16 KiB stage.
         assert_eq!(
             launch(1, 4096, 1032, 1).shared_mem_bytes,
             2064 + GEMV_STAGE_BYTES
         );
+        // The SwiGLU form at Qwen3-0.6B's gate|up: 6144 interleaved columns on 384 blocks.
+        let swiglu = GemvSwigluNorm {
+            out: DevicePtr::NULL,
+            residual: DevicePtr::NULL,
+            residual_out: DevicePtr::NULL,
+            input: DevicePtr::NULL,
+            norm_weight: DevicePtr::NULL,
+            w: DevicePtr::NULL,
+            m: 1,
+            inter: 3072,
+            k: 1024,
+            eps: 1e-6,
+            stage: 1,
+        }
+        .launch_config();
+        assert_eq!(swiglu.grid[0], 384);
+        assert_eq!(swiglu.shared_mem_bytes, 2048 + GEMV_PAIR_STAGE_BYTES);
         // A rounded up to 16 bytes; the entries take at most 4 rows and 48 KiB of A.
         assert_eq!(launch(3, 8, 130, 0).shared_mem_bytes, 784);
         // Qwen3-8B's and Qwen3-0.6B's qkv and gate|up products at 1 and 4 rows fit.
