@@ -505,7 +505,7 @@ const GEMV_PAIR_STAGE_BYTES: u32 = 8 * 2 * GEMV_PAIR_MAX_K * 2;
 /// kernel's pair form (which it also requires of the weight's alignment; a misaligned weight
 /// takes the one-column form on the same grid, with the same sums).
 fn gemv_norm_pairs(m: u32, k: u32, columns: u32) -> bool {
-    m == 1 && columns == 8 && k % 8 == 0 && k <= GEMV_PAIR_MAX_K
+    m == 1 && columns == 8 && k.is_multiple_of(8) && k <= GEMV_PAIR_MAX_K
 }
 
 /// A staged launch: `launch` with the stage's shared memory.
