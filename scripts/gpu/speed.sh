@@ -77,6 +77,10 @@ reference_logits() {
 }
 
 phase=${1:?phase}
+# Stopped by `timeout` (SIGTERM) or ^C: bash runs this once the step in the foreground ends, so
+# the results so far still reach $OUT (a timelines call cut short at its last variant used to
+# return nothing). A phase that runs others (harness-a) waits for its current one to end first.
+trap 'echo "== $phase: stopped by a signal; packing what $RES holds" >&2; record "$phase" "stopped by a signal"; finish; exit 124' TERM INT
 case "$phase" in
 checkpoints)
   # A machine can come back with /root from an earlier session: start the results afresh.
