@@ -573,6 +573,21 @@ __device__ __forceinline__ void pair_sums(float (&sum)[2], const uint4 (&wv)[2][
     }
 }
 
+// Lane 0 stores the pair's columns below n, each with its bias (when there is one) added.
+template <typename Out>
+__device__ __forceinline__ void pair_store(Out* __restrict__ c, const float (&sum)[2],
+                                           const uint32_t (&col)[2], uint32_t n,
+                                           const __nv_bfloat16* __restrict__ bias, int lane) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        if (lane == 0 && col[j] < n) {
+            float s = sum[j];
+            if (bias != nullptr) s += metrale::to_f32(bias[col[j]]);
+            store(&c[col[j]], s);
+        }
+    }
+}
+
 // gemv<1> (one row, plain entry) for rows of at most PAIR_MAX_K elements, two columns a warp: warp
 // w of a block round takes columns base + w and base + 8 + w and issues both columns' weight loads
 // (4 a lane each, a whole batch) before using any, so a warp keeps 4 KiB in flight where the one
@@ -592,14 +607,7 @@ __device__ __forceinline__ void gemv_pairs(Out* __restrict__ c, const __nv_bfloa
         pair_load<false>(wv, w, col, n, k, lane);
         float sum[2];
         pair_sums<false>(sum, wv, a, k, lane);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            if (lane == 0 && col[j] < n) {
-                float s = sum[j];
-                if (bias != nullptr) s += metrale::to_f32(bias[col[j]]);
-                store(&c[col[j]], s);
-            }
-        }
+        pair_store(c, sum, col, n, bias, lane);
     }
 }
 
@@ -629,6 +637,9 @@ __device__ __forceinline__ void gemv_norm_pairs(__nv_bfloat16* __restrict__ c, _
         asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
         const uint32_t base = blockIdx.x * ROUND;
         if (staged != nullptr && blockIdx.x < 3 * sms && base < n) {
+            // stage_first's copies (a row is its STAGED loads), both rows in one commit group:
+            // written out, as calling stage_first per row changed the register allocation of
+            // every normalising body (nvdisasm), which the H200 figures were not measured with.
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const uint32_t col = base + j * WARPS + warp;
@@ -679,14 +690,7 @@ __device__ __forceinline__ void gemv_norm_pairs(__nv_bfloat16* __restrict__ c, _
             }
             __syncthreads();
         } else {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                if (lane == 0 && col[j] < n) {
-                    float s = sum[j];
-                    if (bias != nullptr) s += metrale::to_f32(bias[col[j]]);
-                    store(&c[col[j]], s);
-                }
-            }
+            pair_store(c, sum, col, n, bias, lane);
         }
     }
 }
