@@ -10,7 +10,7 @@ library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles 
 " (wgmma v3, N tiles of <=T)" for the prefill attention's versions 2 and 3, " (N columns per
 block)" and " (resident grid of N columns per block)" for the GEMV at a split it does not use,
 " (uncapped grid)" for the GEMV on one block per column group, " (staged)" for the staged GEMV
-entries); a split attention's combine kernel is added to its attention row, since PyTorch's one
+entries, " (wide)" for the fused decode attention's 8-warp form); a split attention's combine kernel is added to its attention row, since PyTorch's one
 call does both. "speedup" is PyTorch time over met time:
 above 1, met is faster. Rows where met is not faster are listed after the table.
 """
@@ -33,6 +33,7 @@ def base(label: str) -> str:
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
     label = re.sub(r" \((resident grid of )?\d+ columns per block\)$", "", label)
     label = re.sub(r" \(staged\)$", "", label)
+    label = label.replace(" (wide)", "")
     label = re.sub(r" \(uncapped grid\)$", "", label)
     return re.sub(r" \((tensor cores v2|wgmma v3), \d+ tiles of <=\d+\)$", "", label)
 
@@ -55,9 +56,12 @@ NORMED_PRODUCTS = ("qkv_proj", "gate_up", "gate_up+silu*mul")
 # The engine's prefill attention at head_dim 128 (the speed models'): version 3 on query tiles of 128
 # (versions 1 and 2, and v3 on tiles of 64, are benched for comparison).
 PREFILL_KERNEL, PREFILL_TILE = "prefill_attention_v3_bf16", 128
+# The fused decode attention's wide form (crates/model-engine, ATTENTION_WIDE_BLOCKS): one-split
+# launches of at most that many (token, kv head) blocks; the speed models have 8 kv heads.
+ATTENTION_WIDE_BLOCKS, SPEED_KV_HEADS = 16, 8
 
 
-def on_path(r) -> bool:
+def on_path(r, wide_labels=frozenset()) -> bool:
     """Whether the engine launches this row's kernel for this shape on CUDA: the WMMA GEMM is only
     the fallback when cuBLASLt is missing (every GEMM row of the engine's path is the
     GpuBackend::gemm one), a product takes the GEMV or the library by the rule above (the other
@@ -69,6 +73,12 @@ def on_path(r) -> bool:
     label = r["label"]
     if r["kernel"] == "gemm_bf16" and "(GpuBackend::gemm)" not in label:
         return False
+    if r["kernel"].startswith("paged_attention_qkv"):
+        seqs = re.search(r" seqs=(\d+) ", label)
+        wide = seqs is not None and int(seqs.group(1)) * SPEED_KV_HEADS <= ATTENTION_WIDE_BLOCKS
+        if "(wide)" in label:
+            return wide
+        return not (wide and shown(label) in wide_labels)
     if "columns per block)" in label:  # the GEMV at a column split the engine does not pick
         return False
     if label.endswith("(uncapped grid)"):  # the engine caps the GEMV's grid at the resident blocks
@@ -113,6 +123,8 @@ def main():
         m = re.match(r"(.*) combine of \d+ splits$", r["label"])
         if m:
             combine[m.group(1)] = r["us"]
+    # The fused decode attention's shapes that also have a row of its wide form.
+    wide_labels = {shown(r["label"]).replace(" (wide)", "") for r in met_rows if "(wide)" in r["label"]}
     table = []
     for r in met_rows:
         if "combine of" in r["label"]:
@@ -121,7 +133,7 @@ def main():
         us = r["us"] + combine.get(key, 0.0)
         t = torch_rows.get(key)
         path = "cuBLASLt" if "(GpuBackend::gemm)" in r["label"] else r["kernel"]
-        row = {"label": shown(r["label"]), "met": path, "on_path": on_path(r), "met_us": round(us, 2),
+        row = {"label": shown(r["label"]), "met": path, "on_path": on_path(r, wide_labels), "met_us": round(us, 2),
                "met_gb_s": round(r["gb_s"] * r["us"] / us), "met_of_hbm": round(r["gb_s"] * r["us"] / us / (args.hbm_tb_s * 1e3), 3),
                "torch_op": t["op"] if t else None, "torch_us": round(t["us"], 2) if t else None,
                "speedup": round(t["us"] / us, 2) if t else None}

@@ -478,65 +478,85 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
             .collect();
         let heads = qh + 2 * kvh;
         let half_table = (context as usize) * (hd as usize / 2) * 4;
-        out.push(BenchCase {
-            kernel: PagedAttentionQkv::NAME,
-            label: format!(
-                "{} {what} with qk-norm+rope+kv-write splits={splits}",
-                s.name
-            ),
-            bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2)
-                + 2 * (n * heads * hd) as u64
-                + 2 * (n * qh * hd) as u64,
-            flops: 4 * keys * (qh * hd) as u64,
-            buffers: vec![
-                ((n * qh * hd) as usize * 2, 0),
-                (partials, 0),
-                ((n * kvh) as usize * 4, 0),
-                ((n * heads * hd) as usize * 2, 0x3C),
-                (cache, 0x3C),
-                (cache, 0x3C),
-                (hd as usize * 2, 0x3F),
-                (hd as usize * 2, 0x3F),
-                (half_table, 0x3C),
-                (half_table, 0x3C),
-            ],
-            uploads: vec![
-                i32_bytes(&tables),
-                i32_bytes(&token_seq),
-                i32_bytes(&positions),
-                i32_bytes(&slots),
-            ],
-            library_gemm: None,
-            build: Box::new(move |p| {
-                launch_of(PagedAttentionQkv {
-                    out: p[0],
-                    partials: p[1],
-                    counters: p[2],
-                    qkv: p[3],
-                    k_cache: p[4],
-                    v_cache: p[5],
-                    q_norm: p[6],
-                    k_norm: p[7],
-                    cos: p[8],
-                    sin: p[9],
-                    block_tables: p[10],
-                    token_seq: p[11],
-                    positions: p[12],
-                    slots: p[13],
-                    tokens: n,
-                    q_heads: qh,
-                    kv_heads: kvh,
-                    head_dim: hd,
-                    block_size: block,
-                    max_blocks_per_seq: blocks_per_seq,
-                    keys_per_split,
-                    splits,
-                    max_position: context,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    eps: 1e-6,
-                })
-            }),
-        });
+        // The 4-warp form, and where the model may take it (one split, head_dim 64 or 128) the
+        // wide form (8 warps a block) on the same arguments.
+        let fused = move |p: &[DevicePtr]| PagedAttentionQkv {
+            out: p[0],
+            partials: p[1],
+            counters: p[2],
+            qkv: p[3],
+            k_cache: p[4],
+            v_cache: p[5],
+            q_norm: p[6],
+            k_norm: p[7],
+            cos: p[8],
+            sin: p[9],
+            block_tables: p[10],
+            token_seq: p[11],
+            positions: p[12],
+            slots: p[13],
+            tokens: n,
+            q_heads: qh,
+            kv_heads: kvh,
+            head_dim: hd,
+            block_size: block,
+            max_blocks_per_seq: blocks_per_seq,
+            keys_per_split,
+            splits,
+            max_position: context,
+            scale: 1.0 / (hd as f32).sqrt(),
+            eps: 1e-6,
+        };
+        let wide = splits == 1 && matches!(hd, 64 | 128);
+        for form in [false, true] {
+            if form && !wide {
+                continue;
+            }
+            let (kernel, suffix) = if form {
+                (PagedAttentionQkv::WIDE_NAME, " (wide)")
+            } else {
+                (PagedAttentionQkv::NAME, "")
+            };
+            out.push(BenchCase {
+                kernel,
+                label: format!(
+                    "{} {what} with qk-norm+rope+kv-write{suffix} splits={splits}",
+                    s.name
+                ),
+                bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64 * 2)
+                    + 2 * (n * heads * hd) as u64
+                    + 2 * (n * qh * hd) as u64,
+                flops: 4 * keys * (qh * hd) as u64,
+                buffers: vec![
+                    ((n * qh * hd) as usize * 2, 0),
+                    (partials, 0),
+                    ((n * kvh) as usize * 4, 0),
+                    ((n * heads * hd) as usize * 2, 0x3C),
+                    (cache, 0x3C),
+                    (cache, 0x3C),
+                    (hd as usize * 2, 0x3F),
+                    (hd as usize * 2, 0x3F),
+                    (half_table, 0x3C),
+                    (half_table, 0x3C),
+                ],
+                uploads: vec![
+                    i32_bytes(&tables),
+                    i32_bytes(&token_seq),
+                    i32_bytes(&positions),
+                    i32_bytes(&slots),
+                ],
+                library_gemm: None,
+                build: Box::new(move |p| {
+                    let k = fused(p);
+                    let config = if form {
+                        k.wide_launch_config()
+                    } else {
+                        k.launch_config()
+                    };
+                    (config, k.args())
+                }),
+            });
+        }
     }
     if tokens > 1 && PrefillAttention::supports_head_dim(hd) {
         // Version 1 on its tiles of 64; version 2 on its tiles of 128 and on tiles of 64 (twice

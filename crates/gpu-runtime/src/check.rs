@@ -656,17 +656,35 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
 /// whose slot is negative (nothing written; the attention reads the cache row as it is). The
 /// caches are outputs: the newest rows must be written and nothing else touched.
 fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
+    paged_attention_qkv_cases_of(
+        rng,
+        false,
+        &[
+            (1usize, 1024usize, 32u32, 8u32, 128u32, true, 64u32),
+            (1, 1024, 16, 8, 128, true, 64),
+            (3, 300, 32, 8, 128, true, 0),
+            (3, 300, 32, 8, 128, true, 16),
+            (2, 37, 9, 3, 64, false, 16),
+            (2, 1500, 8, 1, 128, true, 128),
+            (2, 21, 4, 4, 256, false, 8),
+            (1, 1, 32, 8, 128, true, 0),
+        ],
+    )
+}
+
+/// Shapes of [`paged_attention_qkv_cases_of`]: sequences, context, query heads, kv heads, head
+/// dim, qk-norm, keys per split (0: one split).
+type AttentionQkvShape = (usize, usize, u32, u32, u32, bool, u32);
+
+/// [`paged_attention_qkv_cases`] over `shapes`, through the wide form (8 warps a block,
+/// [`PagedAttentionQkv::WIDE_NAME`]) where `wide`.
+fn paged_attention_qkv_cases_of(
+    rng: &mut Rng,
+    wide: bool,
+    shapes: &[AttentionQkvShape],
+) -> Vec<Case> {
     let mut out = Vec::new();
-    for &(seqs, context, q_heads, kv_heads, head_dim, norms, keys_per_split) in &[
-        (1usize, 1024usize, 32u32, 8u32, 128u32, true, 64u32),
-        (1, 1024, 16, 8, 128, true, 64),
-        (3, 300, 32, 8, 128, true, 0),
-        (3, 300, 32, 8, 128, true, 16),
-        (2, 37, 9, 3, 64, false, 16),
-        (2, 1500, 8, 1, 128, true, 128),
-        (2, 21, 4, 4, 256, false, 8),
-        (1, 1, 32, 8, 128, true, 0),
-    ] {
+    for &(seqs, context, q_heads, kv_heads, head_dim, norms, keys_per_split) in shapes {
         let block_size = 16u32;
         let max_position = 4096u32;
         let d = head_dim as usize;
@@ -757,15 +775,28 @@ fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
             buffer: 1,
             extra: host_allowance(&buffers, make, |k, mem| k.partials_allowance(mem)),
         });
+        let (kernel, form) = if wide {
+            (PagedAttentionQkv::WIDE_NAME, " (wide)")
+        } else {
+            (PagedAttentionQkv::NAME, "")
+        };
         out.push(Case {
-            kernel: PagedAttentionQkv::NAME,
+            kernel,
             gemm: None,
             allowance,
             shape: format!(
-                "seqs={seqs} ctx={context} heads={q_heads}/{kv_heads} d={head_dim} qk_norm={norms} splits={splits}"
+                "seqs={seqs} ctx={context} heads={q_heads}/{kv_heads} d={head_dim} qk_norm={norms} splits={splits}{form}"
             ),
             buffers,
-            build: Box::new(move |p| launch_of(make(p))),
+            build: Box::new(move |p| {
+                let k = make(p);
+                let config = if wide {
+                    k.wide_launch_config()
+                } else {
+                    k.launch_config()
+                };
+                (config, k.args())
+            }),
         });
     }
     out
@@ -1585,6 +1616,25 @@ pub fn cases(seed: u64) -> Vec<Case> {
             (1, 16000, 256, true, false, true, 1),
         ],
     ));
+    // The fused decode attention's wide form (8 warps a block): the model's batch-1 shapes
+    // (Qwen3-8B's and -0.6B's groups at 160 and 256 keys, one split; a context of one key),
+    // contexts that leave some warps without a tile or end mid-tile, a negative slot, head_dim
+    // 64, and split launches (the form takes any; the model sends it one split).
+    out.extend(paged_attention_qkv_cases_of(
+        &mut rng,
+        true,
+        &[
+            (1, 160, 32, 8, 128, true, 0),
+            (1, 256, 16, 8, 128, true, 0),
+            (1, 1, 32, 8, 128, true, 0),
+            (2, 77, 16, 8, 128, true, 0),
+            (3, 300, 32, 8, 128, true, 0),
+            (2, 37, 9, 3, 64, false, 0),
+            (1, 1024, 32, 8, 128, true, 64),
+            (2, 1500, 8, 1, 128, true, 128),
+            (3, 300, 32, 8, 128, true, 16),
+        ],
+    ));
     out
 }
 
@@ -1735,6 +1785,7 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                 let (rtol, atol) = if kind == OutputKind::F32 {
                     let floor = if case.kernel == PagedAttention::NAME
                         || case.kernel == PagedAttentionQkv::NAME
+                        || case.kernel == PagedAttentionQkv::WIDE_NAME
                     {
                         PAGED_ATTENTION_PARTIALS_ATOL_OF_RMS * rms
                     } else {

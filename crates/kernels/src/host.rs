@@ -235,6 +235,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvSwigluNorm::NAME, run::<GemvSwigluNorm>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (PagedAttentionQkv::NAME, run::<PagedAttentionQkv>),
+        (PagedAttentionQkv::WIDE_NAME, run::<PagedAttentionQkv>),
         (AttentionCombine::NAME, run::<AttentionCombine>),
         (PrefillAttention::NAME, run::<PrefillAttention>),
         (PrefillAttentionV2::NAME, run::<PrefillAttentionV2>),

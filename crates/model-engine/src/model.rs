@@ -137,6 +137,7 @@ struct Kernels {
     silu_mul: KernelHandle,
     attention: KernelHandle,
     attention_qkv: KernelHandle,
+    attention_qkv_wide: KernelHandle,
     gemv_swiglu: KernelHandle,
     gemv_staged: KernelHandle,
     gemv_swiglu_staged: KernelHandle,
@@ -215,6 +216,11 @@ const ATTENTION_PARTIALS: u32 = 32768;
 /// Blocks a split attention launch aims for by default: about two per SM of an H200
 /// (`METRALE_ATTENTION_TARGET_BLOCKS` overrides it, for measuring fewer and longer splits).
 const ATTENTION_TARGET_BLOCKS: u32 = 264;
+/// The most blocks (tokens x kv heads) a fused decode attention launch of one split may have for
+/// it to take the wide form (8 warps a block, [`PagedAttentionQkv::WIDE_NAME`]); more blocks take
+/// the 4-warp form, two an SM. `METRALE_ATTENTION_WIDE_BLOCKS` overrides it (0: never wide).
+/// Being measured (wip/attention-wide): Qwen3 at batch 1 has 8 kv heads, so 16 takes batch 1 and 2.
+const ATTENTION_WIDE_BLOCKS: u32 = 16;
 
 /// The tensor-core prefill attention kernels (all take the same arguments and tiles).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -464,6 +470,9 @@ pub struct Model {
     /// The longest context left in one split ([`ATTENTION_UNSPLIT_KEYS`] unless
     /// `METRALE_ATTENTION_UNSPLIT_KEYS` says otherwise, 0 for none; rounded up to a power of two).
     attention_unsplit_keys: u32,
+    /// The most blocks a one-split fused decode attention launch takes the wide form at
+    /// ([`ATTENTION_WIDE_BLOCKS`] unless `METRALE_ATTENTION_WIDE_BLOCKS` says otherwise).
+    attention_wide_blocks: u32,
     /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`, default
     /// [`GEMV_RESIDENT_BLOCKS`]; 0 for the rule's grid): see [`Model::launch_gemv`].
     gemv_grid_cap: u32,
@@ -544,6 +553,7 @@ impl Model {
         let attention_split_keys = count("METRALE_ATTENTION_SPLIT_KEYS", ATTENTION_SPLIT_KEYS)?;
         let attention_unsplit_keys =
             count("METRALE_ATTENTION_UNSPLIT_KEYS", ATTENTION_UNSPLIT_KEYS)?;
+        let attention_wide_blocks = count("METRALE_ATTENTION_WIDE_BLOCKS", ATTENTION_WIDE_BLOCKS)?;
         let use_graphs = on_unless_zero("METRALE_CUDA_GRAPHS");
         let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
         let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
@@ -571,6 +581,7 @@ impl Model {
             silu_mul: g.kernel(SiluMul::NAME)?,
             attention: g.kernel(PagedAttention::NAME)?,
             attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
+            attention_qkv_wide: g.kernel(PagedAttentionQkv::WIDE_NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
             prefill_attention_v3: g.kernel(PrefillAttentionV3::NAME)?,
@@ -657,6 +668,7 @@ impl Model {
             gemv_grid_mode,
             attention_split_keys,
             attention_unsplit_keys,
+            attention_wide_blocks,
             fused_qkv_attention,
             fused_swiglu,
             gemv_stage,
@@ -1432,7 +1444,16 @@ impl Model {
                 // The fused attention copies its first cache tiles before the programmatic-launch
                 // wait: the launch just before it (the qkv product) must write no cache row.
                 let fused = PagedAttentionQkv::fuse(&post, &attention);
-                self.launch(k.attention_qkv, "attention", &fused)?;
+                if fused.splits == 1
+                    && fused.wide_fits()
+                    && fused.tokens * fused.kv_heads <= self.attention_wide_blocks
+                {
+                    let carveout = self.carveout("attention", None);
+                    let config = fused.wide_launch_config();
+                    self.launch_with(k.attention_qkv_wide, "attention", &fused, &config, carveout)?;
+                } else {
+                    self.launch(k.attention_qkv, "attention", &fused)?;
+                }
             } else {
                 self.launch(k.qkv_post, "qkv_post", &post)?;
                 if paged_tokens > 0 {

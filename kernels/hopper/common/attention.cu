@@ -45,13 +45,17 @@
 #include <cuda_fp16.h>
 
 namespace {
-constexpr int WARPS = 4;
+// Warps a block: 4 in paged_attention_bf16 and paged_attention_qkv_bf16 (two blocks an SM), 8 in
+// paged_attention_qkv_wide_bf16 (one block an SM, each warp's ring as deep; for launches of few
+// blocks, where a block's tiles in a row are the latency).
+constexpr int NARROW_WARPS = 4;
+constexpr int WIDE_WARPS = 8;
 constexpr int KEY_TILE = 16;  // keys per warp tile
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 // Tiles in flight per warp: the rings take WARPS * STAGES * 2 * KEY_TILE * HD * 2 bytes (96 KiB at
-// head_dim 128, two blocks per SM).
+// head_dim 128 and 4 warps, two blocks per SM; 192 KiB at 8 warps).
 template <int HD>
 __host__ __device__ constexpr int stages() {
     return HD >= 256 ? 2 : 3;
@@ -76,7 +80,7 @@ struct Post {
     float eps;
 };
 
-template <int HD, int G, bool POST>
+template <int HD, int G, bool POST, int WARPS>
 __device__ __forceinline__ void attend(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
@@ -473,7 +477,7 @@ __device__ __forceinline__ void attend(
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
 
-template <int HD, bool POST>
+template <int HD, bool POST, int WARPS>
 __device__ __forceinline__ void attend_group(
     uint32_t group, __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
     int32_t* __restrict__ counters, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
@@ -482,7 +486,7 @@ __device__ __forceinline__ void attend_group(
     uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
     uint32_t keys_per_split, float scale, const Post& post) {
 #define METRALE_ATTEND(G)                                                                      \
-    attend<HD, G, POST>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,   \
+    attend<HD, G, POST, WARPS>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,   \
                         positions, q_heads, kv_heads, block_size, max_blocks_per_seq,          \
                         keys_per_split, scale, post)
     switch (group) {
@@ -499,8 +503,9 @@ __device__ __forceinline__ void attend_group(
 #undef METRALE_ATTEND
 }
 
-// Both entry points: the block's bounds check, then attend_group at the launch's head_dim.
-template <bool POST>
+// Every entry point: the block's bounds check, then attend_group at the launch's head_dim (the
+// wide form: 64 or 128; its rings at 256 would not fit an SM).
+template <bool POST, int WARPS>
 __device__ __forceinline__ void attend_any(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
@@ -512,13 +517,15 @@ __device__ __forceinline__ void attend_any(
     if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
     const uint32_t group = q_heads / kv_heads;
 #define METRALE_ATTEND(HD)                                                                     \
-    attend_group<HD, POST>(group, out, partials, counters, q, k_cache, v_cache, block_tables,  \
+    attend_group<HD, POST, WARPS>(group, out, partials, counters, q, k_cache, v_cache, block_tables,  \
                            token_seq, positions, q_heads, kv_heads, block_size,                \
                            max_blocks_per_seq, keys_per_split, scale, post)
     switch (head_dim) {
         case 64: METRALE_ATTEND(64); break;
         case 128: METRALE_ATTEND(128); break;
-        case 256: METRALE_ATTEND(256); break;
+        case 256:
+            if constexpr (WARPS == NARROW_WARPS) METRALE_ATTEND(256);
+            break;
         default: break;
     }
 #undef METRALE_ATTEND
@@ -542,7 +549,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_bf16(
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale) {
     // The programmatic-launch wait is inside attend, after the block-table lookups.
-    attend_any<false>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,
+    attend_any<false, NARROW_WARPS>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,
                       positions, tokens, q_heads, kv_heads, head_dim, block_size,
                       max_blocks_per_seq, keys_per_split, splits, scale, Post{});
 }
@@ -570,9 +577,40 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_qkv_bf16(
     __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 256];
     const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
                     post_smem, cos_table, sin_table, max_position, eps};
-    attend_any<true>(out, partials, counters, nullptr, k_cache, v_cache, block_tables, token_seq,
-                     positions, tokens, q_heads, kv_heads, head_dim, block_size,
-                     max_blocks_per_seq, keys_per_split, splits, scale, post);
+    attend_any<true, NARROW_WARPS>(out, partials, counters, nullptr, k_cache, v_cache, block_tables,
+                                   token_seq, positions, tokens, q_heads, kv_heads, head_dim,
+                                   block_size, max_blocks_per_seq, keys_per_split, splits, scale,
+                                   post);
+}
+
+// paged_attention_qkv_bf16 with 8 warps a block (256 threads, one block an SM): the same
+// arithmetic, each warp taking every eighth tile of 16 keys instead of every fourth, so a block's
+// keys are split over twice the warps, and the 8 warps' softmax states merge as the 4 do (so the
+// f32 sums add in another order: the results are not bit for bit those of the 4-warp form). At
+// batch 1 the decode attention has one block per kv head (8 at Qwen3's sizes) and, unsplit (up to
+// 256 keys), each warp works through its tiles one after another: with 8 warps the 160-key
+// context is 1-2 tiles a warp, not 2-3, and the first two tiles of every warp (256 keys) are
+// copied before the programmatic-launch wait. head_dim 64 or 128 (the rings take 8 * 3 * 2 * 16 *
+// head_dim bf16: 192 KiB at 128). Launch: paged_attention_bf16's grid, block = 256, dynamic
+// shared memory for 8 warps (PagedAttentionQkv's wide_launch_config).
+extern "C" __global__ void __launch_bounds__(256, 1) paged_attention_qkv_wide_bf16(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
+    const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ token_seq,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, uint32_t max_position,
+    float scale, float eps) {
+    if (blockDim.x != WIDE_WARPS * 32) return;
+    __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 128];
+    const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
+                    post_smem, cos_table, sin_table, max_position, eps};
+    attend_any<true, WIDE_WARPS>(out, partials, counters, nullptr, k_cache, v_cache, block_tables,
+                                 token_seq, positions, tokens, q_heads, kv_heads, head_dim,
+                                 block_size, max_blocks_per_seq, keys_per_split, splits, scale,
+                                 post);
 }
 
 // Merges the splits' partials of paged_attention_bf16:

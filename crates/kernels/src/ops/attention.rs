@@ -196,6 +196,39 @@ impl PagedAttentionQkv {
     }
 }
 
+/// Warps a block of [`PagedAttentionQkv`]'s wide form (`paged_attention_qkv_wide_bf16`).
+pub const PAGED_ATTENTION_WIDE_WARPS: u32 = 8;
+
+impl PagedAttentionQkv {
+    /// The wide form's entry point: the same arguments and arithmetic with 8 warps a block (one
+    /// block an SM), each warp taking every eighth 16-key tile instead of every fourth; for
+    /// launches of few blocks (batch-1 decode), where a block's tiles one after another are the
+    /// attention's latency. Its 8 warps' softmax states merge in another order than the 4 warps',
+    /// so its results are not bit for bit the 4-warp form's.
+    pub const WIDE_NAME: metrale_core::KernelName = names::attention::PAGED_ATTENTION_QKV_WIDE_BF16;
+
+    /// Whether the wide form can take this launch: head_dim 64 or 128 (at 256 its rings would not
+    /// fit an SM).
+    pub fn wide_fits(&self) -> bool {
+        matches!(self.head_dim, 64 | 128)
+    }
+
+    /// The wide form's launch: the same grid, 256 threads, the 8 warps' rings (192 KiB at
+    /// head_dim 128).
+    pub fn wide_launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            block: [32 * PAGED_ATTENTION_WIDE_WARPS, 1, 1],
+            shared_mem_bytes: paged_attention_smem_bytes_of(
+                PAGED_ATTENTION_WIDE_WARPS,
+                self.q_heads / self.kv_heads.max(1),
+                self.head_dim,
+                self.splits,
+            ),
+            ..self.launch_config()
+        }
+    }
+}
+
 impl PagedAttentionQkv {
     /// [`PagedAttention::partials_allowance`] for the fused form: its queries come out of the
     /// f32 normalisation and rotation, and one within a hair of a bf16 rounding boundary
@@ -389,12 +422,17 @@ kernel_args!(
 /// and the f32 merge area (each warp's partial output and softmax state, and per-split weights
 /// when `splits > 1`). Mirrors attention.cu.
 pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32 {
-    const WARPS: u32 = 4;
+    paged_attention_smem_bytes_of(4, group, head_dim, splits)
+}
+
+/// [`paged_attention_smem_bytes`] for blocks of `warps` warps (8: the wide form,
+/// [`PagedAttentionQkv::wide_launch_config`]).
+pub fn paged_attention_smem_bytes_of(warps: u32, group: u32, head_dim: u32, splits: u32) -> u32 {
     const KEY_TILE: u32 = 16;
     let stages = if head_dim >= 256 { 2 } else { 3 };
-    let rings = WARPS * stages * 2 * KEY_TILE * head_dim * 2;
+    let rings = warps * stages * 2 * KEY_TILE * head_dim * 2;
     let weights = if splits > 1 { group * splits } else { 0 };
-    let merge = (WARPS * group * head_dim + 2 * WARPS * group + weights) * 4;
+    let merge = (warps * group * head_dim + 2 * warps * group + weights) * 4;
     rings.max(merge)
 }
 
@@ -1571,6 +1609,20 @@ mod tests {
         }
         // Qwen3-8B's decode (group 4, head_dim 128): the 3-stage rings, 96 KiB; two blocks per SM.
         assert_eq!(paged_attention_smem_bytes(4, 128, 16), 96 * 1024);
+        // The wide form (8 warps) at the head dims it takes: within the same 227 KiB beside its
+        // 2.5 KiB of static shared memory.
+        for group in 1..=8u32 {
+            for head_dim in [64u32, 128] {
+                for splits in [1u32, 2, 33, 32768 / group] {
+                    let bytes = paged_attention_smem_bytes_of(8, group, head_dim, splits);
+                    assert!(
+                        bytes + 2560 <= 227 * 1024,
+                        "wide: {group} {head_dim} {splits}: {bytes}"
+                    );
+                }
+            }
+        }
+        assert_eq!(paged_attention_smem_bytes_of(8, 4, 128, 1), 192 * 1024);
     }
 
     #[test]
