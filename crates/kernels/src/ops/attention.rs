@@ -234,8 +234,10 @@ impl PagedAttentionQkv {
     /// f32 normalisation and rotation, and one within a hair of a bf16 rounding boundary
     /// ([`Q_FLIP_MARGIN_ULPS`]) may round the other way on the GPU (seen on the H200: -1.23046875,
     /// a tie on the host, moved a partial by 7e-3); so may the newest key it writes and patches
-    /// into its tile. Writes the newest keys and values into the caches in `mem`, as the kernel
-    /// does, since the attention reads them.
+    /// into its tile. With one split, the allowance is the bf16 output's (the 8-warp form's merge
+    /// order put one output element of 2 million 2.5e-4 from the reference on the H200, within its
+    /// f16 probabilities' freedom; check.rs's test holds it). Writes the newest keys and values
+    /// into the caches in `mem`, as the kernel does, since the attention reads them.
     pub fn partials_allowance(&self, mem: &mut dyn HostMemory) -> Result<Vec<f32>, HostError> {
         let (post, attention) = self.parts();
         let (exact, keys) = post.write_kv_and_transform(mem)?;
@@ -873,9 +875,9 @@ impl PagedAttention {
         host::store_bf16(mem, self.out, &outputs.out)
     }
 
-    /// Per element of `partials` (`[tokens, q_heads, splits, head_dim + 2]`; empty for one
-    /// split), how far a correct kernel's value can stray from the reference's: see
-    /// `SeqKv::attend_allowance`. `q` as [`attend_host`](Self::attend_host) takes it, `q_flip`
+    /// Per element of `partials` (`[tokens, q_heads, splits, head_dim + 2]`), or with one split
+    /// of the bf16 output (`[tokens, q_heads * head_dim]`, before its rounding), how far a correct
+    /// kernel's value can stray from the reference's: see `SeqKv::attend_allowance`. `q` as [`attend_host`](Self::attend_host) takes it, `q_flip`
     /// per query element one bf16 ulp where the GPU may round it the other way (zeros where the
     /// queries are an input), `key_flip` per token the same for the key it writes at its
     /// position (`[kv_heads * head_dim]`; empty, or no entry, where the kernel writes none).
@@ -934,7 +936,13 @@ impl PagedAttention {
         let (z, per) = (self.splits.max(1) as usize, self.keys_per_split as usize);
         let mut out = vec![0f32; t_n * qh * d];
         let mut parts = vec![0f32; if z > 1 { t_n * qh * z * (d + 2) } else { 0 }];
-        let mut allowance = vec![0f32; if flips.is_some() { parts.len() } else { 0 }];
+        // Given flips: the partials' allowance, or with one split the output's.
+        let allowance_len = match (flips.is_some(), z > 1) {
+            (false, _) => 0,
+            (true, true) => parts.len(),
+            (true, false) => out.len(),
+        };
+        let mut allowance = vec![0f32; allowance_len];
         let mut scores = Vec::new();
         for t in 0..t_n {
             let (seq, pos) = (token_seq[t] as usize, positions[t]);
@@ -966,23 +974,33 @@ impl PagedAttention {
                     } else {
                         (split * per).min(ctx)..((split + 1) * per).min(ctx)
                     };
-                    if let (Some(f), true) = (flips, z > 1) {
+                    let bound = flips.map(|f| {
                         let q_flip = &f.q[(t * qh + h) * d..][..d];
                         let newest = f
                             .newest_key
                             .get(t)
                             .filter(|k| !k.is_empty())
                             .map(|k| (pos as usize, &k[kv.head..][..d]));
-                        let bound =
-                            kv.attend_allowance(qv, q_flip, newest, keys.clone(), self.scale);
+                        kv.attend_allowance(qv, q_flip, newest, keys.clone(), self.scale)
+                    });
+                    if let (Some(bound), true) = (&bound, z > 1) {
                         allowance[((t * qh + h) * z + split) * (d + 2)..][..d + 2]
-                            .copy_from_slice(&bound);
+                            .copy_from_slice(bound);
                     }
                     let (acc, max, total) = kv.attend(qv, keys, self.scale, &mut scores);
                     if z == 1 {
                         let o = &mut out[(t * qh + h) * d..][..d];
                         for (o, a) in o.iter_mut().zip(&acc) {
                             *o = a / total;
+                        }
+                        // out = acc / l: each weighted sum may move by its bound and the sum
+                        // by its own, so the quotient by (bound_i + |out_i| bound_l) / l (to
+                        // first order; the bounds are far below l).
+                        if let Some(bound) = &bound {
+                            let at = &mut allowance[(t * qh + h) * d..][..d];
+                            for ((a, b), o) in at.iter_mut().zip(bound).zip(o.iter()) {
+                                *a = (b + o.abs() * bound[d + 1]) / total;
+                            }
                         }
                     } else {
                         let part = &mut parts[((t * qh + h) * z + split) * (d + 2)..][..d + 2];
@@ -1021,7 +1039,8 @@ struct SplitOutputs {
     /// The split partials, merged into `out` (empty for one split).
     parts: Vec<f32>,
     /// Given `q_flip`, the partials' allowance
-    /// ([`partials_allowance`](PagedAttention::partials_allowance)); else empty.
+    /// ([`partials_allowance`](PagedAttention::partials_allowance)), or with one split the bf16
+    /// output's; else empty.
     allowance: Vec<f32>,
 }
 
