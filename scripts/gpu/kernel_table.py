@@ -56,8 +56,10 @@ NORMED_PRODUCTS = ("qkv_proj", "gate_up", "gate_up+silu*mul")
 # The engine's prefill attention at head_dim 128 (the speed models'): version 3 on query tiles of 128
 # (versions 1 and 2, and v3 on tiles of 64, are benched for comparison).
 PREFILL_KERNEL, PREFILL_TILE = "prefill_attention_v3_bf16", 128
-# The fused decode attention's wide form (crates/model-engine, ATTENTION_WIDE_BLOCKS): one-split
-# launches of at most that many (token, kv head) blocks; the speed models have 8 kv heads.
+# The fused decode attention (qk-norm + RoPE + KV write folded in) runs only at batch 1 (one
+# sequence, one token: crates/model-engine's fused_post); its wide form (ATTENTION_WIDE_BLOCKS)
+# takes one-split launches of at most that many (token, kv head) blocks. The table is made for the
+# speed models' shapes, which have SPEED_KV_HEADS kv heads.
 ATTENTION_WIDE_BLOCKS, SPEED_KV_HEADS = 16, 8
 
 
@@ -69,13 +71,16 @@ def on_path(r, wide_labels=frozenset()) -> bool:
     exactly when gemv_stages picks it, and the qkv and gate|up products gemv_stages picks through
     the normalising entries, which do the add + RMSNorm before them), and prefill attention runs on the wgmma kernel
     version 3 over tiles of 128, not versions 1 or 2, v3 on tiles of 64, or the per-query
-    paged_attention_bf16, all kept in the bench for comparison."""
+    paged_attention_bf16, all kept in the bench for comparison; the fused decode attention runs at
+    one sequence only, through its wide form where the bench has a (wide) row for the shape."""
     label = r["label"]
     if r["kernel"] == "gemm_bf16" and "(GpuBackend::gemm)" not in label:
         return False
     if r["kernel"].startswith("paged_attention_qkv"):
         seqs = re.search(r" seqs=(\d+) ", label)
-        wide = seqs is not None and int(seqs.group(1)) * SPEED_KV_HEADS <= ATTENTION_WIDE_BLOCKS
+        if seqs is None or int(seqs.group(1)) != 1:  # the fused form is batch 1's only
+            return False
+        wide = SPEED_KV_HEADS <= ATTENTION_WIDE_BLOCKS
         if "(wide)" in label:
             return wide
         return not (wide and shown(label) in wide_labels)

@@ -162,7 +162,7 @@ pub struct Case {
 /// probabilities that may round to bf16 the other way
 /// ([`metrale_kernels::ops::PrefillRow::allowance`]), the decode attention's f16 probabilities
 /// and queries that may round the other way
-/// ([`metrale_kernels::ops::PagedAttention::partials_allowance`]).
+/// ([`metrale_kernels::ops::PagedAttention::allowance`]).
 struct Allowance {
     buffer: usize,
     extra: Vec<f32>,
@@ -774,7 +774,7 @@ fn paged_attention_qkv_cases_of(
         // or with one split in the output.
         let allowance = Some(Allowance {
             buffer: if splits > 1 { 1 } else { 0 },
-            extra: host_allowance(&buffers, make, |k, mem| k.partials_allowance(mem)),
+            extra: host_allowance(&buffers, make, |k, mem| k.allowance(mem)),
         });
         let (kernel, form) = if wide {
             (PagedAttentionQkv::WIDE_NAME, " (wide)")
@@ -1222,7 +1222,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             let allowance = (splits > 1).then(|| Allowance {
                 buffer: 1,
                 extra: host_allowance(&buffers, make, |k, mem| {
-                    k.partials_allowance(&q_f32, &vec![0.0; q_f32.len()], &[], mem)
+                    k.allowance(&q_f32, &vec![0.0; q_f32.len()], &[], mem)
                 }),
             });
             out.push(Case {

@@ -235,7 +235,10 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvSwigluNorm::NAME, run::<GemvSwigluNorm>),
         (PagedAttention::NAME, run::<PagedAttention>),
         (PagedAttentionQkv::NAME, run::<PagedAttentionQkv>),
-        (PagedAttentionQkv::WIDE_NAME, run::<PagedAttentionQkv>),
+        (
+            PagedAttentionQkv::WIDE_NAME,
+            super::ops::paged_attention_qkv_wide_reference,
+        ),
         (AttentionCombine::NAME, run::<AttentionCombine>),
         (PrefillAttention::NAME, run::<PrefillAttention>),
         (PrefillAttentionV2::NAME, run::<PrefillAttentionV2>),

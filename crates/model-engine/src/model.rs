@@ -218,12 +218,12 @@ const ATTENTION_PARTIALS: u32 = 32768;
 const ATTENTION_TARGET_BLOCKS: u32 = 264;
 /// The most blocks (tokens x kv heads) a fused decode attention launch of one split may have for
 /// it to take the wide form (8 warps a block, [`PagedAttentionQkv::WIDE_NAME`]); more blocks take
-/// the 4-warp form, two an SM. `METRALE_ATTENTION_WIDE_BLOCKS` overrides it (0: never wide).
-/// Qwen3 has 8 kv heads, so 16 takes batches 1 and 2. On the H200 at batch 1, 160 keys
-/// (docs/results/2026-12-02-speed-h200/attention-wide): Qwen3-0.6B's attention 5.79 -> 4.03 us a
-/// layer, `met generate` (32 + 256 tokens) 1371.8 -> 1519.6 tok/s; Qwen3-8B's 5.65 -> 5.26 us,
-/// 232.9 -> 234.4 tok/s (two passes each). Batch 8 (64 blocks) keeps the 4-warp form (not
-/// measured wide).
+/// the 4-warp form, two an SM. `METRALE_ATTENTION_WIDE_BLOCKS` overrides it (0: never wide). The
+/// fused form runs only at batch 1 (one sequence, one token), so its blocks are the model's kv
+/// heads: 16 takes every model of at most 16 kv heads (Qwen3's 8) up to 256 keys. On the H200 at
+/// batch 1, 160 keys (docs/results/2026-12-02-speed-h200/attention-wide): Qwen3-0.6B's attention
+/// 5.79 -> 4.03 us a layer, `met generate` (32 + 256 tokens) 1371.8 -> 1519.6 tok/s; Qwen3-8B's
+/// 5.65 -> 5.26 us, 232.9 -> 234.4 tok/s (two passes each).
 const ATTENTION_WIDE_BLOCKS: u32 = 16;
 
 /// The tensor-core prefill attention kernels (all take the same arguments and tiles).

@@ -10,7 +10,7 @@
 // softmax; the output is rounded to bf16 once.
 //
 // Split-K ("flash decoding"), grouped by kv head: grid = (tokens, kv_heads, splits), block = 4
-// warps. A block serves all G = q_heads / kv_heads query heads (up to 8) that share its kv head,
+// warps (8 in the wide entry, paged_attention_qkv_wide_bf16). A block serves all G = q_heads / kv_heads query heads (up to 8) that share its kv head,
 // so each key and value row is read once per block, not once per query head. Split z takes keys
 // [z * keys_per_split, (z + 1) * keys_per_split) of the token's context (one split takes the
 // whole context). The split's keys come in tiles of 16, dealt round robin to the warps; each warp
@@ -27,7 +27,7 @@
 // is padding when G = 8: the probabilities are rounded to f16 (relative error at most 2^-11; the
 // row sum adds the rounded values, so the output is normalised by the weights it was summed
 // with), and V^T comes by the transposing ldmatrix, converted from bf16 to f16 (exact for
-// magnitudes 2^-14 to 65504). The 4 warps' running softmaxes merge in shared memory (reusing the
+// magnitudes 2^-14 to 65504). The warps' running softmaxes merge in shared memory (reusing the
 // rings).
 // With one split the block writes the bf16 output; with more, it writes each head's partial
 // (acc[head_dim], m, l) to `partials` (an empty split writes m = 0, l = 0, acc = 0), and the last
@@ -45,9 +45,9 @@
 #include <cuda_fp16.h>
 
 namespace {
-// Warps a block: 4 in paged_attention_bf16 and paged_attention_qkv_bf16 (two blocks an SM), 8 in
-// paged_attention_qkv_wide_bf16 (one block an SM, each warp's ring as deep; for launches of few
-// blocks, where a block's tiles in a row are the latency).
+// Warps a block: 4 in paged_attention_bf16 and paged_attention_qkv_bf16 (two blocks an SM at
+// head_dim 128), 8 in paged_attention_qkv_wide_bf16 (one block an SM at head_dim 128, each warp's
+// ring as deep; for launches of few blocks, where a block's tiles in a row are the latency).
 constexpr int NARROW_WARPS = 4;
 constexpr int WIDE_WARPS = 8;
 constexpr int KEY_TILE = 16;  // keys per warp tile
@@ -93,7 +93,8 @@ __device__ __forceinline__ void attend(
     constexpr int TILE = KEY_TILE * HD;  // bf16 of one K (or V) tile
     constexpr unsigned FULL = 0xffffffffu;
     constexpr int KSTEPS = HD / 16;    // mma k-steps over the head dim
-    // Dynamic shared memory (PagedAttention's launch_config): the warps' rings
+    // Dynamic shared memory (PagedAttention's launch_config, or PagedAttentionQkv's
+    // wide_launch_config at 8 warps): the warps' rings
     // [WARPS][STAGES][K tile, V tile] bf16, which the merge reuses once every warp is done:
     // part_acc[WARPS][G][HD], part_m[WARPS][G], part_l[WARPS][G], weight[G][splits] (f32).
     extern __shared__ __align__(16) float smem[];
@@ -583,11 +584,13 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_qkv_bf16(
                                    post);
 }
 
-// paged_attention_qkv_bf16 with 8 warps a block (256 threads, one block an SM): the same
-// arithmetic, each warp taking every eighth tile of 16 keys instead of every fourth, so a block's
-// keys are split over twice the warps, and the 8 warps' softmax states merge as the 4 do (so the
-// f32 sums add in another order: the results are not bit for bit those of the 4-warp form). At
-// batch 1 the decode attention has one block per kv head (8 at Qwen3's sizes) and, unsplit (up to
+// paged_attention_qkv_bf16 with 8 warps a block (256 threads; one block an SM at head_dim 128):
+// the same arithmetic, each warp taking every eighth tile of 16 keys instead of every fourth, so a
+// block's keys are split over twice the warps, and the 8 warps' softmax states merge as the 4 do.
+// The results are not bit for bit the 4-warp form's: each warp rounds its probabilities to f16
+// against its own running max, which now covers other keys, and the f32 sums add in another
+// order. At batch 1 (the only batch the fused form runs) the decode attention has one block per
+// kv head (8 at Qwen3's sizes) and, unsplit (up to
 // 256 keys), each warp works through its tiles one after another: with 8 warps the 160-key
 // context is 1-2 tiles a warp, not 2-3, and the first two tiles of every warp (256 keys) are
 // copied before the programmatic-launch wait. head_dim 64 or 128 (the rings take 8 * 3 * 2 * 16 *

@@ -203,8 +203,9 @@ impl PagedAttentionQkv {
     /// The wide form's entry point: the same arguments and arithmetic with 8 warps a block (one
     /// block an SM), each warp taking every eighth 16-key tile instead of every fourth; for
     /// launches of few blocks (batch-1 decode), where a block's tiles one after another are the
-    /// attention's latency. Its 8 warps' softmax states merge in another order than the 4 warps',
-    /// so its results are not bit for bit the 4-warp form's.
+    /// attention's latency. Its results are not bit for bit the 4-warp form's: each warp rounds
+    /// its probabilities to f16 against its own running max (over other keys than a 4-warp
+    /// block's warp), and the warps' f32 sums merge in another order.
     pub const WIDE_NAME: metrale_core::KernelName = names::attention::PAGED_ATTENTION_QKV_WIDE_BF16;
 
     /// Whether the wide form can take this launch: head_dim 64 or 128 (at 256 its rings would not
@@ -229,23 +230,47 @@ impl PagedAttentionQkv {
     }
 }
 
+/// The host reference of the wide entry ([`PagedAttentionQkv::WIDE_NAME`]): the fused form's,
+/// after refusing the launches the kernel would skip without writing anything (a block of other
+/// than 8 warps, a head_dim it does not take), so that a host run catches what the GPU would not
+/// report.
+pub(crate) fn paged_attention_qkv_wide_reference(
+    mem: &mut dyn HostMemory,
+    config: &LaunchConfig,
+    args: &[metrale_core::KernelArg],
+) -> Result<(), HostError> {
+    let k = PagedAttentionQkv::from_args(args)?;
+    let threads = 32 * PAGED_ATTENTION_WIDE_WARPS;
+    if config.block != [threads, 1, 1] || !k.wide_fits() {
+        return Err(HostError::BadArgs {
+            kernel: PagedAttentionQkv::WIDE_NAME,
+            message: format!(
+                "block {:?}, head_dim {}: the wide form takes blocks of {threads} threads and \
+                 head_dim 64 or 128 (wide_launch_config)",
+                config.block, k.head_dim
+            ),
+        });
+    }
+    k.reference(mem)
+}
+
 impl PagedAttentionQkv {
-    /// [`PagedAttention::partials_allowance`] for the fused form: its queries come out of the
+    /// [`PagedAttention::allowance`] for the fused form: its queries come out of the
     /// f32 normalisation and rotation, and one within a hair of a bf16 rounding boundary
     /// ([`Q_FLIP_MARGIN_ULPS`]) may round the other way on the GPU (seen on the H200: -1.23046875,
     /// a tie on the host, moved a partial by 7e-3); so may the newest key it writes and patches
-    /// into its tile. With one split, the allowance is the bf16 output's (the 8-warp form's merge
-    /// order put one output element of 2 million 2.5e-4 from the reference on the H200, within its
-    /// f16 probabilities' freedom; check.rs's test holds it). Writes the newest keys and values
+    /// into its tile. With one split, the allowance is the bf16 output's (the 8-warp form put one
+    /// output element of 2 million 2.5e-4 from the reference on the H200, within its f16
+    /// probabilities' freedom; check.rs's test holds it). Writes the newest keys and values
     /// into the caches in `mem`, as the kernel does, since the attention reads them.
-    pub fn partials_allowance(&self, mem: &mut dyn HostMemory) -> Result<Vec<f32>, HostError> {
+    pub fn allowance(&self, mem: &mut dyn HostMemory) -> Result<Vec<f32>, HostError> {
         let (post, attention) = self.parts();
         let (exact, keys) = post.write_kv_and_transform(mem)?;
         let q: Vec<f32> = exact.iter().map(|&x| widen(bf16::from_f32(x))).collect();
         let flip = |x: &f32| bf16_flip_within(x.abs(), Q_FLIP_MARGIN_ULPS).unwrap_or(0.0);
         let q_flip: Vec<f32> = exact.iter().map(flip).collect();
         let key_flip: Vec<Vec<f32>> = keys.iter().map(|k| k.iter().map(flip).collect()).collect();
-        attention.partials_allowance(&q, &q_flip, &key_flip, mem)
+        attention.allowance(&q, &q_flip, &key_flip, mem)
     }
 }
 
@@ -881,7 +906,7 @@ impl PagedAttention {
     /// per query element one bf16 ulp where the GPU may round it the other way (zeros where the
     /// queries are an input), `key_flip` per token the same for the key it writes at its
     /// position (`[kv_heads * head_dim]`; empty, or no entry, where the kernel writes none).
-    pub fn partials_allowance(
+    pub fn allowance(
         &self,
         q: &[f32],
         q_flip: &[f32],
@@ -897,7 +922,8 @@ impl PagedAttention {
             .allowance)
     }
 
-    /// The reference's outputs without storing them, and given `q_flip` the partials' allowance.
+    /// The reference's outputs without storing them, and given `flips` the comparison's
+    /// allowance ([`allowance`](PagedAttention::allowance)).
     fn attend_splits(
         &self,
         q: &[f32],
@@ -1039,7 +1065,7 @@ struct SplitOutputs {
     /// The split partials, merged into `out` (empty for one split).
     parts: Vec<f32>,
     /// Given `q_flip`, the partials' allowance
-    /// ([`partials_allowance`](PagedAttention::partials_allowance)), or with one split the bf16
+    /// ([`allowance`](PagedAttention::allowance)), or with one split the bf16
     /// output's; else empty.
     allowance: Vec<f32>,
 }
@@ -1454,7 +1480,7 @@ mod tests {
     /// a flip-prone newest key widens only the split that holds it, by the score shift it can
     /// cause (`scale * sum |q| k_flip`), in the max's entry too.
     #[test]
-    fn partials_allowance_bounds_rounding_and_the_newest_key() {
+    fn allowance_bounds_rounding_and_the_newest_key() {
         let mut m = FlatMemory::new();
         let k = PagedAttention {
             keys_per_split: 2,
@@ -1463,7 +1489,7 @@ mod tests {
         };
         // Every score the same (q all ones against keys all 0.5): p = 1 for every key.
         let q = vec![1.0f32; 2 * 64];
-        let none = k.partials_allowance(&q, &vec![0.0; 128], &[], &m).unwrap();
+        let none = k.allowance(&q, &vec![0.0; 128], &[], &m).unwrap();
         let at = |t: usize, split: usize, i: usize| (t * 2 + split) * 66 + i;
         let f16 = F16_PROBABILITY_ROUNDING;
         // Token 1 (position 2): split 0 holds keys 0 and 1 (values (10, 0) and (0, 10)), split 1
@@ -1474,9 +1500,7 @@ mod tests {
         assert_eq!(none[at(1, 1, 64)], 0.0);
         // Token 1's new key (position 2) may flip by 0.01 in every element.
         let keys = vec![Vec::new(), vec![0.01f32; 64]];
-        let flipped = k
-            .partials_allowance(&q, &vec![0.0; 128], &keys, &m)
-            .unwrap();
+        let flipped = k.allowance(&q, &vec![0.0; 128], &keys, &m).unwrap();
         let shift = 64.0 * 0.01;
         let g = (1.0 + f16) * (2.0f32 * shift).exp() - 1.0;
         assert!((flipped[at(1, 1, 0)] - 5.0 * g).abs() < 1e-4);
@@ -2221,5 +2245,28 @@ mod tests {
         };
         let err = twice.reference(&mut m).unwrap_err();
         assert!(format!("{err}").contains("more than one token"), "{err}");
+
+        // The wide entry's host reference: the fused form's outputs at its own launch, and a
+        // refusal of the launches its kernel would skip (the 4-warp block, head_dim 256).
+        let mut wide = two.clone();
+        let run = |mem: &mut FlatMemory, k: &PagedAttentionQkv, config: &LaunchConfig| {
+            paged_attention_qkv_wide_reference(mem, config, &k.args())
+        };
+        run(&mut wide, &fused, &fused.wide_launch_config()).unwrap();
+        assert_eq!(
+            wide.get::<u16>(fused.out, 4 * D),
+            m.get::<u16>(fused.out, 4 * D)
+        );
+        let narrow = run(&mut wide, &fused, &fused.launch_config()).unwrap_err();
+        assert!(
+            format!("{narrow}").contains("blocks of 256 threads"),
+            "{narrow}"
+        );
+        let d256 = PagedAttentionQkv {
+            head_dim: 256,
+            ..fused
+        };
+        assert!(!d256.wide_fits());
+        assert!(run(&mut wide, &d256, &d256.wide_launch_config()).is_err());
     }
 }

@@ -16,6 +16,7 @@ mod rope;
 
 pub use activation::SiluMul;
 pub use argmax::{ArgmaxBf16, ArgmaxF32, argmax_scratch_bytes};
+pub(crate) use attention::paged_attention_qkv_wide_reference;
 pub use attention::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AttentionCombine, KvCacheWrite, PagedAttention,
     PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, PrefillRow,
