@@ -803,12 +803,12 @@ fn paged_attention_qkv_cases_of(
     out
 }
 
-/// Every case, with inputs drawn from `seed`.
-pub fn cases(seed: u64) -> Vec<Case> {
-    let mut rng = Rng::new(seed);
+/// Embedding cases over `shapes` (tokens, hidden, vocab; an id of -1 and one of `vocab` where
+/// there are more than 2 tokens) through entry `kernel` (`embedding_f32` or `embedding_f32_vec`,
+/// which take the same arguments and launch).
+fn embedding_cases(rng: &mut Rng, kernel: KernelName, shapes: &[(u32, u32, u32)]) -> Vec<Case> {
     let mut out = Vec::new();
-
-    for &(tokens, hidden, vocab) in &[(1u32, 576u32, 1000u32), (37, 4096, 5000), (5, 1000, 77)] {
+    for &(tokens, hidden, vocab) in shapes {
         let mut ids: Vec<i32> = (0..tokens)
             .map(|_| rng.below(vocab.into()) as i32)
             .collect();
@@ -817,7 +817,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             ids[2] = vocab as i32;
         }
         out.push(Case {
-            kernel: Embedding::NAME,
+            kernel,
             gemm: None,
             allowance: None,
             shape: format!("tokens={tokens} hidden={hidden} vocab={vocab}"),
@@ -827,7 +827,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     output: Some(OutputKind::F32),
                 },
                 Buffer {
-                    init: bf16_normal(&mut rng, (vocab * hidden) as usize, 1.0),
+                    init: bf16_normal(rng, (vocab * hidden) as usize, 1.0),
                     output: None,
                 },
                 Buffer {
@@ -847,6 +847,19 @@ pub fn cases(seed: u64) -> Vec<Case> {
             }),
         });
     }
+    out
+}
+
+/// Every case, with inputs drawn from `seed`.
+pub fn cases(seed: u64) -> Vec<Case> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+
+    out.extend(embedding_cases(
+        &mut rng,
+        Embedding::NAME,
+        &[(1, 576, 1000), (37, 4096, 5000), (5, 1000, 77)],
+    ));
 
     for &(rows, cols) in &[(1u32, 576u32), (7, 4096), (129, 1000), (3, 5120), (2, 33)] {
         let n = (rows * cols) as usize;
@@ -1635,6 +1648,13 @@ pub fn cases(seed: u64) -> Vec<Case> {
             (2, 1500, 8, 1, 128, true, 128),
             (3, 300, 32, 8, 128, true, 16),
         ],
+    ));
+    // The embedding's 16-byte form: Qwen3-8B's row, ids out of range, a row not of whole 16-byte
+    // pieces (its scalar loop), and more pieces than one round of the block's loads.
+    out.extend(embedding_cases(
+        &mut rng,
+        Embedding::VEC_NAME,
+        &[(1, 4096, 3000), (5, 1000, 77), (3, 1001, 50), (2, 9000, 20)],
     ));
     out
 }

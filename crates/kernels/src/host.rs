@@ -217,6 +217,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
     use crate::ops::*;
     &[
         (Embedding::NAME, run::<Embedding>),
+        (Embedding::VEC_NAME, run::<Embedding>),
         (RmsNorm::NAME, run::<RmsNorm>),
         (AddRmsNorm::NAME, run::<AddRmsNorm>),
         (RopeNeox::NAME, run::<RopeNeox>),

@@ -138,6 +138,7 @@ struct Kernels {
     attention: KernelHandle,
     attention_qkv: KernelHandle,
     attention_qkv_wide: KernelHandle,
+    embedding_vec: KernelHandle,
     gemv_swiglu: KernelHandle,
     gemv_staged: KernelHandle,
     gemv_swiglu_staged: KernelHandle,
@@ -477,6 +478,11 @@ pub struct Model {
     /// The most blocks a one-split fused decode attention launch takes the wide form at
     /// ([`ATTENTION_WIDE_BLOCKS`] unless `METRALE_ATTENTION_WIDE_BLOCKS` says otherwise).
     attention_wide_blocks: u32,
+    /// The token embedding through `embedding_f32_vec` (16-byte loads) when
+    /// `METRALE_EMBEDDING_VEC=1`; off by default until measured on the H200 (where
+    /// `embedding_f32` takes 6.5 us of Qwen3-8B's batch-1 step, docs/results/
+    /// 2026-12-02-speed-h200/attention-wide's timelines). The same values either way.
+    embedding_vec: bool,
     /// At most this many blocks for a plain or staged GEMV launch (`METRALE_GEMV_GRID_CAP`, default
     /// [`GEMV_RESIDENT_BLOCKS`]; 0 for the rule's grid): see [`Model::launch_gemv`].
     gemv_grid_cap: u32,
@@ -558,6 +564,20 @@ impl Model {
         let attention_unsplit_keys =
             count("METRALE_ATTENTION_UNSPLIT_KEYS", ATTENTION_UNSPLIT_KEYS)?;
         let attention_wide_blocks = count("METRALE_ATTENTION_WIDE_BLOCKS", ATTENTION_WIDE_BLOCKS)?;
+        let embedding_vec = match std::env::var("METRALE_EMBEDDING_VEC") {
+            Err(_) => false,
+            Ok(v) => match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => {
+                    return Err(ModelError::BadVariable {
+                        name: "METRALE_EMBEDDING_VEC",
+                        value: v,
+                        expected: "0 or 1",
+                    });
+                }
+            },
+        };
         let use_graphs = on_unless_zero("METRALE_CUDA_GRAPHS");
         let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
         let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
@@ -586,6 +606,7 @@ impl Model {
             attention: g.kernel(PagedAttention::NAME)?,
             attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
             attention_qkv_wide: g.kernel(PagedAttentionQkv::WIDE_NAME)?,
+            embedding_vec: g.kernel(Embedding::VEC_NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
             prefill_attention_v3: g.kernel(PrefillAttentionV3::NAME)?,
@@ -673,6 +694,7 @@ impl Model {
             attention_split_keys,
             attention_unsplit_keys,
             attention_wide_blocks,
+            embedding_vec,
             fused_qkv_attention,
             fused_swiglu,
             gemv_stage,
@@ -1335,7 +1357,11 @@ impl Model {
             && step.block_tables.len() == 1
             && step.tokens.len() == 1;
         self.launch(
-            k.embedding,
+            if self.embedding_vec {
+                k.embedding_vec
+            } else {
+                k.embedding
+            },
             "embedding",
             &Embedding {
                 out: sc.hidden,

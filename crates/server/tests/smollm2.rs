@@ -162,6 +162,12 @@ fn bad_engine_switches_fail_cleanly() {
         ("METRALE_GEMV_GRID_CAP", "lots", "a non-negative integer"),
         ("METRALE_DECODE_AHEAD", "two", "a non-negative integer"),
         (
+            "METRALE_ATTENTION_WIDE_BLOCKS",
+            "all",
+            "a non-negative integer",
+        ),
+        ("METRALE_EMBEDDING_VEC", "yes", "0 or 1"),
+        (
             "METRALE_CARVEOUT_LABELS",
             "qkv=150",
             "label=percent pairs separated by `,` or `+`",

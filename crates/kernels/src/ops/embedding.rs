@@ -25,6 +25,13 @@ kernel_args!(
     }
 );
 
+impl Embedding {
+    /// `embedding_f32_vec`: the same arguments, launch and values with 16-byte loads, all of a
+    /// thread's issued before its first store (the model takes it under
+    /// `METRALE_EMBEDDING_VEC=1`, being measured).
+    pub const VEC_NAME: metrale_core::KernelName = names::embedding::EMBEDDING_F32_VEC;
+}
+
 impl Kernel for Embedding {
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.tokens, ROW_THREADS)
