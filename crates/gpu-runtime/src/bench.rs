@@ -507,16 +507,12 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
             scale: 1.0 / (hd as f32).sqrt(),
             eps: 1e-6,
         };
-        let wide = splits == 1 && matches!(hd, 64 | 128);
+        let wide = splits == 1 && PagedAttentionQkv::wide_takes_head_dim(hd);
         for form in [false, true] {
             if form && !wide {
                 continue;
             }
-            let (kernel, suffix) = if form {
-                (PagedAttentionQkv::WIDE_NAME, " (wide)")
-            } else {
-                (PagedAttentionQkv::NAME, "")
-            };
+            let (kernel, suffix) = PagedAttentionQkv::form(form);
             out.push(BenchCase {
                 kernel,
                 label: format!(
@@ -548,12 +544,7 @@ fn attention_cases(s: &Shape, seqs: u32, tokens: u32, context: u32) -> Vec<Bench
                 library_gemm: None,
                 build: Box::new(move |p| {
                     let k = fused(p);
-                    let config = if form {
-                        k.wide_launch_config()
-                    } else {
-                        k.launch_config()
-                    };
-                    (config, k.args())
+                    (k.launch_config_of(form), k.args())
                 }),
             });
         }

@@ -776,11 +776,7 @@ fn paged_attention_qkv_cases_of(
             buffer: if splits > 1 { 1 } else { 0 },
             extra: host_allowance(&buffers, make, |k, mem| k.allowance(mem)),
         });
-        let (kernel, form) = if wide {
-            (PagedAttentionQkv::WIDE_NAME, " (wide)")
-        } else {
-            (PagedAttentionQkv::NAME, "")
-        };
+        let (kernel, form) = PagedAttentionQkv::form(wide);
         out.push(Case {
             kernel,
             gemm: None,
@@ -791,12 +787,7 @@ fn paged_attention_qkv_cases_of(
             buffers,
             build: Box::new(move |p| {
                 let k = make(p);
-                let config = if wide {
-                    k.wide_launch_config()
-                } else {
-                    k.launch_config()
-                };
-                (config, k.args())
+                (k.launch_config_of(wide), k.args())
             }),
         });
     }
@@ -1980,8 +1971,9 @@ mod tests {
             let host = HostBackend::new(1 << 32);
             let want = run_on(&host, &case).unwrap();
             // The buffer's values as f32 (partials) or bf16 (the output), and back.
+            let f32_out = case.buffers[buffer].output == Some(OutputKind::F32);
             let read = |bytes: &[u8]| -> Vec<f32> {
-                if buffer == 1 {
+                if f32_out {
                     bytemuck::pod_collect_to_vec(bytes)
                 } else {
                     bf16_values(bytes)
@@ -1991,7 +1983,7 @@ mod tests {
                 let mut got = want.clone();
                 let mut values = read(&got[buffer]);
                 values[element] = value;
-                got[buffer] = if buffer == 1 {
+                got[buffer] = if f32_out {
                     bytemuck::cast_slice(&values).to_vec()
                 } else {
                     let v: Vec<half::bf16> =

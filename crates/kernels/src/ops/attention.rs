@@ -211,7 +211,31 @@ impl PagedAttentionQkv {
     /// Whether the wide form can take this launch: head_dim 64 or 128 (at 256 its rings would not
     /// fit an SM).
     pub fn wide_fits(&self) -> bool {
-        matches!(self.head_dim, 64 | 128)
+        Self::wide_takes_head_dim(self.head_dim)
+    }
+
+    /// The head dims the wide form takes: 64 and 128.
+    pub fn wide_takes_head_dim(head_dim: u32) -> bool {
+        matches!(head_dim, 64 | 128)
+    }
+
+    /// The entry point of the 4-warp or (`wide`) the 8-warp form, and a suffix that names it in a
+    /// case's or bench row's label.
+    pub fn form(wide: bool) -> (metrale_core::KernelName, &'static str) {
+        if wide {
+            (Self::WIDE_NAME, " (wide)")
+        } else {
+            (Self::NAME, "")
+        }
+    }
+
+    /// The launch of the 4-warp or (`wide`) the 8-warp form.
+    pub fn launch_config_of(&self, wide: bool) -> LaunchConfig {
+        if wide {
+            self.wide_launch_config()
+        } else {
+            self.launch_config()
+        }
     }
 
     /// The wide form's launch: the same grid, 256 threads, the 8 warps' rings (192 KiB at
