@@ -9,8 +9,8 @@ A met row's label may carry a suffix the PyTorch row does not (" (GpuBackend::ge
 library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles of <=T)" and
 " (wgmma v3, N tiles of <=T)" for the prefill attention's versions 2 and 3, " (N columns per
 block)" and " (resident grid of N columns per block)" for the GEMV at a split it does not use,
-" (uncapped grid)" for the GEMV on one block per column group, " (staged)" for the staged GEMV
-entries, " (wide)" for the fused decode attention's 8-warp form); a split attention's combine kernel is added to its attention row, since PyTorch's one
+ " (uncapped grid)" for the GEMV on one block per column group, " (staged)" for the staged GEMV
+entries, " (stream)" for the one-row bulk-copy stream (gemv_bf16_stream), " (wide)" for the fused decode attention's 8-warp form); a split attention's combine kernel is added to its attention row, since PyTorch's one
 call does both. "speedup" is PyTorch time over met time:
 above 1, met is faster. Rows where met is not faster are listed after the table.
 """
@@ -32,7 +32,7 @@ def base(label: str) -> str:
     tiling suffixes."""
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
     label = re.sub(r" \((resident grid of )?\d+ columns per block\)$", "", label)
-    label = re.sub(r" \(staged\)$", "", label)
+    label = re.sub(r" \((staged|stream)\)$", "", label)
     label = label.replace(" (wide)", "")
     label = re.sub(r" \(uncapped grid\)$", "", label)
     return re.sub(r" \((tensor cores v2|wgmma v3), \d+ tiles of <=\d+\)$", "", label)
@@ -61,9 +61,13 @@ PREFILL_KERNEL, PREFILL_TILE = "prefill_attention_v3_bf16", 128
 # takes one-split launches of at most that many (token, kv head) blocks. The table is made for the
 # speed models' shapes, which have SPEED_KV_HEADS kv heads.
 ATTENTION_WIDE_BLOCKS, SPEED_KV_HEADS = 16, 8
+# The one-row products the engine runs through the bulk-copy stream (gemv_bf16_stream) by default
+# (crates/model-engine, METRALE_GEMV_STREAM_LABELS's default; the bench names them qkv_proj, o_proj,
+# down); the bench has a (stream) row exactly where gemv_stream_fits.
+STREAM_PRODUCTS = ()
 
 
-def on_path(r, wide_labels=frozenset()) -> bool:
+def on_path(r, wide_labels=frozenset(), stream_labels=frozenset()) -> bool:
     """Whether the engine launches this row's kernel for this shape on CUDA: the WMMA GEMM is only
     the fallback when cuBLASLt is missing (every GEMM row of the engine's path is the
     GpuBackend::gemm one), a product takes the GEMV or the library by the rule above (the other
@@ -102,6 +106,10 @@ def on_path(r, wide_labels=frozenset()) -> bool:
         if r["kernel"].endswith("_norm"):
             return folds
         what = re.search(r" (\S+) m=\d+ n=", label).group(1)
+        if label.endswith(" (stream)"):
+            return what in STREAM_PRODUCTS
+        if m == 1 and what in STREAM_PRODUCTS and shown(label) + " (stream)" in stream_labels:
+            return False
         if folds and what in NORMED_PRODUCTS:
             return False
         if gemv and what == "gate_up":  # the GEMV's gate|up runs with SiLU x up in its epilogue
@@ -130,6 +138,7 @@ def main():
             combine[m.group(1)] = r["us"]
     # The fused decode attention's shapes that also have a row of its wide form.
     wide_labels = {shown(r["label"]).replace(" (wide)", "") for r in met_rows if "(wide)" in r["label"]}
+    stream_labels = {shown(r["label"]) for r in met_rows if r["label"].endswith(" (stream)")}
     table = []
     for r in met_rows:
         if "combine of" in r["label"]:
@@ -138,7 +147,7 @@ def main():
         us = r["us"] + combine.get(key, 0.0)
         t = torch_rows.get(key)
         path = "cuBLASLt" if "(GpuBackend::gemm)" in r["label"] else r["kernel"]
-        row = {"label": shown(r["label"]), "met": path, "on_path": on_path(r, wide_labels), "met_us": round(us, 2),
+        row = {"label": shown(r["label"]), "met": path, "on_path": on_path(r, wide_labels, stream_labels), "met_us": round(us, 2),
                "met_gb_s": round(r["gb_s"] * r["us"] / us), "met_of_hbm": round(r["gb_s"] * r["us"] / us / (args.hbm_tb_s * 1e3), 3),
                "torch_op": t["op"] if t else None, "torch_us": round(t["us"], 2) if t else None,
                "speedup": round(t["us"] / us, 2) if t else None}

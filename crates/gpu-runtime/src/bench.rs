@@ -205,6 +205,25 @@ fn gemv_staged_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool)
     case
 }
 
+/// [`gemv_case`] of one row through the bulk-copy stream ([`GemvStream`]).
+fn gemv_stream_case(s: &Shape, what: &str, n: u32, k: u32) -> BenchCase {
+    let mut case = gemv_case(s, what, 1, n, k, false);
+    case.label = format!("{} (stream)", case.label);
+    case.kernel = GemvStream::NAME;
+    case.build = Box::new(move |p| {
+        launch_of(GemvStream {
+            c: p[0],
+            a: p[1],
+            w: p[2],
+            bias: DevicePtr::NULL,
+            m: 1,
+            n,
+            k,
+        })
+    });
+    case
+}
+
 /// The residual add + RMSNorm and the product after it in one launch ([`GemvNorm`], or with
 /// `swiglu` [`GemvSwigluNorm`] over the `n` interleaved gate|up columns), staged as the model's
 /// default policy stages it ([`gemv_stages`]). Bytes: the weight, the residual read and written
@@ -881,6 +900,32 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
                 n,
             ));
         }
+    }
+    // The batch-1 products the bulk-copy stream takes (METRALE_GEMV_STREAM_LABELS).
+    for (what, n, k) in [
+        ("qkv_proj", qd + 2 * kvd, h),
+        ("o_proj", h, qd),
+        ("down", h, i),
+    ] {
+        if gemv_stream_fits(1, n, k) {
+            out.push(gemv_stream_case(s, what, n, k));
+        }
+    }
+    if gemv_stream_fits(1, i, h) {
+        let mut case = gemv_swiglu_case(s, 1, i, h);
+        case.label = format!("{} (stream)", case.label);
+        case.kernel = GemvSwigluStream::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvSwigluStream {
+                out: p[0],
+                a: p[1],
+                w: p[2],
+                m: 1,
+                inter: i,
+                k: h,
+            })
+        });
+        out.push(case);
     }
     // The batch-1 products after a residual add + RMSNorm, which the model runs through the
     // normalising entries.

@@ -1647,6 +1647,54 @@ pub fn cases(seed: u64) -> Vec<Case> {
         Embedding::VEC_NAME,
         &[(1, 4096, 3000), (5, 1000, 77), (3, 1001, 50), (2, 9000, 20)],
     ));
+    out.extend(gemv_stream_cases(&mut rng));
+    out
+}
+
+/// The bulk-copy GEMV stream on Qwen3-8B's batch-1 qkv, o and down products, a bias, fewer
+/// columns than the grid's warps (most warps idle) and one column more than its warps (one warp
+/// takes two); its SwiGLU form on Qwen3-8B's gate|up product and on 7 columns.
+fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
+    let warps = GEMV_STREAM_BLOCKS * 8;
+    let mut out = Vec::new();
+    for (n, k, bias) in [
+        (6144u32, 4096u32, false),
+        (4096, 4096, false),
+        (4096, 12288, false),
+        (1000, 2048, true),
+        (5, 4096, true),
+        (warps + 1, 2048, false),
+    ] {
+        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, false);
+        case.kernel = GemvStream::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvStream {
+                c: p[0],
+                a: p[1],
+                w: p[2],
+                bias: if bias { p[3] } else { DevicePtr::NULL },
+                m: 1,
+                n,
+                k,
+            })
+        });
+        out.push(case);
+    }
+    for (inter, k) in [(12288u32, 4096u32), (7, 2048)] {
+        let mut case = gemv_swiglu_case(rng, 1, inter, k);
+        case.kernel = GemvSwigluStream::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvSwigluStream {
+                out: p[0],
+                a: p[1],
+                w: p[2],
+                m: 1,
+                inter,
+                k,
+            })
+        });
+        out.push(case);
+    }
     out
 }
 

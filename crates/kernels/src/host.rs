@@ -231,6 +231,8 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvF32Out::NAME, run::<GemvF32Out>),
         (GemvSwiglu::NAME, run::<GemvSwiglu>),
         (GemvStaged::NAME, run::<GemvStaged>),
+        (GemvStream::NAME, run::<GemvStream>),
+        (GemvSwigluStream::NAME, run::<GemvSwigluStream>),
         (GemvSwigluStaged::NAME, run::<GemvSwigluStaged>),
         (GemvNorm::NAME, run::<GemvNorm>),
         (GemvSwigluNorm::NAME, run::<GemvSwigluNorm>),

@@ -28,10 +28,10 @@ use metrale_gpu_runtime::{
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvGridMode, GemvNorm, GemvStaged, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
-    PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3,
-    QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of, gemv_launch_grid,
-    gemv_norm_fits, gemv_stages, prefill_attention_tiles_of,
+    GemvGridMode, GemvNorm, GemvStaged, GemvStream, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
+    GemvSwigluStream, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
+    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of,
+    gemv_launch_grid, gemv_norm_fits, gemv_stages, gemv_stream_fits, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -139,6 +139,8 @@ struct Kernels {
     attention_qkv: KernelHandle,
     attention_qkv_wide: KernelHandle,
     embedding_vec: KernelHandle,
+    gemv_stream: KernelHandle,
+    gemv_swiglu_stream: KernelHandle,
     gemv_swiglu: KernelHandle,
     gemv_staged: KernelHandle,
     gemv_swiglu_staged: KernelHandle,
@@ -417,6 +419,33 @@ fn parse_grid_cap_labels(env: Option<&str>) -> Result<Vec<(&'static str, u32)>, 
     )
 }
 
+/// The labels of the one-row GEMV launches that may take the bulk-copy stream (gate_up: when it
+/// runs with SiLU x up in its epilogue and the add + RMSNorm in a launch of its own).
+const STREAM_LABELS: [&str; 4] = ["qkv", "o", "gate_up", "down"];
+
+/// `METRALE_GEMV_STREAM_LABELS`: the one-row GEMV launches of these labels (`+` or `,` between
+/// them) take [`GemvStream`] where it fits; unset or empty: none does.
+fn parse_stream_labels(env: Option<&str>) -> Result<Vec<&'static str>, ModelError> {
+    let Some(env) = env else {
+        return Ok(Vec::new());
+    };
+    env.split([',', '+'])
+        .map(str::trim)
+        .filter(|label| !label.is_empty())
+        .map(|label| {
+            STREAM_LABELS
+                .iter()
+                .copied()
+                .find(|l| *l == label)
+                .ok_or_else(|| ModelError::BadVariable {
+                    name: "METRALE_GEMV_STREAM_LABELS",
+                    value: env.to_string(),
+                    expected: "labels separated by `,` or `+` (qkv, o, gate_up, down)",
+                })
+        })
+        .collect()
+}
+
 /// [`Model::carveout`]'s rule: the carveout (percent) a launch of `label` asks for, given whether
 /// the gate|up launch after it folds the residual add + RMSNorm (`gate_up_folds_norm`, which only
 /// the o projection looks at).
@@ -457,6 +486,10 @@ pub struct Model {
     /// Launches that ask for their own shared-memory carveout, in place of
     /// [`Model::carveout`]'s rule (`METRALE_CARVEOUT_LABELS`, for measuring; set but empty: none).
     carveout_labels: Option<Vec<(&'static str, u8)>>,
+    /// One-row GEMV launches of these labels that take the bulk-copy stream ([`GemvStream`])
+    /// or [`GemvSwigluStream`] where it fits (`METRALE_GEMV_STREAM_LABELS`, e.g. `down+o+qkv`;
+    /// default none).
+    gemv_stream_labels: Vec<&'static str>,
     /// GEMV launches that take at most this many blocks (`METRALE_GRID_CAP_LABELS`, for
     /// measuring; empty by default).
     grid_cap_labels: Vec<(&'static str, u32)>,
@@ -584,6 +617,8 @@ impl Model {
         let decode_ahead = count("METRALE_DECODE_AHEAD", DECODE_AHEAD)?.min(MAX_DECODE_AHEAD);
         let grid_cap_labels =
             parse_grid_cap_labels(std::env::var("METRALE_GRID_CAP_LABELS").ok().as_deref())?;
+        let gemv_stream_labels =
+            parse_stream_labels(std::env::var("METRALE_GEMV_STREAM_LABELS").ok().as_deref())?;
         let carveout_labels = match std::env::var("METRALE_CARVEOUT_LABELS") {
             Ok(v) => Some(parse_carveout_labels(Some(&v))?),
             Err(_) => None,
@@ -607,6 +642,8 @@ impl Model {
             attention_qkv: g.kernel(PagedAttentionQkv::NAME)?,
             attention_qkv_wide: g.kernel(PagedAttentionQkv::WIDE_NAME)?,
             embedding_vec: g.kernel(Embedding::VEC_NAME)?,
+            gemv_stream: g.kernel(GemvStream::NAME)?,
+            gemv_swiglu_stream: g.kernel(GemvSwigluStream::NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
             prefill_attention_v3: g.kernel(PrefillAttentionV3::NAME)?,
@@ -686,6 +723,7 @@ impl Model {
             skip: Vec::new(),
             carveout_labels,
             grid_cap_labels,
+            gemv_stream_labels,
             gemv_max_rows,
             prefill_version,
             attention_target_blocks,
@@ -1316,7 +1354,17 @@ impl Model {
                     n: n_,
                     k: k_,
                 };
-                if self.gemv_stage.takes(m, n_, k_) {
+                if self.gemv_stream_labels.contains(&label) && gemv_stream_fits(m, n_, k_) {
+                    let stream = GemvStream::from(gemv);
+                    let carveout = self.carveout(label, Some(m));
+                    self.launch_with(
+                        k.gemv_stream,
+                        label,
+                        &stream,
+                        &stream.launch_config(),
+                        carveout,
+                    )
+                } else if self.gemv_stage.takes(m, n_, k_) {
                     self.launch_gemv(k.gemv_staged, label, &GemvStaged::from(gemv), (m, n_))
                 } else {
                     self.launch_gemv(k.gemv, label, &gemv, (m, n_))
@@ -1593,7 +1641,19 @@ impl Model {
                         inter,
                         k: h,
                     };
-                    if self.gemv_stage.takes(n, 2 * inter, h) {
+                    if self.gemv_stream_labels.contains(&"gate_up") && gemv_stream_fits(n, inter, h)
+                    {
+                        let stream = GemvSwigluStream::from(swiglu);
+                        let config = stream.launch_config();
+                        let carveout = self.carveout("gate_up", Some(n));
+                        self.launch_with(
+                            k.gemv_swiglu_stream,
+                            "gate_up",
+                            &stream,
+                            &config,
+                            carveout,
+                        )?;
+                    } else if self.gemv_stage.takes(n, 2 * inter, h) {
                         let staged = GemvSwigluStaged::from(swiglu);
                         self.launch_gemv(k.gemv_swiglu_staged, "gate_up", &staged, (n, 2 * inter))?;
                     } else {
@@ -1875,8 +1935,26 @@ impl Drop for Model {
 mod tests {
     use super::{
         GemvPolicy, LAUNCH_LABELS, PrefillVersion, carveout_rule, parse_carveout_labels,
-        parse_count, parse_grid_cap_labels,
+        parse_count, parse_grid_cap_labels, parse_stream_labels,
     };
+
+    #[test]
+    fn stream_labels_take_the_plain_gemv_labels() {
+        assert!(parse_stream_labels(None).unwrap().is_empty());
+        assert!(parse_stream_labels(Some("")).unwrap().is_empty());
+        assert_eq!(
+            parse_stream_labels(Some("down+ o ,qkv")).unwrap(),
+            ["down", "o", "qkv"]
+        );
+        for bad in ["lm_head", "down=1", "lm_head+o", "Down"] {
+            let err = parse_stream_labels(Some(bad)).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("METRALE_GEMV_STREAM_LABELS={bad}: expected")),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn grid_caps_take_gemv_labels_and_positive_counts() {

@@ -216,6 +216,101 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`Gemv`] of one row as a bulk-copy stream (`gemv_stream.cu`): every warp of the grid takes
+    /// a run of whole columns and keeps [`GEMV_STREAM_STAGES`] chunks of its weights in flight
+    /// through `cp.async.bulk` into shared memory, refilled as it reads them, so its stream does
+    /// not pause at a column's end. For `m = 1` and `k` a multiple of
+    /// [`GEMV_STREAM_CHUNK`]` / 2` ([`gemv_stream_fits`]). Each column's sum runs in one order
+    /// whatever the grid (deterministic); not the same order as [`Gemv`]'s, so not the same bits.
+    GemvStream => names::gemv_stream::GEMV_BF16_STREAM {
+        /// bf16 `[1, n]`.
+        c: DevicePtr,
+        /// bf16 `[1, k]`.
+        a: DevicePtr,
+        /// bf16 `[n, k]`.
+        w: DevicePtr,
+        /// bf16 `[n]`, or null.
+        bias: DevicePtr,
+        /// Rows of A and C: 1.
+        m: u32,
+        /// Rows of W, columns of C.
+        n: u32,
+        /// The reduction length.
+        k: u32,
+    }
+);
+
+kernel_args!(
+    /// [`GemvSwiglu`] of one row as [`GemvStream`]'s bulk-copy stream: a warp's output column
+    /// streams its gate row, then its up row, and stores `bf16(silu(g) * u)` of the bf16 products.
+    /// For `m = 1` and `k` as [`GemvStream`]'s ([`gemv_stream_fits`] of `inter` columns).
+    GemvSwigluStream => names::gemv_stream::GEMV_BF16_SWIGLU_STREAM {
+        /// bf16 `[1, inter]`.
+        out: DevicePtr,
+        /// bf16 `[1, k]`.
+        a: DevicePtr,
+        /// bf16 `[2 * inter, k]`: the gate rows, then the up rows.
+        w: DevicePtr,
+        /// Rows: 1.
+        m: u32,
+        /// Columns of the output (half the weight's rows).
+        inter: u32,
+        /// Inputs.
+        k: u32,
+    }
+);
+
+/// Bytes one bulk copy of [`GemvStream`] moves: one piece of one column (`CHUNK` in
+/// gemv_stream.cu).
+pub const GEMV_STREAM_CHUNK: u32 = 4096;
+/// Chunks each warp of [`GemvStream`] keeps in flight (`STAGES` in gemv_stream.cu).
+pub const GEMV_STREAM_STAGES: u32 = 4;
+/// [`GemvStream`]'s blocks: one an SM of the Hopper class (its shared memory allows one).
+pub const GEMV_STREAM_BLOCKS: u32 = 132;
+/// Shared memory a Hopper block may opt in to (227 KiB).
+const HOPPER_MAX_BLOCK_SMEM: u32 = 227 * 1024;
+
+/// [`GemvStream`]'s dynamic shared memory: A (`k` bf16, rounded up to 128 bytes), then 8 warps'
+/// rings of [`GEMV_STREAM_STAGES`] chunks, then their mbarriers (8 bytes each).
+pub fn gemv_stream_smem_bytes(k: u32) -> u32 {
+    let warps = GEMV_WARPS as u32;
+    (2 * k).next_multiple_of(128) + warps * GEMV_STREAM_STAGES * (GEMV_STREAM_CHUNK + 8)
+}
+
+/// Whether an `m x n x k` product can take [`GemvStream`]: one row, whole chunks a column, and A
+/// plus the rings within a block's shared memory (`k` up to 47104; Qwen3-8B's qkv, o and down).
+pub fn gemv_stream_fits(m: u32, n: u32, k: u32) -> bool {
+    m == 1
+        && n > 0
+        && k > 0
+        && (2 * k).is_multiple_of(GEMV_STREAM_CHUNK)
+        && gemv_stream_smem_bytes(k) <= HOPPER_MAX_BLOCK_SMEM
+}
+
+impl From<Gemv> for GemvStream {
+    fn from(g: Gemv) -> Self {
+        let Gemv {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+        } = g;
+        GemvStream {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+        }
+    }
+}
+
 impl From<Gemv> for GemvStaged {
     fn from(g: Gemv) -> Self {
         let Gemv {
@@ -729,6 +824,94 @@ impl Kernel for GemvStaged {
             bias,
             m,
             n,
+            k,
+        }
+        .reference(mem)
+    }
+}
+
+impl Kernel for GemvStream {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            shared_mem_bytes: gemv_stream_smem_bytes(self.k),
+            ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_stream(Self::NAME, self.m, self.n, self.k)?;
+        let c = gemv_reference(
+            Self::NAME,
+            mem,
+            self.a,
+            self.w,
+            self.bias,
+            self.m,
+            self.n,
+            self.k,
+        )?;
+        host::store_bf16(mem, self.c, &c)
+    }
+}
+
+impl From<GemvSwiglu> for GemvSwigluStream {
+    fn from(g: GemvSwiglu) -> Self {
+        let GemvSwiglu {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        } = g;
+        GemvSwigluStream {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        }
+    }
+}
+
+/// The stream's refusal of what its kernel would skip.
+fn check_stream(name: metrale_core::KernelName, m: u32, n: u32, k: u32) -> Result<(), HostError> {
+    if gemv_stream_fits(m, n, k) {
+        return Ok(());
+    }
+    Err(HostError::BadArgs {
+        kernel: name,
+        message: format!(
+            "m = {m}, n = {n}, k = {k}: the stream takes one row, n > 0 and k a multiple of {} \
+             with A and its rings in {HOPPER_MAX_BLOCK_SMEM} bytes of shared memory",
+            GEMV_STREAM_CHUNK / 2
+        ),
+    })
+}
+
+impl Kernel for GemvSwigluStream {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            shared_mem_bytes: gemv_stream_smem_bytes(self.k),
+            ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_stream(Self::NAME, self.m, self.inter, self.k)?;
+        let GemvSwigluStream {
+            out,
+            a,
+            w,
+            m,
+            inter,
+            k,
+        } = *self;
+        GemvSwiglu {
+            out,
+            a,
+            w,
+            m,
+            inter,
             k,
         }
         .reference(mem)

@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// One-row GEMV for batch-1 decode as a bulk-copy stream: c[n] = w[n, k] . a[k] (+ bias), bf16.
+//
+// gemv_bf16 keeps a warp's weights in registers: at most 4 KiB a warp in flight, 24 warps an SM,
+// and a whole column's loads drain before its sums meet, so a launch's bytes in flight dip at
+// every column and the last wave runs on part of the SMs. Here the weights go from global memory
+// to shared memory with cp.async.bulk (the Hopper bulk copy engine, completion counted in bytes
+// on an mbarrier), so a warp keeps STAGES chunks of CHUNK bytes in flight whatever its registers,
+// and it refills a ring slot as soon as its lanes have read it, across column boundaries: the
+// stream does not stop until the warp's last column.
+//
+// Work split. Every warp of the grid takes a contiguous run of whole columns (the runs differ by
+// at most one column; a column's weight row is contiguous, so a run is one contiguous byte range
+// of w). Lane 0 of the warp is its producer: it arms the slot's mbarrier with the chunk's byte
+// count and issues the copy; all 32 lanes consume. A chunk is one CHUNK-byte piece of one column
+// (k % (CHUNK / 2) == 0, checked by the host); lane l multiplies the chunk's 16-byte pieces
+// l, l + 32, ... with the matching pieces of a, which every block keeps in shared memory, into one
+// f32 sum (two dependency chains); at a column's last chunk the warp adds its lanes' sums
+// (warp_sum's butterfly) and lane 0 stores bf16(sum + bias). Each column's sum runs over the same
+// pieces in the same order on every launch, whatever the grid: deterministic.
+//
+// The weights are never written by a kernel, so the first STAGES copies of every warp go out
+// before the programmatic-launch wait; a is read only after it.
+//
+// Dynamic shared memory: a (k bf16, rounded up to 128 bytes), then each warp's ring (STAGES *
+// CHUNK bytes), then each warp's STAGES mbarriers (8 bytes each): gemv_stream_smem_bytes below,
+// mirrored by the host. Launch: any grid (the host gives one block an SM), 256 threads.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int WARPS = 8;
+constexpr uint32_t CHUNK = 4096;  // bytes a copy moves: 256 pieces of 16 bytes, 8 a lane
+constexpr int STAGES = 4;          // chunks each warp has in flight: 16 KiB a warp, 128 KiB a block
+constexpr int PIECES = CHUNK / 16 / 32;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_init(uint32_t bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+// Arms `bar` for `bytes` of copies (the producer's one arrival), then copies `bytes` from global
+// `src` to shared `dst`; the copy's completion counts the bytes off `bar`.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+}
+
+// Spins until `bar` has completed the phase of the given parity.
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    }
+}
+
+// The two bf16 of a little-endian pair, widened exactly.
+__device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// acc[0] takes the even elements of the piece, acc[1] the odd ones.
+__device__ __forceinline__ void fma_piece(float (&acc)[2], uint4 w, uint4 a) {
+    acc[0] = fmaf(lo(w.x), lo(a.x), acc[0]);
+    acc[1] = fmaf(hi(w.x), hi(a.x), acc[1]);
+    acc[0] = fmaf(lo(w.y), lo(a.y), acc[0]);
+    acc[1] = fmaf(hi(w.y), hi(a.y), acc[1]);
+    acc[0] = fmaf(lo(w.z), lo(a.z), acc[0]);
+    acc[1] = fmaf(hi(w.z), hi(a.z), acc[1]);
+    acc[0] = fmaf(lo(w.w), lo(a.w), acc[0]);
+    acc[1] = fmaf(hi(w.w), hi(a.w), acc[1]);
+}
+
+// silu(g) * u of the bf16 products, as gemv_bf16_swiglu's epilogue computes it.
+__device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
+// The stream over `cols` output columns. Plain: column v's weight row is row v of w. SWIGLU: w is
+// [2 cols, k] (gate rows, then up rows) and column v streams gate row v, then up row cols + v,
+// and stores silu(bf16(g)) * bf16(u). The caller checked nothing: `ok` is the launch contract.
+template <bool SWIGLU>
+__device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
+                                       const __nv_bfloat16* __restrict__ a,
+                                       const __nv_bfloat16* __restrict__ w,
+                                       const __nv_bfloat16* __restrict__ bias, uint32_t m,
+                                       uint32_t cols, uint32_t k) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t a_bytes = (k * 2 + 127) / 128 * 128;
+    // The launch contract (the host reference refuses the rest): one row, whole chunks a weight
+    // row, 256 threads. Anything else leaves c unwritten.
+    const bool ok = m == 1 && k != 0 && (k * 2) % CHUNK == 0 && blockDim.x == 32 * WARPS;
+    const uint32_t per_row = ok ? k * 2 / CHUNK : 1;
+    // Chunks of one output column: one weight row, or the gate row and the up row.
+    const uint32_t per_column = SWIGLU ? 2 * per_row : per_row;
+
+    uint4* a_s = reinterpret_cast<uint4*>(smem);
+    unsigned char* ring = smem + a_bytes + warp * STAGES * CHUNK;
+    const uint32_t bars = smem_u32(smem + a_bytes + WARPS * STAGES * CHUNK) + warp * STAGES * 8;
+
+    // This warp's columns [first, last) and their chunks.
+    const uint64_t warps = (uint64_t)gridDim.x * WARPS;
+    const uint64_t gw = (uint64_t)blockIdx.x * WARPS + warp;
+    const uint32_t first = ok ? (uint32_t)(gw * cols / warps) : 0;
+    const uint32_t last = ok ? (uint32_t)((gw + 1) * cols / warps) : 0;
+    const uint32_t chunks = (last - first) * per_column;
+    const unsigned char* w8 = reinterpret_cast<const unsigned char*>(w);
+    const size_t row_bytes = (size_t)k * 2;
+    // Where chunk j of this warp's run starts in w.
+    auto source = [&](uint32_t j) {
+        const uint32_t col = first + j / per_column, r = j % per_column;
+        const size_t row = SWIGLU && r >= per_row ? (size_t)cols + col : col;
+        return w8 + row * row_bytes + (size_t)(r % per_row) * CHUNK;
+    };
+
+    if (lane == 0) {
+        for (int s = 0; s < STAGES; ++s) bar_init(bars + 8 * s);
+        // Make the initialised barriers visible to the bulk copies (the async proxy).
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        for (uint32_t j = 0; j < STAGES && j < chunks; ++j)
+            bulk_copy(smem_u32(ring + j * CHUNK), source(j), CHUNK, bars + 8 * j);
+    }
+    __syncwarp();
+
+    metrale::grid_dependency_sync();
+    if (!ok) return;
+
+    // a into shared memory, whole 16-byte pieces (k % 2048 == 0 here).
+    const uint4* a4 = reinterpret_cast<const uint4*>(a);
+    for (uint32_t i = threadIdx.x; i < k / 8; i += blockDim.x) a_s[i] = a4[i];
+    __syncthreads();
+
+    float acc[2] = {0.f, 0.f};
+    float gate = 0.f;
+    for (uint32_t j = 0; j < chunks; ++j) {
+        const uint32_t s = j % STAGES;
+        bar_wait(bars + 8 * s, (j / STAGES) & 1);
+        const uint4* slot = reinterpret_cast<const uint4*>(ring + s * CHUNK);
+        uint4 wv[PIECES];
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) wv[i] = slot[lane + 32 * i];
+        // Every lane has its pieces in registers: the slot may take the chunk STAGES on.
+        __syncwarp();
+        if (lane == 0 && j + STAGES < chunks)
+            bulk_copy(smem_u32(ring + s * CHUNK), source(j + STAGES), CHUNK, bars + 8 * s);
+        const uint32_t r = j % per_column, seg = r % per_row;
+        const uint4* ap = a_s + seg * (CHUNK / 16);
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) fma_piece(acc, wv[i], ap[lane + 32 * i]);
+        if (seg == per_row - 1) {
+            const float sum = metrale::warp_sum(acc[0] + acc[1]);
+            acc[0] = acc[1] = 0.f;
+            const uint32_t col = first + j / per_column;
+            if constexpr (SWIGLU) {
+                if (r < per_row) {
+                    gate = sum;
+                } else if (lane == 0) {
+                    const float g = metrale::to_f32(metrale::to_bf16(gate));
+                    const float u = metrale::to_f32(metrale::to_bf16(sum));
+                    c[col] = metrale::to_bf16(swiglu(g, u));
+                }
+            } else if (lane == 0) {
+                const float b = bias != nullptr ? metrale::to_f32(bias[col]) : 0.f;
+                c[col] = metrale::to_bf16(sum + b);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256, 1) gemv_bf16_stream(
+    __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
+    uint32_t n, uint32_t k) {
+    stream<false>(c, a, w, bias, m, n, k);
+}
+
+// gemv_bf16_stream of the fused gate|up weight ([2 inter, k], gate rows first) with SiLU x up in
+// its epilogue: out[inter] = bf16(silu(g) * u) of the bf16 products, as gemv_bf16_swiglu. No
+// bias. Launch: as gemv_bf16_stream.
+extern "C" __global__ void __launch_bounds__(256, 1) gemv_bf16_swiglu_stream(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ a,
+    const __nv_bfloat16* __restrict__ w, uint32_t m, uint32_t inter, uint32_t k) {
+    stream<true>(out, a, w, nullptr, m, inter, k);
+}
