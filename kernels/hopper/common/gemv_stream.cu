@@ -22,9 +22,12 @@
 // The weights are never written by a kernel, so the first STAGES copies of every warp go out
 // before the programmatic-launch wait; a is read only after it.
 //
+// gemv_bf16_swiglu_stream is the same stream over the fused gate|up weight: a warp's output
+// column streams its gate row, then its up row, and stores gemv_bf16_swiglu's epilogue of the two.
+//
 // Dynamic shared memory: a (k bf16, rounded up to 128 bytes), then each warp's ring (STAGES *
-// CHUNK bytes), then each warp's STAGES mbarriers (8 bytes each): gemv_stream_smem_bytes below,
-// mirrored by the host. Launch: any grid (the host gives one block an SM), 256 threads.
+// CHUNK bytes), then each warp's STAGES mbarriers (8 bytes each): gemv_stream_smem_bytes in
+// crates/kernels (ops/gemm.rs). Launch: any grid (the host gives one block an SM), 256 threads.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
