@@ -61,9 +61,10 @@ PREFILL_KERNEL, PREFILL_TILE = "prefill_attention_v3_bf16", 128
 # takes one-split launches of at most that many (token, kv head) blocks. The table is made for the
 # speed models' shapes, which have SPEED_KV_HEADS kv heads.
 ATTENTION_WIDE_BLOCKS, SPEED_KV_HEADS = 16, 8
-# The one-row products the engine runs through the bulk-copy stream (gemv_bf16_stream) by default
-# (crates/model-engine, METRALE_GEMV_STREAM_LABELS's default; the bench names them qkv_proj, o_proj,
-# down); the bench has a (stream) row exactly where gemv_stream_fits.
+# The one-row products the engine runs through the bulk-copy stream (gemv_bf16_stream,
+# gemv_bf16_swiglu_stream): crates/model-engine's DEFAULT_STREAM_LABELS for the binary measured, by
+# the bench's names (qkv_proj, o_proj, gate_up+silu*mul, down), given with --stream-products; the
+# bench has a (stream) row exactly where gemv_stream_fits.
 STREAM_PRODUCTS = ()
 
 
@@ -127,7 +128,11 @@ def main():
     ap.add_argument("--torch", required=True, type=Path)
     ap.add_argument("--hbm-tb-s", type=float, default=4.19)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--stream-products", default="",
+                    help="comma-separated products the binary streams by default (see STREAM_PRODUCTS)")
     args = ap.parse_args()
+    global STREAM_PRODUCTS
+    STREAM_PRODUCTS = tuple(p for p in args.stream_products.split(",") if p)
     met_rows = json.loads(args.met.read_text())
     torch_rows = {r["label"]: r for r in json.loads(args.torch.read_text())["rows"]}
 

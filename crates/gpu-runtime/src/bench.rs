@@ -219,6 +219,8 @@ fn gemv_stream_case(s: &Shape, what: &str, n: u32, k: u32) -> BenchCase {
             m: 1,
             n,
             k,
+            prewait: GEMV_STREAM_STAGES,
+            evict_first: 0,
         })
     });
     case
@@ -923,6 +925,8 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
                 m: 1,
                 inter: i,
                 k: h,
+                prewait: GEMV_STREAM_STAGES,
+                evict_first: 0,
             })
         });
         out.push(case);

@@ -1653,17 +1653,18 @@ pub fn cases(seed: u64) -> Vec<Case> {
 
 /// The bulk-copy GEMV stream on Qwen3-8B's batch-1 qkv, o and down products, a bias, fewer
 /// columns than the grid's warps (most warps idle) and one column more than its warps (one warp
-/// takes two); its SwiGLU form on Qwen3-8B's gate|up product and on 7 columns.
+/// takes two), the first fill all, partly or not at all before the wait, with and without the
+/// evict-first hint; its SwiGLU form on Qwen3-8B's gate|up product and on 7 columns.
 fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
     let warps = GEMV_STREAM_BLOCKS * 8;
     let mut out = Vec::new();
-    for (n, k, bias) in [
-        (6144u32, 4096u32, false),
-        (4096, 4096, false),
-        (4096, 12288, false),
-        (1000, 2048, true),
-        (5, 4096, true),
-        (warps + 1, 2048, false),
+    for (n, k, bias, prewait, evict_first) in [
+        (6144u32, 4096u32, false, 4u32, 0u32),
+        (4096, 4096, false, 4, 1),
+        (4096, 12288, false, 1, 1),
+        (1000, 2048, true, 0, 0),
+        (5, 4096, true, 2, 1),
+        (warps + 1, 2048, false, 4, 0),
     ] {
         let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, false);
         case.kernel = GemvStream::NAME;
@@ -1676,11 +1677,13 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
                 m: 1,
                 n,
                 k,
+                prewait,
+                evict_first,
             })
         });
         out.push(case);
     }
-    for (inter, k) in [(12288u32, 4096u32), (7, 2048)] {
+    for (inter, k, prewait, evict_first) in [(12288u32, 4096u32, 4u32, 1u32), (7, 2048, 0, 0)] {
         let mut case = gemv_swiglu_case(rng, 1, inter, k);
         case.kernel = GemvSwigluStream::NAME;
         case.build = Box::new(move |p| {
@@ -1691,6 +1694,8 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
                 m: 1,
                 inter,
                 k,
+                prewait,
+                evict_first,
             })
         });
         out.push(case);

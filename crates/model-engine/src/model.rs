@@ -27,11 +27,12 @@ use metrale_gpu_runtime::{
 };
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
-    GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvGridMode, GemvNorm, GemvStaged, GemvStream, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
-    GemvSwigluStream, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
-    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of,
-    gemv_launch_grid, gemv_norm_fits, gemv_stages, gemv_stream_fits, prefill_attention_tiles_of,
+    GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, GEMV_STREAM_STAGES, Gemm, GemmF32Out,
+    Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream, GemvSwiglu, GemvSwigluNorm,
+    GemvSwigluStaged, GemvSwigluStream, PagedAttention, PagedAttentionQkv, PrefillAttention,
+    PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes,
+    attention_splits_of, gemv_launch_grid, gemv_norm_fits, gemv_stages, gemv_stream_fits,
+    prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -419,6 +420,17 @@ fn parse_grid_cap_labels(env: Option<&str>) -> Result<Vec<(&'static str, u32)>, 
     )
 }
 
+/// The one-row GEMV launches that take the bulk-copy stream by default (products of at least
+/// [`GEMV_STREAM_MIN_WEIGHTS`] weights).
+const DEFAULT_STREAM_LABELS: [&str; 0] = [];
+
+/// Products of fewer weights keep the register GEMV under the default stream set: Qwen3-0.6B's
+/// (at most 6.3M weights) were measured with it; Qwen3-8B's (16.8M to 100M) are the stream's.
+const GEMV_STREAM_MIN_WEIGHTS: u64 = 8 << 20;
+
+/// The streams' evict-first hint by default.
+const GEMV_STREAM_EVICT: bool = false;
+
 /// The labels of the one-row GEMV launches that may take the bulk-copy stream (gate_up: when it
 /// runs with SiLU x up in its epilogue and the add + RMSNorm in a launch of its own).
 const STREAM_LABELS: [&str; 4] = ["qkv", "o", "gate_up", "down"];
@@ -490,6 +502,15 @@ pub struct Model {
     /// or [`GemvSwigluStream`] where it fits (`METRALE_GEMV_STREAM_LABELS`, e.g. `down+o+qkv`;
     /// default none).
     gemv_stream_labels: Vec<&'static str>,
+    /// Products of fewer weights than this keep the register GEMV even where their label streams
+    /// (by default [`GEMV_STREAM_MIN_WEIGHTS`]; 0 when `METRALE_GEMV_STREAM_LABELS` is set).
+    gemv_stream_min_weights: u64,
+    /// Chunks each warp of a stream copies before its programmatic-launch wait
+    /// (`METRALE_GEMV_STREAM_PREWAIT`, 0 to [`GEMV_STREAM_STAGES`], default all).
+    gemv_stream_prewait: u32,
+    /// The streams' weights go through L2 as evict-first lines (`METRALE_GEMV_STREAM_EVICT=0|1`,
+    /// default [`GEMV_STREAM_EVICT`]).
+    gemv_stream_evict: bool,
     /// GEMV launches that take at most this many blocks (`METRALE_GRID_CAP_LABELS`, for
     /// measuring; empty by default).
     grid_cap_labels: Vec<(&'static str, u32)>,
@@ -597,28 +618,34 @@ impl Model {
         let attention_unsplit_keys =
             count("METRALE_ATTENTION_UNSPLIT_KEYS", ATTENTION_UNSPLIT_KEYS)?;
         let attention_wide_blocks = count("METRALE_ATTENTION_WIDE_BLOCKS", ATTENTION_WIDE_BLOCKS)?;
-        let embedding_vec = match std::env::var("METRALE_EMBEDDING_VEC") {
-            Err(_) => false,
+        let switch = |name: &'static str, default: bool| match std::env::var(name) {
+            Err(_) => Ok(default),
             Ok(v) => match v.trim() {
-                "0" => false,
-                "1" => true,
-                _ => {
-                    return Err(ModelError::BadVariable {
-                        name: "METRALE_EMBEDDING_VEC",
-                        value: v,
-                        expected: "0 or 1",
-                    });
-                }
+                "0" => Ok(false),
+                "1" => Ok(true),
+                _ => Err(ModelError::BadVariable {
+                    name,
+                    value: v,
+                    expected: "0 or 1",
+                }),
             },
         };
+        let embedding_vec = switch("METRALE_EMBEDDING_VEC", false)?;
+        let gemv_stream_evict = switch("METRALE_GEMV_STREAM_EVICT", GEMV_STREAM_EVICT)?;
+        let gemv_stream_prewait =
+            count("METRALE_GEMV_STREAM_PREWAIT", GEMV_STREAM_STAGES)?.min(GEMV_STREAM_STAGES);
         let use_graphs = on_unless_zero("METRALE_CUDA_GRAPHS");
         let fused_qkv_attention = on_unless_zero("METRALE_FUSED_QKV_ATTENTION");
         let fused_swiglu = on_unless_zero("METRALE_FUSED_SWIGLU");
         let decode_ahead = count("METRALE_DECODE_AHEAD", DECODE_AHEAD)?.min(MAX_DECODE_AHEAD);
         let grid_cap_labels =
             parse_grid_cap_labels(std::env::var("METRALE_GRID_CAP_LABELS").ok().as_deref())?;
-        let gemv_stream_labels =
-            parse_stream_labels(std::env::var("METRALE_GEMV_STREAM_LABELS").ok().as_deref())?;
+        // The default set streams only Qwen3-8B-sized products; a set given streams all it names.
+        let (gemv_stream_labels, gemv_stream_min_weights) =
+            match std::env::var("METRALE_GEMV_STREAM_LABELS") {
+                Err(_) => (DEFAULT_STREAM_LABELS.to_vec(), GEMV_STREAM_MIN_WEIGHTS),
+                Ok(v) => (parse_stream_labels(Some(&v))?, 0),
+            };
         let carveout_labels = match std::env::var("METRALE_CARVEOUT_LABELS") {
             Ok(v) => Some(parse_carveout_labels(Some(&v))?),
             Err(_) => None,
@@ -724,6 +751,9 @@ impl Model {
             carveout_labels,
             grid_cap_labels,
             gemv_stream_labels,
+            gemv_stream_min_weights,
+            gemv_stream_prewait,
+            gemv_stream_evict,
             gemv_max_rows,
             prefill_version,
             attention_target_blocks,
@@ -1354,8 +1384,12 @@ impl Model {
                     n: n_,
                     k: k_,
                 };
-                if self.gemv_stream_labels.contains(&label) && gemv_stream_fits(m, n_, k_) {
-                    let stream = GemvStream::from(gemv);
+                if self.streams(label, m, n_, k_) {
+                    let stream = GemvStream {
+                        prewait: self.gemv_stream_prewait,
+                        evict_first: self.gemv_stream_evict.into(),
+                        ..GemvStream::from(gemv)
+                    };
                     let carveout = self.carveout(label, Some(m));
                     self.launch_with(
                         k.gemv_stream,
@@ -1641,9 +1675,12 @@ impl Model {
                         inter,
                         k: h,
                     };
-                    if self.gemv_stream_labels.contains(&"gate_up") && gemv_stream_fits(n, inter, h)
-                    {
-                        let stream = GemvSwigluStream::from(swiglu);
+                    if self.streams("gate_up", n, 2 * inter, h) {
+                        let stream = GemvSwigluStream {
+                            prewait: self.gemv_stream_prewait,
+                            evict_first: self.gemv_stream_evict.into(),
+                            ..GemvSwigluStream::from(swiglu)
+                        };
                         let config = stream.launch_config();
                         let carveout = self.carveout("gate_up", Some(n));
                         self.launch_with(
@@ -1759,6 +1796,15 @@ impl Model {
     fn tensor_core_prefill(&self, step: &StepInput) -> bool {
         step.tokens.len() > step.block_tables.len()
             && PrefillAttention::supports_head_dim(self.config.head_dim as u32)
+    }
+
+    /// Whether the `m x n x k` product of `label` takes the bulk-copy stream: a label of the set,
+    /// enough weights, and a shape the stream takes (`n` counts the gate and up rows of gate_up).
+    fn streams(&self, label: &'static str, m: u32, n: u32, k: u32) -> bool {
+        let columns = if label == "gate_up" { n / 2 } else { n };
+        self.gemv_stream_labels.contains(&label)
+            && u64::from(n) * u64::from(k) >= self.gemv_stream_min_weights
+            && gemv_stream_fits(m, columns, k)
     }
 
     /// Query tokens per tile of the prefill attention in use.

@@ -19,8 +19,11 @@
 // (warp_sum's butterfly) and lane 0 stores bf16(sum + bias). Each column's sum runs over the same
 // pieces in the same order on every launch, whatever the grid: deterministic.
 //
-// The weights are never written by a kernel, so the first STAGES copies of every warp go out
-// before the programmatic-launch wait; a is read only after it.
+// The weights are never written by a kernel, so the first `prewait` (at most STAGES) copies of
+// every warp may go out before the programmatic-launch wait; a is read only after it. They then
+// share HBM with the launch before, which is slowed by as much as they gain when that launch is a
+// short, latency-bound one (Qwen3-8B's attention and add + RMSNorm: docs/results/2026-12-02-speed-
+// h200/gemv-stream). `evict_first` streams the weights through L2 as evict-first lines.
 //
 // gemv_bf16_swiglu_stream is the same stream over the fused gate|up weight: a warp's output
 // column streams its gate row, then its up row, and stores gemv_bf16_swiglu's epilogue of the two.
@@ -49,16 +52,26 @@ __device__ __forceinline__ void bar_init(uint32_t bar) {
 }
 
 // Arms `bar` for `bytes` of copies (the producer's one arrival), then copies `bytes` from global
-// `src` to shared `dst`; the copy's completion counts the bytes off `bar`.
+// `src` to shared `dst`; the copy's completion counts the bytes off `bar`. With `evict` the lines
+// go through L2 under `policy` (evict-first: a weight byte is read once a step, and the
+// activations and cache rows the launches around it read should stay in L2 instead).
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
+                                          uint32_t bar, bool evict, uint64_t policy) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                  : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(dst),
-        "l"(src), "r"(bytes), "r"(bar)
-        : "memory");
+    if (evict) {
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+            "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+            : "memory");
+    } else {
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(dst),
+            "l"(src), "r"(bytes), "r"(bar)
+            : "memory");
+    }
 }
 
 // Spins until `bar` has completed the phase of the given parity.
@@ -104,7 +117,8 @@ __device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
                                        const __nv_bfloat16* __restrict__ a,
                                        const __nv_bfloat16* __restrict__ w,
                                        const __nv_bfloat16* __restrict__ bias, uint32_t m,
-                                       uint32_t cols, uint32_t k) {
+                                       uint32_t cols, uint32_t k, uint32_t prewait,
+                                       uint32_t evict_first) {
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t a_bytes = (k * 2 + 127) / 128 * 128;
@@ -134,18 +148,27 @@ __device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
         return w8 + row * row_bytes + (size_t)(r % per_row) * CHUNK;
     };
 
+    const bool evict = evict_first != 0;
+    uint64_t policy = 0;
+    if (evict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    // The ring's first fill: `prewait` chunks before the programmatic-launch wait (the weights are
+    // never written by a kernel), the rest after it.
+    const uint32_t fill = min(chunks, (uint32_t)STAGES), early = min(fill, prewait);
     if (lane == 0) {
         for (int s = 0; s < STAGES; ++s) bar_init(bars + 8 * s);
         // Make the initialised barriers visible to the bulk copies (the async proxy).
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        for (uint32_t j = 0; j < STAGES && j < chunks; ++j)
-            bulk_copy(smem_u32(ring + j * CHUNK), source(j), CHUNK, bars + 8 * j);
+        for (uint32_t j = 0; j < early; ++j)
+            bulk_copy(smem_u32(ring + j * CHUNK), source(j), CHUNK, bars + 8 * j, evict, policy);
     }
     __syncwarp();
 
     metrale::grid_dependency_sync();
     if (!ok) return;
+    if (lane == 0)
+        for (uint32_t j = early; j < fill; ++j)
+            bulk_copy(smem_u32(ring + j * CHUNK), source(j), CHUNK, bars + 8 * j, evict, policy);
 
     // a into shared memory, whole 16-byte pieces (k % 2048 == 0 here).
     const uint4* a4 = reinterpret_cast<const uint4*>(a);
@@ -164,7 +187,8 @@ __device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
         // Every lane has its pieces in registers: the slot may take the chunk STAGES on.
         __syncwarp();
         if (lane == 0 && j + STAGES < chunks)
-            bulk_copy(smem_u32(ring + s * CHUNK), source(j + STAGES), CHUNK, bars + 8 * s);
+            bulk_copy(smem_u32(ring + s * CHUNK), source(j + STAGES), CHUNK, bars + 8 * s, evict,
+                      policy);
         const uint32_t r = j % per_column, seg = r % per_row;
         const uint4* ap = a_s + seg * (CHUNK / 16);
 #pragma unroll
@@ -194,8 +218,8 @@ __device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
 extern "C" __global__ void __launch_bounds__(256, 1) gemv_bf16_stream(
     __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ a,
     const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
-    uint32_t n, uint32_t k) {
-    stream<false>(c, a, w, bias, m, n, k);
+    uint32_t n, uint32_t k, uint32_t prewait, uint32_t evict_first) {
+    stream<false>(c, a, w, bias, m, n, k, prewait, evict_first);
 }
 
 // gemv_bf16_stream of the fused gate|up weight ([2 inter, k], gate rows first) with SiLU x up in
@@ -203,6 +227,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemv_bf16_stream(
 // bias. Launch: as gemv_bf16_stream.
 extern "C" __global__ void __launch_bounds__(256, 1) gemv_bf16_swiglu_stream(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ a,
-    const __nv_bfloat16* __restrict__ w, uint32_t m, uint32_t inter, uint32_t k) {
-    stream<true>(out, a, w, nullptr, m, inter, k);
+    const __nv_bfloat16* __restrict__ w, uint32_t m, uint32_t inter, uint32_t k, uint32_t prewait,
+    uint32_t evict_first) {
+    stream<true>(out, a, w, nullptr, m, inter, k, prewait, evict_first);
 }

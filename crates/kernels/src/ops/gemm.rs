@@ -238,6 +238,11 @@ kernel_args!(
         n: u32,
         /// The reduction length.
         k: u32,
+        /// Chunks each warp copies before the programmatic-launch wait (at most
+        /// [`GEMV_STREAM_STAGES`]; the rest of the ring's first fill goes out after it).
+        prewait: u32,
+        /// 1 to stream the weight through L2 as evict-first lines, 0 not to.
+        evict_first: u32,
     }
 );
 
@@ -258,6 +263,10 @@ kernel_args!(
         inter: u32,
         /// Inputs.
         k: u32,
+        /// As [`GemvStream`]'s.
+        prewait: u32,
+        /// As [`GemvStream`]'s.
+        evict_first: u32,
     }
 );
 
@@ -307,6 +316,8 @@ impl From<Gemv> for GemvStream {
             m,
             n,
             k,
+            prewait: GEMV_STREAM_STAGES,
+            evict_first: 0,
         }
     }
 }
@@ -870,6 +881,8 @@ impl From<GemvSwiglu> for GemvSwigluStream {
             m,
             inter,
             k,
+            prewait: GEMV_STREAM_STAGES,
+            evict_first: 0,
         }
     }
 }
@@ -905,6 +918,7 @@ impl Kernel for GemvSwigluStream {
             m,
             inter,
             k,
+            ..
         } = *self;
         GemvSwiglu {
             out,
