@@ -422,14 +422,14 @@ fn parse_grid_cap_labels(env: Option<&str>) -> Result<Vec<(&'static str, u32)>, 
 
 /// The one-row GEMV launches that take the bulk-copy stream by default (products of at least
 /// [`GEMV_STREAM_MIN_WEIGHTS`] weights).
-const DEFAULT_STREAM_LABELS: [&str; 0] = [];
+const DEFAULT_STREAM_LABELS: [&str; 4] = ["qkv", "o", "gate_up", "down"];
 
 /// Products of fewer weights keep the register GEMV under the default stream set: Qwen3-0.6B's
 /// (at most 6.3M weights) were measured with it; Qwen3-8B's (16.8M to 100M) are the stream's.
 const GEMV_STREAM_MIN_WEIGHTS: u64 = 8 << 20;
 
 /// The streams' evict-first hint by default.
-const GEMV_STREAM_EVICT: bool = false;
+const GEMV_STREAM_EVICT: bool = true;
 
 /// The labels of the one-row GEMV launches that may take the bulk-copy stream (gate_up: when it
 /// runs with SiLU x up in its epilogue and the add + RMSNorm in a launch of its own).
