@@ -63,8 +63,11 @@ PREFILL_KERNEL, PREFILL_TILE = "prefill_attention_v3_bf16", 128
 ATTENTION_WIDE_BLOCKS, SPEED_KV_HEADS = 16, 8
 # The one-row products the engine runs through the bulk-copy stream (gemv_bf16_stream,
 # gemv_bf16_swiglu_stream): crates/model-engine's DEFAULT_STREAM_LABELS for the binary measured, by
-# the bench's names (qkv_proj, o_proj, gate_up+silu*mul, down), given with --stream-products; the
-# bench has a (stream) row exactly where gemv_stream_fits.
+# the bench's names (qkv_proj, o_proj, gate_up+silu*mul, down), given with --stream-products
+# (speed.sh passes all four, main's default, unless TABLE_STREAM_PRODUCTS says otherwise); the
+# bench has a (stream) row exactly where gemv_stream_fits, and the engine's default set streams
+# only products of at least 8M weights (GEMV_STREAM_MIN_WEIGHTS), which the bench's stream rows are
+# at the Qwen3-8B shape it is run on.
 STREAM_PRODUCTS = ()
 
 

@@ -130,7 +130,7 @@ kernels)
       > "$RES/torch-kernels-$shape.log" 2>&1
     record "torch_kernels.py $shape" "exit $?"
     python3 scripts/gpu/kernel_table.py --met "$RES/bench-kernels-$shape.json" --torch "$RES/torch-kernels-$shape.json" \
-      --stream-products "${TABLE_STREAM_PRODUCTS:-}" \
+      --stream-products "${TABLE_STREAM_PRODUCTS-qkv_proj,o_proj,gate_up+silu*mul,down}" \
       --json "$RES/kernel-table-$shape.json" > "$RES/kernel-table-$shape.md" 2>&1
     record "kernel table $shape" "exit $? ($(grep -c '^- ' "$RES/kernel-table-$shape.md") rows where met is not faster)"
   done

@@ -421,14 +421,20 @@ fn parse_grid_cap_labels(env: Option<&str>) -> Result<Vec<(&'static str, u32)>, 
 }
 
 /// The one-row GEMV launches that take the bulk-copy stream by default (products of at least
-/// [`GEMV_STREAM_MIN_WEIGHTS`] weights).
+/// [`GEMV_STREAM_MIN_WEIGHTS`] weights). On the H200, Qwen3-8B's batch-1 `met generate` (32 + 256
+/// tokens) went 236.1 -> 240.8 tok/s with all four streamed and their weights evict-first in L2
+/// (docs/results/2026-12-02-speed-h200/gemv-stream): the activations and cache rows between the
+/// products then stay in L2, so the short launches between them (the attention, add + RMSNorm)
+/// no longer wait on HBM behind the next product's first copies.
 const DEFAULT_STREAM_LABELS: [&str; 4] = ["qkv", "o", "gate_up", "down"];
 
 /// Products of fewer weights keep the register GEMV under the default stream set: Qwen3-0.6B's
 /// (at most 6.3M weights) were measured with it; Qwen3-8B's (16.8M to 100M) are the stream's.
 const GEMV_STREAM_MIN_WEIGHTS: u64 = 8 << 20;
 
-/// The streams' evict-first hint by default.
+/// The streams' evict-first hint by default: without it the same four streams measured 234.2
+/// tok/s (prefetching the next product's weights slowed the launch before by as much as it gained),
+/// with it 240.8 (docs/results/2026-12-02-speed-h200/gemv-stream).
 const GEMV_STREAM_EVICT: bool = true;
 
 /// The labels of the one-row GEMV launches that may take the bulk-copy stream (gate_up: when it

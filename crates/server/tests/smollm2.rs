@@ -167,6 +167,17 @@ fn bad_engine_switches_fail_cleanly() {
             "a non-negative integer",
         ),
         ("METRALE_EMBEDDING_VEC", "yes", "0 or 1"),
+        ("METRALE_GEMV_STREAM_EVICT", "2", "0 or 1"),
+        (
+            "METRALE_GEMV_STREAM_PREWAIT",
+            "-1",
+            "a non-negative integer",
+        ),
+        (
+            "METRALE_GEMV_STREAM_LABELS",
+            "lm_head",
+            "labels separated by `,` or `+` (qkv, o, gate_up, down)",
+        ),
         (
             "METRALE_CARVEOUT_LABELS",
             "qkv=150",
