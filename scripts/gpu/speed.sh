@@ -28,7 +28,7 @@
 #   summary   scripts/gpu/speed_summary.py: the speed table (JSON + markdown) from all of the above
 #   harness-a, harness-b, harness-c  the phases above as the three calls of one harness run:
 #             a = checkpoints + kernels (8B shapes) + met, b = the 8B peers, c = the 0.6B peers +
-#             parity + summary
+#             parity (both models, or $PARITY_MODELS) + summary
 #   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
 #             each stashed binary in $AB (default "met met_b"), check-kernels on the kernels
 #             matching each word of $AB_KERNEL (default attention), bench-kernels' rows (of the
@@ -327,7 +327,9 @@ harness-a|harness-b|harness-c)
     ;;
   harness-c)
     SPEED_MODELS=qwen3-0.6b HF_RUNS_SMALL=${HF_RUNS_SMALL:-"1:static_compile_loop 1:eager"} bash "$0" peers
-    SPEED_MODELS=qwen3-0.6b bash "$0" parity
+    # Both models: Qwen3-8B's products take the bulk-copy GEMV streams, Qwen3-0.6B's do not
+    # (harness-81c4d21 checked parity on Qwen3-0.6B only, so not the streams).
+    SPEED_MODELS=${PARITY_MODELS:-"qwen3-0.6b qwen3-8b"} bash "$0" parity
     bash "$0" summary
     ;;
   esac
