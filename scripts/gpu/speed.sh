@@ -221,10 +221,17 @@ peers)
 parity)
   # Logit parity of the rewritten paths: transformers' f32 function of the bf16 weights as the
   # reference (first-models.sh's method), met parity on CUDA.
+  # Qwen3-8B's random checkpoint cannot meet the first-models issue's 1e-2 in bf16 (docs/
+  # precision.md: about 2.4e-2 at best at that shape, whoever computes it): the first-models rounds
+  # measured the engine at 4.8-5.1e-2 worst and transformers' own bf16 run at 5.9-7.5e-2
+  # (docs/results/2026-11-30-first-models-h200), so its bound is 6e-2, read beside the parity
+  # table's transformers-bf16 column.
   for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
     reference_logits "$m"
+    tol=0.01
+    [ "$m" = qwen3-8b ] && tol=0.06
     "$met" parity --backend cuda --model-from-path "$CKPT/$m" --reference "/root/ref/$m.safetensors" \
-      --json "$RES/parity-$m.json" > "$RES/parity-$m.txt" 2>&1
+      --tolerance "$tol" --json "$RES/parity-$m.json" > "$RES/parity-$m.txt" 2>&1
     record "parity $m" "exit $? ($(tail -n1 "$RES/parity-$m.txt"))"
   done
   finish
