@@ -437,6 +437,19 @@ const GEMV_STREAM_MIN_WEIGHTS: u64 = 8 << 20;
 /// with it 240.8 (docs/results/2026-12-02-speed-h200/gemv-stream).
 const GEMV_STREAM_EVICT: bool = true;
 
+/// [`Model::streams`]' rule for a stream set `labels` and its weight threshold.
+fn stream_takes(
+    labels: &[&str],
+    min_weights: u64,
+    label: &str,
+    (m, n, k): (u32, u32, u32),
+) -> bool {
+    let columns = if label == "gate_up" { n / 2 } else { n };
+    labels.contains(&label)
+        && u64::from(n) * u64::from(k) >= min_weights
+        && gemv_stream_fits(m, columns, k)
+}
+
 /// The labels of the one-row GEMV launches that may take the bulk-copy stream (gate_up: when it
 /// runs with SiLU x up in its epilogue and the add + RMSNorm in a launch of its own).
 const STREAM_LABELS: [&str; 4] = ["qkv", "o", "gate_up", "down"];
@@ -1807,10 +1820,12 @@ impl Model {
     /// Whether the `m x n x k` product of `label` takes the bulk-copy stream: a label of the set,
     /// enough weights, and a shape the stream takes (`n` counts the gate and up rows of gate_up).
     fn streams(&self, label: &'static str, m: u32, n: u32, k: u32) -> bool {
-        let columns = if label == "gate_up" { n / 2 } else { n };
-        self.gemv_stream_labels.contains(&label)
-            && u64::from(n) * u64::from(k) >= self.gemv_stream_min_weights
-            && gemv_stream_fits(m, columns, k)
+        stream_takes(
+            &self.gemv_stream_labels,
+            self.gemv_stream_min_weights,
+            label,
+            (m, n, k),
+        )
     }
 
     /// Query tokens per tile of the prefill attention in use.
@@ -1989,6 +2004,40 @@ mod tests {
         GemvPolicy, LAUNCH_LABELS, PrefillVersion, carveout_rule, parse_carveout_labels,
         parse_count, parse_grid_cap_labels, parse_stream_labels,
     };
+
+    #[test]
+    fn the_default_stream_set_takes_qwen3_8b_products_not_qwen3_0_6b() {
+        use super::{DEFAULT_STREAM_LABELS, GEMV_STREAM_MIN_WEIGHTS, stream_takes};
+        let default =
+            |label, mnk| stream_takes(&DEFAULT_STREAM_LABELS, GEMV_STREAM_MIN_WEIGHTS, label, mnk);
+        // Qwen3-8B at batch 1: qkv, o, gate|up (both halves' rows), down.
+        for (label, mnk) in [
+            ("qkv", (1, 6144, 4096)),
+            ("o", (1, 4096, 4096)),
+            ("gate_up", (1, 24576, 4096)),
+            ("down", (1, 4096, 12288)),
+        ] {
+            assert!(default(label, mnk), "{label} {mnk:?}");
+        }
+        // Qwen3-0.6B's (under 8M weights, and most of its rows are not whole 4 KiB chunks), two
+        // rows, and the LM head, which is not in the set.
+        for (label, mnk) in [
+            ("qkv", (1, 4096, 1024)),
+            ("o", (1, 1024, 2048)),
+            ("gate_up", (1, 6144, 1024)),
+            ("down", (1, 1024, 3072)),
+            ("down", (2, 4096, 12288)),
+            ("lm_head", (1, 151936, 4096)),
+        ] {
+            assert!(!default(label, mnk), "{label} {mnk:?}");
+        }
+        // A set given streams whatever fits, however small: Qwen3-0.6B's o, not its qkv (rows of
+        // 2 KiB).
+        assert!(stream_takes(&["o"], 0, "o", (1, 1024, 2048)));
+        assert!(!stream_takes(&["qkv"], 0, "qkv", (1, 4096, 1024)));
+        // gate_up's columns are half its rows: 7 outputs over 14 rows fit.
+        assert!(stream_takes(&["gate_up"], 0, "gate_up", (1, 14, 2048)));
+    }
 
     #[test]
     fn stream_labels_take_the_plain_gemv_labels() {
