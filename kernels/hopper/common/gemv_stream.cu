@@ -42,6 +42,7 @@ constexpr int WARPS = 8;
 constexpr uint32_t CHUNK = 4096;  // bytes a copy moves: 256 pieces of 16 bytes, 8 a lane
 constexpr int STAGES = 4;          // chunks each warp has in flight: 16 KiB a warp, 128 KiB a block
 constexpr int PIECES = CHUNK / 16 / 32;
+constexpr uint32_t MAX_K = 1u << 16;  // the host's shared-memory bound is lower (49152)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -120,11 +121,14 @@ __device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
                                        uint32_t cols, uint32_t k, uint32_t prewait,
                                        uint32_t evict_first) {
     extern __shared__ __align__(128) unsigned char smem[];
+    // The launch contract (the host reference refuses the rest): 256 threads (warps past 8 would
+    // have no barriers), one row, whole chunks a weight row, k small enough for 32-bit byte counts,
+    // 16-byte aligned a and w. Anything else leaves c unwritten.
+    if (blockDim.x != 32 * WARPS) return;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t a_bytes = (k * 2 + 127) / 128 * 128;
-    // The launch contract (the host reference refuses the rest): one row, whole chunks a weight
-    // row, 256 threads. Anything else leaves c unwritten.
-    const bool ok = m == 1 && k != 0 && (k * 2) % CHUNK == 0 && blockDim.x == 32 * WARPS;
+    const bool ok = m == 1 && k != 0 && k <= MAX_K && (k * 2) % CHUNK == 0 &&
+                    ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w)) & 15) == 0;
+    const uint32_t a_bytes = ok ? (k * 2 + 127) / 128 * 128 : 0;
     const uint32_t per_row = ok ? k * 2 / CHUNK : 1;
     // Chunks of one output column: one weight row, or the gate row and the up row.
     const uint32_t per_column = SWIGLU ? 2 * per_row : per_row;
@@ -184,11 +188,14 @@ __device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
         uint4 wv[PIECES];
 #pragma unroll
         for (int i = 0; i < PIECES; ++i) wv[i] = slot[lane + 32 * i];
-        // Every lane has its pieces in registers: the slot may take the chunk STAGES on.
+        // Every lane has its pieces in registers: the slot may take the chunk STAGES on, once the
+        // lanes' generic-proxy reads are ordered before the copy's async-proxy write.
         __syncwarp();
-        if (lane == 0 && j + STAGES < chunks)
+        if (lane == 0 && j + STAGES < chunks) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             bulk_copy(smem_u32(ring + s * CHUNK), source(j + STAGES), CHUNK, bars + 8 * s, evict,
                       policy);
+        }
         const uint32_t r = j % per_column, seg = r % per_row;
         const uint4* ap = a_s + seg * (CHUNK / 16);
 #pragma unroll

@@ -277,6 +277,9 @@ pub const GEMV_STREAM_CHUNK: u32 = 4096;
 pub const GEMV_STREAM_STAGES: u32 = 4;
 /// [`GemvStream`]'s blocks: one an SM of the Hopper class (its shared memory allows one).
 pub const GEMV_STREAM_BLOCKS: u32 = 132;
+/// The stream kernel's own bound on `k` (`MAX_K` in gemv_stream.cu: its byte counts are 32-bit);
+/// the shared-memory bound below is lower.
+const GEMV_STREAM_MAX_K: u32 = 1 << 16;
 /// Shared memory a Hopper block may opt in to (227 KiB).
 const HOPPER_MAX_BLOCK_SMEM: u32 = 227 * 1024;
 
@@ -288,11 +291,11 @@ pub fn gemv_stream_smem_bytes(k: u32) -> u32 {
 }
 
 /// Whether an `m x n x k` product can take [`GemvStream`]: one row, whole chunks a column, and A
-/// plus the rings within a block's shared memory (`k` up to 47104; Qwen3-8B's qkv, o and down).
+/// plus the rings within a block's shared memory (`k` up to 49152; Qwen3-8B's qkv, o and down).
 pub fn gemv_stream_fits(m: u32, n: u32, k: u32) -> bool {
     m == 1
         && n > 0
-        && k > 0
+        && (1..=GEMV_STREAM_MAX_K).contains(&k)
         && (2 * k).is_multiple_of(GEMV_STREAM_CHUNK)
         && gemv_stream_smem_bytes(k) <= HOPPER_MAX_BLOCK_SMEM
 }
@@ -887,7 +890,8 @@ impl From<GemvSwiglu> for GemvSwigluStream {
     }
 }
 
-/// The stream's refusal of what its kernel would skip.
+/// The stream's refusal of the launches its kernel would skip (and of `n = 0`, which it would run
+/// as nothing); its kernel also skips a or w not 16-byte aligned, which device allocations are.
 fn check_stream(name: metrale_core::KernelName, m: u32, n: u32, k: u32) -> Result<(), HostError> {
     if gemv_stream_fits(m, n, k) {
         return Ok(());
@@ -1115,6 +1119,27 @@ impl Kernel for GemmF32Out {
 mod tests {
     use super::*;
     use crate::ops::testing::*;
+
+    #[test]
+    fn the_stream_takes_one_row_of_whole_chunks_within_shared_memory() {
+        // Qwen3-8B's qkv, o, gate|up (its columns) and down.
+        for (n, k) in [(6144, 4096), (4096, 4096), (12288, 4096), (4096, 12288)] {
+            assert!(gemv_stream_fits(1, n, k), "{n} x {k}");
+        }
+        // The largest k whose A and rings fit in 227 KiB, and the next whole chunk.
+        assert!(gemv_stream_fits(1, 1, 49152));
+        assert_eq!(gemv_stream_smem_bytes(49152), 98304 + 8 * 4 * (4096 + 8));
+        assert!(!gemv_stream_fits(1, 1, 51200));
+        // Two rows, no columns, rows of 2 KiB or 6 KiB (Qwen3-0.6B's k = 1024, 3072), k = 0, and
+        // a k whose byte count would overflow.
+        assert!(!gemv_stream_fits(2, 4096, 4096));
+        assert!(!gemv_stream_fits(1, 0, 4096));
+        assert!(!gemv_stream_fits(1, 4096, 1024));
+        assert!(!gemv_stream_fits(1, 4096, 3072));
+        assert!(!gemv_stream_fits(1, 4096, 0));
+        assert!(!gemv_stream_fits(1, 4096, 1 << 31));
+        assert!(!gemv_stream_fits(1, 4096, u32::MAX));
+    }
 
     #[test]
     fn gemv_splits_k_where_it_adds_bytes_in_flight_or_columns_are_long() {
