@@ -913,6 +913,26 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
             out.push(gemv_stream_case(s, what, n, k));
         }
     }
+    if gemv_stream_fits(1, s.vocab, h) {
+        let mut case = gemv_case(s, "lm_head", 1, s.vocab, h, true);
+        case.label = format!("{} (stream)", case.label);
+        case.kernel = GemvStreamF32Out::NAME;
+        let vocab = s.vocab;
+        case.build = Box::new(move |p| {
+            launch_of(GemvStreamF32Out {
+                c: p[0],
+                a: p[1],
+                w: p[2],
+                bias: DevicePtr::NULL,
+                m: 1,
+                n: vocab,
+                k: h,
+                prewait: GEMV_STREAM_STAGES,
+                evict_first: 0,
+            })
+        });
+        out.push(case);
+    }
     if gemv_stream_fits(1, i, h) {
         let mut case = gemv_swiglu_case(s, 1, i, h);
         case.label = format!("{} (stream)", case.label);

@@ -1654,7 +1654,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
 /// The bulk-copy GEMV stream on Qwen3-8B's batch-1 qkv, o and down products, a bias, fewer
 /// columns than the grid's warps (most warps idle) and one column more than its warps (one warp
 /// takes two), the first fill all, partly or not at all before the wait, with and without the
-/// evict-first hint; its SwiGLU form on Qwen3-8B's gate|up product and on 7 columns.
+/// evict-first hint; its SwiGLU form on Qwen3-8B's gate|up product and on 7 columns; its f32
+/// form (the LM head's) on 3000 and 7 columns.
 fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
     let warps = GEMV_STREAM_BLOCKS * 8;
     let mut out = Vec::new();
@@ -1693,6 +1694,26 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
                 w: p[2],
                 m: 1,
                 inter,
+                k,
+                prewait,
+                evict_first,
+            })
+        });
+        out.push(case);
+    }
+    for (n, k, bias, prewait, evict_first) in
+        [(3000u32, 4096u32, false, 4u32, 1u32), (7, 2048, true, 0, 0)]
+    {
+        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, true);
+        case.kernel = GemvStreamF32Out::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvStreamF32Out {
+                c: p[0],
+                a: p[1],
+                w: p[2],
+                bias: if bias { p[3] } else { DevicePtr::NULL },
+                m: 1,
+                n,
                 k,
                 prewait,
                 evict_first,

@@ -232,6 +232,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvSwiglu::NAME, run::<GemvSwiglu>),
         (GemvStaged::NAME, run::<GemvStaged>),
         (GemvStream::NAME, run::<GemvStream>),
+        (GemvStreamF32Out::NAME, run::<GemvStreamF32Out>),
         (GemvSwigluStream::NAME, run::<GemvSwigluStream>),
         (GemvSwigluStaged::NAME, run::<GemvSwigluStaged>),
         (GemvNorm::NAME, run::<GemvNorm>),

@@ -28,11 +28,11 @@ use metrale_gpu_runtime::{
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, GEMV_STREAM_STAGES, Gemm, GemmF32Out,
-    Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream, GemvSwiglu, GemvSwigluNorm,
-    GemvSwigluStaged, GemvSwigluStream, PagedAttention, PagedAttentionQkv, PrefillAttention,
-    PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes,
-    attention_splits_of, gemv_launch_grid, gemv_norm_fits, gemv_stages, gemv_stream_fits,
-    prefill_attention_tiles_of,
+    Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream, GemvStreamF32Out, GemvSwiglu,
+    GemvSwigluNorm, GemvSwigluStaged, GemvSwigluStream, PagedAttention, PagedAttentionQkv,
+    PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul,
+    argmax_scratch_bytes, attention_splits_of, gemv_launch_grid, gemv_norm_fits, gemv_stages,
+    gemv_stream_fits, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -142,6 +142,7 @@ struct Kernels {
     embedding_vec: KernelHandle,
     gemv_stream: KernelHandle,
     gemv_swiglu_stream: KernelHandle,
+    gemv_stream_f32out: KernelHandle,
     gemv_swiglu: KernelHandle,
     gemv_staged: KernelHandle,
     gemv_swiglu_staged: KernelHandle,
@@ -451,8 +452,9 @@ fn stream_takes(
 }
 
 /// The labels of the one-row GEMV launches that may take the bulk-copy stream (gate_up: when it
-/// runs with SiLU x up in its epilogue and the add + RMSNorm in a launch of its own).
-const STREAM_LABELS: [&str; 4] = ["qkv", "o", "gate_up", "down"];
+/// runs with SiLU x up in its epilogue and the add + RMSNorm in a launch of its own; lm_head, not
+/// in the default set, with f32 output: `gemv_bf16_stream_f32out`).
+const STREAM_LABELS: [&str; 5] = ["qkv", "o", "gate_up", "down", "lm_head"];
 
 /// `METRALE_GEMV_STREAM_LABELS`: the one-row GEMV launches of these labels (`+` or `,` between
 /// them) take [`GemvStream`] where it fits; unset or empty: none does.
@@ -471,7 +473,7 @@ fn parse_stream_labels(env: Option<&str>) -> Result<Vec<&'static str>, ModelErro
                 .ok_or_else(|| ModelError::BadVariable {
                     name: "METRALE_GEMV_STREAM_LABELS",
                     value: env.to_string(),
-                    expected: "labels separated by `,` or `+` (qkv, o, gate_up, down)",
+                    expected: "labels separated by `,` or `+` (qkv, o, gate_up, down, lm_head)",
                 })
         })
         .collect()
@@ -690,6 +692,7 @@ impl Model {
             embedding_vec: g.kernel(Embedding::VEC_NAME)?,
             gemv_stream: g.kernel(GemvStream::NAME)?,
             gemv_swiglu_stream: g.kernel(GemvSwigluStream::NAME)?,
+            gemv_stream_f32out: g.kernel(GemvStreamF32Out::NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
             prefill_attention_v3: g.kernel(PrefillAttentionV3::NAME)?,
@@ -1789,7 +1792,18 @@ impl Model {
                 n: vocab,
                 k: h,
             };
-            self.launch_gemv(k.gemv_f32out, "lm_head", &head, (rows as u32, vocab))?;
+            if self.streams("lm_head", rows as u32, vocab, h) {
+                let stream = GemvStreamF32Out {
+                    prewait: self.gemv_stream_prewait,
+                    evict_first: self.gemv_stream_evict.into(),
+                    ..GemvStreamF32Out::from(head)
+                };
+                let config = stream.launch_config();
+                let carveout = self.carveout("lm_head", Some(rows as u32));
+                self.launch_with(k.gemv_stream_f32out, "lm_head", &stream, &config, carveout)?;
+            } else {
+                self.launch_gemv(k.gemv_f32out, "lm_head", &head, (rows as u32, vocab))?;
+            }
         } else {
             let head = GemmOp {
                 c: out,
@@ -2047,7 +2061,7 @@ mod tests {
             parse_stream_labels(Some("down+ o ,qkv")).unwrap(),
             ["down", "o", "qkv"]
         );
-        for bad in ["lm_head", "down=1", "lm_head+o", "Down"] {
+        for bad in ["attention", "down=1", "attention+o", "Down"] {
             let err = parse_stream_labels(Some(bad)).unwrap_err();
             assert!(
                 err.to_string()

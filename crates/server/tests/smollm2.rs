@@ -175,8 +175,8 @@ fn bad_engine_switches_fail_cleanly() {
         ),
         (
             "METRALE_GEMV_STREAM_LABELS",
-            "lm_head",
-            "labels separated by `,` or `+` (qkv, o, gate_up, down)",
+            "attention",
+            "labels separated by `,` or `+` (qkv, o, gate_up, down, lm_head)",
         ),
         (
             "METRALE_CARVEOUT_LABELS",

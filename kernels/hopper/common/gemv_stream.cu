@@ -34,6 +34,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace {
@@ -113,8 +115,8 @@ __device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + _
 // The stream over `cols` output columns. Plain: column v's weight row is row v of w. SWIGLU: w is
 // [2 cols, k] (gate rows, then up rows) and column v streams gate row v, then up row cols + v,
 // and stores silu(bf16(g)) * bf16(u). The caller checked nothing: `ok` is the launch contract.
-template <bool SWIGLU>
-__device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
+template <bool SWIGLU, typename Out = __nv_bfloat16>
+__device__ __forceinline__ void stream(Out* __restrict__ c,
                                        const __nv_bfloat16* __restrict__ a,
                                        const __nv_bfloat16* __restrict__ w,
                                        const __nv_bfloat16* __restrict__ bias, uint32_t m,
@@ -214,7 +216,11 @@ __device__ __forceinline__ void stream(__nv_bfloat16* __restrict__ c,
                 }
             } else if (lane == 0) {
                 const float b = bias != nullptr ? metrale::to_f32(bias[col]) : 0.f;
-                c[col] = metrale::to_bf16(sum + b);
+                if constexpr (std::is_same_v<Out, float>) {
+                    c[col] = sum + b;
+                } else {
+                    c[col] = metrale::to_bf16(sum + b);
+                }
             }
         }
     }
@@ -227,6 +233,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemv_bf16_stream(
     const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
     uint32_t n, uint32_t k, uint32_t prewait, uint32_t evict_first) {
     stream<false>(c, a, w, bias, m, n, k, prewait, evict_first);
+}
+
+// gemv_bf16_stream with f32 output (the LM head: logits not rounded to bf16), as
+// gemv_bf16_f32out. Launch: as gemv_bf16_stream.
+extern "C" __global__ void __launch_bounds__(256, 1) gemv_bf16_stream_f32out(
+    float* __restrict__ c, const __nv_bfloat16* __restrict__ a,
+    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias, uint32_t m,
+    uint32_t n, uint32_t k, uint32_t prewait, uint32_t evict_first) {
+    stream<false, float>(c, a, w, bias, m, n, k, prewait, evict_first);
 }
 
 // gemv_bf16_stream of the fused gate|up weight ([2 inter, k], gate rows first) with SiLU x up in

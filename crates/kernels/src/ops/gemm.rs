@@ -270,6 +270,30 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`GemvStream`] with f32 output (the LM head, as [`GemvF32Out`]).
+    GemvStreamF32Out => names::gemv_stream::GEMV_BF16_STREAM_F32OUT {
+        /// f32 `[1, n]`.
+        c: DevicePtr,
+        /// bf16 `[1, k]`.
+        a: DevicePtr,
+        /// bf16 `[n, k]`.
+        w: DevicePtr,
+        /// bf16 `[n]`, or null.
+        bias: DevicePtr,
+        /// Rows of A and C: 1.
+        m: u32,
+        /// Rows of W, columns of C.
+        n: u32,
+        /// The reduction length.
+        k: u32,
+        /// As [`GemvStream`]'s.
+        prewait: u32,
+        /// As [`GemvStream`]'s.
+        evict_first: u32,
+    }
+);
+
 /// Bytes one bulk copy of [`GemvStream`] moves: one piece of one column (`CHUNK` in
 /// gemv_stream.cu).
 pub const GEMV_STREAM_CHUNK: u32 = 4096;
@@ -864,6 +888,54 @@ impl Kernel for GemvStream {
             self.k,
         )?;
         host::store_bf16(mem, self.c, &c)
+    }
+}
+
+impl From<GemvF32Out> for GemvStreamF32Out {
+    fn from(g: GemvF32Out) -> Self {
+        let GemvF32Out {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+        } = g;
+        GemvStreamF32Out {
+            c,
+            a,
+            w,
+            bias,
+            m,
+            n,
+            k,
+            prewait: GEMV_STREAM_STAGES,
+            evict_first: 0,
+        }
+    }
+}
+
+impl Kernel for GemvStreamF32Out {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            shared_mem_bytes: gemv_stream_smem_bytes(self.k),
+            ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_stream(Self::NAME, self.m, self.n, self.k)?;
+        let c = gemv_reference(
+            Self::NAME,
+            mem,
+            self.a,
+            self.w,
+            self.bias,
+            self.m,
+            self.n,
+            self.k,
+        )?;
+        host::store(mem, self.c, &c)
     }
 }
 
