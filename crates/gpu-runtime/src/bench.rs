@@ -205,24 +205,36 @@ fn gemv_staged_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool)
     case
 }
 
-/// [`gemv_case`] of one row through the bulk-copy stream ([`GemvStream`]).
-fn gemv_stream_case(s: &Shape, what: &str, n: u32, k: u32) -> BenchCase {
-    let mut case = gemv_case(s, what, 1, n, k, false);
+/// [`gemv_case`] of one row through the bulk-copy stream ([`GemvStream`], or with `f32_out`
+/// [`GemvStreamF32Out`]), the whole first fill before the wait, no L2 hint.
+fn gemv_stream_case(s: &Shape, what: &str, n: u32, k: u32, f32_out: bool) -> BenchCase {
+    let mut case = gemv_case(s, what, 1, n, k, f32_out);
     case.label = format!("{} (stream)", case.label);
-    case.kernel = GemvStream::NAME;
-    case.build = Box::new(move |p| {
-        launch_of(GemvStream {
-            c: p[0],
-            a: p[1],
-            w: p[2],
-            bias: DevicePtr::NULL,
-            m: 1,
-            n,
-            k,
-            prewait: GEMV_STREAM_STAGES,
-            evict_first: 0,
-        })
-    });
+    // The two entries take the same arguments.
+    macro_rules! launch {
+        ($entry:ident) => {
+            Box::new(move |p: &[DevicePtr]| {
+                launch_of($entry {
+                    c: p[0],
+                    a: p[1],
+                    w: p[2],
+                    bias: DevicePtr::NULL,
+                    m: 1,
+                    n,
+                    k,
+                    prewait: GEMV_STREAM_STAGES,
+                    evict_first: 0,
+                })
+            })
+        };
+    }
+    if f32_out {
+        case.kernel = GemvStreamF32Out::NAME;
+        case.build = launch!(GemvStreamF32Out);
+    } else {
+        case.kernel = GemvStream::NAME;
+        case.build = launch!(GemvStream);
+    }
     case
 }
 
@@ -910,28 +922,11 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         ("down", h, i),
     ] {
         if gemv_stream_fits(1, n, k) {
-            out.push(gemv_stream_case(s, what, n, k));
+            out.push(gemv_stream_case(s, what, n, k, false));
         }
     }
     if gemv_stream_fits(1, s.vocab, h) {
-        let mut case = gemv_case(s, "lm_head", 1, s.vocab, h, true);
-        case.label = format!("{} (stream)", case.label);
-        case.kernel = GemvStreamF32Out::NAME;
-        let vocab = s.vocab;
-        case.build = Box::new(move |p| {
-            launch_of(GemvStreamF32Out {
-                c: p[0],
-                a: p[1],
-                w: p[2],
-                bias: DevicePtr::NULL,
-                m: 1,
-                n: vocab,
-                k: h,
-                prewait: GEMV_STREAM_STAGES,
-                evict_first: 0,
-            })
-        });
-        out.push(case);
+        out.push(gemv_stream_case(s, "lm_head", s.vocab, h, true));
     }
     if gemv_stream_fits(1, i, h) {
         let mut case = gemv_swiglu_case(s, 1, i, h);

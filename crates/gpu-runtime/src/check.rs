@@ -1654,34 +1654,47 @@ pub fn cases(seed: u64) -> Vec<Case> {
 /// The bulk-copy GEMV stream on Qwen3-8B's batch-1 qkv, o and down products, a bias, fewer
 /// columns than the grid's warps (most warps idle) and one column more than its warps (one warp
 /// takes two), the first fill all, partly or not at all before the wait, with and without the
-/// evict-first hint; its SwiGLU form on Qwen3-8B's gate|up product and on 7 columns; its f32
-/// form (the LM head's) on 3000 and 7 columns.
+/// evict-first hint; its f32 form (the LM head's) on 3000 and 7 columns; its SwiGLU form on
+/// Qwen3-8B's gate|up product and on 7 columns.
 fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
     let warps = GEMV_STREAM_BLOCKS * 8;
     let mut out = Vec::new();
-    for (n, k, bias, prewait, evict_first) in [
-        (6144u32, 4096u32, false, 4u32, 0u32),
-        (4096, 4096, false, 4, 1),
-        (4096, 12288, false, 1, 1),
-        (1000, 2048, true, 0, 0),
-        (5, 4096, true, 2, 1),
-        (warps + 1, 2048, false, 4, 0),
+    for (n, k, bias, prewait, evict_first, f32_out) in [
+        (6144u32, 4096u32, false, 4u32, 0u32, false),
+        (4096, 4096, false, 4, 1, false),
+        (4096, 12288, false, 1, 1, false),
+        (1000, 2048, true, 0, 0, false),
+        (5, 4096, true, 2, 1, false),
+        (warps + 1, 2048, false, 4, 0, false),
+        (3000, 4096, false, 4, 1, true),
+        (7, 2048, true, 0, 0, true),
     ] {
-        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, false);
-        case.kernel = GemvStream::NAME;
-        case.build = Box::new(move |p| {
-            launch_of(GemvStream {
-                c: p[0],
-                a: p[1],
-                w: p[2],
-                bias: if bias { p[3] } else { DevicePtr::NULL },
-                m: 1,
-                n,
-                k,
-                prewait,
-                evict_first,
-            })
-        });
+        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, f32_out);
+        // The two entries take the same arguments.
+        macro_rules! launch {
+            ($entry:ident) => {
+                Box::new(move |p: &[DevicePtr]| {
+                    launch_of($entry {
+                        c: p[0],
+                        a: p[1],
+                        w: p[2],
+                        bias: if bias { p[3] } else { DevicePtr::NULL },
+                        m: 1,
+                        n,
+                        k,
+                        prewait,
+                        evict_first,
+                    })
+                })
+            };
+        }
+        if f32_out {
+            case.kernel = GemvStreamF32Out::NAME;
+            case.build = launch!(GemvStreamF32Out);
+        } else {
+            case.kernel = GemvStream::NAME;
+            case.build = launch!(GemvStream);
+        }
         out.push(case);
     }
     for (inter, k, prewait, evict_first) in [(12288u32, 4096u32, 4u32, 1u32), (7, 2048, 0, 0)] {
@@ -1694,26 +1707,6 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
                 w: p[2],
                 m: 1,
                 inter,
-                k,
-                prewait,
-                evict_first,
-            })
-        });
-        out.push(case);
-    }
-    for (n, k, bias, prewait, evict_first) in
-        [(3000u32, 4096u32, false, 4u32, 1u32), (7, 2048, true, 0, 0)]
-    {
-        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, true);
-        case.kernel = GemvStreamF32Out::NAME;
-        case.build = Box::new(move |p| {
-            launch_of(GemvStreamF32Out {
-                c: p[0],
-                a: p[1],
-                w: p[2],
-                bias: if bias { p[3] } else { DevicePtr::NULL },
-                m: 1,
-                n,
                 k,
                 prewait,
                 evict_first,

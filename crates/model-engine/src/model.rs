@@ -1412,14 +1412,7 @@ impl Model {
                         evict_first: self.gemv_stream_evict.into(),
                         ..GemvStream::from(gemv)
                     };
-                    let carveout = self.carveout(label, Some(m));
-                    self.launch_with(
-                        k.gemv_stream,
-                        label,
-                        &stream,
-                        &stream.launch_config(),
-                        carveout,
-                    )
+                    self.launch_stream(k.gemv_stream, label, &stream, m)
                 } else if self.gemv_stage.takes(m, n_, k_) {
                     self.launch_gemv(k.gemv_staged, label, &GemvStaged::from(gemv), (m, n_))
                 } else {
@@ -1703,15 +1696,7 @@ impl Model {
                             evict_first: self.gemv_stream_evict.into(),
                             ..GemvSwigluStream::from(swiglu)
                         };
-                        let config = stream.launch_config();
-                        let carveout = self.carveout("gate_up", Some(n));
-                        self.launch_with(
-                            k.gemv_swiglu_stream,
-                            "gate_up",
-                            &stream,
-                            &config,
-                            carveout,
-                        )?;
+                        self.launch_stream(k.gemv_swiglu_stream, "gate_up", &stream, n)?;
                     } else if self.gemv_stage.takes(n, 2 * inter, h) {
                         let staged = GemvSwigluStaged::from(swiglu);
                         self.launch_gemv(k.gemv_swiglu_staged, "gate_up", &staged, (n, 2 * inter))?;
@@ -1798,9 +1783,7 @@ impl Model {
                     evict_first: self.gemv_stream_evict.into(),
                     ..GemvStreamF32Out::from(head)
                 };
-                let config = stream.launch_config();
-                let carveout = self.carveout("lm_head", Some(rows as u32));
-                self.launch_with(k.gemv_stream_f32out, "lm_head", &stream, &config, carveout)?;
+                self.launch_stream(k.gemv_stream_f32out, "lm_head", &stream, rows as u32)?;
             } else {
                 self.launch_gemv(k.gemv_f32out, "lm_head", &head, (rows as u32, vocab))?;
             }
@@ -1874,6 +1857,19 @@ impl Model {
             self.gemv_grid_mode,
         );
         self.launch_with(handle, label, args, &config, self.carveout(label, Some(m)))
+    }
+
+    /// [`Model::launch_with`] of a bulk-copy GEMV stream of `m` rows: its own geometry (one block
+    /// an SM whatever the product: no grid cap of [`Model::launch_gemv`]) and the label's carveout.
+    fn launch_stream<K: Kernel>(
+        &self,
+        handle: KernelHandle,
+        label: &'static str,
+        args: &K,
+        m: u32,
+    ) -> Result<(), ModelError> {
+        let carveout = self.carveout(label, Some(m));
+        self.launch_with(handle, label, args, &args.launch_config(), carveout)
     }
 
     /// Launches one kernel on the default stream (and, when profiling, marks its end).

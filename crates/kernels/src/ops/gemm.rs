@@ -870,10 +870,7 @@ impl Kernel for GemvStaged {
 
 impl Kernel for GemvStream {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig {
-            shared_mem_bytes: gemv_stream_smem_bytes(self.k),
-            ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
-        }
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.n, self.k)?;
@@ -918,10 +915,7 @@ impl From<GemvF32Out> for GemvStreamF32Out {
 
 impl Kernel for GemvStreamF32Out {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig {
-            shared_mem_bytes: gemv_stream_smem_bytes(self.k),
-            ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
-        }
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.n, self.k)?;
@@ -962,6 +956,14 @@ impl From<GemvSwiglu> for GemvSwigluStream {
     }
 }
 
+/// The stream entries' launch: one block an SM, 256 threads, [`gemv_stream_smem_bytes`].
+fn stream_launch(k: u32) -> LaunchConfig {
+    LaunchConfig {
+        shared_mem_bytes: gemv_stream_smem_bytes(k),
+        ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
+    }
+}
+
 /// The stream's refusal of the launches its kernel would skip (and of `n = 0`, which it would run
 /// as nothing); its kernel also skips a or w not 16-byte aligned, which device allocations are.
 fn check_stream(name: metrale_core::KernelName, m: u32, n: u32, k: u32) -> Result<(), HostError> {
@@ -980,10 +982,7 @@ fn check_stream(name: metrale_core::KernelName, m: u32, n: u32, k: u32) -> Resul
 
 impl Kernel for GemvSwigluStream {
     fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig {
-            shared_mem_bytes: gemv_stream_smem_bytes(self.k),
-            ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
-        }
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.inter, self.k)?;
