@@ -303,6 +303,52 @@ fn gemv_norm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool) -
     }
 }
 
+/// [`gemv_norm_case`] of one row through the normalising bulk-copy stream ([`GemvStreamNorm`], or
+/// with `swiglu` [`GemvSwigluStreamNorm`]), the whole first fill before the wait, no L2 hint.
+fn gemv_stream_norm_case(s: &Shape, what: &str, n: u32, k: u32, swiglu: bool) -> BenchCase {
+    let mut case = gemv_norm_case(s, what, 1, n, k, swiglu);
+    case.label = format!("{} (stream)", case.label);
+    if swiglu {
+        case.kernel = GemvSwigluStreamNorm::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvSwigluStreamNorm {
+                out: p[0],
+                residual: p[1],
+                residual_out: p[2],
+                input: p[3],
+                norm_weight: p[4],
+                w: p[5],
+                m: 1,
+                inter: n / 2,
+                k,
+                eps: 1e-6,
+                prewait: GEMV_STREAM_STAGES,
+                evict_first: 0,
+            })
+        });
+    } else {
+        case.kernel = GemvStreamNorm::NAME;
+        case.build = Box::new(move |p| {
+            launch_of(GemvStreamNorm {
+                c: p[0],
+                residual: p[1],
+                residual_out: p[2],
+                input: p[3],
+                norm_weight: p[4],
+                w: p[5],
+                bias: DevicePtr::NULL,
+                m: 1,
+                n,
+                k,
+                eps: 1e-6,
+                prewait: GEMV_STREAM_STAGES,
+                evict_first: 0,
+            })
+        });
+    }
+    case
+}
+
 /// A GEMV case's own grid (one block per column group), from its launch.
 fn launch_grid(case: &BenchCase) -> u32 {
     let ptrs = vec![DevicePtr::NULL; case.buffers.len() + case.uploads.len()];
@@ -945,6 +991,17 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
             })
         });
         out.push(case);
+    }
+    // The same two after a residual add + RMSNorm, the norm in the stream's launch
+    // (METRALE_GEMV_STREAM_NORM, where the stream takes the product).
+    for (what, n, swiglu) in [
+        ("qkv_proj", qd + 2 * kvd, false),
+        ("gate_up+silu*mul", 2 * i, true),
+    ] {
+        let columns = if swiglu { n / 2 } else { n };
+        if gemv_stream_fits(1, columns, h) {
+            out.push(gemv_stream_norm_case(s, what, n, h, swiglu));
+        }
     }
     // The batch-1 products after a residual add + RMSNorm, which the model runs through the
     // normalising entries.

@@ -1714,6 +1714,132 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
         });
         out.push(case);
     }
+    out.extend(gemv_stream_half_chunk_cases(rng));
+    out.extend(gemv_stream_norm_cases(rng));
+    out
+}
+
+/// The stream's half-size chunks (rows of whole 2 KiB pieces, not 4 KiB): Qwen3-0.6B's qkv (a
+/// bias, one chunk before the wait), down (three chunks a row) and LM head (f32, fewer columns),
+/// one column more than the grid's warps, and the SwiGLU form on Qwen3-0.6B's gate|up.
+fn gemv_stream_half_chunk_cases(rng: &mut Rng) -> Vec<Case> {
+    let warps = GEMV_STREAM_BLOCKS * 8;
+    let mut out = Vec::new();
+    for (n, k, bias, prewait, evict_first, f32_out) in [
+        (4096u32, 1024u32, true, 1u32, 1u32, false),
+        (1024, 3072, false, 4, 1, false),
+        (10007, 1024, false, 4, 0, true),
+        (warps + 1, 1024, false, 2, 0, false),
+    ] {
+        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, f32_out);
+        macro_rules! launch {
+            ($entry:ident) => {
+                Box::new(move |p: &[DevicePtr]| {
+                    launch_of($entry {
+                        c: p[0],
+                        a: p[1],
+                        w: p[2],
+                        bias: if bias { p[3] } else { DevicePtr::NULL },
+                        m: 1,
+                        n,
+                        k,
+                        prewait,
+                        evict_first,
+                    })
+                })
+            };
+        }
+        if f32_out {
+            case.kernel = GemvStreamF32Out::NAME;
+            case.build = launch!(GemvStreamF32Out);
+        } else {
+            case.kernel = GemvStream::NAME;
+            case.build = launch!(GemvStream);
+        }
+        out.push(case);
+    }
+    let (inter, k) = (3072u32, 1024u32);
+    let mut case = gemv_swiglu_case(rng, 1, inter, k);
+    case.kernel = GemvSwigluStream::NAME;
+    case.build = Box::new(move |p| {
+        launch_of(GemvSwigluStream {
+            out: p[0],
+            a: p[1],
+            w: p[2],
+            m: 1,
+            inter,
+            k,
+            prewait: 4,
+            evict_first: 1,
+        })
+    });
+    out.push(case);
+    out
+}
+
+/// The normalising streams (gemv_norm_cases_of's buffers, the stream's launch): Qwen3-8B's and
+/// Qwen3-0.6B's batch-1 qkv and gate|up products, layer 0's (no input: the residual copied), a
+/// bias on 5 columns, a row of three half-size chunks, and a norm row longer than one pass
+/// (k = 8192), with the first fill all, partly or not at all before the wait and with and without
+/// the evict-first hint. The residual is an output too: it must come back unchanged.
+fn gemv_stream_norm_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    // (n, k, swiglu, bias, input, prewait, evict_first); for the SwiGLU form n counts gate and up
+    // rows.
+    for (n, k, swiglu, bias, input, prewait, evict_first) in [
+        (6144u32, 4096u32, false, false, true, 4u32, 1u32),
+        (24576, 4096, true, false, true, 4, 1),
+        (6144, 4096, false, false, false, 2, 0),
+        (4096, 1024, false, false, true, 4, 1),
+        (6144, 1024, true, false, true, 4, 1),
+        (5, 2048, false, true, true, 0, 0),
+        (1000, 3072, false, true, true, 1, 0),
+        (600, 8192, true, false, true, 4, 0),
+    ] {
+        let mut case = gemv_norm_cases_of(rng, &[(1, n, k, swiglu, bias, input, 0)]).remove(0);
+        case.shape = format!(
+            "m=1 n={n} k={k} bias={bias} input={input} prewait={prewait} evict_first={evict_first}"
+        );
+        if swiglu {
+            case.kernel = GemvSwigluStreamNorm::NAME;
+            case.build = Box::new(move |p| {
+                launch_of(GemvSwigluStreamNorm {
+                    out: p[0],
+                    residual: p[1],
+                    residual_out: p[2],
+                    input: if input { p[3] } else { DevicePtr::NULL },
+                    norm_weight: p[4],
+                    w: p[5],
+                    m: 1,
+                    inter: n / 2,
+                    k,
+                    eps: 1e-6,
+                    prewait,
+                    evict_first,
+                })
+            });
+        } else {
+            case.kernel = GemvStreamNorm::NAME;
+            case.build = Box::new(move |p| {
+                launch_of(GemvStreamNorm {
+                    c: p[0],
+                    residual: p[1],
+                    residual_out: p[2],
+                    input: if input { p[3] } else { DevicePtr::NULL },
+                    norm_weight: p[4],
+                    w: p[5],
+                    bias: if bias { p[6] } else { DevicePtr::NULL },
+                    m: 1,
+                    n,
+                    k,
+                    eps: 1e-6,
+                    prewait,
+                    evict_first,
+                })
+            });
+        }
+        out.push(case);
+    }
     out
 }
 

@@ -234,6 +234,8 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvStream::NAME, run::<GemvStream>),
         (GemvStreamF32Out::NAME, run::<GemvStreamF32Out>),
         (GemvSwigluStream::NAME, run::<GemvSwigluStream>),
+        (GemvStreamNorm::NAME, run::<GemvStreamNorm>),
+        (GemvSwigluStreamNorm::NAME, run::<GemvSwigluStreamNorm>),
         (GemvSwigluStaged::NAME, run::<GemvSwigluStaged>),
         (GemvNorm::NAME, run::<GemvNorm>),
         (GemvSwigluNorm::NAME, run::<GemvSwigluNorm>),

@@ -28,11 +28,11 @@ use metrale_gpu_runtime::{
 use metrale_kernels::ops::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AddRmsNorm, ArgmaxF32, Embedding,
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, GEMV_STREAM_STAGES, Gemm, GemmF32Out,
-    Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream, GemvStreamF32Out, GemvSwiglu,
-    GemvSwigluNorm, GemvSwigluStaged, GemvSwigluStream, PagedAttention, PagedAttentionQkv,
-    PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, QkvRopeKvWrite, SiluMul,
-    argmax_scratch_bytes, attention_splits_of, gemv_launch_grid, gemv_norm_fits, gemv_stages,
-    gemv_stream_fits, prefill_attention_tiles_of,
+    Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream, GemvStreamF32Out,
+    GemvStreamNorm, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, GemvSwigluStream,
+    GemvSwigluStreamNorm, PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2,
+    PrefillAttentionV3, QkvRopeKvWrite, SiluMul, argmax_scratch_bytes, attention_splits_of,
+    gemv_launch_grid, gemv_norm_fits, gemv_stages, gemv_stream_fits, prefill_attention_tiles_of,
 };
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -143,6 +143,8 @@ struct Kernels {
     gemv_stream: KernelHandle,
     gemv_swiglu_stream: KernelHandle,
     gemv_stream_f32out: KernelHandle,
+    gemv_stream_norm: KernelHandle,
+    gemv_swiglu_stream_norm: KernelHandle,
     gemv_swiglu: KernelHandle,
     gemv_staged: KernelHandle,
     gemv_swiglu_staged: KernelHandle,
@@ -438,6 +440,9 @@ const GEMV_STREAM_MIN_WEIGHTS: u64 = 8 << 20;
 /// with it 240.8 (docs/results/2026-12-02-speed-h200/gemv-stream).
 const GEMV_STREAM_EVICT: bool = true;
 
+/// Streamed products after a residual add + RMSNorm take the norm into their launch by default.
+const GEMV_STREAM_NORM: bool = true;
+
 /// [`Model::streams`]' rule for a stream set `labels` and its weight threshold.
 fn stream_takes(
     labels: &[&str],
@@ -532,6 +537,10 @@ pub struct Model {
     /// The streams' weights go through L2 as evict-first lines (`METRALE_GEMV_STREAM_EVICT=0|1`,
     /// default [`GEMV_STREAM_EVICT`]).
     gemv_stream_evict: bool,
+    /// A streamed qkv or gate|up product after a residual add + RMSNorm does the norm itself
+    /// ([`GemvStreamNorm`], [`GemvSwigluStreamNorm`]; `METRALE_GEMV_STREAM_NORM=0|1`, default
+    /// [`GEMV_STREAM_NORM`]).
+    gemv_stream_norm: bool,
     /// GEMV launches that take at most this many blocks (`METRALE_GRID_CAP_LABELS`, for
     /// measuring; empty by default).
     grid_cap_labels: Vec<(&'static str, u32)>,
@@ -653,6 +662,7 @@ impl Model {
         };
         let embedding_vec = switch("METRALE_EMBEDDING_VEC", false)?;
         let gemv_stream_evict = switch("METRALE_GEMV_STREAM_EVICT", GEMV_STREAM_EVICT)?;
+        let gemv_stream_norm = switch("METRALE_GEMV_STREAM_NORM", GEMV_STREAM_NORM)?;
         let gemv_stream_prewait =
             count("METRALE_GEMV_STREAM_PREWAIT", GEMV_STREAM_STAGES)?.min(GEMV_STREAM_STAGES);
         let use_graphs = on_unless_zero("METRALE_CUDA_GRAPHS");
@@ -693,6 +703,8 @@ impl Model {
             gemv_stream: g.kernel(GemvStream::NAME)?,
             gemv_swiglu_stream: g.kernel(GemvSwigluStream::NAME)?,
             gemv_stream_f32out: g.kernel(GemvStreamF32Out::NAME)?,
+            gemv_stream_norm: g.kernel(GemvStreamNorm::NAME)?,
+            gemv_swiglu_stream_norm: g.kernel(GemvSwigluStreamNorm::NAME)?,
             prefill_attention: g.kernel(PrefillAttention::NAME)?,
             prefill_attention_v2: g.kernel(PrefillAttentionV2::NAME)?,
             prefill_attention_v3: g.kernel(PrefillAttentionV3::NAME)?,
@@ -776,6 +788,7 @@ impl Model {
             gemv_stream_min_weights,
             gemv_stream_prewait,
             gemv_stream_evict,
+            gemv_stream_norm,
             gemv_max_rows,
             prefill_version,
             attention_target_blocks,
@@ -1483,6 +1496,14 @@ impl Model {
         // (GemvNorm, GemvSwigluNorm): a GEMV product of the FMA form whose A fits in shared
         // memory, as METRALE_GEMV_NORM picks.
         let folds_norm = |m: u32, n_: u32| self.folds_norm(m, n_, h);
+        // Whether the streamed product of `label` does the add + RMSNorm itself (GemvStreamNorm,
+        // GemvSwigluStreamNorm; gate_up only in its SwiGLU form): before folds_norm's rule.
+        let stream_folds_norm = |label: &'static str, m: u32, n_: u32| {
+            self.gemv_stream_norm
+                && self.streams_weight(m, h)
+                && (label != "gate_up" || self.fused_swiglu)
+                && self.streams(label, m, n_, h)
+        };
         // A skipped launch (set_skip) writes no sum, so the stream stays where it was.
         let moves = |label: &'static str| !self.skip.contains(&label);
         let stage = |m: u32, n_: u32| u32::from(self.gemv_stage.takes(m, n_, h));
@@ -1490,7 +1511,27 @@ impl Model {
             // Layer 0 normalises the embeddings as they are; later layers first add the previous
             // layer's MLP output into the residual.
             let mlp_out = if l == 0 { DevicePtr::NULL } else { sc.mlp };
-            if folds_norm(n, qd + 2 * kvd) {
+            if stream_folds_norm("qkv", n, qd + 2 * kvd) {
+                let stream = GemvStreamNorm {
+                    c: sc.qkv,
+                    residual,
+                    residual_out: other(residual),
+                    input: mlp_out,
+                    norm_weight: w.input_norm,
+                    w: w.qkv,
+                    bias: w.qkv_bias,
+                    m: n,
+                    n: qd + 2 * kvd,
+                    k: h,
+                    eps,
+                    prewait: self.gemv_stream_prewait,
+                    evict_first: self.gemv_stream_evict.into(),
+                };
+                self.launch_stream(k.gemv_stream_norm, "qkv", &stream, n)?;
+                if moves("qkv") {
+                    residual = stream.residual_out;
+                }
+            } else if folds_norm(n, qd + 2 * kvd) {
                 let fused = GemvNorm {
                     c: sc.qkv,
                     residual,
@@ -1629,7 +1670,26 @@ impl Model {
                 tokens: n,
                 inter,
             };
-            if folds_norm(n, 2 * inter) {
+            if stream_folds_norm("gate_up", n, 2 * inter) {
+                let stream = GemvSwigluStreamNorm {
+                    out: sc.act,
+                    residual,
+                    residual_out: other(residual),
+                    input: sc.o,
+                    norm_weight: w.post_norm,
+                    w: w.gate_up,
+                    m: n,
+                    inter,
+                    k: h,
+                    eps,
+                    prewait: self.gemv_stream_prewait,
+                    evict_first: self.gemv_stream_evict.into(),
+                };
+                self.launch_stream(k.gemv_swiglu_stream_norm, "gate_up", &stream, n)?;
+                if moves("gate_up") {
+                    residual = stream.residual_out;
+                }
+            } else if folds_norm(n, 2 * inter) {
                 let residual_out = other(residual);
                 if swiglu {
                     let fused = GemvSwigluNorm {

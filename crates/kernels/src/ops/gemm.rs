@@ -220,8 +220,9 @@ kernel_args!(
     /// [`Gemv`] of one row as a bulk-copy stream (`gemv_stream.cu`): every warp of the grid takes
     /// a run of whole columns and keeps [`GEMV_STREAM_STAGES`] chunks of its weights in flight
     /// through `cp.async.bulk` into shared memory, refilled as it reads them, so its stream does
-    /// not pause at a column's end. For `m = 1` and `k` a multiple of
-    /// [`GEMV_STREAM_CHUNK`]` / 2` ([`gemv_stream_fits`]). Each column's sum runs in one order
+    /// not pause at a column's end. For `m = 1` and `k` a multiple of 1024 (chunks of
+    /// [`GEMV_STREAM_CHUNK`] bytes where `k` is a multiple of 2048, else of half that;
+    /// [`gemv_stream_fits`]). Each column's sum runs in one order
     /// whatever the grid (deterministic); not the same order as [`Gemv`]'s, so not the same bits.
     GemvStream => names::gemv_stream::GEMV_BF16_STREAM {
         /// bf16 `[1, n]`.
@@ -238,8 +239,9 @@ kernel_args!(
         n: u32,
         /// The reduction length.
         k: u32,
-        /// Chunks each warp copies before the programmatic-launch wait (at most
-        /// [`GEMV_STREAM_STAGES`]; the rest of the ring's first fill goes out after it).
+        /// [`GEMV_STREAM_CHUNK`]-byte units of each warp's ring copied before the
+        /// programmatic-launch wait (at most [`GEMV_STREAM_STAGES`], the whole ring; the rest of
+        /// the ring's first fill goes out after it).
         prewait: u32,
         /// 1 to stream the weight through L2 as evict-first lines, 0 not to.
         evict_first: u32,
@@ -294,11 +296,83 @@ kernel_args!(
     }
 );
 
-/// Bytes one bulk copy of [`GemvStream`] moves: one piece of one column (`CHUNK` in
-/// gemv_stream.cu).
+kernel_args!(
+    /// [`GemvNorm`] of one row as [`GemvStream`]'s bulk-copy stream: every block normalises the
+    /// row into its shared memory after the programmatic-launch wait (the bits
+    /// [`AddRmsNorm`](super::AddRmsNorm) would store), block 0 stores `residual_out`, and the
+    /// product streams as [`GemvStream`]'s (the same sums). For `m = 1` and `k` as
+    /// [`GemvStream`]'s.
+    GemvStreamNorm => names::gemv_stream::GEMV_BF16_STREAM_NORM {
+        /// bf16 `[1, n]`.
+        c: DevicePtr,
+        /// f32 `[1, k]`, the residual stream before the add (read only).
+        residual: DevicePtr,
+        /// f32 `[1, k]`: the residual stream after the add; must not alias `residual`.
+        residual_out: DevicePtr,
+        /// bf16 `[1, k]`, or null.
+        input: DevicePtr,
+        /// bf16 `[k]`, the norm's weight.
+        norm_weight: DevicePtr,
+        /// bf16 `[n, k]`.
+        w: DevicePtr,
+        /// bf16 `[n]`, or null.
+        bias: DevicePtr,
+        /// Rows: 1.
+        m: u32,
+        /// Rows of W, columns of C.
+        n: u32,
+        /// The reduction length (the residual's width).
+        k: u32,
+        /// Added to the mean square.
+        eps: f32,
+        /// As [`GemvStream`]'s.
+        prewait: u32,
+        /// As [`GemvStream`]'s.
+        evict_first: u32,
+    }
+);
+
+kernel_args!(
+    /// [`GemvSwigluNorm`] of one row as [`GemvSwigluStream`]'s bulk-copy stream, the row
+    /// normalised as [`GemvStreamNorm`]'s.
+    GemvSwigluStreamNorm => names::gemv_stream::GEMV_BF16_SWIGLU_STREAM_NORM {
+        /// bf16 `[1, inter]`.
+        out: DevicePtr,
+        /// f32 `[1, k]`, the residual stream before the add (read only).
+        residual: DevicePtr,
+        /// f32 `[1, k]`: the residual stream after the add; must not alias `residual`.
+        residual_out: DevicePtr,
+        /// bf16 `[1, k]`, or null.
+        input: DevicePtr,
+        /// bf16 `[k]`, the norm's weight.
+        norm_weight: DevicePtr,
+        /// bf16 `[2 * inter, k]`: the gate rows, then the up rows.
+        w: DevicePtr,
+        /// Rows: 1.
+        m: u32,
+        /// Columns of the output (half the weight's rows).
+        inter: u32,
+        /// The reduction length (the residual's width).
+        k: u32,
+        /// Added to the mean square.
+        eps: f32,
+        /// As [`GemvStream`]'s.
+        prewait: u32,
+        /// As [`GemvStream`]'s.
+        evict_first: u32,
+    }
+);
+
+/// Bytes one bulk copy of [`GemvStream`] moves where a weight row is whole pieces of this size
+/// (`k` a multiple of 2048; else half of it: `CHUNK` in gemv_stream.cu), and the unit of its
+/// `prewait`.
 pub const GEMV_STREAM_CHUNK: u32 = 4096;
-/// Chunks each warp of [`GemvStream`] keeps in flight (`STAGES` in gemv_stream.cu).
+/// [`GEMV_STREAM_CHUNK`]s in each warp's ring of [`GemvStream`] (`RING / UNIT` in
+/// gemv_stream.cu): the whole ring is in flight.
 pub const GEMV_STREAM_STAGES: u32 = 4;
+/// The ring's most slots (of half-size chunks), each with its mbarrier (`MAX_STAGES`).
+const GEMV_STREAM_MAX_SLOTS: u32 = 2 * GEMV_STREAM_STAGES;
+
 /// [`GemvStream`]'s blocks: one an SM of the Hopper class (its shared memory allows one).
 pub const GEMV_STREAM_BLOCKS: u32 = 132;
 /// The stream kernel's own bound on `k` (`MAX_K` in gemv_stream.cu: its byte counts are 32-bit);
@@ -308,19 +382,23 @@ const GEMV_STREAM_MAX_K: u32 = 1 << 16;
 const HOPPER_MAX_BLOCK_SMEM: u32 = 227 * 1024;
 
 /// [`GemvStream`]'s dynamic shared memory: A (`k` bf16, rounded up to 128 bytes), then 8 warps'
-/// rings of [`GEMV_STREAM_STAGES`] chunks, then their mbarriers (8 bytes each).
+/// rings of [`GEMV_STREAM_STAGES`] chunks, then their mbarriers (8 bytes each, one a slot of the
+/// half-size chunks' ring), then 32 floats for the normalising entries' reduction.
 pub fn gemv_stream_smem_bytes(k: u32) -> u32 {
     let warps = GEMV_WARPS as u32;
-    (2 * k).next_multiple_of(128) + warps * GEMV_STREAM_STAGES * (GEMV_STREAM_CHUNK + 8)
+    (2 * k).next_multiple_of(128)
+        + warps * (GEMV_STREAM_STAGES * GEMV_STREAM_CHUNK + 8 * GEMV_STREAM_MAX_SLOTS)
+        + 32 * 4
 }
 
-/// Whether an `m x n x k` product can take [`GemvStream`]: one row, whole chunks a column, and A
-/// plus the rings within a block's shared memory (`k` up to 49152; Qwen3-8B's qkv, o and down).
+/// Whether an `m x n x k` product can take [`GemvStream`] (or its normalising form): one row,
+/// whole half-size chunks a column (`k` a multiple of 1024), and A plus the rings within a block's
+/// shared memory (`k` up to 50176: Qwen3-8B's and Qwen3-0.6B's products).
 pub fn gemv_stream_fits(m: u32, n: u32, k: u32) -> bool {
     m == 1
         && n > 0
         && (1..=GEMV_STREAM_MAX_K).contains(&k)
-        && (2 * k).is_multiple_of(GEMV_STREAM_CHUNK)
+        && (2 * k).is_multiple_of(GEMV_STREAM_CHUNK / 2)
         && gemv_stream_smem_bytes(k) <= HOPPER_MAX_BLOCK_SMEM
 }
 
@@ -975,7 +1053,7 @@ fn check_stream(name: metrale_core::KernelName, m: u32, n: u32, k: u32) -> Resul
         message: format!(
             "m = {m}, n = {n}, k = {k}: the stream takes one row, n > 0 and k a multiple of {} \
              with A and its rings in {HOPPER_MAX_BLOCK_SMEM} bytes of shared memory",
-            GEMV_STREAM_CHUNK / 2
+            GEMV_STREAM_CHUNK / 4
         ),
     })
 }
@@ -1004,6 +1082,118 @@ impl Kernel for GemvSwigluStream {
             k,
         }
         .reference(mem)
+    }
+}
+
+impl From<GemvNorm> for GemvStreamNorm {
+    fn from(g: GemvNorm) -> Self {
+        let GemvNorm {
+            c,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            bias,
+            m,
+            n,
+            k,
+            eps,
+            ..
+        } = g;
+        GemvStreamNorm {
+            c,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            bias,
+            m,
+            n,
+            k,
+            eps,
+            prewait: GEMV_STREAM_STAGES,
+            evict_first: 0,
+        }
+    }
+}
+
+impl Kernel for GemvStreamNorm {
+    fn launch_config(&self) -> LaunchConfig {
+        stream_launch(self.k)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_stream(Self::NAME, self.m, self.n, self.k)?;
+        let a = normalised_input(
+            Self::NAME,
+            mem,
+            self.residual,
+            self.residual_out,
+            self.input,
+            self.norm_weight,
+            self.m,
+            self.k,
+            self.eps,
+        )?;
+        let (m, n, k) = (self.m as usize, self.n as usize, self.k as usize);
+        let c = product_of(mem, &a, self.w, self.bias, m, n, k)?;
+        host::store_bf16(mem, self.c, &c)
+    }
+}
+
+impl From<GemvSwigluNorm> for GemvSwigluStreamNorm {
+    fn from(g: GemvSwigluNorm) -> Self {
+        let GemvSwigluNorm {
+            out,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            m,
+            inter,
+            k,
+            eps,
+            ..
+        } = g;
+        GemvSwigluStreamNorm {
+            out,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            m,
+            inter,
+            k,
+            eps,
+            prewait: GEMV_STREAM_STAGES,
+            evict_first: 0,
+        }
+    }
+}
+
+impl Kernel for GemvSwigluStreamNorm {
+    fn launch_config(&self) -> LaunchConfig {
+        stream_launch(self.k)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_stream(Self::NAME, self.m, self.inter, self.k)?;
+        let a = normalised_input(
+            Self::NAME,
+            mem,
+            self.residual,
+            self.residual_out,
+            self.input,
+            self.norm_weight,
+            self.m,
+            self.k,
+            self.eps,
+        )?;
+        let (m, n, k) = (self.m as usize, 2 * self.inter as usize, self.k as usize);
+        let gate_up = product_of(mem, &a, self.w, DevicePtr::NULL, m, n, k)?;
+        host::store_bf16(mem, self.out, &swiglu_rows(&gate_up, self.inter as usize))
     }
 }
 
@@ -1193,20 +1383,34 @@ mod tests {
 
     #[test]
     fn the_stream_takes_one_row_of_whole_chunks_within_shared_memory() {
-        // Qwen3-8B's qkv, o, gate|up (its columns) and down.
-        for (n, k) in [(6144, 4096), (4096, 4096), (12288, 4096), (4096, 12288)] {
+        // Qwen3-8B's qkv, o, gate|up (its columns) and down; Qwen3-0.6B's (rows of 2 KiB and
+        // 6 KiB take the half-size chunks).
+        for (n, k) in [
+            (6144, 4096),
+            (4096, 4096),
+            (12288, 4096),
+            (4096, 12288),
+            (4096, 1024),
+            (1024, 2048),
+            (3072, 1024),
+            (1024, 3072),
+        ] {
             assert!(gemv_stream_fits(1, n, k), "{n} x {k}");
         }
         // The largest k whose A and rings fit in 227 KiB, and the next whole chunk.
-        assert!(gemv_stream_fits(1, 1, 49152));
-        assert_eq!(gemv_stream_smem_bytes(49152), 98304 + 8 * 4 * (4096 + 8));
+        assert!(gemv_stream_fits(1, 1, 50176));
+        assert_eq!(
+            gemv_stream_smem_bytes(50176),
+            100352 + 8 * (4 * 4096 + 8 * 8) + 128
+        );
+        assert!(gemv_stream_smem_bytes(50176) <= 227 * 1024);
         assert!(!gemv_stream_fits(1, 1, 51200));
-        // Two rows, no columns, rows of 2 KiB or 6 KiB (Qwen3-0.6B's k = 1024, 3072), k = 0, and
-        // a k whose byte count would overflow.
+        // Two rows, no columns, a row not of whole 2 KiB pieces, k = 0, and a k whose byte count
+        // would overflow.
         assert!(!gemv_stream_fits(2, 4096, 4096));
         assert!(!gemv_stream_fits(1, 0, 4096));
-        assert!(!gemv_stream_fits(1, 4096, 1024));
-        assert!(!gemv_stream_fits(1, 4096, 3072));
+        assert!(!gemv_stream_fits(1, 4096, 1536));
+        assert!(!gemv_stream_fits(1, 4096, 576));
         assert!(!gemv_stream_fits(1, 4096, 0));
         assert!(!gemv_stream_fits(1, 4096, 1 << 31));
         assert!(!gemv_stream_fits(1, 4096, u32::MAX));

@@ -29,9 +29,10 @@ pub use embedding::Embedding;
 pub use gemm::{
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, GEMV_STREAM_BLOCKS, GEMV_STREAM_STAGES,
     Gemm, GemmF32Out, Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream,
-    GemvStreamF32Out, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, GemvSwigluStream,
-    gemv_balanced_grid, gemv_capped_grid, gemv_columns_per_block, gemv_grid_columns,
-    gemv_launch_grid, gemv_norm_fits, gemv_stages, gemv_stream_fits,
+    GemvStreamF32Out, GemvStreamNorm, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
+    GemvSwigluStream, GemvSwigluStreamNorm, gemv_balanced_grid, gemv_capped_grid,
+    gemv_columns_per_block, gemv_grid_columns, gemv_launch_grid, gemv_norm_fits, gemv_stages,
+    gemv_stream_fits,
 };
 pub use grid_barrier::GridBarrier;
 pub use qkv_post::QkvRopeKvWrite;
