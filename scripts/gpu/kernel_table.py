@@ -69,6 +69,14 @@ ATTENTION_WIDE_BLOCKS, SPEED_KV_HEADS = 16, 8
 # only products of at least 8M weights (GEMV_STREAM_MIN_WEIGHTS), which the bench's stream rows are
 # at the Qwen3-8B shape it is run on.
 STREAM_PRODUCTS = ()
+# Whether the binary's streamed qkv and gate|up products do the residual add + RMSNorm before them
+# in their own launch (gemv_bf16_stream_norm, gemv_bf16_swiglu_stream_norm: crates/model-engine's
+# GEMV_STREAM_NORM, on since wip/stream-norm; --stream-norm): their "add+rmsnorm+X ... (stream)"
+# rows are then on the path and the plain X stream rows are not.
+STREAM_NORM = False
+NORMED_STREAM_PRODUCTS = ("qkv_proj", "gate_up+silu*mul")
+# The default set's weight threshold (GEMV_STREAM_MIN_WEIGHTS; n counts gate and up rows).
+STREAM_MIN_WEIGHTS = 8 << 20
 
 
 def on_path(r, wide_labels=frozenset(), stream_labels=frozenset()) -> bool:
@@ -107,12 +115,17 @@ def on_path(r, wide_labels=frozenset(), stream_labels=frozenset()) -> bool:
         n = int(re.search(r" n=(\d+)", label).group(1))
         stages = 1 <= m <= GEMV_FMA_MAX_ROWS and n * k <= GEMV_STAGE_MAX_WEIGHTS
         folds = gemv and stages and m * k * 2 <= GEMV_NORM_MAX_A_BYTES
-        if r["kernel"].endswith("_norm"):
-            return folds
         what = re.search(r" (\S+) m=\d+ n=", label).group(1)
+        product = what.removeprefix("add+rmsnorm+")
+        streamed = m == 1 and product in STREAM_PRODUCTS and n * k >= STREAM_MIN_WEIGHTS
+        norm_streamed = streamed and STREAM_NORM and product in NORMED_STREAM_PRODUCTS
+        if r["kernel"].endswith("_stream_norm"):
+            return norm_streamed
+        if r["kernel"].endswith("_norm"):
+            return folds and not norm_streamed
         if label.endswith(" (stream)"):
-            return what in STREAM_PRODUCTS
-        if m == 1 and what in STREAM_PRODUCTS and shown(label) + " (stream)" in stream_labels:
+            return streamed and not norm_streamed
+        if streamed and shown(label) + " (stream)" in stream_labels:
             return False
         if folds and what in NORMED_PRODUCTS:
             return False
@@ -133,9 +146,13 @@ def main():
     ap.add_argument("--json", type=Path)
     ap.add_argument("--stream-products", default="",
                     help="comma-separated products the binary streams by default (see STREAM_PRODUCTS)")
+    ap.add_argument("--stream-norm", action="store_true",
+                    help="the binary's streamed qkv and gate|up products do the add + RMSNorm (see STREAM_NORM)")
     args = ap.parse_args()
     global STREAM_PRODUCTS
     STREAM_PRODUCTS = tuple(p for p in args.stream_products.split(",") if p)
+    global STREAM_NORM
+    STREAM_NORM = args.stream_norm
     met_rows = json.loads(args.met.read_text())
     torch_rows = {r["label"]: r for r in json.loads(args.torch.read_text())["rows"]}
 

@@ -129,8 +129,10 @@ kernels)
     timeout 150 python3 scripts/gpu/torch_kernels.py --shape $shape --json "$RES/torch-kernels-$shape.json" \
       > "$RES/torch-kernels-$shape.log" 2>&1
     record "torch_kernels.py $shape" "exit $?"
+    # TABLE_STREAM_PRODUCTS / TABLE_STREAM_NORM=0: another binary's stream defaults (kernel_table.py).
     python3 scripts/gpu/kernel_table.py --met "$RES/bench-kernels-$shape.json" --torch "$RES/torch-kernels-$shape.json" \
       --stream-products "${TABLE_STREAM_PRODUCTS-qkv_proj,o_proj,gate_up+silu*mul,down}" \
+      $([ "${TABLE_STREAM_NORM:-1}" = 1 ] && echo --stream-norm) \
       --json "$RES/kernel-table-$shape.json" > "$RES/kernel-table-$shape.md" 2>&1
     record "kernel table $shape" "exit $? ($(grep -c '^- ' "$RES/kernel-table-$shape.md") rows where met is not faster)"
   done

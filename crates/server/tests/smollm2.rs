@@ -168,6 +168,7 @@ fn bad_engine_switches_fail_cleanly() {
         ),
         ("METRALE_EMBEDDING_VEC", "yes", "0 or 1"),
         ("METRALE_GEMV_STREAM_EVICT", "2", "0 or 1"),
+        ("METRALE_GEMV_STREAM_NORM", "yes", "0 or 1"),
         (
             "METRALE_GEMV_STREAM_PREWAIT",
             "-1",
