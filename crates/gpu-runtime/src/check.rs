@@ -1716,7 +1716,36 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
     }
     out.extend(gemv_stream_half_chunk_cases(rng));
     out.extend(gemv_stream_norm_cases(rng));
+    // A launch whose rings are sized for its products' runs on 132 blocks, on fewer blocks (a
+    // grid cap): each warp's run is longer than the ring the host sized, and the kernel takes the
+    // slots that fit (1 and 2 of the 4-KiB chunks' 4 here, where the runs want 2 and 4).
+    for (n, k, grid) in [(1056u32, 2048u32, 66u32), (1056, 4096, 33)] {
+        let mut case = product_case(rng, Product::Gemv, 1, n, k, false, false);
+        case.kernel = GemvStream::NAME;
+        case.shape = format!("{} grid={grid}", case.shape);
+        case.build = stream_on_grid(n, k, grid);
+        out.push(case);
+    }
     out
+}
+
+/// [`GemvStream`]'s launch of `n` columns over `k`, no bias, moved to `grid` blocks.
+fn stream_on_grid(n: u32, k: u32, grid: u32) -> Build {
+    Box::new(move |p: &[DevicePtr]| {
+        let (mut config, args) = launch_of(GemvStream {
+            c: p[0],
+            a: p[1],
+            w: p[2],
+            bias: DevicePtr::NULL,
+            m: 1,
+            n,
+            k,
+            prewait: 4,
+            evict_first: 0,
+        });
+        config.grid[0] = grid;
+        (config, args)
+    })
 }
 
 /// The stream's half-size chunks (rows of whole 2 KiB pieces, not 4 KiB): Qwen3-0.6B's qkv (a
