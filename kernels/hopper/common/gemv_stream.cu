@@ -281,6 +281,10 @@ __device__ __forceinline__ void stream_ring(Out* __restrict__ c,
         stream<SWIGLU, CHUNK, 2, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
     } else if (slots == 1) {
         stream<SWIGLU, CHUNK, 1, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
+    } else {
+        // No ring fits: wait all the same, so that the launches after this one still follow the
+        // ones before it.
+        metrale::grid_dependency_sync();
     }
 }
 
@@ -295,11 +299,15 @@ __device__ __forceinline__ void stream_any(Out* __restrict__ c,
                                            const __nv_bfloat16* __restrict__ bias, uint32_t m,
                                            uint32_t cols, uint32_t k, uint32_t prewait,
                                            uint32_t evict_first) {
-    if (blockDim.x != 32 * WARPS) return;
-    if ((k * 2) % 4096 == 0) {
+    if (blockDim.x == 32 * WARPS && (k * 2) % 4096 == 0) {
         stream_ring<SWIGLU, 4096, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
-    } else if ((k * 2) % 2048 == 0) {
+    } else if (blockDim.x == 32 * WARPS && (k * 2) % 2048 == 0) {
         stream_ring<SWIGLU, 2048, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
+    } else {
+        // Outside the contract: nothing written, but the programmatic-launch wait kept (a launch
+        // that skipped it could end before the one it follows, and the next would not wait for
+        // that one).
+        metrale::grid_dependency_sync();
     }
 }
 

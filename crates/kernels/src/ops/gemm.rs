@@ -385,6 +385,8 @@ const HOPPER_MAX_BLOCK_SMEM: u32 = 227 * 1024;
 /// rings of [`GEMV_STREAM_STAGES`] chunks, then their mbarriers (8 bytes each, one a slot of the
 /// half-size chunks' ring), then 32 floats for the normalising entries' reduction.
 pub fn gemv_stream_smem_bytes(k: u32) -> u32 {
+    // Past the kernel's bound the launch is refused; this keeps the sum in range.
+    let k = k.min(GEMV_STREAM_MAX_K);
     let warps = GEMV_WARPS as u32;
     (2 * k).next_multiple_of(128)
         + warps * (GEMV_STREAM_STAGES * GEMV_STREAM_CHUNK + 8 * GEMV_STREAM_MAX_SLOTS)
@@ -398,6 +400,7 @@ pub fn gemv_stream_smem_bytes(k: u32) -> u32 {
 /// blocks fit beside the launch before them on an SM. `swiglu`: a column streams its gate and its
 /// up row.
 pub fn gemv_stream_launch_smem(cols: u32, k: u32, swiglu: bool) -> u32 {
+    let k = k.min(GEMV_STREAM_MAX_K);
     let chunk = if (2 * k).is_multiple_of(GEMV_STREAM_CHUNK) {
         GEMV_STREAM_CHUNK
     } else {
