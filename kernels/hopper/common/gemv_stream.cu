@@ -15,19 +15,18 @@
 // of w). Lane 0 of the warp is its producer: it arms the slot's mbarrier with the chunk's byte
 // count and issues the copy; all 32 lanes consume. A chunk is one CHUNK-byte piece of one column:
 // 4 KiB where a row is whole 4 KiB pieces (k % 2048 == 0), else 2 KiB (k % 1024 == 0, Qwen3-0.6B's
-// k of 1024 and 3072), the ring then of 8 slots instead of 4; lane l multiplies the chunk's 16-byte
-// pieces
-// l, l + 32, ... with the matching pieces of a, which every block keeps in shared memory, into one
-// f32 sum (two dependency chains); at a column's last chunk the warp adds its lanes' sums
-// (warp_sum's butterfly) and lane 0 stores bf16(sum + bias). Each column's sum runs over the same
-// pieces in the same order on every launch, whatever the grid: deterministic.
+// k of 1024 and 3072), the ring then of 8 slots instead of 4; lane l multiplies the chunk's
+// 16-byte pieces l, l + 32, ... with the matching pieces of a, which every block keeps in shared
+// memory, into one f32 sum (two dependency chains); at a column's last chunk the warp adds its
+// lanes' sums (warp_sum's butterfly) and lane 0 stores bf16(sum + bias). Each column's sum runs
+// over the same pieces in the same order on every launch, whatever the grid: deterministic.
 //
 // The weights are never written by a kernel, so the first `prewait` 4-KiB units (at most 4, the
 // whole ring) of every warp's first fill may go out before the programmatic-launch wait; a is read
-// only after it. They then
-// share HBM with the launch before, which is slowed by as much as they gain when that launch is a
-// short, latency-bound one (Qwen3-8B's attention and add + RMSNorm: docs/results/2026-12-02-speed-
-// h200/gemv-stream). `evict_first` streams the weights through L2 as evict-first lines.
+// only after it. They then share HBM with the launch before, which is slowed by as much as they
+// gain when that launch is a short, latency-bound one (Qwen3-8B's attention and add + RMSNorm:
+// docs/results/2026-12-02-speed-h200/gemv-stream). `evict_first` streams the weights through L2 as
+// evict-first lines.
 //
 // gemv_bf16_swiglu_stream is the same stream over the fused gate|up weight: a warp's output
 // column streams its gate row, then its up row, and stores gemv_bf16_swiglu's epilogue of the two.
