@@ -58,7 +58,7 @@ constexpr int WARPS = 8;
 constexpr uint32_t RING = 16384;    // bytes each warp has in flight: 128 KiB a block
 constexpr uint32_t UNIT = 4096;     // the larger chunk; `prewait` counts these
 constexpr int MAX_STAGES = RING / 2048;  // slots of the ring of 2-KiB chunks
-constexpr uint32_t MAX_K = 1u << 16;  // the host's shared-memory bound is lower (49152)
+constexpr uint32_t MAX_K = 1u << 16;  // the host's shared-memory bound is lower (50176)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
