@@ -1152,20 +1152,35 @@ impl Kernel for GemvStreamNorm {
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.n, self.k)?;
-        let a = normalised_input(
-            Self::NAME,
-            mem,
-            self.residual,
-            self.residual_out,
-            self.input,
-            self.norm_weight,
-            self.m,
-            self.k,
-            self.eps,
-        )?;
-        let (m, n, k) = (self.m as usize, self.n as usize, self.k as usize);
-        let c = product_of(mem, &a, self.w, self.bias, m, n, k)?;
-        host::store_bf16(mem, self.c, &c)
+        let GemvStreamNorm {
+            c,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            bias,
+            m,
+            n,
+            k,
+            eps,
+            ..
+        } = *self;
+        GemvNorm {
+            c,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            bias,
+            m,
+            n,
+            k,
+            eps,
+            stage: 0,
+        }
+        .reference(mem)
     }
 }
 
@@ -1207,20 +1222,33 @@ impl Kernel for GemvSwigluStreamNorm {
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.inter, self.k)?;
-        let a = normalised_input(
-            Self::NAME,
-            mem,
-            self.residual,
-            self.residual_out,
-            self.input,
-            self.norm_weight,
-            self.m,
-            self.k,
-            self.eps,
-        )?;
-        let (m, n, k) = (self.m as usize, 2 * self.inter as usize, self.k as usize);
-        let gate_up = product_of(mem, &a, self.w, DevicePtr::NULL, m, n, k)?;
-        host::store_bf16(mem, self.out, &swiglu_rows(&gate_up, self.inter as usize))
+        let GemvSwigluStreamNorm {
+            out,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            m,
+            inter,
+            k,
+            eps,
+            ..
+        } = *self;
+        GemvSwigluNorm {
+            out,
+            residual,
+            residual_out,
+            input,
+            norm_weight,
+            w,
+            m,
+            inter,
+            k,
+            eps,
+            stage: 0,
+        }
+        .reference(mem)
     }
 }
 
