@@ -1716,9 +1716,8 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
     }
     out.extend(gemv_stream_half_chunk_cases(rng));
     out.extend(gemv_stream_norm_cases(rng));
-    // A launch whose rings are sized for its products' runs on 132 blocks, on fewer blocks (a
-    // grid cap): each warp's run is longer than the ring the host sized, and the kernel takes the
-    // slots that fit (1 and 2 of the 4-KiB chunks' 4 here, where the runs want 2 and 4).
+    // The stream on fewer blocks than the host gives it (a grid cap): each warp takes a longer
+    // run of columns, the same sums.
     for (n, k, grid) in [(1056u32, 2048u32, 66u32), (1056, 4096, 33)] {
         let mut case = product_case(rng, Product::Gemv, 1, n, k, false, false);
         case.kernel = GemvStream::NAME;

@@ -37,13 +37,10 @@
 // block 0 stores the f32 sums to residual_out: the add + RMSNorm launch before the product goes, and
 // its latency overlaps the ring's first fill.
 //
-// Dynamic shared memory: a (k bf16, rounded up to 128 bytes), then each warp's ring (SLOTS chunks:
-// RING bytes, or fewer slots where a warp's longest run has fewer chunks), then each warp's
-// MAX_STAGES mbarriers (8 bytes each), then 32 floats for the norm's reduction:
-// gemv_stream_launch_smem in crates/kernels (ops/gemm.rs), which sizes the ring as stream_any
-// does; the kernel takes no more slots than the launch's dynamic shared memory holds. A small
-// product's blocks thus ask for less shared memory and can share an SM with the launch before.
-// Launch: any grid (the host gives one block an SM), 256 threads.
+// Dynamic shared memory: a (k bf16, rounded up to 128 bytes), then each warp's ring (RING bytes),
+// then each warp's MAX_STAGES mbarriers (8 bytes each), then 32 floats for the norm's reduction:
+// gemv_stream_smem_bytes in crates/kernels (ops/gemm.rs). Launch: any grid (the host gives one
+// block an SM), 256 threads.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -131,7 +128,7 @@ __device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + _
 // then up row cols + v, and stores silu(bf16(g)) * bf16(u). NORM: A is `norm` normalised, not `a`.
 // The caller checked the block size and that CHUNK divides a row: `ok` is the rest of the launch
 // contract.
-template <bool SWIGLU, uint32_t CHUNK, uint32_t SLOTS, bool NORM, typename Out>
+template <bool SWIGLU, uint32_t CHUNK, bool NORM, typename Out>
 __device__ __forceinline__ void stream(Out* __restrict__ c,
                                        const __nv_bfloat16* __restrict__ a,
                                        const metrale::NormInput& norm,
@@ -139,9 +136,9 @@ __device__ __forceinline__ void stream(Out* __restrict__ c,
                                        const __nv_bfloat16* __restrict__ bias, uint32_t m,
                                        uint32_t cols, uint32_t k, uint32_t prewait,
                                        uint32_t evict_first) {
-    constexpr uint32_t STAGES = SLOTS;                 // ring slots (a whole ring: RING / CHUNK)
+    constexpr uint32_t STAGES = RING / CHUNK;          // ring slots: 4 of 4 KiB or 8 of 2 KiB
     constexpr int PIECES = CHUNK / 16 / 32;            // 16-byte pieces a lane reads a chunk
-    static_assert(STAGES * CHUNK <= RING && (STAGES & (STAGES - 1)) == 0, "ring of 2^n slots");
+    static_assert(STAGES <= MAX_STAGES && (STAGES & (STAGES - 1)) == 0, "ring of 2^n slots");
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uintptr_t a_addr = NORM ? 0 : reinterpret_cast<uintptr_t>(a);
@@ -154,8 +151,8 @@ __device__ __forceinline__ void stream(Out* __restrict__ c,
 
     uint4* a_s = reinterpret_cast<uint4*>(smem);
     unsigned char* ring = smem + a_bytes + warp * STAGES * CHUNK;
-    const uint32_t bars = smem_u32(smem + a_bytes + WARPS * STAGES * CHUNK) + warp * MAX_STAGES * 8;
-    float* scratch = reinterpret_cast<float*>(smem + a_bytes + WARPS * (STAGES * CHUNK + MAX_STAGES * 8));
+    const uint32_t bars = smem_u32(smem + a_bytes + WARPS * RING) + warp * MAX_STAGES * 8;
+    float* scratch = reinterpret_cast<float*>(smem + a_bytes + WARPS * RING + WARPS * MAX_STAGES * 8);
 
     // This warp's columns [first, last) and their chunks.
     const uint64_t warps = (uint64_t)gridDim.x * WARPS;
@@ -249,44 +246,6 @@ __device__ __forceinline__ void stream(Out* __restrict__ c,
     }
 }
 
-// The stream with the ring's slots: enough for the chunks of the longest run of columns a warp
-// takes (a power of two, at most a whole ring), and no more than the launch's dynamic shared memory
-// holds (fewer slots, fewer chunks in flight, the same sums); none fit: c unwritten.
-template <bool SWIGLU, uint32_t CHUNK, bool NORM, typename Out>
-__device__ __forceinline__ void stream_ring(Out* __restrict__ c,
-                                            const __nv_bfloat16* __restrict__ a,
-                                            const metrale::NormInput& norm,
-                                            const __nv_bfloat16* __restrict__ w,
-                                            const __nv_bfloat16* __restrict__ bias, uint32_t m,
-                                            uint32_t cols, uint32_t k, uint32_t prewait,
-                                            uint32_t evict_first) {
-    constexpr uint32_t WHOLE = RING / CHUNK;
-    const uint64_t warps = (uint64_t)gridDim.x * WARPS;
-    const uint64_t per_column = (uint64_t)k * 2 / CHUNK * (SWIGLU ? 2 : 1);
-    const uint64_t longest = ((uint64_t)cols + warps - 1) / warps * per_column;
-    uint32_t slots = WHOLE;
-    while (slots > 1 && slots / 2 >= longest) slots /= 2;
-    uint32_t dynamic_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_smem));
-    const uint64_t a_bytes = ((uint64_t)k * 2 + 127) / 128 * 128;
-    while (slots > 0 && a_bytes + WARPS * (slots * CHUNK + MAX_STAGES * 8) + 32 * 4 > dynamic_smem)
-        slots /= 2;
-    if (slots == WHOLE) {
-        stream<SWIGLU, CHUNK, WHOLE, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
-    } else if (slots == 4) {
-        if constexpr (WHOLE > 4)
-            stream<SWIGLU, CHUNK, 4, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
-    } else if (slots == 2) {
-        stream<SWIGLU, CHUNK, 2, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
-    } else if (slots == 1) {
-        stream<SWIGLU, CHUNK, 1, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
-    } else {
-        // No ring fits: wait all the same, so that the launches after this one still follow the
-        // ones before it.
-        metrale::grid_dependency_sync();
-    }
-}
-
 // The stream in the chunk a row takes: 4 KiB where k % 2048 == 0, else 2 KiB where k % 1024 == 0;
 // any other k, or a block other than 256 threads (warps past 8 would have no barriers), leaves c
 // unwritten.
@@ -299,9 +258,9 @@ __device__ __forceinline__ void stream_any(Out* __restrict__ c,
                                            uint32_t cols, uint32_t k, uint32_t prewait,
                                            uint32_t evict_first) {
     if (blockDim.x == 32 * WARPS && (k * 2) % 4096 == 0) {
-        stream_ring<SWIGLU, 4096, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
+        stream<SWIGLU, 4096, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
     } else if (blockDim.x == 32 * WARPS && (k * 2) % 2048 == 0) {
-        stream_ring<SWIGLU, 2048, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
+        stream<SWIGLU, 2048, NORM>(c, a, norm, w, bias, m, cols, k, prewait, evict_first);
     } else {
         // Outside the contract: nothing written, but the programmatic-launch wait kept (a launch
         // that skipped it could end before the one it follows, and the next would not wait for

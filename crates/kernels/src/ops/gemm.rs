@@ -393,30 +393,6 @@ pub fn gemv_stream_smem_bytes(k: u32) -> u32 {
         + 32 * 4
 }
 
-/// The dynamic shared memory a launch of [`GemvStream`] (or its f32, SwiGLU or normalising form)
-/// over `cols` output columns asks for: [`gemv_stream_smem_bytes`] with each warp's ring cut to the
-/// chunks of the longest run of columns a warp of the [`GEMV_STREAM_BLOCKS`] blocks takes
-/// (rounded up to a power of two; the kernel cuts it the same way), so that a small product's
-/// blocks fit beside the launch before them on an SM. `swiglu`: a column streams its gate and its
-/// up row.
-pub fn gemv_stream_launch_smem(cols: u32, k: u32, swiglu: bool) -> u32 {
-    let k = k.min(GEMV_STREAM_MAX_K);
-    let chunk = if (2 * k).is_multiple_of(GEMV_STREAM_CHUNK) {
-        GEMV_STREAM_CHUNK
-    } else {
-        GEMV_STREAM_CHUNK / 2
-    };
-    let stages = GEMV_STREAM_STAGES * GEMV_STREAM_CHUNK / chunk;
-    let per_column = (2 * k / chunk) * if swiglu { 2 } else { 1 };
-    let warps = GEMV_STREAM_BLOCKS * GEMV_WARPS as u32;
-    let longest = u64::from(cols.div_ceil(warps)) * u64::from(per_column);
-    let slots = (1..=stages)
-        .filter(|s| s.is_power_of_two())
-        .find(|&s| u64::from(s) >= longest)
-        .unwrap_or(stages);
-    gemv_stream_smem_bytes(k) - GEMV_WARPS as u32 * (stages - slots) * chunk
-}
-
 /// Whether an `m x n x k` product can take [`GemvStream`] (or its normalising form): one row,
 /// whole half-size chunks a column (`k` a multiple of 1024), and A plus the rings within a block's
 /// shared memory (`k` up to 50176: Qwen3-8B's and Qwen3-0.6B's products).
@@ -974,7 +950,7 @@ impl Kernel for GemvStaged {
 
 impl Kernel for GemvStream {
     fn launch_config(&self) -> LaunchConfig {
-        stream_launch(self.n, self.k, false)
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.n, self.k)?;
@@ -1019,7 +995,7 @@ impl From<GemvF32Out> for GemvStreamF32Out {
 
 impl Kernel for GemvStreamF32Out {
     fn launch_config(&self) -> LaunchConfig {
-        stream_launch(self.n, self.k, false)
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.n, self.k)?;
@@ -1060,11 +1036,10 @@ impl From<GemvSwiglu> for GemvSwigluStream {
     }
 }
 
-/// The stream entries' launch over `cols` output columns: one block an SM, 256 threads,
-/// [`gemv_stream_launch_smem`].
-fn stream_launch(cols: u32, k: u32, swiglu: bool) -> LaunchConfig {
+/// The stream entries' launch: one block an SM, 256 threads, [`gemv_stream_smem_bytes`].
+fn stream_launch(k: u32) -> LaunchConfig {
     LaunchConfig {
-        shared_mem_bytes: gemv_stream_launch_smem(cols, k, swiglu),
+        shared_mem_bytes: gemv_stream_smem_bytes(k),
         ..LaunchConfig::linear(GEMV_STREAM_BLOCKS, 256)
     }
 }
@@ -1087,7 +1062,7 @@ fn check_stream(name: metrale_core::KernelName, m: u32, n: u32, k: u32) -> Resul
 
 impl Kernel for GemvSwigluStream {
     fn launch_config(&self) -> LaunchConfig {
-        stream_launch(self.inter, self.k, true)
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.inter, self.k)?;
@@ -1148,7 +1123,7 @@ impl From<GemvNorm> for GemvStreamNorm {
 
 impl Kernel for GemvStreamNorm {
     fn launch_config(&self) -> LaunchConfig {
-        stream_launch(self.n, self.k, false)
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.n, self.k)?;
@@ -1218,7 +1193,7 @@ impl From<GemvSwigluNorm> for GemvSwigluStreamNorm {
 
 impl Kernel for GemvSwigluStreamNorm {
     fn launch_config(&self) -> LaunchConfig {
-        stream_launch(self.inter, self.k, true)
+        stream_launch(self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_stream(Self::NAME, self.m, self.inter, self.k)?;
@@ -1469,47 +1444,6 @@ mod tests {
         assert!(!gemv_stream_fits(1, 4096, 0));
         assert!(!gemv_stream_fits(1, 4096, 1 << 31));
         assert!(!gemv_stream_fits(1, 4096, u32::MAX));
-    }
-
-    #[test]
-    fn a_stream_launch_asks_for_the_ring_its_longest_run_needs() {
-        let full = gemv_stream_smem_bytes;
-        // Qwen3-8B's products: every warp has at least four 4 KiB chunks, the whole ring.
-        for (cols, k, swiglu) in [
-            (6144, 4096, false),
-            (4096, 4096, false),
-            (12288, 4096, true),
-            (4096, 12288, false),
-        ] {
-            assert_eq!(
-                gemv_stream_launch_smem(cols, k, swiglu),
-                full(k),
-                "{cols} x {k}"
-            );
-        }
-        // Qwen3-0.6B's, over 1056 warps: qkv 4 columns of one 2 KiB chunk (4 slots of 8), o one
-        // column of one 4 KiB chunk (1 of 4), gate|up 3 columns of two chunks (8 of 8), down one
-        // column of three chunks (4 of 8).
-        let cut =
-            |k: u32, chunk: u32, slots: u32, stages: u32| full(k) - 8 * (stages - slots) * chunk;
-        assert_eq!(
-            gemv_stream_launch_smem(4096, 1024, false),
-            cut(1024, 2048, 4, 8)
-        );
-        assert_eq!(
-            gemv_stream_launch_smem(1024, 2048, false),
-            cut(2048, 4096, 1, 4)
-        );
-        assert_eq!(gemv_stream_launch_smem(3072, 1024, true), full(1024));
-        assert_eq!(
-            gemv_stream_launch_smem(1024, 3072, false),
-            cut(3072, 2048, 4, 8)
-        );
-        // One column of two chunks: two slots.
-        assert_eq!(
-            gemv_stream_launch_smem(1, 4096, false),
-            cut(4096, 4096, 2, 4)
-        );
     }
 
     #[test]
