@@ -1669,82 +1669,77 @@ fn gemv_stream_cases(rng: &mut Rng) -> Vec<Case> {
         (3000, 4096, false, 4, 1, true),
         (7, 2048, true, 0, 0, true),
     ] {
-        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, f32_out);
-        // The two entries take the same arguments.
-        macro_rules! launch {
-            ($entry:ident) => {
-                Box::new(move |p: &[DevicePtr]| {
-                    launch_of($entry {
-                        c: p[0],
-                        a: p[1],
-                        w: p[2],
-                        bias: if bias { p[3] } else { DevicePtr::NULL },
-                        m: 1,
-                        n,
-                        k,
-                        prewait,
-                        evict_first,
-                    })
-                })
-            };
-        }
-        if f32_out {
-            case.kernel = GemvStreamF32Out::NAME;
-            case.build = launch!(GemvStreamF32Out);
-        } else {
-            case.kernel = GemvStream::NAME;
-            case.build = launch!(GemvStream);
-        }
-        out.push(case);
+        out.push(stream_case(rng, n, k, bias, prewait, evict_first, f32_out));
     }
     for (inter, k, prewait, evict_first) in [(12288u32, 4096u32, 4u32, 1u32), (7, 2048, 0, 0)] {
-        let mut case = gemv_swiglu_case(rng, 1, inter, k);
-        case.kernel = GemvSwigluStream::NAME;
-        case.build = Box::new(move |p| {
-            launch_of(GemvSwigluStream {
-                out: p[0],
-                a: p[1],
-                w: p[2],
-                m: 1,
-                inter,
-                k,
-                prewait,
-                evict_first,
-            })
-        });
-        out.push(case);
+        out.push(swiglu_stream_case(rng, inter, k, prewait, evict_first));
     }
     out.extend(gemv_stream_half_chunk_cases(rng));
     out.extend(gemv_stream_norm_cases(rng));
     // The stream on fewer blocks than the host gives it (a grid cap): each warp takes a longer
     // run of columns, the same sums.
     for (n, k, grid) in [(1056u32, 2048u32, 66u32), (1056, 4096, 33)] {
-        let mut case = product_case(rng, Product::Gemv, 1, n, k, false, false);
-        case.kernel = GemvStream::NAME;
-        case.shape = format!("{} grid={grid}", case.shape);
-        case.build = stream_on_grid(n, k, grid);
-        out.push(case);
+        out.push(on_grid(stream_case(rng, n, k, false, 4, 0, false), grid));
     }
     out
 }
 
-/// [`GemvStream`]'s launch of `n` columns over `k`, no bias, moved to `grid` blocks.
-fn stream_on_grid(n: u32, k: u32, grid: u32) -> Build {
-    Box::new(move |p: &[DevicePtr]| {
-        let (mut config, args) = launch_of(GemvStream {
-            c: p[0],
+/// A one-row product through [`GemvStream`] (or [`GemvStreamF32Out`] with `f32_out`).
+fn stream_case(
+    rng: &mut Rng,
+    n: u32,
+    k: u32,
+    bias: bool,
+    prewait: u32,
+    evict_first: u32,
+    f32_out: bool,
+) -> Case {
+    let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, f32_out);
+    // The two entries take the same arguments.
+    macro_rules! launch {
+        ($entry:ident) => {
+            Box::new(move |p: &[DevicePtr]| {
+                launch_of($entry {
+                    c: p[0],
+                    a: p[1],
+                    w: p[2],
+                    bias: if bias { p[3] } else { DevicePtr::NULL },
+                    m: 1,
+                    n,
+                    k,
+                    prewait,
+                    evict_first,
+                })
+            })
+        };
+    }
+    if f32_out {
+        case.kernel = GemvStreamF32Out::NAME;
+        case.build = launch!(GemvStreamF32Out);
+    } else {
+        case.kernel = GemvStream::NAME;
+        case.build = launch!(GemvStream);
+    }
+    case
+}
+
+/// A one-row SwiGLU product through [`GemvSwigluStream`].
+fn swiglu_stream_case(rng: &mut Rng, inter: u32, k: u32, prewait: u32, evict_first: u32) -> Case {
+    let mut case = gemv_swiglu_case(rng, 1, inter, k);
+    case.kernel = GemvSwigluStream::NAME;
+    case.build = Box::new(move |p| {
+        launch_of(GemvSwigluStream {
+            out: p[0],
             a: p[1],
             w: p[2],
-            bias: DevicePtr::NULL,
             m: 1,
-            n,
+            inter,
             k,
-            prewait: 4,
-            evict_first: 0,
-        });
-        config.grid[0] = grid;
-        (config, args)
-    })
+            prewait,
+            evict_first,
+        })
+    });
+    case
 }
 
 /// The stream's half-size chunks (rows of whole 2 KiB pieces, not 4 KiB): Qwen3-0.6B's qkv (a
@@ -1759,49 +1754,9 @@ fn gemv_stream_half_chunk_cases(rng: &mut Rng) -> Vec<Case> {
         (10007, 1024, false, 4, 0, true),
         (warps + 1, 1024, false, 2, 0, false),
     ] {
-        let mut case = product_case(rng, Product::Gemv, 1, n, k, bias, f32_out);
-        macro_rules! launch {
-            ($entry:ident) => {
-                Box::new(move |p: &[DevicePtr]| {
-                    launch_of($entry {
-                        c: p[0],
-                        a: p[1],
-                        w: p[2],
-                        bias: if bias { p[3] } else { DevicePtr::NULL },
-                        m: 1,
-                        n,
-                        k,
-                        prewait,
-                        evict_first,
-                    })
-                })
-            };
-        }
-        if f32_out {
-            case.kernel = GemvStreamF32Out::NAME;
-            case.build = launch!(GemvStreamF32Out);
-        } else {
-            case.kernel = GemvStream::NAME;
-            case.build = launch!(GemvStream);
-        }
-        out.push(case);
+        out.push(stream_case(rng, n, k, bias, prewait, evict_first, f32_out));
     }
-    let (inter, k) = (3072u32, 1024u32);
-    let mut case = gemv_swiglu_case(rng, 1, inter, k);
-    case.kernel = GemvSwigluStream::NAME;
-    case.build = Box::new(move |p| {
-        launch_of(GemvSwigluStream {
-            out: p[0],
-            a: p[1],
-            w: p[2],
-            m: 1,
-            inter,
-            k,
-            prewait: 4,
-            evict_first: 1,
-        })
-    });
-    out.push(case);
+    out.push(swiglu_stream_case(rng, 3072, 1024, 4, 1));
     out
 }
 
