@@ -1513,45 +1513,32 @@ impl Model {
             // Layer 0 normalises the embeddings as they are; later layers first add the previous
             // layer's MLP output into the residual.
             let mlp_out = if l == 0 { DevicePtr::NULL } else { sc.mlp };
-            if stream_folds_norm("qkv", n, qd + 2 * kvd) {
+            // The add + RMSNorm and the qkv product in one launch, streamed or not.
+            let fold = GemvNorm {
+                c: sc.qkv,
+                residual,
+                residual_out: other(residual),
+                input: mlp_out,
+                norm_weight: w.input_norm,
+                w: w.qkv,
+                bias: w.qkv_bias,
+                m: n,
+                n: qd + 2 * kvd,
+                k: h,
+                eps,
+                stage: stage(n, qd + 2 * kvd),
+            };
+            let folded = if stream_folds_norm("qkv", n, qd + 2 * kvd) {
                 let stream = GemvStreamNorm {
-                    c: sc.qkv,
-                    residual,
-                    residual_out: other(residual),
-                    input: mlp_out,
-                    norm_weight: w.input_norm,
-                    w: w.qkv,
-                    bias: w.qkv_bias,
-                    m: n,
-                    n: qd + 2 * kvd,
-                    k: h,
-                    eps,
                     prewait: self.gemv_stream_prewait,
                     evict_first: self.gemv_stream_evict.into(),
+                    ..GemvStreamNorm::from(fold)
                 };
                 self.launch_stream(k.gemv_stream_norm, "qkv", &stream, n)?;
-                if moves("qkv") {
-                    residual = stream.residual_out;
-                }
+                true
             } else if folds_norm(n, qd + 2 * kvd) {
-                let fused = GemvNorm {
-                    c: sc.qkv,
-                    residual,
-                    residual_out: other(residual),
-                    input: mlp_out,
-                    norm_weight: w.input_norm,
-                    w: w.qkv,
-                    bias: w.qkv_bias,
-                    m: n,
-                    n: qd + 2 * kvd,
-                    k: h,
-                    eps,
-                    stage: stage(n, qd + 2 * kvd),
-                };
-                self.launch(k.gemv_norm, "qkv", &fused)?;
-                if moves("qkv") {
-                    residual = fused.residual_out;
-                }
+                self.launch(k.gemv_norm, "qkv", &fold)?;
+                true
             } else {
                 self.launch(
                     k.add_rmsnorm,
@@ -1567,6 +1554,10 @@ impl Model {
                     },
                 )?;
                 gemm("qkv", sc.qkv, sc.x, w.qkv, w.qkv_bias, n, qd + 2 * kvd, h)?;
+                false
+            };
+            if folded && moves("qkv") {
+                residual = fold.residual_out;
             }
             let post = QkvRopeKvWrite {
                 qkv: sc.qkv,
@@ -1672,42 +1663,34 @@ impl Model {
                 tokens: n,
                 inter,
             };
+            // The add + RMSNorm and the gate|up product (SwiGLU form) in one launch.
+            let residual_out = other(residual);
+            let swiglu_fold = GemvSwigluNorm {
+                out: sc.act,
+                residual,
+                residual_out,
+                input: sc.o,
+                norm_weight: w.post_norm,
+                w: w.gate_up,
+                m: n,
+                inter,
+                k: h,
+                eps,
+                stage: stage(n, 2 * inter),
+            };
             if stream_folds_norm("gate_up", n, 2 * inter) {
                 let stream = GemvSwigluStreamNorm {
-                    out: sc.act,
-                    residual,
-                    residual_out: other(residual),
-                    input: sc.o,
-                    norm_weight: w.post_norm,
-                    w: w.gate_up,
-                    m: n,
-                    inter,
-                    k: h,
-                    eps,
                     prewait: self.gemv_stream_prewait,
                     evict_first: self.gemv_stream_evict.into(),
+                    ..GemvSwigluStreamNorm::from(swiglu_fold)
                 };
                 self.launch_stream(k.gemv_swiglu_stream_norm, "gate_up", &stream, n)?;
                 if moves("gate_up") {
-                    residual = stream.residual_out;
+                    residual = residual_out;
                 }
             } else if folds_norm(n, 2 * inter) {
-                let residual_out = other(residual);
                 if swiglu {
-                    let fused = GemvSwigluNorm {
-                        out: sc.act,
-                        residual,
-                        residual_out,
-                        input: sc.o,
-                        norm_weight: w.post_norm,
-                        w: w.gate_up,
-                        m: n,
-                        inter,
-                        k: h,
-                        eps,
-                        stage: stage(n, 2 * inter),
-                    };
-                    self.launch(k.gemv_swiglu_norm, "gate_up", &fused)?;
+                    self.launch(k.gemv_swiglu_norm, "gate_up", &swiglu_fold)?;
                 } else {
                     let fused = GemvNorm {
                         c: sc.gate_up,
