@@ -270,81 +270,69 @@ fn gemv_norm_case(s: &Shape, what: &str, m: u32, n: u32, k: u32, swiglu: bool) -
         library_gemm: None,
         build: Box::new(move |p| {
             if swiglu {
-                launch_of(GemvSwigluNorm {
-                    out: p[0],
-                    residual: p[1],
-                    residual_out: p[2],
-                    input: p[3],
-                    norm_weight: p[4],
-                    w: p[5],
-                    m,
-                    inter: n / 2,
-                    k,
-                    eps: 1e-6,
-                    stage,
-                })
+                launch_of(swiglu_norm_of(p, m, n / 2, k, stage))
             } else {
-                launch_of(GemvNorm {
-                    c: p[0],
-                    residual: p[1],
-                    residual_out: p[2],
-                    input: p[3],
-                    norm_weight: p[4],
-                    w: p[5],
-                    bias: DevicePtr::NULL,
-                    m,
-                    n,
-                    k,
-                    eps: 1e-6,
-                    stage,
-                })
+                launch_of(norm_of(p, m, n, k, stage))
             }
         }),
     }
 }
 
+/// [`gemv_norm_case`]'s product on its buffers `p`.
+fn norm_of(p: &[DevicePtr], m: u32, n: u32, k: u32, stage: u32) -> GemvNorm {
+    GemvNorm {
+        c: p[0],
+        residual: p[1],
+        residual_out: p[2],
+        input: p[3],
+        norm_weight: p[4],
+        w: p[5],
+        bias: DevicePtr::NULL,
+        m,
+        n,
+        k,
+        eps: 1e-6,
+        stage,
+    }
+}
+
+/// [`gemv_norm_case`]'s SwiGLU product on its buffers `p`.
+fn swiglu_norm_of(p: &[DevicePtr], m: u32, inter: u32, k: u32, stage: u32) -> GemvSwigluNorm {
+    GemvSwigluNorm {
+        out: p[0],
+        residual: p[1],
+        residual_out: p[2],
+        input: p[3],
+        norm_weight: p[4],
+        w: p[5],
+        m,
+        inter,
+        k,
+        eps: 1e-6,
+        stage,
+    }
+}
+
 /// [`gemv_norm_case`] of one row through the normalising bulk-copy stream ([`GemvStreamNorm`], or
-/// with `swiglu` [`GemvSwigluStreamNorm`]), the whole first fill before the wait, no L2 hint.
+/// with `swiglu` [`GemvSwigluStreamNorm`]), the whole first fill before the wait, no L2 hint (the
+/// `From` launch of the unstreamed case's product).
 fn gemv_stream_norm_case(s: &Shape, what: &str, n: u32, k: u32, swiglu: bool) -> BenchCase {
     let mut case = gemv_norm_case(s, what, 1, n, k, swiglu);
     case.label = format!("{} (stream)", case.label);
     if swiglu {
         case.kernel = GemvSwigluStreamNorm::NAME;
         case.build = Box::new(move |p| {
-            launch_of(GemvSwigluStreamNorm {
-                out: p[0],
-                residual: p[1],
-                residual_out: p[2],
-                input: p[3],
-                norm_weight: p[4],
-                w: p[5],
-                m: 1,
-                inter: n / 2,
+            launch_of(GemvSwigluStreamNorm::from(swiglu_norm_of(
+                p,
+                1,
+                n / 2,
                 k,
-                eps: 1e-6,
-                prewait: GEMV_STREAM_STAGES,
-                evict_first: 0,
-            })
+                0,
+            )))
         });
     } else {
         case.kernel = GemvStreamNorm::NAME;
-        case.build = Box::new(move |p| {
-            launch_of(GemvStreamNorm {
-                c: p[0],
-                residual: p[1],
-                residual_out: p[2],
-                input: p[3],
-                norm_weight: p[4],
-                w: p[5],
-                bias: DevicePtr::NULL,
-                m: 1,
-                n,
-                k,
-                eps: 1e-6,
-                prewait: GEMV_STREAM_STAGES,
-                evict_first: 0,
-            })
-        });
+        case.build = Box::new(move |p| launch_of(GemvStreamNorm::from(norm_of(p, 1, n, k, 0))));
     }
     case
 }
