@@ -16,8 +16,8 @@ Reads, for each model directory under --ckpt that has results:
 and kernel-table-<shape>.json (scripts/gpu/kernel_table.py). Rooflines: decode from the weight
 bytes a step streams plus its KV bytes over --hbm-tb-s; prefill from its FLOPs (2 x non-embedding
 parameters x tokens for the products, 2 x tokens^2 x head_dim x heads x layers for causal attention)
-over --tc-tflops. Targets are the speed issue's acceptance figures; "pass" is left empty where a
-figure is missing.
+over --tc-tflops. Targets are the speed issue's acceptance figures; "pass" reads "missing" where a
+figure the target needs is missing.
 """
 
 import argparse
@@ -58,6 +58,9 @@ def params(cfg):
 
 
 def judge(target, row):
+    """True or False against the target; None where there is no target, "missing" where a figure
+    the target needs (the roofline, the floor, the same-run static+compile peer) was not measured:
+    a call that lost its peers reads as unmeasured, not as a miss."""
     if not target:
         return None
     checks = []
@@ -66,12 +69,18 @@ def judge(target, row):
     if "max" in target:
         checks.append(row["value"] <= target["max"])
     if "of_roofline_min" in target:
-        checks.append(row.get("of_roofline") is not None and row["of_roofline"] >= target["of_roofline_min"])
+        if row.get("of_roofline") is None:
+            return "missing"
+        checks.append(row["of_roofline"] >= target["of_roofline_min"])
     if "of_floor_max" in target:
-        checks.append(row.get("over_floor") is not None and row["over_floor"] <= target["of_floor_max"])
+        if row.get("over_floor") is None:
+            return "missing"
+        checks.append(row["over_floor"] <= target["of_floor_max"])
     if "vs_static_compile_min" in target:
         peer = row["peers"].get("transformers static+compile")
-        checks.append(peer is not None and row["value"] / peer >= target["vs_static_compile_min"])
+        if peer is None:
+            return "missing"
+        checks.append(row["value"] / peer >= target["vs_static_compile_min"])
     return all(checks)
 
 
@@ -152,7 +161,7 @@ def main():
         ratio = r.get("of_roofline")
         ratio = f"{100 * ratio:.0f}%" if ratio is not None else (f"{r['over_floor']:.2f}x floor" if "over_floor" in r else "-")
         target = json.dumps(r["target"]) if r["target"] else "-"
-        ok = {True: "yes", False: "NO", None: "-"}[r["pass"]]
+        ok = {True: "yes", False: "NO", None: "-", "missing": "missing"}[r["pass"]]
         print(f"| {r['model']} | {r['batch']} | {r['metric']} | {r['value']:g} {r['unit']} | {peers} | "
               f"{bound if bound is not None else '-'} | {ratio} | {target} | {ok} |")
     for shape, table in kernels.items():
