@@ -12,6 +12,8 @@
 #             whether the greedy ids agree, and met bench-model's prefill and decode rows
 #   met       met bench-model (TTFT at 128/1024/8192, decode step at batch 1/8/32/64 against its
 #             memory floor, per-launch profile; decode steps at 160-token contexts), met generate
+#   met-peer  the engine's side of the peers' ratios: met generate and bench-model at 160-token
+#             contexts (batch 1/8/32), run by harness-b and harness-c in the call of their peers
 #   timeline  with a trace build stashed as $STASH/met_t (METRALE_EXTRA_NVCC_FLAGS=-DMETRALE_TRACE
 #             CARGO_TARGET_DIR=target/trace cargo build --release): met_t bench-model --timeline at 160-token
 #             contexts, batch 1 and 8: each launch's wait and span inside the replayed step
@@ -27,8 +29,9 @@
 #   parity    reference logits (transformers f32 on the bf16 weights) and met parity on CUDA
 #   summary   scripts/gpu/speed_summary.py: the speed table (JSON + markdown) from all of the above
 #   harness-a, harness-b, harness-c  the phases above as the three calls of one harness run:
-#             a = checkpoints + kernels (8B shapes) + met, b = the 8B peers, c = the 0.6B peers +
-#             parity (both models, or $PARITY_MODELS) + summary
+#             a = checkpoints + kernels (8B shapes) + met, b = met-peer + the 8B peers, c =
+#             met-peer + the 0.6B peers + parity (both models, or $PARITY_MODELS) + summary; b
+#             and c make the checkpoints they need on a machine that went cold
 #   ab        a kernel change against the current engine, in one call (after `checkpoints`): for
 #             each stashed binary in $AB (default "met met_b"), check-kernels on the kernels
 #             matching each word of $AB_KERNEL (default attention), bench-kernels' rows (of the
@@ -90,6 +93,21 @@ ensure_checkpoints() {
   python3 scripts/gpu/make_checkpoints.py --out "$CKPT" --models "$(IFS=,; echo "${missing[*]}")" --seed 0 --no-verify \
     $([ -d .cache/test-data/qwen3-tokenizer ] && echo --tokenizer qwen3=.cache/test-data/qwen3-tokenizer) \
     >> "$RES/make_checkpoints.log" 2>&1 || echo "speed.sh: make_checkpoints.py failed (make_checkpoints.log)" >&2
+}
+
+# Batch-1 generate of checkpoint $1 (32-token prompt, 256 new tokens: the transformers runs'
+# shape), and its decode steps at batch 1/8/32 at their mean context (160 keys).
+met_generate() {
+  local prompt
+  prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
+  "$met" generate --backend cuda --model-from-path "$CKPT/$1" --prompt "$prompt" --max-tokens 256 --temperature 0 \
+    --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$1.txt" 2>&1
+  record "met generate $1 batch 1" "$(grep -o 'decode [0-9.]* tok/s' "$RES/met-decode-$1.txt")"
+}
+met_short() {
+  timeout 120 "$met" bench-model --model-from-path "$CKPT/$1" --prefill 32 --batches 1,8,32 --context 160 \
+    --json "$RES/bench-model-short-$1.json" > "$RES/bench-model-short-$1.md" 2>&1
+  record "met bench-model $1, 160-token contexts" "exit $? ($(grep -E '^\| decode step \|' "$RES/bench-model-short-$1.md" | awk -F'|' '{printf "b%s %s tok/s; ", $3+0, $8+0}'))"
 }
 
 phase=${1:?phase}
@@ -162,9 +180,7 @@ met)
     timeout 200 "$met" bench-model --model-from-path "$CKPT/$m" --profile --json "$RES/bench-model-$m.json" \
       > "$RES/bench-model-$m.md" 2>&1
     record "met bench-model $m" "exit $? ($(grep -E '^\| (prefill \(|decode step)' "$RES/bench-model-$m.md" | awk -F'|' '{printf "%s b%s %s: %sms; ", substr($2,2,7), $3+0, $4+0, $5+0}'))"
-    timeout 120 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 32 --batches 1,8,32 --context 160 \
-      --json "$RES/bench-model-short-$m.json" > "$RES/bench-model-short-$m.md" 2>&1
-    record "met bench-model $m, 160-token contexts" "exit $?"
+    met_short "$m"
     # Timing experiments: what each kind of launch costs inside the replayed decode graph (at
     # 160-token contexts, those of the batch-1 generation; harness-eeba53e and earlier ran it at
     # 1k), and the library GEMM instead of the GEMV at batch 8.
@@ -178,10 +194,18 @@ met)
     METRALE_PREFILL_ATTENTION=v2 timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 --batches 1 \
       --json "$RES/bench-model-prefill-v2-$m.json" > "$RES/bench-model-prefill-v2-$m.md" 2>&1
     record "met bench-model $m, prefill attention v2 (v3 is the default at head_dim 128)" "exit $? ($(grep -E '^\| prefill' "$RES/bench-model-prefill-v2-$m.md" | awk -F'|' '{printf "t%s %sms; ", $4+0, $5+0}'))"
-    prompt=$(python3 -c "print(' '.join(['hello'] * 31))")
-    "$met" generate --backend cuda --model-from-path "$CKPT/$m" --prompt "$prompt" --max-tokens 256 --temperature 0 \
-      --ignore-eos --max-seq-len 1024 --warm-up > "$RES/met-decode-$m.txt" 2>&1
-    record "met generate $m batch 1" "$(grep -o 'decode [0-9.]* tok/s' "$RES/met-decode-$m.txt")"
+    met_generate "$m"
+  done
+  finish
+  ;;
+met-peer)
+  # The engine's side of the peers' comparisons, in the call that runs the peers: batch-1
+  # generate and the decode steps at 160-token contexts (harness-b and harness-c run it first,
+  # so each same-run ratio comes from one machine even when the machine went cold between calls).
+  "$met" --version | tee "$RES/met-version.txt"
+  for m in ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}; do
+    met_generate "$m"
+    met_short "$m"
   done
   finish
   ;;
@@ -338,10 +362,10 @@ harness-a|harness-b|harness-c)
   # The whole harness in three device calls on one warm machine (each under the 10-minute
   # limit; on the H200: a ~220 s, b ~470 s, c ~150 s): a = checkpoints, kernels (Qwen3-8B's
   # shapes), met; b = Qwen3-8B's transformers peers (minutes of compiles: no outer timeout under
-  # 500 s); c = Qwen3-0.6B's peers, parity, summary. If the machine went cold between calls, b and c make
-  # the checkpoints they need (ensure_checkpoints), but the run's same-machine comparison is
-  # gone: the earlier calls' results came back in their tarballs; make a summary per machine with
-  # speed_summary.py (harness-2e76b9a's README).
+  # 500 s); c = Qwen3-0.6B's peers, parity, summary. b and c first measure the engine's side of their
+  # peers' ratios (met-peer), so every same-run ratio comes from one call. If the machine went
+  # cold between calls, b and c make the checkpoints they need (ensure_checkpoints); the earlier
+  # calls' results came back in their tarballs (harness-2e76b9a's README).
   case "$phase" in
   harness-a)
     SPEED_MODELS="qwen3-8b qwen3-0.6b" bash "$0" checkpoints
@@ -350,10 +374,12 @@ harness-a|harness-b|harness-c)
     ;;
   harness-b)
     ensure_checkpoints qwen3-8b
+    SPEED_MODELS=qwen3-8b bash "$0" met-peer
     SPEED_MODELS=qwen3-8b HF_TIMEOUT=${HF_TIMEOUT:-240} bash "$0" peers
     ;;
   harness-c)
     ensure_checkpoints qwen3-0.6b ${PARITY_MODELS:-qwen3-0.6b qwen3-8b}
+    SPEED_MODELS=qwen3-0.6b bash "$0" met-peer
     SPEED_MODELS=qwen3-0.6b HF_RUNS_SMALL=${HF_RUNS_SMALL:-"1:static_compile_loop 1:eager"} bash "$0" peers
     # Both models: Qwen3-8B's products take the bulk-copy GEMV streams, Qwen3-0.6B's do not
     # (harness-81c4d21 checked parity on Qwen3-0.6B only, so not the streams).
