@@ -79,20 +79,26 @@ reference_logits() {
     --dtype float32 --also-bf16 > "$RES/ref-$1.log" 2>&1
 }
 
+# Random-weight checkpoints of models $@ into $CKPT (make_checkpoints.py skips the complete ones),
+# its log appended to $RES/make_checkpoints.log.
+make_checkpoints() {
+  local tok=()
+  [ -d .cache/test-data/qwen3-tokenizer ] && tok+=(--tokenizer qwen3=.cache/test-data/qwen3-tokenizer)
+  python3 scripts/gpu/make_checkpoints.py --out "$CKPT" --models "$(IFS=,; echo "$*")" --seed 0 --no-verify "${tok[@]}" \
+    >> "$RES/make_checkpoints.log" 2>&1
+}
+
 # The checkpoints a harness call needs, made where missing: a machine that went cold between the
-# calls of one run comes back without them (harness-2e76b9a's call b lost all its peers to that).
-# The earlier calls' results are not on such a machine either: say so, so the summary's gaps read
-# as a new machine, not as failures.
+# calls of one run comes back without them (harness-2e76b9a's call b lost all its peers to that),
+# and without the earlier calls' results: say so, so the summary's gaps read as a new machine.
 ensure_checkpoints() {
-  local missing=() m
+  local m
   for m in "$@"; do
-    [ -f "$CKPT/$m/config.json" ] || [[ " ${missing[*]} " == *" $m "* ]] || missing+=("$m")
+    [ -f "$CKPT/$m/config.json" ] && continue
+    echo "speed.sh: no checkpoint for $m on this machine (it went cold since the earlier calls, whose results are not here either): making ${*}" >&2
+    make_checkpoints "$@" || echo "speed.sh: make_checkpoints.py failed (make_checkpoints.log)" >&2
+    return
   done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  echo "speed.sh: no checkpoint for ${missing[*]} on this machine (it went cold since the earlier calls, whose results are not here either): making them" >&2
-  python3 scripts/gpu/make_checkpoints.py --out "$CKPT" --models "$(IFS=,; echo "${missing[*]}")" --seed 0 --no-verify \
-    $([ -d .cache/test-data/qwen3-tokenizer ] && echo --tokenizer qwen3=.cache/test-data/qwen3-tokenizer) \
-    >> "$RES/make_checkpoints.log" 2>&1 || echo "speed.sh: make_checkpoints.py failed (make_checkpoints.log)" >&2
 }
 
 # Batch-1 generate of checkpoint $1 (32-token prompt, 256 new tokens: the transformers runs'
@@ -119,11 +125,7 @@ case "$phase" in
 checkpoints)
   # A machine can come back with /root from an earlier session: start the results afresh.
   find "$RES" -mindepth 1 -delete
-  tok=()
-  [ -d .cache/test-data/qwen3-tokenizer ] && tok+=(--tokenizer qwen3=.cache/test-data/qwen3-tokenizer)
-  models=${SPEED_MODELS:-qwen3-8b qwen3-0.6b}
-  python3 scripts/gpu/make_checkpoints.py --out "$CKPT" --models "${models// /,}" --seed 0 --no-verify "${tok[@]}" \
-    > "$RES/make_checkpoints.log" 2>&1
+  make_checkpoints ${SPEED_MODELS:-qwen3-8b qwen3-0.6b}
   record "make_checkpoints" "exit $? ($(ls "$CKPT" | tr '\n' ' '))"
   finish
   ;;
@@ -378,7 +380,7 @@ harness-a|harness-b|harness-c)
     SPEED_MODELS=qwen3-8b HF_TIMEOUT=${HF_TIMEOUT:-240} bash "$0" peers
     ;;
   harness-c)
-    ensure_checkpoints qwen3-0.6b ${PARITY_MODELS:-qwen3-0.6b qwen3-8b}
+    ensure_checkpoints ${PARITY_MODELS:-qwen3-0.6b qwen3-8b} qwen3-0.6b
     SPEED_MODELS=qwen3-0.6b bash "$0" met-peer
     SPEED_MODELS=qwen3-0.6b HF_RUNS_SMALL=${HF_RUNS_SMALL:-"1:static_compile_loop 1:eager"} bash "$0" peers
     # Both models: Qwen3-8B's products take the bulk-copy GEMV streams, Qwen3-0.6B's do not
