@@ -190,6 +190,10 @@ pub struct ResolvedTarget {
     pub sources: Vec<ResolvedSource>,
     /// Compiler flags: hardware, then each layer's `KERNEL.toml` from lowest to highest priority.
     pub flags: Vec<String>,
+    /// Schedule defaults (`key`, value as text): the hardware's `[tuning]`, then each layer's
+    /// `KERNEL.toml` `[tuning]` from lowest to highest priority, a later value replacing an
+    /// earlier one of the same key.
+    pub tuning: BTreeMap<String, String>,
     /// Directories searched for quoted includes, in priority order.
     pub include_dirs: Vec<PathBuf>,
     /// Every manifest the resolution read, for rebuild tracking and the target hash.
@@ -509,6 +513,16 @@ pub fn resolve_target(root: &Path, id: &TargetId) -> Result<ResolvedTarget, Layo
     for layer in layer_files.iter().rev() {
         flags.extend(layer.manifest.build.flags.iter().cloned());
     }
+    let mut tuning: BTreeMap<String, String> = own
+        .tuning
+        .iter()
+        .map(|(k, v)| (k.clone(), tuning_text(v)))
+        .collect();
+    for layer in layer_files.iter().rev() {
+        for (k, v) in &layer.manifest.tuning {
+            tuning.insert(k.clone(), tuning_text(v));
+        }
+    }
     let include_dirs = layer_files.iter().map(|l| l.layer.dir.clone()).collect();
     Ok(ResolvedTarget {
         id: id.clone(),
@@ -517,9 +531,20 @@ pub fn resolve_target(root: &Path, id: &TargetId) -> Result<ResolvedTarget, Layo
         layers: layer_files.into_iter().map(|l| l.layer).collect(),
         sources: by_module.into_values().collect(),
         flags,
+        tuning,
         include_dirs,
         manifests,
     })
+}
+
+/// A `[tuning]` value as the engine's `key=value` parser takes it: strings bare, numbers and
+/// booleans as written, arrays of strings joined by `+`.
+pub fn tuning_text(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Array(items) => items.iter().map(tuning_text).collect::<Vec<_>>().join("+"),
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -24,6 +24,24 @@ pub struct HardwareManifest {
     /// Compiler flags for every source of every target of the class.
     #[serde(default)]
     pub build: BuildSection,
+    /// Resident blocks per SM of the kernels whose launch geometry depends on them.
+    #[serde(default)]
+    pub schedule: ScheduleSection,
+    /// The engine's measured schedule defaults for the class (`key = value`, the keys of
+    /// `metrale_model_engine::Tuning`); a leaf's `KERNEL.toml` `[tuning]` overrides them.
+    #[serde(default)]
+    pub tuning: BTreeMap<String, toml::Value>,
+}
+
+/// `[schedule]` of `HARDWARE.toml`: how many blocks of a kernel family one SM holds at once, from
+/// the kernels' launch bounds and shared memory. Launch geometry multiplies them by `sm_count`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSection {
+    /// GEMV blocks resident per SM (`__launch_bounds__(256, 3)` in gemv.cu).
+    pub gemv_blocks_per_sm: Option<u32>,
+    /// Decode attention blocks a split launch aims for per SM.
+    pub attention_blocks_per_sm: Option<u32>,
 }
 
 /// `[hardware]` of `HARDWARE.toml`.
@@ -153,6 +171,9 @@ pub struct KernelManifest {
     /// Stem to reason: the files of this layer that deliberately replace a lower layer's.
     #[serde(default)]
     pub shadow: BTreeMap<String, String>,
+    /// Schedule defaults of this layer, over the class's `HARDWARE.toml` `[tuning]`.
+    #[serde(default)]
+    pub tuning: BTreeMap<String, toml::Value>,
 }
 
 /// `[sources]` of `KERNEL.toml`.

@@ -7,6 +7,7 @@
 //! control flow, and a benchmark must not spend its device time generating data.
 
 use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_kernels::hardware::hopper;
 use metrale_kernels::ops::*;
 use metrale_kernels::{Kernel, KernelAbi};
 
@@ -457,7 +458,7 @@ fn library_lm_head_case(s: &Shape, m: u32) -> BenchCase {
 
 /// Partials room and block target of the model's split attention (crates/model-engine).
 const PARTIALS: u32 = 32768;
-const TARGET_BLOCKS: u32 = 264;
+const TARGET_BLOCKS: u32 = hopper::SM_COUNT * hopper::ATTENTION_BLOCKS_PER_SM;
 
 /// Attention of `tokens` query tokens per sequence (the last `tokens` positions of a `context`
 /// long sequence; 1 = decode) over `seqs` sequences, split as the model splits it. With more than

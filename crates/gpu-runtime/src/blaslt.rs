@@ -61,6 +61,8 @@ pub struct BlasLt {
     handle: lt::cublasLtHandle_t,
     /// Products of fewer rows take the algorithm picked for this many ([`heuristic_rows`]).
     heuristic_m: u32,
+    /// Each plan's algorithm on stderr (`METRALE_BLASLT_LOG=1`).
+    log: bool,
     workspace: sys::CUdeviceptr,
     plans: Mutex<HashMap<Key, Plan>>,
 }
@@ -75,7 +77,8 @@ impl BlasLt {
     /// Loads cuBLASLt and creates a handle and workspace in the current CUDA context, or `None`
     /// when the library is not installed. Products of fewer than `heuristic_m` rows take the
     /// algorithm the heuristic picks for `heuristic_m` rows ([`heuristic_rows`]; 0: their own).
-    pub fn new(heuristic_m: u32) -> Result<Option<Self>, GpuError> {
+    /// `log`: each plan's algorithm on stderr.
+    pub fn new(heuristic_m: u32, log: bool) -> Result<Option<Self>, GpuError> {
         // SAFETY: only probes for the shared library.
         if !unsafe { lt::is_culib_present() } {
             return Ok(None);
@@ -94,6 +97,7 @@ impl BlasLt {
         Ok(Some(BlasLt {
             handle,
             heuristic_m,
+            log,
             workspace,
             plans: Mutex::new(HashMap::new()),
         }))
@@ -245,7 +249,7 @@ impl BlasLt {
                     key.m, key.n, key.k
                 )));
             };
-            if std::env::var_os("METRALE_BLASLT_LOG").is_some() {
+            if self.log {
                 let from = if borrowed.is_some() {
                     format!(" (picked for m={asked_m})")
                 } else {
@@ -349,22 +353,8 @@ impl BlasLt {
 /// (docs/results/2026-12-02-speed-h200/blaslt-rows).
 pub const HEURISTIC_ROWS: u32 = 16;
 
-/// `METRALE_BLASLT_HEURISTIC_M` (`value`, or `None` when unset): the rows below which products take
-/// the algorithm picked for that many; unset: [`HEURISTIC_ROWS`]; 0: each product its own. Anything
-/// but a non-negative integer is an error.
-pub fn heuristic_rows_setting(value: Option<&str>) -> Result<u32, GpuError> {
-    let Some(value) = value else {
-        return Ok(HEURISTIC_ROWS);
-    };
-    value.trim().parse().map_err(|_| GpuError::BadVariable {
-        name: "METRALE_BLASLT_HEURISTIC_M",
-        value: value.to_string(),
-        expected: "a non-negative integer",
-    })
-}
-
 /// The rows cuBLASLt's heuristic is asked about for a product of `m` rows under a setting of
-/// `rows` (see [`heuristic_rows_setting`]): `rows` where `m` is below it, else `m`.
+/// `rows` ([`HEURISTIC_ROWS`]; 0: each product its own): `rows` where `m` is below it, else `m`.
 fn heuristic_rows(m: u32, rows: u32) -> u32 {
     m.max(rows)
 }
@@ -425,7 +415,7 @@ impl Drop for BlasLt {
 
 #[cfg(test)]
 mod tests {
-    use super::{HEURISTIC_ROWS, heuristic_rows, heuristic_rows_setting};
+    use super::heuristic_rows;
 
     #[test]
     fn heuristic_rows_only_raise_smaller_products() {
@@ -434,19 +424,5 @@ mod tests {
         assert_eq!(heuristic_rows(16, 16), 16);
         assert_eq!(heuristic_rows(64, 16), 64);
         assert_eq!(heuristic_rows(1, 16), 16);
-    }
-
-    #[test]
-    fn heuristic_rows_setting_defaults_and_refuses_other_values() {
-        assert_eq!(heuristic_rows_setting(None).unwrap(), HEURISTIC_ROWS);
-        assert_eq!(heuristic_rows_setting(Some("0")).unwrap(), 0);
-        assert_eq!(heuristic_rows_setting(Some(" 32 ")).unwrap(), 32);
-        for bad in ["-1", "sixteen", ""] {
-            let err = heuristic_rows_setting(Some(bad)).unwrap_err().to_string();
-            assert_eq!(
-                err,
-                format!("METRALE_BLASLT_HEURISTIC_M={bad}: expected a non-negative integer")
-            );
-        }
     }
 }

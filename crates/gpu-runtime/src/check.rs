@@ -1605,7 +1605,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // Rows of at most 1024 elements at 8 columns a block take two columns a warp (gemv_pairs):
     // Qwen3-0.6B's LM head's k with a ragged last round (f32 out), and a bf16 one with a bias.
     let lm_head = product_case(&mut rng, Product::Gemv, 1, 10007, 1024, false, true);
-    out.push(on_grid(lm_head, 396));
+    out.push(on_grid(lm_head, GEMV_RESIDENT_BLOCKS));
     let short = product_case(&mut rng, Product::Gemv, 1, 777, 512, true, false);
     out.push(on_grid(short, 13));
     // The normalising entries' pair form (one row, k <= 1024, 8 columns a block): a ragged last
@@ -1876,16 +1876,16 @@ fn on_grid(mut case: Case, grid: u32) -> Case {
 
 /// The GEMV entries on grids other than their launch's, where the blocks loop over the column
 /// groups: the model's capped grid (Qwen3-8B's qkv, an LM head and Qwen3-0.6B's gate|up on the
-/// 396 resident blocks), the balanced one (o_proj's 512 groups on 256 blocks), grids that change
-/// the columns per block (8B's down on 396 blocks: 8 columns of one warp each, not one column of
-/// 8 warps; `METRALE_GEMV_GRID_MODE=resplit`), and a few blocks taking many rounds, in the FMA and MMA
+/// resident blocks, 396 on the H200), the balanced one (o_proj's 512 groups on 256 blocks), grids
+/// that change the columns per block (8B's down on the resident blocks: 8 columns of one warp
+/// each, not one column of 8 warps; the `gemv_grid_mode=resplit` tuning), and a few blocks taking many rounds, in the FMA and MMA
 /// forms, the scalar path and the staged entries.
 fn gemv_grid_cases(rng: &mut Rng) -> Vec<Case> {
     let mut out = Vec::new();
     for &(m, n, k, bias, grid) in &[
-        (1u32, 6144u32, 4096u32, false, 396u32),
+        (1u32, 6144u32, 4096u32, false, GEMV_RESIDENT_BLOCKS),
         (1, 4096, 4096, true, 256),
-        (1, 4096, 12288, false, 396),
+        (1, 4096, 12288, false, GEMV_RESIDENT_BLOCKS),
         (3, 1000, 130, true, 7),
         (2, 77, 12288, false, 3),
         (6, 1000, 576, true, 5),
@@ -1893,10 +1893,13 @@ fn gemv_grid_cases(rng: &mut Rng) -> Vec<Case> {
         let case = product_case(rng, Product::Gemv, m, n, k, bias, false);
         out.push(on_grid(case, grid));
     }
-    // An LM head's shape (f32 out), 6144 groups of 8 columns: 16 rounds on 396 blocks.
+    // An LM head's shape (f32 out), 6144 groups of 8 columns: 16 rounds on the resident blocks.
     let lm_head = product_case(rng, Product::Gemv, 1, 49152, 576, false, true);
-    out.push(on_grid(lm_head, 396));
-    for &(m, inter, k, grid) in &[(1u32, 3072u32, 1024u32, 396u32), (4, 1001, 256, 9)] {
+    out.push(on_grid(lm_head, GEMV_RESIDENT_BLOCKS));
+    for &(m, inter, k, grid) in &[
+        (1u32, 3072u32, 1024u32, GEMV_RESIDENT_BLOCKS),
+        (4, 1001, 256, 9),
+    ] {
         out.push(on_grid(gemv_swiglu_case(rng, m, inter, k), grid));
     }
     // Of the staged entries' cases, a plain and a SwiGLU one of Qwen3-0.6B's, and a ragged one.

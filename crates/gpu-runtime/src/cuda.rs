@@ -133,7 +133,7 @@ pub struct CudaBackend {
     /// (module name, CUmodule)
     modules: Vec<(&'static str, usize)>,
     state: Mutex<CudaState>,
-    /// cuBLASLt, created on the first GEMM (None inside: not installed, or METRALE_GEMM=kernel).
+    /// cuBLASLt, created on the first GEMM (None inside: not installed).
     blaslt: std::sync::OnceLock<Option<crate::blaslt::BlasLt>>,
     /// Launch every kernel with programmatic stream serialization (on unless `METRALE_PDL=0`): a
     /// kernel may be scheduled while the one before it drains, and waits in `griddepcontrol.wait`
@@ -141,9 +141,8 @@ pub struct CudaBackend {
     /// Measured on the H200 with decode graphs: Qwen3-8B 156.1 -> 158.8 tok/s, Qwen3-0.6B
     /// 706.3 -> 728.9 tok/s, the same greedy ids (docs/results/2026-11-30-speed-h200/launch-ab).
     pdl: bool,
-    /// Products of fewer rows take the cuBLASLt algorithm picked for this many
-    /// (`METRALE_BLASLT_HEURISTIC_M`, default [`crate::blaslt::HEURISTIC_ROWS`]; 0: their own).
-    blaslt_rows: u32,
+    /// cuBLASLt logs each plan's algorithm (`METRALE_BLASLT_LOG=1`).
+    blaslt_log: bool,
 }
 
 impl CudaBackend {
@@ -182,10 +181,8 @@ impl CudaBackend {
             modules: Vec::new(),
             state: Mutex::new(CudaState::default()),
             blaslt: std::sync::OnceLock::new(),
-            pdl: std::env::var("METRALE_PDL").map_or(true, |v| v != "0"),
-            blaslt_rows: crate::blaslt::heuristic_rows_setting(
-                std::env::var("METRALE_BLASLT_HEURISTIC_M").ok().as_deref(),
-            )?,
+            pdl: operator_switch("METRALE_PDL")?.unwrap_or(true),
+            blaslt_log: operator_switch("METRALE_BLASLT_LOG")?.unwrap_or(false),
         };
         backend.bind()?;
         let main = backend.new_stream()?;
@@ -499,11 +496,9 @@ impl GpuBackend for CudaBackend {
 
     fn gemm(&self, op: &GemmOp, kernel: KernelHandle, stream: Stream) -> Result<(), GpuError> {
         let lib = self.blaslt.get_or_init(|| {
-            if std::env::var("METRALE_GEMM").is_ok_and(|v| v == "kernel") {
-                return None;
-            }
             self.bind().ok()?;
-            crate::blaslt::BlasLt::new(self.blaslt_rows).unwrap_or_else(|e| {
+            let rows = crate::blaslt::HEURISTIC_ROWS;
+            crate::blaslt::BlasLt::new(rows, self.blaslt_log).unwrap_or_else(|e| {
                 eprintln!("met: cuBLASLt unavailable ({e}); GEMMs use the built-in kernel");
                 None
             })
@@ -794,4 +789,21 @@ fn opt_in_shared_memory(device: sys::CUdevice, function: sys::CUfunction) -> Res
             (optin - fixed).max(0),
         )
     })
+}
+
+/// An operator switch of the environment: unset `None`, `0` off, `1` on, anything else an error
+/// (every `METRALE_*` switch read at run time takes these two values).
+pub fn operator_switch(name: &'static str) -> Result<Option<bool>, GpuError> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim() {
+            "0" => Ok(Some(false)),
+            "1" => Ok(Some(true)),
+            _ => Err(GpuError::BadVariable {
+                name,
+                value: v,
+                expected: "0 (off) or 1 (on)",
+            }),
+        },
+    }
 }

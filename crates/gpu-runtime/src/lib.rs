@@ -30,6 +30,6 @@ pub use backend::{
     Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream,
     launch_kernel,
 };
-pub use cuda::CudaBackend;
+pub use cuda::{CudaBackend, operator_switch};
 pub use host::HostBackend;
 pub use mock::{MockBackend, Recorded};

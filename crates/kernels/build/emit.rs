@@ -5,7 +5,17 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
+use metrale_closure::manifest::HardwareManifest;
+
 use crate::compile::CompiledTarget;
+
+/// A `HARDWARE.toml` fact the launch geometry needs, or a build failure naming it.
+fn required(class: &str, key: &str, value: Option<u32>) -> u32 {
+    value.unwrap_or_else(|| {
+        eprintln!("\nerror: metrale-kernels: kernels/{class}/HARDWARE.toml has no `{key}`; the launch geometry of its kernels needs it\n");
+        std::process::exit(1)
+    })
+}
 
 fn ident(name: &str) -> String {
     name.chars()
@@ -16,6 +26,7 @@ fn ident(name: &str) -> String {
 pub fn registry(
     root: &Path,
     entry_points: &BTreeMap<String, Vec<String>>,
+    classes: &BTreeMap<String, HardwareManifest>,
     compiled: &[CompiledTarget],
 ) -> String {
     let mut s = String::new();
@@ -78,6 +89,59 @@ pub fn registry(
         }
     }
     writeln!(s, "];\n").unwrap();
+
+    // Every class's launch-geometry facts, whether or not a target of it is embedded: the ops'
+    // launch configurations read them as constants.
+    writeln!(
+        s,
+        "/// Launch-geometry facts of each hardware class, from its `HARDWARE.toml`."
+    )
+    .unwrap();
+    writeln!(s, "pub mod hardware {{").unwrap();
+    for (class, hw) in classes {
+        writeln!(
+            s,
+            "    /// `kernels/{class}/HARDWARE.toml`.\n    pub mod {} {{",
+            ident(class)
+        )
+        .unwrap();
+        let facts = [
+            (
+                "SM_COUNT",
+                "sm_count",
+                hw.memory.sm_count,
+                "Streaming multiprocessors of the reference part.",
+            ),
+            (
+                "GEMV_BLOCKS_PER_SM",
+                "gemv_blocks_per_sm",
+                hw.schedule.gemv_blocks_per_sm,
+                "GEMV blocks resident per SM.",
+            ),
+            (
+                "ATTENTION_BLOCKS_PER_SM",
+                "attention_blocks_per_sm",
+                hw.schedule.attention_blocks_per_sm,
+                "Decode attention blocks a split launch aims for per SM.",
+            ),
+        ];
+        for (name, key, value, doc) in facts {
+            writeln!(
+                s,
+                "        /// {doc}\n        pub const {name}: u32 = {};",
+                required(class, key, value)
+            )
+            .unwrap();
+        }
+        let tuning: Vec<(&String, String)> = hw
+            .tuning
+            .iter()
+            .map(|(k, v)| (k, metrale_closure::layout::tuning_text(v)))
+            .collect();
+        writeln!(s, "        /// The class's `[tuning]` (a target's leaf may override some).\n        pub const TUNING: &[(&str, &str)] = &{tuning:?};").unwrap();
+        writeln!(s, "    }}").unwrap();
+    }
+    writeln!(s, "}}\n").unwrap();
 
     // One static per distinct compiled module, shared by every target that uses it.
     let mut images: BTreeMap<&str, &Path> = BTreeMap::new();
@@ -158,6 +222,20 @@ pub fn registry(
             s,
             "        memory: HardwareMemory {{ capacity_gib: {:?}, bandwidth_gbs: {:?}, l2_mib: {:?}, sm_count: {:?} }},",
             mem.capacity_gib, mem.bandwidth_gbs, mem.l2_mib, mem.sm_count
+        )
+        .unwrap();
+        writeln!(
+            s,
+            "        schedule: HardwareSchedule {{ sm_count: {}, gemv_blocks_per_sm: {}, attention_blocks_per_sm: {} }},",
+            required(&t.id.hardware, "sm_count", mem.sm_count),
+            required(&t.id.hardware, "gemv_blocks_per_sm", hw.schedule.gemv_blocks_per_sm),
+            required(&t.id.hardware, "attention_blocks_per_sm", hw.schedule.attention_blocks_per_sm),
+        )
+        .unwrap();
+        writeln!(
+            s,
+            "        tuning: &{:?},",
+            t.tuning.iter().collect::<Vec<_>>()
         )
         .unwrap();
         writeln!(s, "    }},").unwrap();

@@ -69,7 +69,11 @@ fn main() {
         }
         compile::compile_targets(&selected, &out_dir).unwrap_or_else(|e| fail(&e))
     };
-    let code = emit::registry(&root, &entry_points, &compiled);
+    let classes = all
+        .iter()
+        .map(|t| (t.id.hardware.clone(), t.hardware.clone()))
+        .collect();
+    let code = emit::registry(&root, &entry_points, &classes, &compiled);
     std::fs::write(out_dir.join("registry.rs"), code).unwrap();
 }
 

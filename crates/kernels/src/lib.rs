@@ -22,5 +22,7 @@ pub mod registry;
 pub mod resolve;
 
 pub use host::{HostError, HostKernelFn, HostMemory, Kernel, KernelAbi, host_reference};
-pub use registry::{ALL_KERNELS, KernelModule, TARGETS, TargetKernels, names};
+pub use registry::{
+    ALL_KERNELS, HardwareSchedule, KernelModule, TARGETS, TargetKernels, hardware, names,
+};
 pub use resolve::{ModelQuery, ResolveError, resolve_target};

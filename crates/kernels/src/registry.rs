@@ -81,6 +81,27 @@ pub struct HardwareMemory {
     pub sm_count: Option<u32>,
 }
 
+/// Launch-geometry facts of the class (`HARDWARE.toml` `sm_count` and `[schedule]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HardwareSchedule {
+    /// Streaming multiprocessors of the reference part.
+    pub sm_count: u32,
+    /// GEMV blocks resident per SM.
+    pub gemv_blocks_per_sm: u32,
+    /// Decode attention blocks a split launch aims for per SM.
+    pub attention_blocks_per_sm: u32,
+}
+
+impl HardwareSchedule {
+    /// The facts the Hopper class's `HARDWARE.toml` gives ([`hardware::hopper`]): the kernels
+    /// every target of this tree runs are Hopper's.
+    pub const HOPPER: HardwareSchedule = HardwareSchedule {
+        sm_count: hardware::hopper::SM_COUNT,
+        gemv_blocks_per_sm: hardware::hopper::GEMV_BLOCKS_PER_SM,
+        attention_blocks_per_sm: hardware::hopper::ATTENTION_BLOCKS_PER_SM,
+    };
+}
+
 /// Everything embedded for one `(hardware, model, quant)` target.
 #[derive(Debug)]
 pub struct TargetKernels {
@@ -104,6 +125,11 @@ pub struct TargetKernels {
     pub defaults: ServingDefaults,
     /// Memory facts of the hardware class.
     pub memory: HardwareMemory,
+    /// Launch-geometry facts of the class.
+    pub schedule: HardwareSchedule,
+    /// Schedule defaults (`key`, value): the class's `HARDWARE.toml` `[tuning]` under the
+    /// target's `KERNEL.toml` `[tuning]` tables; the engine's `Tuning` applies them at load.
+    pub tuning: &'static [(&'static str, &'static str)],
 }
 
 impl TargetKernels {

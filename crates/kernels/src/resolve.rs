@@ -224,6 +224,8 @@ mod tests {
                 l2_mib: None,
                 sm_count: None,
             },
+            schedule: crate::registry::HardwareSchedule::HOPPER,
+            tuning: &[],
         }
     }
 

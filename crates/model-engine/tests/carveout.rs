@@ -10,7 +10,7 @@ use metrale_config::ModelConfig;
 use metrale_gpu_runtime::{GpuBackend, MockBackend, Recorded};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{GemvNorm, GemvSwigluNorm};
-use metrale_model_engine::{Model, ModelOptions, StepInput, expected_tensors};
+use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning, expected_tensors};
 use metrale_model_weights::{HostTensor, WeightError, WeightSource};
 
 /// Zeros of every tensor a config implies (the mock computes nothing, so values do not matter).
@@ -67,8 +67,16 @@ fn decode_launches(mock: &Arc<MockBackend>) -> Vec<(String, Option<u8>)> {
         block_size: 16,
     };
     let mut progress = |_: usize, _: usize, _: u64| {};
-    let mut model = Model::load(config.clone(), &Zeros(config), gpu, options, &mut progress)
-        .expect("the model loads on the mock");
+    let tuning = Tuning::hopper().expect("the kernel tree's tuning");
+    let mut model = Model::load(
+        config.clone(),
+        &Zeros(config),
+        gpu,
+        options,
+        tuning,
+        &mut progress,
+    )
+    .expect("the model loads on the mock");
     model.set_graphs(false);
     let table = BlockTable { blocks: vec![0] };
     mock.clear();
@@ -94,8 +102,7 @@ fn decode_launches(mock: &Arc<MockBackend>) -> Vec<(String, Option<u8>)> {
 
 #[test]
 fn the_qkv_product_and_o_before_a_folded_norm_ask_for_the_most_shared_memory() {
-    // Unset: the rule (this test's process sets no METRALE_CARVEOUT_LABELS).
-    assert!(std::env::var_os("METRALE_CARVEOUT_LABELS").is_none());
+    // The kernel tree's tuning names the rule.
     let mock = Arc::new(MockBackend::new());
     let launches = decode_launches(&mock);
     let carveouts = |name: &str| -> Vec<Option<u8>> {

@@ -71,6 +71,11 @@ pub struct Args {
     /// cuBLASLt's launches have no record, so steps that use it are shown unlabelled.
     #[arg(long)]
     timeline: bool,
+    /// Override one schedule choice for an experiment, as key=value (repeatable): the keys of
+    /// metrale_model_engine::Tuning (e.g. `--tune gemv_stage=off --tune gemv_stream=qkv+o`); the
+    /// defaults are the kernel target's measured ones (docs/decisions.md).
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    tune: Vec<String>,
 }
 
 /// A decode configuration's trace: the step's launch labels (from a profiled run) and the
@@ -128,11 +133,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             config.max_position_embeddings
         );
     }
+    let tuning = crate::load::tuning(&placement, &args.tune)?;
     let mut model = Model::load(
         config.clone(),
         checkpoint.source(),
         placement.gpu.clone(),
         options,
+        tuning,
         &mut |_, _, _| {},
     )?;
     let mut allocator = BlockAllocator::new(options.num_blocks);

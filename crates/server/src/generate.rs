@@ -50,6 +50,11 @@ pub struct Args {
     /// not include one-time set-up (the GEMM library's handle and plans).
     #[arg(long)]
     warm_up: bool,
+    /// Override one schedule choice for an experiment, as key=value (repeatable): the keys of
+    /// metrale_model_engine::Tuning, e.g. `--tune fused_swiglu=false --tune decode_ahead=0`.
+    /// The defaults are the kernel target's measured ones (docs/decisions.md).
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    tune: Vec<String>,
 }
 
 /// Loads the tokenizer that belongs to the checkpoint.
@@ -139,11 +144,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             last_percent = percent;
         }
     };
+    let tuning = crate::load::tuning(&placement, &args.tune)?;
     let mut model = Model::load(
         config.clone(),
         checkpoint.source(),
         placement.gpu.clone(),
         options,
+        tuning,
         &mut progress,
     )?;
     eprintln!(" in {:.1}s", started.elapsed().as_secs_f64());

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use metrale_config::ModelConfig;
 use metrale_gpu_runtime::{CudaBackend, GpuBackend, HostBackend};
 use metrale_kernels::{ModelQuery, TargetKernels};
+use metrale_model_engine::Tuning;
 use metrale_model_weights::{GgufFile, SafetensorsCheckpoint, WeightSource};
 
 /// Where the checkpoint is and what format it has.
@@ -165,6 +166,19 @@ pub struct Placement {
     pub target: Option<&'static TargetKernels>,
     /// One line for the log.
     pub description: String,
+}
+
+/// The schedule the model runs with on `placement`: the kernel target's `[tuning]` (the Hopper
+/// class's where no target resolved), the operator switches of the environment
+/// (`METRALE_CUDA_GRAPHS`), then each `key=value` of `overrides` (`--tune`, for experiments).
+/// A value the engine does not take is an error here, before any weight loads.
+pub fn tuning(placement: &Placement, overrides: &[String]) -> anyhow::Result<Tuning> {
+    let mut t = Tuning::for_placement(placement.target)?;
+    t.apply_operator_env()?;
+    for pair in overrides {
+        t.set_pair(pair).with_context(|| format!("--tune {pair}"))?;
+    }
+    Ok(t)
 }
 
 /// Picks the backend: CUDA when asked or when `auto` finds a GPU that runs the resolved target.

@@ -192,11 +192,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         num_blocks: 2 * blocks_per_seq,
         block_size,
     };
+    let tuning = crate::load::tuning(&placement, &[])?;
     let mut model = Model::load(
         config.clone(),
         checkpoint.source(),
         placement.gpu.clone(),
         options,
+        tuning,
         &mut |_, _, _| {},
     )?;
     let mut allocator = BlockAllocator::new(options.num_blocks);

@@ -105,21 +105,31 @@ fn graph_replay_gives_the_same_tokens() {
     assert_eq!(replayed, direct);
 }
 
+/// `met generate` with `--tune` overrides (and an operator switch of the environment).
+fn met_tuned(args: &[&str], tune: &[&str]) -> std::process::Output {
+    let mut all: Vec<&str> = args.to_vec();
+    for t in tune {
+        all.extend(["--tune", t]);
+    }
+    met(&all)
+}
+
 /// Decode steps with the QKV post-processing folded into the decode attention, SiLU x up into
-/// the gate|up GEMV and the residual add + RMSNorm into the GEMVs after it (the defaults) give
-/// the same tokens as with any of these fusions turned off.
+/// the gate|up GEMV and the residual add + RMSNorm into the GEMVs after it (the kernel tree's
+/// defaults) give the same tokens as with any of these fusions turned off.
 #[test]
 fn fused_launches_give_the_same_tokens() {
     let args = greedy_chat("Name three rivers.", "24", &["--ignore-eos", "--print-ids"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let separate = output_ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "0"));
-    let fused = output_ids(met_with_env(&args, "METRALE_FUSED_QKV_ATTENTION", "1"));
-    let separate_swiglu = output_ids(met_with_env(&args, "METRALE_FUSED_SWIGLU", "0"));
-    let separate_norm = output_ids(met_with_env(&args, "METRALE_GEMV_NORM", "0"));
-    assert_eq!(separate.len(), 24);
-    assert_eq!(fused, separate);
-    assert_eq!(separate_swiglu, separate);
-    assert_eq!(separate_norm, separate);
+    let fused = output_ids(met_tuned(&args, &[]));
+    assert_eq!(fused.len(), 24);
+    for off in [
+        "fused_qkv_attention=false",
+        "fused_swiglu=false",
+        "gemv_norm=off",
+    ] {
+        assert_eq!(output_ids(met_tuned(&args, &[off])), fused, "{off}");
+    }
 }
 
 /// Greedy decode with steps queued ahead of the host (ids read back a few steps late, the
@@ -130,72 +140,52 @@ fn decode_ahead_gives_the_same_tokens() {
     for extra in [&["--ignore-eos", "--print-ids"][..], &["--print-ids"][..]] {
         let args = greedy_chat("Name two colours.", "24", extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let stepped = met_with_env(&args, "METRALE_DECODE_AHEAD", "0");
-        let want = output_ids(stepped);
+        let want = output_ids(met_tuned(&args, &["decode_ahead=0"]));
         assert!(!want.is_empty());
-        for ahead in ["1", "3", "8"] {
-            let got = output_ids(met_with_env(&args, "METRALE_DECODE_AHEAD", ahead));
-            assert_eq!(got, want, "METRALE_DECODE_AHEAD={ahead} {extra:?}");
+        for ahead in ["decode_ahead=1", "decode_ahead=3", "decode_ahead=8"] {
+            let got = output_ids(met_tuned(&args, &[ahead]));
+            assert_eq!(got, want, "{ahead} {extra:?}");
         }
     }
 }
 
-/// An engine switch with a value it does not take stops the run with a message that names the
-/// variable and what it takes (exit 1, no panic), instead of quietly running the default, and
-/// before any weight is loaded.
+/// A schedule override or an operator switch with a value the engine does not take stops the
+/// run with a message that names it and what it takes (exit 1, no panic), instead of quietly
+/// running the default, and before any weight is loaded.
 #[test]
 fn bad_engine_switches_fail_cleanly() {
     let args = greedy_chat("Hi.", "2", &[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    for (key, value, expected) in [
-        (
-            "METRALE_GEMV_GRID_MODE",
-            "fast",
-            "same, balanced or resplit",
-        ),
-        ("METRALE_GEMV_NORM", "yes", "0, off, small or all"),
-        (
-            "METRALE_ATTENTION_UNSPLIT_KEYS",
-            "-1",
-            "a non-negative integer",
-        ),
-        ("METRALE_GEMV_GRID_CAP", "lots", "a non-negative integer"),
-        ("METRALE_DECODE_AHEAD", "two", "a non-negative integer"),
-        (
-            "METRALE_ATTENTION_WIDE_BLOCKS",
-            "all",
-            "a non-negative integer",
-        ),
-        ("METRALE_EMBEDDING_VEC", "yes", "0 or 1"),
-        ("METRALE_GEMV_STREAM_EVICT", "2", "0 or 1"),
-        ("METRALE_GEMV_STREAM_NORM", "yes", "0 or 1"),
-        (
-            "METRALE_GEMV_STREAM_PREWAIT",
-            "-1",
-            "a non-negative integer",
-        ),
-        (
-            "METRALE_GEMV_STREAM_LABELS",
-            "attention",
-            "labels separated by `,` or `+` (qkv, o, gate_up, down, lm_head)",
-        ),
-        (
-            "METRALE_CARVEOUT_LABELS",
-            "qkv=150",
-            "label=percent pairs separated by `,` or `+`",
-        ),
-        ("METRALE_CARVEOUT_LABELS", "mlp=50", "labels: embedding"),
-        (
-            "METRALE_GRID_CAP_LABELS",
-            "attention=8",
-            "labels: qkv, o, gate_up",
-        ),
-    ] {
-        let out = met_with_env(&args, key, value);
-        assert_clean_failure(&out, &[&format!("{key}={value}"), expected]);
+    let no_weights = |out: &std::process::Output, what: &str| {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!stderr.contains("loading weights"), "{key}: {stderr}");
+        assert!(!stderr.contains("loading weights"), "{what}: {stderr}");
+    };
+    for (tune, expected) in [
+        ("gemv_grid_mode=fast", "same, balanced or resplit"),
+        ("gemv_norm=yes", "off, small or all"),
+        ("attention_unsplit_keys=-1", "a non-negative integer"),
+        ("decode_ahead=two", "a non-negative integer"),
+        ("embedding_vec=yes", "true or false"),
+        ("gemv_stream=attention", "product labels"),
+        ("carveout=qkv=150", "label=percent pairs"),
+        ("grid_caps=attention=8", "label=blocks pairs"),
+        (
+            "gemv_strem=qkv",
+            "unknown tuning key `gemv_strem`; the keys are graphs",
+        ),
+        ("fused_swiglu", "key=value"),
+    ] {
+        let out = met_tuned(&args, &[tune]);
+        assert_clean_failure(&out, &[&format!("--tune {tune}"), expected]);
+        no_weights(&out, tune);
     }
+    let (key, value) = ("METRALE_CUDA_GRAPHS", "yes");
+    let out = met_with_env(&args, key, value);
+    assert_clean_failure(
+        &out,
+        &[&format!("{key}={value}"), "expected 0 (off) or 1 (on)"],
+    );
+    no_weights(&out, key);
 }
 
 /// The engine's greedy ids must equal the reference's, except that at a step where the reference

@@ -7,6 +7,7 @@ use metrale_core::{DevicePtr, LaunchConfig};
 use super::blocks_for;
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args, widen};
 use crate::names;
+use crate::registry::hardware::hopper;
 
 kernel_args!(
     /// `C = A * W^T (+ bias)`, bf16 output.
@@ -374,7 +375,7 @@ pub const GEMV_STREAM_STAGES: u32 = 4;
 const GEMV_STREAM_MAX_SLOTS: u32 = 2 * GEMV_STREAM_STAGES;
 
 /// [`GemvStream`]'s blocks: one an SM of the Hopper class (its shared memory allows one).
-pub const GEMV_STREAM_BLOCKS: u32 = 132;
+pub const GEMV_STREAM_BLOCKS: u32 = hopper::SM_COUNT;
 /// The stream kernel's own bound on `k` (`MAX_K` in gemv_stream.cu: its byte counts are 32-bit);
 /// the shared-memory bound below is lower.
 const GEMV_STREAM_MAX_K: u32 = 1 << 16;
@@ -485,9 +486,9 @@ const GEMV_TILE: u64 = 8;
 const GEMV_WARPS: u64 = 8;
 /// Weight bytes one GEMV warp has in flight: 8 loads of 16 bytes per lane (`BATCH` in gemv.cu).
 const GEMV_BATCH_BYTES: u64 = 4096;
-/// GEMV warps resident at once on the Hopper class: 132 SMs x 3 blocks of 8 warps (the kernel is
-/// built with `__launch_bounds__(256, 3)`: 80 registers per thread).
-const GEMV_RESIDENT_WARPS: u64 = 132 * 3 * GEMV_WARPS;
+/// GEMV warps resident at once on the Hopper class: its SMs x its GEMV blocks per SM of 8 warps
+/// (`HARDWARE.toml`; the kernel is built with `__launch_bounds__(256, 3)`: 80 registers per thread).
+const GEMV_RESIDENT_WARPS: u64 = GEMV_RESIDENT_BLOCKS as u64 * GEMV_WARPS;
 
 /// Weight bytes of one column above which the FMA form splits the column until each warp has one
 /// batch. On the H200, Qwen3-8B's down projection at one row (24 KiB columns, n = 4096) took
@@ -647,12 +648,13 @@ pub fn gemv_launch_grid(m: u32, n: u32, grid: u32, cap: u32, mode: GemvGridMode)
     }
 }
 
-/// GEMV blocks resident at once on the Hopper class (132 SMs x 3, the launch bounds). The
+/// GEMV blocks resident at once on the Hopper class (its SMs x its GEMV blocks per SM, from
+/// `HARDWARE.toml`; on the H200 132 x 3, the launch bounds). The
 /// model's default grid cap for plain and staged GEMV launches ([`gemv_capped_grid`]): on the
 /// H200, capping them here made Qwen3-8B's batch-1 decode step at 160 keys 4.436 -> 4.313 ms
 /// (generate 225.3 -> 230.7 tok/s) and Qwen3-0.6B's generate 1175.1 -> 1193.2 tok/s
 /// (docs/results/2026-12-01-speed-h200/grid-cap).
-pub const GEMV_RESIDENT_BLOCKS: u32 = 132 * 3;
+pub const GEMV_RESIDENT_BLOCKS: u32 = hopper::SM_COUNT * hopper::GEMV_BLOCKS_PER_SM;
 
 /// Shared memory a normalising GEMV block keeps its rows of A in: `m * k` bf16, rounded up to 16
 /// bytes (the stage's slots follow).

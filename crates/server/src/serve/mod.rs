@@ -338,6 +338,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
     let gpu = placement.gpu.clone();
+    // Checked before anything loads: a bad operator switch stops the start-up here.
+    let tuning = load::tuning(&placement, &[])?;
     let on_gpu = gpu.kind() == "cuda";
     let defaults = placement.target.map(|t| t.defaults).unwrap_or_default();
     let max_seq_len =
@@ -462,6 +464,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         checkpoint.source(),
         gpu,
         options,
+        tuning,
         &mut progress,
     )?;
     tracing::info!("weights loaded in {:.1}s", started.elapsed().as_secs_f64());

@@ -1,0 +1,347 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Grouped-query self-attention over the paged KV cache ([`crate::plan::AttentionSpec`]).
+//!
+//! `qkv = norm(h) · Wqkvᵀ (+ bias)` (one product over q, k and v rows); `q, k = rope(qk_norm(q,
+//! k))` with k and v written to the cache through each sequence's block table; the attention
+//! reads the cache back; `out = attn · Woᵀ`. Decode rows (every row of a decode step, the leading
+//! rows of a mixed one, which the scheduler puts first) take the split decode attention; the
+//! prefill tiles after them take the tensor-core prefill attention, so a decode token computes
+//! the same bits whether or not a prefill shares its step. A decode step of one sequence runs
+//! QK-norm, RoPE and the cache write inside the decode attention (`fused_qkv_attention`).
+
+use metrale_core::DevicePtr;
+use metrale_gpu_runtime::{GpuBackend, KernelHandle};
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::{
+    PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3,
+    QkvRopeKvWrite,
+};
+
+use super::{Arena, Block, Step};
+use crate::ModelError;
+use crate::launch::Launcher;
+use crate::linear::{Linear, LinearKernels};
+use crate::plan::AttentionSpec;
+use crate::residual::{Residual, RmsNorm};
+use crate::tuning::{PrefillVersion, Tuning};
+use crate::weights::LayerWeights;
+
+/// Room for split-K attention partials ((token, head, split) triples): 64 decode rows of 32
+/// heads can split 16 ways, 1 row 512 ways.
+pub(crate) const ATTENTION_PARTIALS: u32 = 32768;
+
+/// The prefill attention the tuning picks at `head_dim` (version 3 covers 128 only; version 2
+/// elsewhere).
+pub(crate) fn prefill_version(t: &Tuning, head_dim: u32) -> PrefillVersion {
+    match t.prefill_attention {
+        PrefillVersion::V3 if !PrefillAttentionV3::supports_head_dim(head_dim) => {
+            PrefillVersion::V2
+        }
+        v => v,
+    }
+}
+
+/// Query tokens per tile of a prefill attention version.
+pub(crate) fn prefill_tile(v: PrefillVersion) -> u32 {
+    match v {
+        PrefillVersion::V1 => PrefillAttention::TILE_TOKENS,
+        PrefillVersion::V2 => PrefillAttentionV2::TILE_TOKENS,
+        PrefillVersion::V3 => PrefillAttentionV3::TILE_TOKENS,
+    }
+}
+
+/// Whether a step where some sequence brings more than one token runs its prefill tiles on the
+/// tensor-core kernels (they cover head dims 64 and 128).
+pub(crate) fn tensor_core_prefill(head_dim: u32) -> bool {
+    PrefillAttention::supports_head_dim(head_dim)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Kernels {
+    qkv_post: KernelHandle,
+    decode: KernelHandle,
+    decode_qkv: KernelHandle,
+    decode_qkv_wide: KernelHandle,
+    prefill_v1: KernelHandle,
+    prefill_v2: KernelHandle,
+    prefill_v3: KernelHandle,
+}
+
+/// Buffers every attention block of a step shares.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scratch {
+    /// bf16 `[tokens, (heads + 2 * kv_heads) * head_dim]`: the fused q | k | v product.
+    qkv: DevicePtr,
+    /// bf16 `[tokens, heads * head_dim]`: q after qk-norm and RoPE.
+    q: DevicePtr,
+    /// bf16 `[tokens, heads * head_dim]`.
+    attn: DevicePtr,
+    /// bf16 `[tokens, hidden]`: the block's output.
+    out: DevicePtr,
+    /// Split-K partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
+    partials: DevicePtr,
+    /// i32 `[tokens, kv_heads]`, zero between launches: the split attention's count of finished
+    /// blocks per (token, kv head).
+    counters: DevicePtr,
+}
+
+/// What the attention blocks of a model share: kernels, scratch, the RoPE tables and the cache
+/// geometry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shared {
+    kernels: Kernels,
+    scratch: Scratch,
+    /// f32 `[max_position, head_dim / 2]` each.
+    rope: (DevicePtr, DevicePtr),
+    max_position: u32,
+    block_size: u32,
+    /// Block-table width.
+    max_blocks_per_seq: u32,
+}
+
+/// Cache and step sizes the attention blocks are built for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sizes {
+    pub(crate) hidden: usize,
+    pub(crate) max_tokens: usize,
+    pub(crate) max_seq_len: usize,
+    pub(crate) num_blocks: usize,
+    pub(crate) block_size: usize,
+    pub(crate) max_blocks_per_seq: usize,
+}
+
+impl Shared {
+    /// Resolves the kernels and allocates the scratch (counters zeroed on `gpu`'s default
+    /// stream, not synchronised).
+    pub(crate) fn new(
+        gpu: &dyn GpuBackend,
+        arena: &mut Arena,
+        spec: &AttentionSpec,
+        sizes: Sizes,
+        rope: (DevicePtr, DevicePtr),
+    ) -> Result<Shared, ModelError> {
+        let kernels = Kernels {
+            qkv_post: gpu.kernel(QkvRopeKvWrite::NAME)?,
+            decode: gpu.kernel(PagedAttention::NAME)?,
+            decode_qkv: gpu.kernel(PagedAttentionQkv::NAME)?,
+            decode_qkv_wide: gpu.kernel(PagedAttentionQkv::WIDE_NAME)?,
+            prefill_v1: gpu.kernel(PrefillAttention::NAME)?,
+            prefill_v2: gpu.kernel(PrefillAttentionV2::NAME)?,
+            prefill_v3: gpu.kernel(PrefillAttentionV3::NAME)?,
+        };
+        let t = sizes.max_tokens;
+        let qd = spec.heads * spec.head_dim;
+        let kvd = spec.kv_heads * spec.head_dim;
+        let counters_bytes = t * spec.kv_heads * 4;
+        let scratch = Scratch {
+            qkv: arena.alloc(t * (qd + 2 * kvd) * 2)?,
+            q: arena.alloc(t * qd * 2)?,
+            attn: arena.alloc(t * qd * 2)?,
+            out: arena.alloc(t * sizes.hidden * 2)?,
+            partials: arena.alloc(ATTENTION_PARTIALS as usize * (spec.head_dim + 2) * 4)?,
+            counters: arena.alloc(counters_bytes)?,
+        };
+        gpu.memset(scratch.counters, 0, counters_bytes, gpu.default_stream())?;
+        Ok(Shared {
+            kernels,
+            scratch,
+            rope,
+            max_position: sizes.max_seq_len as u32,
+            block_size: sizes.block_size as u32,
+            max_blocks_per_seq: sizes.max_blocks_per_seq as u32,
+        })
+    }
+}
+
+/// One layer's attention: its weights, its KV cache, the shared kernels and scratch.
+pub(crate) struct Attention {
+    spec: AttentionSpec,
+    norm: RmsNorm,
+    qkv: Linear,
+    o: Linear,
+    /// bf16 `[head_dim]` each, or null.
+    q_norm: DevicePtr,
+    k_norm: DevicePtr,
+    /// bf16 `[num_blocks, block_size, kv_heads, head_dim]` each.
+    k_cache: DevicePtr,
+    v_cache: DevicePtr,
+    shared: Shared,
+}
+
+impl Attention {
+    /// The layer's block over its weights, with a KV cache of `sizes.num_blocks` blocks.
+    pub(crate) fn new(
+        arena: &mut Arena,
+        spec: AttentionSpec,
+        norm: RmsNorm,
+        w: &LayerWeights,
+        linear: LinearKernels,
+        shared: Shared,
+        sizes: Sizes,
+    ) -> Result<Attention, ModelError> {
+        let (h, hd) = (sizes.hidden as u32, spec.head_dim as u32);
+        let (qd, kvd) = (spec.heads as u32 * hd, spec.kv_heads as u32 * hd);
+        let cache_bytes = sizes.num_blocks * sizes.block_size * kvd as usize * 2;
+        Ok(Attention {
+            spec,
+            norm,
+            qkv: Linear::new("qkv", w.qkv, w.qkv_bias, (qd + 2 * kvd, h), linear),
+            o: Linear::new("o", w.o, DevicePtr::NULL, (h, qd), linear),
+            q_norm: w.q_norm,
+            k_norm: w.k_norm,
+            k_cache: arena.alloc(cache_bytes)?,
+            v_cache: arena.alloc(cache_bytes)?,
+            shared,
+        })
+    }
+
+    /// The decode attention over the step's decode rows (its leading `tokens`).
+    fn decode(&self, step: &Step, tokens: u32) -> PagedAttention {
+        let (s, sc) = (&self.shared, &self.shared.scratch);
+        let hd = self.spec.head_dim as u32;
+        let inputs = &step.inputs;
+        PagedAttention {
+            out: sc.attn,
+            partials: sc.partials,
+            counters: sc.counters,
+            q: sc.q,
+            k_cache: self.k_cache,
+            v_cache: self.v_cache,
+            block_tables: inputs.tables,
+            token_seq: inputs.token_seq,
+            positions: inputs.positions,
+            tokens,
+            q_heads: self.spec.heads as u32,
+            kv_heads: self.spec.kv_heads as u32,
+            head_dim: hd,
+            block_size: s.block_size,
+            max_blocks_per_seq: s.max_blocks_per_seq,
+            keys_per_split: step.split.0,
+            splits: step.split.1,
+            scale: 1.0 / (hd as f32).sqrt(),
+        }
+    }
+
+    /// QK-norm, RoPE and the cache write of every token of the step.
+    fn post(&self, step: &Step) -> QkvRopeKvWrite {
+        let (s, sc) = (&self.shared, &self.shared.scratch);
+        QkvRopeKvWrite {
+            qkv: sc.qkv,
+            q_out: sc.q,
+            k_cache: self.k_cache,
+            v_cache: self.v_cache,
+            slots: step.inputs.slots,
+            q_norm: self.q_norm,
+            k_norm: self.k_norm,
+            positions: step.inputs.positions,
+            cos: s.rope.0,
+            sin: s.rope.1,
+            tokens: step.tokens,
+            q_heads: self.spec.heads as u32,
+            kv_heads: self.spec.kv_heads as u32,
+            head_dim: self.spec.head_dim as u32,
+            max_position: s.max_position,
+            eps: self.norm.eps,
+        }
+    }
+
+    /// Whether this step's decode runs QK-norm, RoPE and the cache write inside the decode
+    /// attention: one sequence, one token (the token needs no other token's key of the step; at
+    /// batches of 8 to 64 the fusion measured slower: each split redoes its query group's norm).
+    fn fused_post(&self, t: &Tuning, step: &Step) -> bool {
+        t.fused_qkv_attention
+            && !step.tensor_core_prefill
+            && matches!(self.spec.head_dim, 64 | 128 | 256)
+            && step.seqs == 1
+            && step.tokens == 1
+    }
+
+    /// The attention proper: decode rows through the split decode attention (with the QKV
+    /// post-processing fused where it applies), then the prefill tiles on tensor cores.
+    fn attend(&self, l: &Launcher, step: &Step) -> Result<(), ModelError> {
+        let k = &self.shared.kernels;
+        let inputs = &step.inputs;
+        let decode_rows = if step.tensor_core_prefill {
+            inputs.decode_rows
+        } else {
+            step.tokens
+        };
+        let post = self.post(step);
+        let decode = self.decode(step, decode_rows);
+        if self.fused_post(l.tuning, step) {
+            // The fused attention copies its first cache tiles before the programmatic-launch
+            // wait: the launch just before it (the qkv product) must write no cache row.
+            let fused = PagedAttentionQkv::fuse(&post, &decode);
+            if fused.splits == 1
+                && fused.wide_fits()
+                && fused.tokens * fused.kv_heads <= l.tuning.attention_wide_blocks
+            {
+                let carveout = l.carveout("attention", false);
+                let config = fused.wide_launch_config();
+                l.launch_with(k.decode_qkv_wide, "attention", &fused, &config, carveout)?;
+            } else {
+                l.launch(k.decode_qkv, "attention", &fused)?;
+            }
+        } else {
+            l.launch(k.qkv_post, "qkv_post", &post)?;
+            if decode_rows > 0 {
+                l.launch(k.decode, "attention", &decode)?;
+            }
+        }
+        if step.tensor_core_prefill && decode_rows < inputs.num_tiles {
+            self.prefill(l, step, decode_rows)?;
+        }
+        Ok(())
+    }
+
+    /// The tensor-core attention over the step's prefill tiles (after its `decode_rows` tiles of
+    /// one token).
+    fn prefill(&self, l: &Launcher, step: &Step, decode_rows: u32) -> Result<(), ModelError> {
+        let (s, sc) = (&self.shared, &self.shared.scratch);
+        let hd = self.spec.head_dim as u32;
+        let v1 = PrefillAttention {
+            out: sc.attn,
+            q: sc.q,
+            k_cache: self.k_cache,
+            v_cache: self.v_cache,
+            block_tables: step.inputs.tables,
+            tiles: step.inputs.tiles.offset(decode_rows as usize * 16),
+            num_tiles: step.inputs.num_tiles - decode_rows,
+            q_heads: self.spec.heads as u32,
+            kv_heads: self.spec.kv_heads as u32,
+            head_dim: hd,
+            block_size: s.block_size,
+            max_blocks_per_seq: s.max_blocks_per_seq,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let (k, label) = (&s.kernels, "prefill_attention");
+        // The same arguments for every version; each its own launch geometry.
+        match prefill_version(l.tuning, hd) {
+            PrefillVersion::V1 => l.launch(k.prefill_v1, label, &v1),
+            PrefillVersion::V2 => l.launch(k.prefill_v2, label, &PrefillAttentionV2::from(v1)),
+            PrefillVersion::V3 => l.launch(k.prefill_v3, label, &PrefillAttentionV3::from(v1)),
+        }
+    }
+}
+
+impl Block for Attention {
+    fn enqueue(
+        &self,
+        l: &Launcher,
+        step: &Step,
+        residual: &mut Residual,
+        before_fold: bool,
+    ) -> Result<(), ModelError> {
+        let sc = &self.shared.scratch;
+        let n = step.tokens;
+        self.qkv.run_normed(l, residual, self.norm, sc.qkv, n)?;
+        self.attend(l, step)?;
+        self.o.run(l, sc.out, sc.attn, n, before_fold)?;
+        residual.set_pending(sc.out);
+        Ok(())
+    }
+
+    fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
+        self.qkv.folds_norm(t, rows)
+    }
+}

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The dense SwiGLU MLP ([`crate::plan::MlpKind::DenseSwiglu`]):
+//! `out = (silu(norm(h) · Wgateᵀ) * (norm(h) · Wupᵀ)) · Wdownᵀ`, the gate and up rows stacked in
+//! one weight so one product feeds SiLU x up.
+
+use metrale_core::DevicePtr;
+
+use super::{Arena, Block, Step};
+use crate::ModelError;
+use crate::launch::Launcher;
+use crate::linear::{Linear, LinearKernels, SwigluLinear};
+use crate::residual::{Residual, RmsNorm};
+use crate::tuning::Tuning;
+use crate::weights::LayerWeights;
+
+/// Buffers every dense MLP block of a step shares.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scratch {
+    /// bf16 `[tokens, 2 * inter]`: gate|up where SiLU x up runs in a launch of its own.
+    gate_up: DevicePtr,
+    /// bf16 `[tokens, inter]`.
+    act: DevicePtr,
+    /// bf16 `[tokens, hidden]`: the block's output.
+    out: DevicePtr,
+}
+
+impl Scratch {
+    pub(crate) fn new(
+        arena: &mut Arena,
+        max_tokens: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Scratch, ModelError> {
+        Ok(Scratch {
+            gate_up: arena.alloc(max_tokens * 2 * inter * 2)?,
+            act: arena.alloc(max_tokens * inter * 2)?,
+            out: arena.alloc(max_tokens * hidden * 2)?,
+        })
+    }
+}
+
+/// One layer's dense MLP.
+pub(crate) struct DenseMlp {
+    norm: RmsNorm,
+    gate_up: SwigluLinear,
+    down: Linear,
+    scratch: Scratch,
+}
+
+impl DenseMlp {
+    pub(crate) fn new(
+        norm: RmsNorm,
+        w: &LayerWeights,
+        (hidden, inter): (u32, u32),
+        linear: LinearKernels,
+        scratch: Scratch,
+    ) -> DenseMlp {
+        DenseMlp {
+            norm,
+            gate_up: SwigluLinear {
+                gate_up: Linear::new(
+                    "gate_up",
+                    w.gate_up,
+                    DevicePtr::NULL,
+                    (2 * inter, hidden),
+                    linear,
+                ),
+                inter,
+                scratch: scratch.gate_up,
+            },
+            down: Linear::new("down", w.down, DevicePtr::NULL, (hidden, inter), linear),
+            scratch,
+        }
+    }
+}
+
+impl Block for DenseMlp {
+    fn enqueue(
+        &self,
+        l: &Launcher,
+        step: &Step,
+        residual: &mut Residual,
+        before_fold: bool,
+    ) -> Result<(), ModelError> {
+        let (sc, n) = (&self.scratch, step.tokens);
+        self.gate_up.run_normed(l, residual, self.norm, sc.act, n)?;
+        self.down.run(l, sc.out, sc.act, n, before_fold)?;
+        residual.set_pending(sc.out);
+        Ok(())
+    }
+
+    fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
+        self.gate_up.gate_up.folds_norm(t, rows)
+    }
+}

@@ -1,0 +1,481 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A product `out[m, n] = a[m, k] · W[n, k]ᵀ (+ bias)` and the one place that picks how it runs.
+//!
+//! [`Linear::path`] decides from the product's shape, its rows this step and the [`Tuning`]:
+//! - [`Path::Library`]: the library GEMM (`GpuBackend::gemm`: cuBLASLt on CUDA) for prefill-sized
+//!   products, and past a few rows for wide ones;
+//! - [`Path::Stream`]: the bulk-copy GEMV stream (one block an SM, each warp a run of whole
+//!   weight rows through a shared-memory ring) for one-row products of the tuning's labels and size;
+//! - [`Path::Staged`]: the register GEMV whose first-wave blocks copy their first weights before
+//!   the programmatic-launch wait;
+//! - [`Path::Gemv`]: the register GEMV.
+//!
+//! A product after a residual add + RMSNorm may also take the norm into its launch
+//! ([`Linear::run_normed`]: the normalising stream or GEMV), and the gate|up product may run
+//! SiLU x up in its epilogue ([`SwigluLinear`]). Every form of a path computes the plain form's
+//! bits except the streams (other partial sums), so a path choice changes speed, not results,
+//! beyond that. Weights are BF16 (`[n, k]` row-major); another dtype is another `Path` here, not a
+//! branch in the blocks.
+
+use metrale_core::DevicePtr;
+use metrale_gpu_runtime::{GemmOp, GpuBackend, KernelHandle};
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::{
+    GEMV_FMA_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, GemvNorm, GemvStaged, GemvStream,
+    GemvStreamF32Out, GemvStreamNorm, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
+    GemvSwigluStream, GemvSwigluStreamNorm, SiluMul, gemv_norm_fits, gemv_stages, gemv_stream_fits,
+};
+
+use crate::ModelError;
+use crate::launch::Launcher;
+use crate::residual::{Residual, RmsNorm};
+use crate::tuning::{GemvPolicy, Tuning};
+
+/// How one product runs this step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    Library,
+    Stream,
+    Staged,
+    Gemv,
+}
+
+impl GemvPolicy {
+    /// Whether an `m x n x k` GEMV product takes the form.
+    pub(crate) fn takes(self, m: u32, n: u32, k: u32) -> bool {
+        match self {
+            GemvPolicy::Off => false,
+            GemvPolicy::Small => gemv_stages(m, n, k),
+            GemvPolicy::All => (1..=GEMV_FMA_MAX_ROWS).contains(&m),
+        }
+    }
+}
+
+impl Tuning {
+    /// Whether an `m`-row product over `k` inputs streams its weight through a GEMV kernel
+    /// (otherwise the library GEMM).
+    pub(crate) fn gemv_rows(&self, m: u32, k: u32) -> bool {
+        m <= self.gemv_max_rows && (m <= self.gemm_wide_k_max_gemv_rows || k < self.gemm_wide_k)
+    }
+}
+
+/// Whether the stream set `labels` with its weight threshold takes the `m x n x k` product of
+/// `label` (`n` counts the gate and up rows of gate_up).
+pub(crate) fn stream_takes(
+    labels: &[&str],
+    min_weights: u64,
+    label: &str,
+    (m, n, k): (u32, u32, u32),
+) -> bool {
+    let columns = if label == "gate_up" { n / 2 } else { n };
+    labels.contains(&label)
+        && u64::from(n) * u64::from(k) >= min_weights
+        && gemv_stream_fits(m, columns, k)
+}
+
+/// The kernels every product may take.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LinearKernels {
+    gemm: KernelHandle,
+    gemm_f32out: KernelHandle,
+    gemv: KernelHandle,
+    gemv_f32out: KernelHandle,
+    gemv_staged: KernelHandle,
+    gemv_stream: KernelHandle,
+    gemv_stream_f32out: KernelHandle,
+    gemv_norm: KernelHandle,
+    gemv_stream_norm: KernelHandle,
+    gemv_swiglu: KernelHandle,
+    gemv_swiglu_staged: KernelHandle,
+    gemv_swiglu_stream: KernelHandle,
+    gemv_swiglu_norm: KernelHandle,
+    gemv_swiglu_stream_norm: KernelHandle,
+    silu_mul: KernelHandle,
+}
+
+impl LinearKernels {
+    pub(crate) fn resolve(g: &dyn GpuBackend) -> Result<LinearKernels, ModelError> {
+        Ok(LinearKernels {
+            gemm: g.kernel(Gemm::NAME)?,
+            gemm_f32out: g.kernel(GemmF32Out::NAME)?,
+            gemv: g.kernel(Gemv::NAME)?,
+            gemv_f32out: g.kernel(GemvF32Out::NAME)?,
+            gemv_staged: g.kernel(GemvStaged::NAME)?,
+            gemv_stream: g.kernel(GemvStream::NAME)?,
+            gemv_stream_f32out: g.kernel(GemvStreamF32Out::NAME)?,
+            gemv_norm: g.kernel(GemvNorm::NAME)?,
+            gemv_stream_norm: g.kernel(GemvStreamNorm::NAME)?,
+            gemv_swiglu: g.kernel(GemvSwiglu::NAME)?,
+            gemv_swiglu_staged: g.kernel(GemvSwigluStaged::NAME)?,
+            gemv_swiglu_stream: g.kernel(GemvSwigluStream::NAME)?,
+            gemv_swiglu_norm: g.kernel(GemvSwigluNorm::NAME)?,
+            gemv_swiglu_stream_norm: g.kernel(GemvSwigluStreamNorm::NAME)?,
+            silu_mul: g.kernel(SiluMul::NAME)?,
+        })
+    }
+}
+
+/// One product's weight and shape.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Linear {
+    /// The launch label (profile rows, tuning sets).
+    pub(crate) label: &'static str,
+    /// bf16 `[n, k]`.
+    pub(crate) w: DevicePtr,
+    /// bf16 `[n]` or null.
+    pub(crate) bias: DevicePtr,
+    pub(crate) n: u32,
+    pub(crate) k: u32,
+    kernels: LinearKernels,
+}
+
+impl Linear {
+    pub(crate) fn new(
+        label: &'static str,
+        w: DevicePtr,
+        bias: DevicePtr,
+        (n, k): (u32, u32),
+        kernels: LinearKernels,
+    ) -> Linear {
+        Linear {
+            label,
+            w,
+            bias,
+            n,
+            k,
+            kernels,
+        }
+    }
+
+    /// How the product of `m` rows runs.
+    pub(crate) fn path(&self, t: &Tuning, m: u32) -> Path {
+        if !t.gemv_rows(m, self.k) {
+            Path::Library
+        } else if self.streams(t, m) {
+            Path::Stream
+        } else if t.gemv_stage.takes(m, self.n, self.k) {
+            Path::Staged
+        } else {
+            Path::Gemv
+        }
+    }
+
+    fn streams(&self, t: &Tuning, m: u32) -> bool {
+        let shape = (m, self.n, self.k);
+        stream_takes(&t.gemv_stream, t.gemv_stream_min_weights, self.label, shape)
+    }
+
+    /// Whether the product after a residual add + RMSNorm takes the norm into a register GEMV's
+    /// launch ([`GemvNorm`], [`GemvSwigluNorm`]): the FMA form, A small enough for shared memory,
+    /// as the tuning's `gemv_norm` picks.
+    pub(crate) fn folds_norm(&self, t: &Tuning, m: u32) -> bool {
+        t.gemv_rows(m, self.k)
+            && gemv_norm_fits(m, self.n, self.k)
+            && t.gemv_norm.takes(m, self.n, self.k)
+    }
+
+    /// Whether the streamed product does the add + RMSNorm itself ([`GemvStreamNorm`]).
+    fn stream_folds_norm(&self, t: &Tuning, m: u32) -> bool {
+        t.gemv_stream_norm && t.gemv_rows(m, self.k) && self.streams(t, m)
+    }
+
+    fn stage(&self, t: &Tuning, m: u32) -> u32 {
+        u32::from(t.gemv_stage.takes(m, self.n, self.k))
+    }
+
+    /// `out = a · Wᵀ (+ bias)` in bf16. `before_fold`: the next launch folds the residual add +
+    /// RMSNorm (the carveout rule looks at it).
+    pub(crate) fn run(
+        &self,
+        l: &Launcher,
+        out: DevicePtr,
+        a: DevicePtr,
+        m: u32,
+        before_fold: bool,
+    ) -> Result<(), ModelError> {
+        let t = l.tuning;
+        let (label, k) = (self.label, &self.kernels);
+        let gemv = Gemv {
+            c: out,
+            a,
+            w: self.w,
+            bias: self.bias,
+            m,
+            n: self.n,
+            k: self.k,
+        };
+        match self.path(t, m) {
+            Path::Library => l.gemm(label, &self.gemm_op(out, a, m, false), k.gemm),
+            Path::Stream => {
+                let stream = GemvStream {
+                    prewait: t.gemv_stream_prewait,
+                    evict_first: t.gemv_stream_evict.into(),
+                    ..GemvStream::from(gemv)
+                };
+                l.launch_product(k.gemv_stream, label, &stream, before_fold)
+            }
+            Path::Staged => {
+                let staged = GemvStaged::from(gemv);
+                l.launch_gemv(k.gemv_staged, label, &staged, (m, self.n), before_fold)
+            }
+            Path::Gemv => l.launch_gemv(k.gemv, label, &gemv, (m, self.n), before_fold),
+        }
+    }
+
+    /// `out = a · Wᵀ` accumulated and written in f32 (the LM head: no bf16 rounding of the
+    /// logits, so greedy choices are not decided by ties only bf16 creates). The staged form has
+    /// no f32 entry: it takes the register GEMV.
+    pub(crate) fn run_f32(
+        &self,
+        l: &Launcher,
+        out: DevicePtr,
+        a: DevicePtr,
+        m: u32,
+    ) -> Result<(), ModelError> {
+        let t = l.tuning;
+        let (label, k) = (self.label, &self.kernels);
+        let head = GemvF32Out {
+            c: out,
+            a,
+            w: self.w,
+            bias: self.bias,
+            m,
+            n: self.n,
+            k: self.k,
+        };
+        match self.path(t, m) {
+            Path::Library => l.gemm(label, &self.gemm_op(out, a, m, true), k.gemm_f32out),
+            Path::Stream => {
+                let stream = GemvStreamF32Out {
+                    prewait: t.gemv_stream_prewait,
+                    evict_first: t.gemv_stream_evict.into(),
+                    ..GemvStreamF32Out::from(head)
+                };
+                l.launch_product(k.gemv_stream_f32out, label, &stream, false)
+            }
+            Path::Staged | Path::Gemv => {
+                l.launch_gemv(k.gemv_f32out, label, &head, (m, self.n), false)
+            }
+        }
+    }
+
+    fn gemm_op(&self, c: DevicePtr, a: DevicePtr, m: u32, f32_out: bool) -> GemmOp {
+        GemmOp {
+            c,
+            a,
+            w: self.w,
+            bias: self.bias,
+            m,
+            n: self.n,
+            k: self.k,
+            f32_out,
+        }
+    }
+
+    /// The residual fold, then the product: `h += pending; out = norm(h) · Wᵀ (+ bias)`, in the
+    /// product's launch where a normalising form takes it, else as two launches.
+    pub(crate) fn run_normed(
+        &self,
+        l: &Launcher,
+        residual: &mut Residual,
+        norm: RmsNorm,
+        out: DevicePtr,
+        m: u32,
+    ) -> Result<(), ModelError> {
+        let t = l.tuning;
+        let k = &self.kernels;
+        let fold = GemvNorm {
+            c: out,
+            residual: residual.current(),
+            residual_out: residual.other(),
+            input: residual.pending(),
+            norm_weight: norm.weight,
+            w: self.w,
+            bias: self.bias,
+            m,
+            n: self.n,
+            k: self.k,
+            eps: norm.eps,
+            stage: self.stage(t, m),
+        };
+        if self.stream_folds_norm(t, m) {
+            let stream = GemvStreamNorm {
+                prewait: t.gemv_stream_prewait,
+                evict_first: t.gemv_stream_evict.into(),
+                ..GemvStreamNorm::from(fold)
+            };
+            l.launch_product(k.gemv_stream_norm, self.label, &stream, false)?;
+            residual.advance(l, self.label);
+        } else if self.folds_norm(t, m) {
+            l.launch(k.gemv_norm, self.label, &fold)?;
+            residual.advance(l, self.label);
+        } else {
+            let x = residual.add_norm(l, norm, m)?;
+            self.run(l, out, x, m, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// The gate|up product (`[2 * inter, k]`: gate rows, then up rows) followed by SiLU(gate) x up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SwigluLinear {
+    pub(crate) gate_up: Linear,
+    pub(crate) inter: u32,
+    /// bf16 `[tokens, 2 * inter]`: the product where SiLU x up runs in a launch of its own.
+    pub(crate) scratch: DevicePtr,
+}
+
+impl SwigluLinear {
+    /// Whether the product runs SiLU x up in its epilogue this step.
+    fn fused(&self, t: &Tuning, m: u32) -> bool {
+        t.fused_swiglu && t.gemv_rows(m, self.gate_up.k)
+    }
+
+    /// `h += pending; act = silu(norm(h) · Wgateᵀ) * (norm(h) · Wupᵀ)`, bf16 `[m, inter]`.
+    pub(crate) fn run_normed(
+        &self,
+        l: &Launcher,
+        residual: &mut Residual,
+        norm: RmsNorm,
+        act: DevicePtr,
+        m: u32,
+    ) -> Result<(), ModelError> {
+        let t = l.tuning;
+        let lin = &self.gate_up;
+        let (k, label, inter) = (&lin.kernels, lin.label, self.inter);
+        let fused = self.fused(t, m);
+        let fold = GemvSwigluNorm {
+            out: act,
+            residual: residual.current(),
+            residual_out: residual.other(),
+            input: residual.pending(),
+            norm_weight: norm.weight,
+            w: lin.w,
+            m,
+            inter,
+            k: lin.k,
+            eps: norm.eps,
+            stage: lin.stage(t, m),
+        };
+        if fused && lin.stream_folds_norm(t, m) {
+            let stream = GemvSwigluStreamNorm {
+                prewait: t.gemv_stream_prewait,
+                evict_first: t.gemv_stream_evict.into(),
+                ..GemvSwigluStreamNorm::from(fold)
+            };
+            l.launch_product(k.gemv_swiglu_stream_norm, label, &stream, false)?;
+            residual.advance(l, label);
+        } else if lin.folds_norm(t, m) {
+            if fused {
+                l.launch(k.gemv_swiglu_norm, label, &fold)?;
+            } else {
+                let product = GemvNorm {
+                    c: self.scratch,
+                    residual: fold.residual,
+                    residual_out: fold.residual_out,
+                    input: fold.input,
+                    norm_weight: norm.weight,
+                    w: lin.w,
+                    bias: DevicePtr::NULL,
+                    m,
+                    n: lin.n,
+                    k: lin.k,
+                    eps: norm.eps,
+                    stage: fold.stage,
+                };
+                l.launch(k.gemv_norm, label, &product)?;
+                self.silu_mul(l, act, m)?;
+            }
+            residual.advance(l, label);
+        } else {
+            let x = residual.add_norm(l, norm, m)?;
+            self.run(l, act, x, m)?;
+        }
+        Ok(())
+    }
+
+    /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)`.
+    fn run(&self, l: &Launcher, act: DevicePtr, x: DevicePtr, m: u32) -> Result<(), ModelError> {
+        let t = l.tuning;
+        let lin = &self.gate_up;
+        let (k, label) = (&lin.kernels, lin.label);
+        if !self.fused(t, m) {
+            lin.run(l, self.scratch, x, m, false)?;
+            return self.silu_mul(l, act, m);
+        }
+        let swiglu = GemvSwiglu {
+            out: act,
+            a: x,
+            w: lin.w,
+            m,
+            inter: self.inter,
+            k: lin.k,
+        };
+        match lin.path(t, m) {
+            Path::Stream => {
+                let stream = GemvSwigluStream {
+                    prewait: t.gemv_stream_prewait,
+                    evict_first: t.gemv_stream_evict.into(),
+                    ..GemvSwigluStream::from(swiglu)
+                };
+                l.launch_product(k.gemv_swiglu_stream, label, &stream, false)
+            }
+            Path::Staged => {
+                let staged = GemvSwigluStaged::from(swiglu);
+                l.launch_gemv(k.gemv_swiglu_staged, label, &staged, (m, lin.n), false)
+            }
+            Path::Gemv | Path::Library => {
+                l.launch_gemv(k.gemv_swiglu, label, &swiglu, (m, lin.n), false)
+            }
+        }
+    }
+
+    fn silu_mul(&self, l: &Launcher, act: DevicePtr, m: u32) -> Result<(), ModelError> {
+        let args = SiluMul {
+            out: act,
+            gate_up: self.scratch,
+            tokens: m,
+            inter: self.inter,
+        };
+        l.launch(self.gate_up.kernels.silu_mul, "silu_mul", &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_takes;
+
+    #[test]
+    fn the_default_stream_set_takes_qwen3_8b_products_not_qwen3_0_6b() {
+        let labels = ["qkv", "o", "gate_up", "down"];
+        let default = |label, mnk| stream_takes(&labels, 8 << 20, label, mnk);
+        // Qwen3-8B at batch 1: qkv, o, gate|up (both halves' rows), down.
+        for (label, mnk) in [
+            ("qkv", (1, 6144, 4096)),
+            ("o", (1, 4096, 4096)),
+            ("gate_up", (1, 24576, 4096)),
+            ("down", (1, 4096, 12288)),
+        ] {
+            assert!(default(label, mnk), "{label} {mnk:?}");
+        }
+        // Qwen3-0.6B's (under 8M weights), two rows, and the LM head, which is not in the set.
+        for (label, mnk) in [
+            ("qkv", (1, 4096, 1024)),
+            ("o", (1, 1024, 2048)),
+            ("gate_up", (1, 6144, 1024)),
+            ("down", (1, 1024, 3072)),
+            ("down", (2, 4096, 12288)),
+            ("lm_head", (1, 151936, 4096)),
+        ] {
+            assert!(!default(label, mnk), "{label} {mnk:?}");
+        }
+        // A set with no threshold streams whatever fits, however small: Qwen3-0.6B's o and qkv
+        // (rows of 2 KiB, in half-size chunks), not SmolLM2's qkv (rows of 576 elements).
+        assert!(stream_takes(&["o"], 0, "o", (1, 1024, 2048)));
+        assert!(stream_takes(&["qkv"], 0, "qkv", (1, 4096, 1024)));
+        assert!(!stream_takes(&["qkv"], 0, "qkv", (1, 960, 576)));
+        // gate_up's columns are half its rows: 7 outputs over 14 rows fit.
+        assert!(stream_takes(&["gate_up"], 0, "gate_up", (1, 14, 2048)));
+    }
+}

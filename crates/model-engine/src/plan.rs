@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The layer plan: what each decoder layer is, typed, built once from the config.
+//!
+//! A model is a stack of layers; a layer is a sequence of blocks, each of which folds the
+//! previous block's output into the residual stream, normalises it, and leaves its own output to
+//! be folded by the next ([`crate::residual`]). The plan says which kind each block is and with
+//! which parameters; [`crate::model::Model`] builds one block module per entry
+//! ([`crate::blocks`]) and the step walks them in order. A new kind of layer (MoE, Gated
+//! DeltaNet, Mamba-2, sliding-window or MLA attention) is a new variant here and a new block
+//! module, with nothing else changed.
+
+use metrale_config::ModelConfig;
+
+/// How a block's input is normalised.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NormKind {
+    /// RMSNorm with a learned scale.
+    Rms {
+        /// Added to the mean square.
+        eps: f32,
+    },
+}
+
+/// How a block's output joins the residual stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResidualFold {
+    /// Pre-norm: `h += block(norm(h))`; the add is folded into the next block's norm.
+    PreNorm,
+}
+
+/// Grouped-query self-attention over the paged KV cache, with RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSpec {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// The q, k and v products carry biases (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
+/// The feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpKind {
+    /// `down(silu(x Wgate) * x Wup)`.
+    DenseSwiglu {
+        /// The gate and up products' width.
+        intermediate: usize,
+    },
+}
+
+/// One block of a layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BlockKind {
+    /// Token mixing by attention.
+    Attention(AttentionSpec),
+    /// Channel mixing.
+    Mlp(MlpKind),
+}
+
+/// One block and the norm in front of it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockSpec {
+    /// The norm of its input.
+    pub norm: NormKind,
+    /// How its output joins the residual.
+    pub fold: ResidualFold,
+    /// What it computes.
+    pub kind: BlockKind,
+}
+
+/// A decoder layer: its blocks in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    /// The blocks, in the order the step runs them.
+    pub blocks: Vec<BlockSpec>,
+}
+
+/// The whole stack, and the norm before the LM head.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPlan {
+    /// One entry per decoder layer.
+    pub layers: Vec<LayerSpec>,
+    /// The final norm.
+    pub final_norm: NormKind,
+}
+
+impl LayerPlan {
+    /// The plan of a config: today every family the config crate accepts (Llama, Qwen2, Qwen3)
+    /// is pre-norm attention then a dense SwiGLU MLP in every layer; they differ in the
+    /// attention's parameters.
+    pub fn from_config(c: &ModelConfig) -> LayerPlan {
+        let norm = NormKind::Rms {
+            eps: c.rms_norm_eps,
+        };
+        let block = |kind| BlockSpec {
+            norm,
+            fold: ResidualFold::PreNorm,
+            kind,
+        };
+        let attention = AttentionSpec {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            qkv_bias: c.attention_bias,
+            qk_norm: c.qk_norm,
+        };
+        let mlp = MlpKind::DenseSwiglu {
+            intermediate: c.intermediate_size,
+        };
+        let layer = LayerSpec {
+            blocks: vec![
+                block(BlockKind::Attention(attention)),
+                block(BlockKind::Mlp(mlp)),
+            ],
+        };
+        LayerPlan {
+            layers: vec![layer; c.num_layers],
+            final_norm: norm,
+        }
+    }
+
+    /// Every block of every layer, in step order, with its layer index.
+    pub fn blocks(&self) -> impl Iterator<Item = (usize, &BlockSpec)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(l, layer)| layer.blocks.iter().map(move |b| (l, b)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_is_attention_then_mlp_in_every_layer_with_its_flags() {
+        let c = metrale_config::from_config_json(
+            r#"{"model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                "num_hidden_layers": 3, "vocab_size": 512, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "max_position_embeddings": 256}"#,
+        )
+        .unwrap();
+        let plan = LayerPlan::from_config(&c);
+        assert_eq!(plan.layers.len(), 3);
+        assert_eq!(plan.blocks().count(), 6);
+        let kinds: Vec<_> = plan.layers[2].blocks.iter().map(|b| b.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                BlockKind::Attention(AttentionSpec {
+                    heads: 4,
+                    kv_heads: 2,
+                    head_dim: 64,
+                    qkv_bias: false,
+                    qk_norm: true,
+                }),
+                BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 }),
+            ]
+        );
+        assert_eq!(plan.final_norm, NormKind::Rms { eps: 1e-6 });
+    }
+}

@@ -1,0 +1,403 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Every path a product, a norm fold and the attention can take, run end to end on the host
+//! backend and compared with the plain path (the library GEMM for every product, no fusion).
+//!
+//! A tiny Qwen3-shaped config (hidden 1024, so rows are whole 2 KiB pieces the bulk-copy stream
+//! takes and short enough for the two-columns-a-warp form; 8 heads of 128, 2 kv heads, 2 layers)
+//! with random weights runs the same steps (prefills of six sequences, decode steps of 1, 3 and 6
+//! rows, a mixed step) under tunings that between them take every GEMV entry, the streams with
+//! and without the norm, the normalising and SwiGLU forms, capped grids, the fused decode
+//! attention and each prefill attention version. A recording backend (the host backend, which
+//! remembers the kernel of every launch) shows each entry ran; every step's logits must match
+//! the plain path's within the BF16 rounding the forms differ by.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use half::bf16;
+use metrale_cache::BlockTable;
+use metrale_config::ModelConfig;
+use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
+use metrale_gpu_runtime::{
+    Event, GemmOp, GpuBackend, GpuError, Graph, HostBackend, KernelHandle, PinnedHostBuffer, Stream,
+};
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::*;
+use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning, expected_tensors};
+use metrale_model_weights::{HostTensor, WeightError, WeightSource};
+
+/// The host backend, remembering the kernel of every launch.
+struct Recording {
+    host: HostBackend,
+    names: Mutex<Vec<KernelName>>,
+    launched: Mutex<BTreeSet<String>>,
+}
+
+impl Recording {
+    fn new() -> Recording {
+        Recording {
+            host: HostBackend::new(4 << 30),
+            names: Mutex::new(Vec::new()),
+            launched: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn note(&self, kernel: KernelHandle) {
+        let names = self.names.lock().unwrap();
+        let name = names[kernel.0 as usize];
+        self.launched.lock().unwrap().insert(name.to_string());
+    }
+
+    fn take(&self) -> BTreeSet<String> {
+        std::mem::take(&mut self.launched.lock().unwrap())
+    }
+}
+
+impl GpuBackend for Recording {
+    fn kind(&self) -> &'static str {
+        "host"
+    }
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr, GpuError> {
+        self.host.alloc(bytes)
+    }
+    fn free(&self, ptr: DevicePtr) -> Result<(), GpuError> {
+        self.host.free(ptr)
+    }
+    fn copy_h2d(&self, src: &[u8], dst: DevicePtr) -> Result<(), GpuError> {
+        self.host.copy_h2d(src, dst)
+    }
+    fn copy_d2h(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.host.copy_d2h(src, dst)
+    }
+    fn copy_d2h_on(&self, src: DevicePtr, dst: &mut [u8], s: Stream) -> Result<(), GpuError> {
+        self.host.copy_d2h_on(src, dst, s)
+    }
+    fn copy_d2d(
+        &self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: usize,
+        s: Stream,
+    ) -> Result<(), GpuError> {
+        self.host.copy_d2d(src, dst, n, s)
+    }
+    fn memset(&self, p: DevicePtr, v: u8, n: usize, s: Stream) -> Result<(), GpuError> {
+        self.host.memset(p, v, n, s)
+    }
+    fn total_memory(&self) -> Result<u64, GpuError> {
+        self.host.total_memory()
+    }
+    fn free_memory(&self) -> Result<u64, GpuError> {
+        self.host.free_memory()
+    }
+    fn alloc_host_pinned(&self, bytes: usize) -> Result<PinnedHostBuffer, GpuError> {
+        self.host.alloc_host_pinned(bytes)
+    }
+    fn kernel(&self, name: KernelName) -> Result<KernelHandle, GpuError> {
+        // The wrapper's own handles: an index into `names`, resolved again on the host per launch.
+        self.host.kernel(name)?;
+        let mut names = self.names.lock().unwrap();
+        names.push(name);
+        Ok(KernelHandle(names.len() as u32 - 1))
+    }
+    fn launch(
+        &self,
+        kernel: KernelHandle,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        self.note(kernel);
+        let name = self.names.lock().unwrap()[kernel.0 as usize];
+        let inner = self.host.kernel(name)?;
+        self.host.launch(inner, config, args, stream)
+    }
+    fn gemm(&self, op: &GemmOp, kernel: KernelHandle, stream: Stream) -> Result<(), GpuError> {
+        let (config, args) = op.kernel_launch();
+        self.launch(kernel, &config, &args, stream)
+    }
+    fn create_stream(&self) -> Result<Stream, GpuError> {
+        self.host.create_stream()
+    }
+    fn synchronize(&self, s: Stream) -> Result<(), GpuError> {
+        self.host.synchronize(s)
+    }
+    fn create_event(&self) -> Result<Event, GpuError> {
+        self.host.create_event()
+    }
+    fn record_event(&self, e: Event, s: Stream) -> Result<(), GpuError> {
+        self.host.record_event(e, s)
+    }
+    fn stream_wait_event(&self, s: Stream, e: Event) -> Result<(), GpuError> {
+        self.host.stream_wait_event(s, e)
+    }
+    fn elapsed_ms(&self, a: Event, b: Event) -> Result<f32, GpuError> {
+        self.host.elapsed_ms(a, b)
+    }
+    fn begin_capture(&self, s: Stream) -> Result<(), GpuError> {
+        self.host.begin_capture(s)
+    }
+    fn end_capture(&self, s: Stream) -> Result<Graph, GpuError> {
+        self.host.end_capture(s)
+    }
+    fn launch_graph(&self, g: Graph, s: Stream) -> Result<(), GpuError> {
+        self.host.launch_graph(g, s)
+    }
+}
+
+/// Random weights of every tensor a config implies: norms near 1, products scaled by
+/// 1/sqrt(inputs), the embedding of unit size.
+struct Random(ModelConfig);
+
+impl WeightSource for Random {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        expected_tensors(&self.0)
+            .into_iter()
+            .find(|role| role.hf_name() == name)
+            .map(|role| role.shape(&self.0))
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        let shape = self
+            .shape(name)
+            .expect("the loader asks only for expected tensors");
+        let n: usize = shape.iter().product();
+        let mut seed = name.bytes().fold(0x9E37_79B9_7F4A_7C15u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
+        });
+        let mut uniform = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+        };
+        let (offset, scale) = if name.contains("norm") {
+            (1.0, 0.2)
+        } else if shape.len() == 2 && !name.contains("embed") {
+            (0.0, 1.7 / (shape[1] as f32).sqrt())
+        } else {
+            (0.0, 1.0)
+        };
+        let data = (0..n)
+            .map(|_| bf16::from_f32(offset + scale * uniform()))
+            .collect();
+        Ok(HostTensor { shape, data })
+    }
+
+    fn describe(&self) -> String {
+        "random".into()
+    }
+}
+
+fn config() -> ModelConfig {
+    metrale_config::from_config_json(
+        r#"{"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 1024,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+            "num_hidden_layers": 2, "vocab_size": 384, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 512,
+            "tie_word_embeddings": false}"#,
+    )
+    .expect("a valid config")
+}
+
+const SEQS: usize = 6;
+const BLOCK: usize = 16;
+const BLOCKS_PER_SEQ: usize = 4;
+
+/// The logits of every step of the script under `tuning`, and the kernels it launched.
+fn run(tuning: Tuning) -> (Vec<Vec<f32>>, BTreeSet<String>) {
+    let c = config();
+    let gpu = Arc::new(Recording::new());
+    let options = ModelOptions {
+        max_tokens_per_step: 24,
+        max_seqs: SEQS,
+        max_logit_rows: SEQS,
+        max_seq_len: BLOCK * BLOCKS_PER_SEQ,
+        num_blocks: SEQS * BLOCKS_PER_SEQ,
+        block_size: BLOCK,
+    };
+    let backend: Arc<dyn GpuBackend> = gpu.clone();
+    let mut model = Model::load(
+        c.clone(),
+        &Random(c),
+        backend,
+        options,
+        tuning,
+        &mut |_, _, _| {},
+    )
+    .expect("the model loads on the host");
+    let tables: Vec<BlockTable> = (0..SEQS)
+        .map(|s| BlockTable {
+            blocks: (0..BLOCKS_PER_SEQ as u32)
+                .map(|b| (s * BLOCKS_PER_SEQ) as u32 + b)
+                .collect(),
+        })
+        .collect();
+    let mut next = [0u32; SEQS];
+    let mut outputs = Vec::new();
+    let token = |s: usize, p: usize| ((s * 131 + p * 17 + 5) % 384) as u32;
+    // (sequence, tokens it brings) per step: prefills of 20 (two chunks), 7, 3, 2, 1, 1 tokens;
+    // decode steps of 1, 3 and 6 rows; a mixed step (two decode rows, then a 5-token chunk).
+    let script: Vec<Vec<(usize, usize)>> = vec![
+        vec![(0, 12)],
+        vec![(0, 8)],
+        vec![(1, 7)],
+        vec![(2, 3), (3, 2)],
+        vec![(4, 1), (5, 1)],
+        vec![(0, 1)],
+        vec![(0, 1)],
+        vec![(0, 1), (1, 1), (2, 1)],
+        (0..SEQS).map(|s| (s, 1)).collect(),
+        vec![(3, 1), (4, 1), (1, 5)],
+    ];
+    for step in &script {
+        let (mut tokens, mut positions, mut seq_of, mut rows) = (vec![], vec![], vec![], vec![]);
+        let step_tables: Vec<&BlockTable> = step.iter().map(|&(s, _)| &tables[s]).collect();
+        for (i, &(s, count)) in step.iter().enumerate() {
+            for _ in 0..count {
+                tokens.push(token(s, next[s] as usize));
+                positions.push(next[s]);
+                seq_of.push(i as u32);
+                next[s] += 1;
+            }
+            rows.push(tokens.len() - 1);
+        }
+        let logits = model
+            .forward(&StepInput {
+                tokens: &tokens,
+                positions: &positions,
+                token_seq: &seq_of,
+                block_tables: &step_tables,
+                logit_rows: &rows,
+            })
+            .expect("the step runs");
+        outputs.push(logits);
+    }
+    (outputs, gpu.take())
+}
+
+fn tuned(pairs: &[&str]) -> Tuning {
+    let mut t = Tuning::hopper().expect("the kernel tree's tuning");
+    for p in pairs {
+        t.set_pair(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    }
+    t
+}
+
+/// The largest difference of two runs' logits over the spread of the reference's.
+fn relative_error(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
+    let spread = want.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = got
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert_eq!(got.iter().flatten().count(), want.iter().flatten().count());
+    diff / spread
+}
+
+#[test]
+fn every_linear_and_attention_path_matches_the_plain_path() {
+    let plain = Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER);
+    let (want, plain_kernels) = run(plain);
+    assert!(
+        plain_kernels.contains(&Gemm::NAME.to_string()),
+        "{plain_kernels:?}"
+    );
+    assert!(
+        !plain_kernels.iter().any(|k| k.contains("gemv")),
+        "{plain_kernels:?}"
+    );
+    let all_streams = "gemv_stream=qkv+o+gate_up+down+lm_head";
+    let variants: Vec<(&str, Tuning)> = vec![
+        ("the kernel tree's defaults", tuned(&[])),
+        (
+            "streams with the norm",
+            tuned(&[all_streams, "gemv_stream_min_weights=0"]),
+        ),
+        (
+            "streams without the norm, no prewait",
+            tuned(&[
+                all_streams,
+                "gemv_stream_min_weights=0",
+                "gemv_stream_norm=false",
+                "gemv_norm=off",
+                "gemv_stream_prewait=0",
+                "gemv_stream_evict=false",
+            ]),
+        ),
+        (
+            "plain GEMVs, separate launches",
+            tuned(&[
+                "gemv_stage=off",
+                "gemv_norm=off",
+                "fused_qkv_attention=false",
+                "prefill_attention=v2",
+            ]),
+        ),
+        (
+            "staged and normalising everywhere, SiLU apart",
+            tuned(&["gemv_stage=all", "gemv_norm=all", "fused_swiglu=false"]),
+        ),
+        (
+            "capped grids, wide attention off, the library past one row",
+            tuned(&[
+                "gemv_grid_cap=7",
+                "gemv_grid_mode=balanced",
+                "grid_caps=o=3+down=5",
+                "attention_wide_blocks=0",
+                "gemm_wide_k=1024",
+                "gemm_wide_k_max_gemv_rows=1",
+                "embedding_vec=true",
+                "prefill_attention=v1",
+                "attention_unsplit_keys=0",
+                "attention_split_keys=16",
+            ]),
+        ),
+    ];
+    let mut seen = BTreeSet::new();
+    for (what, tuning) in variants {
+        let (got, kernels) = run(tuning);
+        let err = relative_error(&got, &want);
+        println!("{what}: relative error {err:.3e}, kernels {kernels:?}");
+        assert!(
+            err < 2e-2,
+            "{what}: relative logit error {err:.3e} against the plain path"
+        );
+        seen.extend(kernels);
+    }
+    // Between them the variants ran every form of the product, the norm fold and the attention.
+    let names = [
+        Gemv::NAME,
+        GemvF32Out::NAME,
+        GemvStaged::NAME,
+        GemvStream::NAME,
+        GemvStreamF32Out::NAME,
+        GemvStreamNorm::NAME,
+        GemvNorm::NAME,
+        GemvSwiglu::NAME,
+        GemvSwigluStaged::NAME,
+        GemvSwigluStream::NAME,
+        GemvSwigluNorm::NAME,
+        GemvSwigluStreamNorm::NAME,
+        SiluMul::NAME,
+        AddRmsNorm::NAME,
+        Gemm::NAME,
+        GemmF32Out::NAME,
+        QkvRopeKvWrite::NAME,
+        PagedAttention::NAME,
+        PagedAttentionQkv::NAME,
+        PagedAttentionQkv::WIDE_NAME,
+        PrefillAttention::NAME,
+        PrefillAttentionV2::NAME,
+        PrefillAttentionV3::NAME,
+        Embedding::NAME,
+        Embedding::VEC_NAME,
+    ];
+    let missing: Vec<String> = names
+        .iter()
+        .map(|n| n.to_string())
+        .filter(|n| !seen.contains(n))
+        .collect();
+    assert!(missing.is_empty(), "never launched: {missing:?}");
+}
