@@ -119,10 +119,45 @@ MODELS = {
         "use_cache": True,
         "vocab_size": 128256,
     },
+    # SmolLM2-135M's widths (hidden 576, 9 query / 3 kv heads of 64, intermediate 1536, 30 layers,
+    # tied embeddings, its eps and theta) with the Qwen3 tokenizer's vocabulary, so that the Qwen3
+    # tokenizer the GPU machine is given fits it: the shapes the real GGUF runs on CUDA (k = 576,
+    # 1536), without carrying its 98 MB.
+    "smollm2-widths": {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 576,
+        "initializer_range": 0.02,
+        "intermediate_size": 1536,
+        "max_position_embeddings": 8192,
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": 9,
+        "num_hidden_layers": 30,
+        "num_key_value_heads": 3,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 100000,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 151936,
+    },
 }
 
 # Which real tokenizer belongs next to each checkpoint (copied in with --tokenizer FAMILY=DIR).
-TOKENIZER_FAMILY = {"qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "llama-3.1-8b": "llama3"}
+TOKENIZER_FAMILY = {
+    "qwen3-0.6b": "qwen3",
+    "qwen3-8b": "qwen3",
+    "llama-3.1-8b": "llama3",
+    "smollm2-widths": "qwen3",
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # Initialisation. std 0.02 (the configs' initializer_range) keeps every projection's output at

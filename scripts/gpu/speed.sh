@@ -18,7 +18,8 @@
 #             CARGO_TARGET_DIR=target/trace cargo build --release): met_t bench-model --timeline at 160-token
 #             contexts, batch 1 and 8: each launch's wait and span inside the replayed step
 #   timelines the same trace build, batch 1 at 160 keys, once per variant of $TL_VARIANTS (entries
-#             `name` or `name:VAR=value,VAR2=value`, e.g. "base c100:METRALE_SMEM_CARVEOUT=100")
+#             `name` or `name:key=value,VAR=value`, e.g. "base c100:carveout=qkv=100": a METRALE_*
+#             name is set in the environment, any other key=value is passed as --tune key=value)
 #             on each model of $SPEED_MODELS; then the variants side by side, per launch label
 #             (scripts/gpu/timeline_pivot.py: span and wait), in timelines-<model>.md
 #   peers     transformers eager and static+compile (manual loop) decode at batch 1, 8 and 32, each
@@ -40,11 +41,14 @@
 #             Qwen3-0.6B parity; last, every row with the binaries side by side (ab-pivot.md). $AB_SEEDS (e.g. "1 2 3")
 #             adds check-kernels runs at those seeds; AB_GENERATE=" " skips the generate runs. An
 #             entry `name:VAR=value,...` runs binary `name` under those variables (e.g.
-#             AB="met met_b met_b:METRALE_GEMV_STAGE=off"); such an entry skips check-kernels and
+#             AB="met met_b met_b:gemv_stage=off": a METRALE_* name goes to the environment,
+#             another key=value to --tune of generate and bench-model); such an entry skips check-kernels and
 #             bench-kernels (the binary's kernels are measured under its own name) unless
 #             AB_VAR_KERNELS=1. $AB_MODEL_RUNS (default "8b 8b-short 0.6b") picks the bench-model
 #             runs: 8b (TTFT 1024/8192, batch 1/8/64 at 1k), 8b-short (batch 1/8/32 at 160),
-#             0.6b (TTFT 1024, batch 1/64). $AB_REPEAT (default 1) runs the entries that many
+#             0.6b (TTFT 1024, batch 1/64), 8b-steps (batch 1/8/32/64 at 160). AB_BENCH_KERNELS=0 skips
+#             bench-kernels. $AB_GENERATE (default "qwen3-8b qwen3-0.6b") names the checkpoints
+#             generated from. $AB_REPEAT (default 1) runs the entries that many
 #             times in turn, timing only after the first pass (rows named -r2, -r3, ...).
 #             AB_PARITY=0 skips the parity runs (and the reference logits they need).
 #
@@ -190,10 +194,10 @@ met)
       --skip-each "${SKIP_EACH:-add_rmsnorm,qkv,qkv_post,attention,o,gate_up,silu_mul,down,lm_head}" \
       --json "$RES/bench-model-skip-$m.json" > "$RES/bench-model-skip-$m.md" 2>&1
     record "met bench-model $m --skip-each" "exit $?"
-    METRALE_GEMV_MAX_ROWS=1 timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 8 \
+    timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128 --batches 8 --tune gemv_max_rows=1 \
       --json "$RES/bench-model-gemm8-$m.json" > "$RES/bench-model-gemm8-$m.md" 2>&1
     record "met bench-model $m, batch 8 through the library GEMM" "exit $? ($(grep -E '^\| decode' "$RES/bench-model-gemm8-$m.md" | awk -F'|' '{printf "%sms", $5+0}'))"
-    METRALE_PREFILL_ATTENTION=v2 timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 --batches 1 \
+    timeout 100 "$met" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 --batches 1 --tune prefill_attention=v2 \
       --json "$RES/bench-model-prefill-v2-$m.json" > "$RES/bench-model-prefill-v2-$m.md" 2>&1
     record "met bench-model $m, prefill attention v2 (v3 is the default at head_dim 128)" "exit $? ($(grep -E '^\| prefill' "$RES/bench-model-prefill-v2-$m.md" | awk -F'|' '{printf "t%s %sms; ", $4+0, $5+0}'))"
     met_generate "$m"
@@ -297,7 +301,14 @@ ab)
     if [ "$entry" != "${entry%%:*}" ]; then
       variant=1
       vars=${entry#*:}
-      printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${vars//,/ }" "$STASH/${entry%%:*}" > "$bin"
+      # METRALE_* assignments go to the environment; other key=value pairs become --tune
+      # arguments, given only to the subcommands that take them.
+      envs="" tunes=""
+      for kv in ${vars//,/ }; do
+        case $kv in METRALE_*) envs="$envs $kv" ;; *) tunes="$tunes --tune $kv" ;; esac
+      done
+      printf '#!/bin/sh\ncase "$1" in generate|bench-model) exec env %s "%s" "$@"%s ;; *) exec env %s "%s" "$@" ;; esac\n' \
+        "$envs" "$STASH/${entry%%:*}" "$tunes" "$envs" "$STASH/${entry%%:*}" > "$bin"
       chmod +x "$bin"
     fi
     [ "$rep" -gt 1 ] && b="$b-r$rep"
@@ -307,6 +318,8 @@ ab)
     [ "$variant" = 1 ] && [ "${AB_VAR_KERNELS:-0}" != 1 ] && measure_kernels=0
     [ "$rep" -gt 1 ] && measure_kernels=0
     kernels=${AB_KERNEL:-attention}
+    bench_kernels=$measure_kernels
+    [ "${AB_BENCH_KERNELS:-1}" = 0 ] && bench_kernels=0
     [ "$measure_kernels" = 1 ] || kernels=""
     for kern in $kernels; do
       timeout 120 "$bin" check-kernels --kernel "$kern" > "$RES/ab-check-$b-$kern.txt" 2>/dev/null
@@ -316,7 +329,7 @@ ab)
         record "$b check-kernels --kernel $kern --seed $seed" "exit $? ($(tail -n1 "$RES/ab-check-$b-$kern-seed$seed.txt"))"
       done
     done
-    if [ "$measure_kernels" = 1 ]; then
+    if [ "$bench_kernels" = 1 ]; then
       timeout 90 "$bin" bench-kernels --shape "${AB_SHAPE:-qwen3-8b}" --prefill "${AB_PREFILL:-1024}" > "$RES/ab-bench-kernels-$b.md" 2>&1
       grep -iE "${AB_ROWS:-decode attention|prefill attention tokens=1024 \(tensor cores v2, 8}" "$RES/ab-bench-kernels-$b.md" |
         awk -F'|' -v b="$b" '{gsub(/^ +| +$/, "", $3); printf "| %s %s | %s us |\n", b, $3, $4+0}' >> "$RES/ab-rows.md"
@@ -326,6 +339,7 @@ ab)
       case $f in
       8b) timeout 120 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 1024,8192 --batches 1,8,64 ;;
       8b-short) timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 32 --batches 1,8,32 --context 160 ;;
+      8b-steps) timeout 90 "$bin" bench-model --model-from-path "$CKPT/qwen3-8b" --prefill 32 --batches 1,8,32,64 --context 160 ;;
       0.6b) timeout 60 "$bin" bench-model --model-from-path "$CKPT/qwen3-0.6b" --prefill 1024 --batches 1,64 ;;
       esac > "$RES/ab-bench-model-$f-$b.md" 2>&1
     done
