@@ -950,7 +950,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
             ));
         }
     }
-    // The batch-1 products the bulk-copy stream takes (METRALE_GEMV_STREAM_LABELS).
+    // The batch-1 products the bulk-copy stream takes (the tuning's `gemv_stream`).
     for (what, n, k) in [
         ("qkv_proj", qd + 2 * kvd, h),
         ("o_proj", h, qd),
@@ -982,7 +982,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(case);
     }
     // The same two after a residual add + RMSNorm, the norm in the stream's launch
-    // (METRALE_GEMV_STREAM_NORM, where the stream takes the product).
+    // (the tuning's `gemv_stream_norm`, where the stream takes the product).
     for (what, n, swiglu) in [
         ("qkv_proj", qd + 2 * kvd, false),
         ("gate_up+silu*mul", 2 * i, true),
@@ -1016,7 +1016,7 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
                 out.push(gemv_split_case(s, what, n, k, columns));
             }
         }
-        // At the resident blocks where that changes the split (METRALE_GEMV_GRID_MODE=resplit).
+        // At the resident blocks where that changes the split (`gemv_grid_mode=resplit`).
         let grid = launch_grid(&gemv_case(s, what, 1, n, k, false));
         let resplit = |mode| gemv_launch_grid(1, n, grid, GEMV_RESIDENT_BLOCKS, mode);
         if resplit(GemvGridMode::Resplit) != resplit(GemvGridMode::Same) {

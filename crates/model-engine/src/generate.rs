@@ -167,7 +167,7 @@ fn run(
     let finish = if let Some(finish) = accept(&mut tokens, next) {
         finish
     } else if device_argmax && model.decode_ahead_steps() > 0 {
-        // Greedy on the device with steps queued ahead of the host (METRALE_DECODE_AHEAD): no
+        // Greedy on the device with steps queued ahead of the host (the tuning's `decode_ahead`): no
         // round trip per token; a stop token is seen a few steps late and those steps discarded.
         let position = prompt.len() + tokens.len() - 1;
         let steps = (total - 1 - position).min(max_new - tokens.len());

@@ -72,8 +72,8 @@ impl Model {
     /// SiLU x up, labelled "gate_up"; the qkv and gate|up GEMVs that do the residual add +
     /// RMSNorm before them, labelled "qkv" and "gate_up"), "qkv_post", "silu_mul" and
     /// "add_rmsnorm" leave out nothing of them and the fused label leaves out every part: turn
-    /// the fusions off (`METRALE_FUSED_QKV_ATTENTION=0`, `METRALE_FUSED_SWIGLU=0`,
-    /// `METRALE_GEMV_NORM=0`) to time the parts apart.
+    /// the fusions off (`--tune fused_qkv_attention=false`, `fused_swiglu=false`,
+    /// `gemv_norm=off`) to time the parts apart.
     pub fn set_skip(&mut self, labels: &[&str]) -> Result<(), ModelError> {
         self.skip = labels
             .iter()

@@ -63,8 +63,8 @@ extern "C" __global__ void embedding_f32(float* __restrict__ out,
     gather<false>(out, table, ids, tokens, hidden, vocab);
 }
 
-// embedding_f32 with 16-byte loads, for measuring (the model launches it under
-// METRALE_EMBEDDING_VEC=1): each thread loads up to VEC_PER 8-element pieces of the row, all before
+// embedding_f32 with 16-byte loads, for measuring (the model launches it under the tuning's
+// embedding_vec): each thread loads up to VEC_PER 8-element pieces of the row, all before
 // its first store, so a row costs one memory round trip after the id's instead of one per few
 // elements (embedding_f32 copies 2 bytes an iteration: 6.5 us at Qwen3-8B's hidden 4096 on the
 // H200, the step's first launch; docs/results/2026-12-02-speed-h200/attention-wide, timelines).

@@ -28,7 +28,7 @@ kernel_args!(
 impl Embedding {
     /// `embedding_f32_vec`: the same arguments, launch and values with 16-byte loads, all of a
     /// thread's issued before its first store (the model takes it under
-    /// `METRALE_EMBEDDING_VEC=1`, being measured).
+    /// the tuning's `embedding_vec`, being measured).
     pub const VEC_NAME: metrale_core::KernelName = names::embedding::EMBEDDING_F32_VEC;
 }
 

@@ -555,7 +555,7 @@ const GEMV_STAGE_BYTES: u32 = 8 * 32 * 4 * 16;
 /// (products of 16.8M to 100M weights) was 1-3% slower with the staged path compiled into its
 /// GEMV whether it staged or not, and less slow staging every product
 /// (docs/results/2026-12-01-speed-h200/gemv-prewait). With the separate entries, staging every
-/// product (the model's `METRALE_GEMV_STAGE=all`) made Qwen3-8B's step at 160 keys 4.436 ->
+/// product (the tuning's `gemv_stage=all`) made Qwen3-8B's step at 160 keys 4.436 ->
 /// 4.559 ms (docs/results/2026-12-01-speed-h200/grid-cap).
 const GEMV_STAGE_MAX_WEIGHTS: u64 = 8 << 20;
 
@@ -611,7 +611,7 @@ pub fn gemv_balanced_grid(m: u32, n: u32, grid: u32, cap: u32) -> u32 {
 }
 
 /// How a GEMV launch's grid is capped ([`gemv_launch_grid`]; the model's
-/// `METRALE_GEMV_GRID_MODE`).
+/// `gemv_grid_mode` tuning).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GemvGridMode {
     /// [`gemv_capped_grid`]: capped where the columns per block stay the same (the default).
