@@ -132,10 +132,11 @@ pub fn from_gguf_metadata(
         rope_theta: float("rope.freq_base", 10000.0),
         rope_scaling,
         tie_word_embeddings: !has_output_tensor,
-        attention_bias: family == ModelFamily::Qwen2,
-        qk_norm: family == ModelFamily::Qwen3,
+        attention_bias: family.qkv_bias(),
+        qk_norm: family.qk_norm(),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
+        moe: None,
     };
     config.validate()?;
     Ok(config)

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::{ConfigError, ModelConfig, ModelFamily, RopeScaling};
+use crate::{ConfigError, ModelConfig, ModelFamily, MoeConfig, RopeScaling, RouterKind};
 
 fn get<'a>(obj: &'a Map<String, Value>, key: &'static str) -> Result<&'a Value, ConfigError> {
     obj.get(key)
@@ -107,6 +107,45 @@ fn rope_scaling(obj: &Map<String, Value>) -> Result<RopeScaling, ConfigError> {
     }
 }
 
+/// The sparse MLPs of a MoE family's config (`None` for a dense family). Keys that would change
+/// the routing in ways the engine does not implement are refused.
+fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig>, ConfigError> {
+    let shared = match family {
+        ModelFamily::Qwen2Moe => Some(usize_of(obj, "shared_expert_intermediate_size")?),
+        ModelFamily::Qwen3Moe => None,
+        _ => return Ok(None),
+    };
+    let mlp_only_layers = match obj.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().map(|l| l as usize))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ConfigError::Invalid {
+                key: "mlp_only_layers",
+                message: format!("expected layer indices, got {}", obj["mlp_only_layers"]),
+            })?,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                key: "mlp_only_layers",
+                message: format!("expected a list of layer indices, got {other}"),
+            });
+        }
+    };
+    Ok(Some(MoeConfig {
+        num_experts: usize_of(obj, "num_experts")?,
+        top_k: usize_of(obj, "num_experts_per_tok")?,
+        expert_intermediate: usize_of(obj, "moe_intermediate_size")?,
+        // transformers' defaults: Qwen3-MoE renormalises, Qwen2-MoE does not.
+        norm_topk_prob: bool_of(obj, "norm_topk_prob", family == ModelFamily::Qwen3Moe)?,
+        router: RouterKind::Softmax,
+        routed_scaling: 1.0,
+        shared_expert_intermediate: shared,
+        sparse_step: opt_usize(obj, "decoder_sparse_step")?.unwrap_or(1),
+        mlp_only_layers,
+    }))
+}
+
 /// Parses a `config.json` text.
 pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
     let value: Value =
@@ -185,13 +224,11 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         rope_theta: f32_of(obj, "rope_theta", 10000.0)?,
         rope_scaling: rope_scaling(obj)?,
         tie_word_embeddings: bool_of(obj, "tie_word_embeddings", false)?,
-        attention_bias: match family {
-            ModelFamily::Qwen2 => true,
-            _ => bool_of(obj, "attention_bias", false)?,
-        },
-        qk_norm: family == ModelFamily::Qwen3,
+        attention_bias: family.qkv_bias() || bool_of(obj, "attention_bias", false)?,
+        qk_norm: family.qk_norm(),
         bos_token_id: token_ids(obj.get("bos_token_id")).first().copied(),
         eos_token_ids: token_ids(obj.get("eos_token_id")),
+        moe: moe(obj, family)?,
     };
     config.validate()?;
     Ok(config)
@@ -281,6 +318,64 @@ mod tests {
             from_config_json("{not json"),
             Err(ConfigError::Syntax(_))
         ));
+    }
+
+    /// Qwen3-30B-A3B's config.json as the hub ships it.
+    const QWEN3_30B_A3B: &str = r#"{"architectures":["Qwen3MoeForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+      "bos_token_id":151643,"decoder_sparse_step":1,"eos_token_id":151645,"head_dim":128,"hidden_act":"silu",
+      "hidden_size":2048,"initializer_range":0.02,"intermediate_size":6144,"max_position_embeddings":40960,
+      "max_window_layers":48,"mlp_only_layers":[],"model_type":"qwen3_moe","moe_intermediate_size":768,
+      "norm_topk_prob":true,"num_attention_heads":32,"num_experts":128,"num_experts_per_tok":8,
+      "num_hidden_layers":48,"num_key_value_heads":4,"output_router_logits":false,"rms_norm_eps":1e-06,
+      "rope_scaling":null,"rope_theta":1000000.0,"router_aux_loss_coef":0.001,"sliding_window":null,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16","use_cache":true,"use_sliding_window":false,
+      "vocab_size":151936}"#;
+
+    #[test]
+    fn qwen3_30b_a3b_is_sparse_in_every_layer() {
+        let c = from_config_json(QWEN3_30B_A3B).unwrap();
+        assert_eq!(c.family, ModelFamily::Qwen3Moe);
+        assert!(c.qk_norm && !c.attention_bias);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (128, 8, 768)
+        );
+        assert!(m.norm_topk_prob && m.shared_expert_intermediate.is_none());
+        assert!((0..48).all(|l| m.is_sparse(l)));
+        // 30.5B parameters, as the model card says.
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((30.3..30.7).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn qwen2_moe_has_a_shared_expert_and_sparse_steps() {
+        let text = QWEN3_30B_A3B
+            .replace("\"qwen3_moe\"", "\"qwen2_moe\"")
+            .replace("\"decoder_sparse_step\":1", "\"decoder_sparse_step\":2")
+            .replace("\"mlp_only_layers\":[]", "\"mlp_only_layers\":[3]")
+            .replace(
+                "\"norm_topk_prob\":true,",
+                "\"shared_expert_intermediate_size\":5632,",
+            );
+        let c = from_config_json(&text).unwrap();
+        assert!(c.attention_bias && !c.qk_norm);
+        let m = c.moe.unwrap();
+        assert_eq!(m.shared_expert_intermediate, Some(5632));
+        assert!(!m.norm_topk_prob);
+        let sparse: Vec<usize> = (0..8).filter(|&l| m.is_sparse(l)).collect();
+        assert_eq!(sparse, [1, 5, 7]);
+        // Without its shared expert's width, a Qwen2-MoE config is refused by name.
+        let err = from_config_json(&text.replace("\"shared_expert_intermediate_size\":5632,", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("shared_expert_intermediate_size"), "{err}");
+        let err = from_config_json(
+            &QWEN3_30B_A3B.replace("\"num_experts_per_tok\":8", "\"num_experts_per_tok\":129"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("num_experts_per_tok"), "{err}");
     }
 
     #[test]

@@ -25,6 +25,12 @@ pub enum ModelFamily {
     Qwen2,
     /// Qwen3 dense: QK-norm, no QKV bias.
     Qwen3,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, sparse MLPs with a softmax
+    /// router and a shared expert behind a sigmoid gate.
+    Qwen2Moe,
+    /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention, sparse MLPs with a softmax
+    /// router.
+    Qwen3Moe,
 }
 
 impl ModelFamily {
@@ -34,11 +40,38 @@ impl ModelFamily {
             ModelFamily::Llama => "llama",
             ModelFamily::Qwen2 => "qwen2",
             ModelFamily::Qwen3 => "qwen3",
+            ModelFamily::Qwen2Moe => "qwen2_moe",
+            ModelFamily::Qwen3Moe => "qwen3_moe",
         }
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 3] = [ModelFamily::Llama, ModelFamily::Qwen2, ModelFamily::Qwen3];
+    pub const ALL: [ModelFamily; 5] = [
+        ModelFamily::Llama,
+        ModelFamily::Qwen2,
+        ModelFamily::Qwen3,
+        ModelFamily::Qwen2Moe,
+        ModelFamily::Qwen3Moe,
+    ];
+
+    /// The q, k and v products carry biases (the Qwen2 attention).
+    pub fn qkv_bias(self) -> bool {
+        matches!(self, ModelFamily::Qwen2 | ModelFamily::Qwen2Moe)
+    }
+
+    /// q and k are RMS-normalised per head before RoPE (the Qwen3 attention).
+    pub fn qk_norm(self) -> bool {
+        matches!(self, ModelFamily::Qwen3 | ModelFamily::Qwen3Moe)
+    }
+
+    /// The dense family whose attention and weight names this one shares.
+    pub fn dense(self) -> ModelFamily {
+        match self {
+            ModelFamily::Qwen2Moe => ModelFamily::Qwen2,
+            ModelFamily::Qwen3Moe => ModelFamily::Qwen3,
+            other => other,
+        }
+    }
 
     fn parse(model_type: &str) -> Result<Self, ConfigError> {
         ModelFamily::ALL
@@ -71,6 +104,47 @@ pub enum RopeScaling {
         /// The divisor.
         factor: f32,
     },
+}
+
+/// How a sparse MLP's router turns its logits into expert weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RouterKind {
+    /// `softmax(logits)` over every expert, then the top k (Qwen2-MoE, Qwen3-MoE).
+    Softmax,
+    /// `sigmoid(logits)`; the top k of `scores + correction_bias` chosen, weighted by the unbiased
+    /// scores (MiniMax-M2, DeepSeek-V3).
+    SigmoidBias,
+}
+
+/// A Mixture-of-Experts MLP's shape and routing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts.
+    pub num_experts: usize,
+    /// Experts each token takes.
+    pub top_k: usize,
+    /// Each expert's gate and up width.
+    pub expert_intermediate: usize,
+    /// The top k weights are renormalised to sum to 1.
+    pub norm_topk_prob: bool,
+    /// How scores are made.
+    pub router: RouterKind,
+    /// Routed weights are multiplied by this.
+    pub routed_scaling: f32,
+    /// Width of the shared expert every token takes beside the routed ones (Qwen2-MoE: behind a
+    /// sigmoid gate), if any.
+    pub shared_expert_intermediate: Option<usize>,
+    /// Every `sparse_step`-th layer is sparse (`decoder_sparse_step`)...
+    pub sparse_step: usize,
+    /// ...except these, which stay dense (`mlp_only_layers`).
+    pub mlp_only_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// Whether layer `l`'s MLP is the sparse one (else dense, of `intermediate_size`).
+    pub fn is_sparse(&self, l: usize) -> bool {
+        !self.mlp_only_layers.contains(&l) && (l + 1).is_multiple_of(self.sparse_step.max(1))
+    }
 }
 
 /// A checkpoint's shape and numerics, whatever file it came from.
@@ -110,6 +184,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens.
     pub eos_token_ids: Vec<u32>,
+    /// The sparse MLPs, for a Mixture-of-Experts model.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -157,6 +233,32 @@ impl ModelConfig {
                 format!("{} is not a positive number", self.rope_theta),
             );
         }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.expert_intermediate == 0 {
+                return bad(
+                    "num_experts",
+                    "experts and their width must be positive".into(),
+                );
+            }
+            if m.top_k == 0 || m.top_k > m.num_experts {
+                return bad(
+                    "num_experts_per_tok",
+                    format!(
+                        "{} is not between 1 and num_experts {}",
+                        m.top_k, m.num_experts
+                    ),
+                );
+            }
+            if m.sparse_step == 0 {
+                return bad("decoder_sparse_step", "must be positive".into());
+            }
+            if !(m.routed_scaling.is_finite() && m.routed_scaling > 0.0) {
+                return bad(
+                    "routed_scaling_factor",
+                    format!("{} is not a positive number", m.routed_scaling),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -178,8 +280,21 @@ impl ModelConfig {
             } else {
                 0
             };
-        let layer = attn + 3 * h * i + norms;
-        v * h * if self.tie_word_embeddings { 1 } else { 2 } + self.num_layers as u64 * layer + h
+        let dense = 3 * h * i;
+        let mlps: u64 = (0..self.num_layers)
+            .map(|l| match &self.moe {
+                Some(m) if m.is_sparse(l) => {
+                    let routed = m.num_experts as u64 * 3 * h * m.expert_intermediate as u64;
+                    let shared = m
+                        .shared_expert_intermediate
+                        .map_or(0, |s| 3 * h * s as u64 + h);
+                    routed + shared + m.num_experts as u64 * h
+                }
+                _ => dense,
+            })
+            .sum();
+        let layers = self.num_layers as u64 * (attn + norms) + mlps;
+        v * h * if self.tie_word_embeddings { 1 } else { 2 } + layers + h
     }
 }
 
@@ -193,7 +308,9 @@ pub enum ConfigError {
     #[error("config is missing `{0}`")]
     Missing(&'static str),
     /// The model type is not one the engine runs.
-    #[error("unsupported model_type `{model_type}`; supported: llama, qwen2, qwen3")]
+    #[error(
+        "unsupported model_type `{model_type}`; supported: llama, qwen2, qwen3, qwen2_moe, qwen3_moe"
+    )]
     UnknownModelType {
         /// What the config says.
         model_type: String,

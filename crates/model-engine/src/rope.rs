@@ -88,6 +88,7 @@ mod tests {
             qk_norm: false,
             bos_token_id: None,
             eos_token_ids: vec![],
+            moe: None,
         }
     }
 
