@@ -252,6 +252,13 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
         (QkvRopeKvWrite::NAME, run::<QkvRopeKvWrite>),
         (GridBarrier::NAME, run::<GridBarrier>),
+        (MoeRoute::NAME, run::<MoeRoute>),
+        (MoeGemvSwiglu::NAME, run::<MoeGemvSwiglu>),
+        (MoeGemvDown::NAME, run::<MoeGemvDown>),
+        (MoeGroup::NAME, run::<MoeGroup>),
+        (MoeGemmSwiglu::NAME, run::<MoeGemmSwiglu>),
+        (MoeGemmDown::NAME, run::<MoeGemmDown>),
+        (MoeCombine::NAME, run::<MoeCombine>),
     ]
 };
 

@@ -1282,7 +1282,7 @@ fn launch(m: u32, n: u32) -> LaunchConfig {
 }
 
 /// `dot(a, w)` with eight independent accumulators, so the loop vectorises.
-fn dot(a: &[f32], w: &[f32]) -> f32 {
+pub(super) fn dot(a: &[f32], w: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
     for c in 0..chunks {

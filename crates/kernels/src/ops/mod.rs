@@ -10,6 +10,7 @@ mod elementwise;
 mod embedding;
 mod gemm;
 mod grid_barrier;
+pub mod moe;
 mod qkv_post;
 mod rmsnorm;
 mod rope;
@@ -35,6 +36,10 @@ pub use gemm::{
     gemv_stream_fits,
 };
 pub use grid_barrier::GridBarrier;
+pub use moe::{
+    MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown,
+    MoeGemvSwiglu, MoeGroup, MoeRoute, MoeScoring, group_by_expert, route_row,
+};
 pub use qkv_post::QkvRopeKvWrite;
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
 pub use rope::RopeNeox;

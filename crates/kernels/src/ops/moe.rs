@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Mixture of Experts (`moe.cu`): routing, the selected experts' SwiGLU MLPs, and the weighted
+//! combine of their outputs.
+//!
+//! The vocabulary, shared by every entry:
+//! - an **assignment** is one (row, slot) pair of the router's top k, numbered `a = r * k + s`;
+//!   `topk_ids[a]` is its expert (an id outside `[0, experts)` means "no expert": its output is
+//!   zero and it adds nothing to its row) and `topk_weights[a]` its f32 weight;
+//! - the experts' gate|up weights are stacked `[experts, 2 * inter, hidden]` (each expert's gate
+//!   rows, then its up rows: the dense model's fused gate|up once per expert) and their down
+//!   weights `[experts, hidden, inter]`;
+//! - every sum over the slots of a row runs in slot order (no atomics): the same bits on every
+//!   run.
+//!
+//! Two paths, one semantics:
+//! - **decode** ([`MoeRoute`], [`MoeGemvSwiglu`], [`MoeGemvDown`]): weight streams in the manner of
+//!   the GEMV, one launch for every selected expert of every row; the down launch weights and adds
+//!   the slots inside each output's dot, in f32, and rounds once;
+//! - **prefill** ([`MoeRoute`], [`MoeGroup`], [`MoeGemmSwiglu`], [`MoeGemmDown`], [`MoeCombine`]):
+//!   the assignments grouped by expert, grouped tensor-core products over each expert's rows, each
+//!   expert's output rounded to bf16 (as `transformers` in bf16 does) before the f32 combine.
+//!
+//! The MoE block's output is bf16 `[m, hidden]`, as the dense MLP's down product gives it: the
+//! residual add + norm that follows takes it unchanged.
+
+mod decode;
+mod grouped;
+mod route;
+
+pub use decode::{MoeGemvDown, MoeGemvSwiglu};
+pub use grouped::{MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGroup, group_by_expert};
+pub use route::{MoeRoute, MoeScoring, route_row};
+
+use half::bf16;
+use metrale_core::KernelName;
+
+use crate::host::{HostError, widen};
+
+/// Most experts a MoE entry takes (`MAX_EXPERTS` in moe.cu: the routing warp holds 16 a lane,
+/// and [`MoeGroup`]'s per-warp histograms fill 32 KiB of shared memory).
+pub const MOE_MAX_EXPERTS: u32 = 512;
+/// Most experts a row takes (`MAX_TOP_K` in moe.cu).
+pub const MOE_MAX_TOP_K: u32 = 16;
+
+fn bad_args(kernel: KernelName, message: String) -> HostError {
+    HostError::BadArgs { kernel, message }
+}
+
+/// Refuses `experts` or `k` outside what the kernels take.
+fn check_experts(kernel: KernelName, experts: u32, k: u32) -> Result<(), HostError> {
+    if !(1..=MOE_MAX_EXPERTS).contains(&experts) {
+        return Err(bad_args(
+            kernel,
+            format!("experts = {experts} is not in 1..={MOE_MAX_EXPERTS}"),
+        ));
+    }
+    if !(1..=MOE_MAX_TOP_K).contains(&k) {
+        return Err(bad_args(
+            kernel,
+            format!("k = {k} is not in 1..={MOE_MAX_TOP_K}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The expert of an id, if it names one.
+fn expert_of(id: i32, experts: usize) -> Option<usize> {
+    usize::try_from(id).ok().filter(|&e| e < experts)
+}
+
+/// One assignment's SwiGLU activation: `silu(g) * u` of `g = x . gate[j]` and `u = x . up[j]`,
+/// each rounded to bf16 first (what a bf16 gate|up product followed by `silu_mul_bf16` gives),
+/// for the `inter` columns of expert `expert` of the stacked `w` (`[experts, 2 * inter, hidden]`).
+fn expert_swiglu(x: &[f32], w: &[bf16], expert: usize, inter: usize, hidden: usize) -> Vec<f32> {
+    let rows = &w[expert * 2 * inter * hidden..(expert + 1) * 2 * inter * hidden];
+    let mut row = vec![0f32; hidden];
+    let mut product = |r: usize| {
+        for (dst, src) in row.iter_mut().zip(&rows[r * hidden..(r + 1) * hidden]) {
+            *dst = widen(*src);
+        }
+        crate::host::round_bf16(super::gemm::dot(x, &row))
+    };
+    (0..inter)
+        .map(|j| {
+            let g = product(j);
+            let u = product(inter + j);
+            super::activation::silu(g) * u
+        })
+        .collect()
+}
+
+/// One assignment's down product in f32: `act . w[expert, h]` for every `h` of the stacked `w`
+/// (`[experts, hidden, inter]`).
+fn expert_down(act: &[f32], w: &[bf16], expert: usize, hidden: usize, inter: usize) -> Vec<f32> {
+    let rows = &w[expert * hidden * inter..(expert + 1) * hidden * inter];
+    let mut row = vec![0f32; inter];
+    (0..hidden)
+        .map(|h| {
+            for (dst, src) in row.iter_mut().zip(&rows[h * inter..(h + 1) * inter]) {
+                *dst = widen(*src);
+            }
+            super::gemm::dot(act, &row)
+        })
+        .collect()
+}

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The decode experts: every selected expert of every row in one gate|up launch and one down
+//! launch, each a weight stream in the manner of the GEMV's one-column-a-warp form.
+//!
+//! Bytes at batch 1 (Qwen3-30B-A3B: hidden 2048, expert width 768, k = 8): gate|up reads
+//! 8 x 2 x 768 x 2048 x 2 B = 25.2 MB over 6144 warps of 8 KiB (about two waves of the H200's
+//! resident warps), down reads 8 x 2048 x 768 x 2 B = 25.2 MB over 2048 warps of 12 KiB; every
+//! warp keeps 4 KiB in flight, as the dense GEMV does, and no byte is read twice.
+
+use half::bf16;
+use metrale_core::{DevicePtr, LaunchConfig};
+
+use super::{bad_args, check_experts, expert_down, expert_of, expert_swiglu};
+use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
+use crate::names;
+use crate::ops::blocks_for;
+
+kernel_args!(
+    /// The selected experts' gate|up products with SwiGLU: for every assignment `a = r * k + s`
+    /// of expert `e = ids[a]`, `act[a, j] = bf16(silu(g) * u)` of `g = x[r] . w[e, j]` and
+    /// `u = x[r] . w[e, inter + j]`, each rounded to bf16 first (the bits of
+    /// [`GemvSwiglu`](crate::ops::GemvSwiglu) on expert `e`'s slice, up to summation order). An
+    /// assignment with no expert gets zeros.
+    MoeGemvSwiglu => names::moe::MOE_GEMV_SWIGLU {
+        /// bf16 `[rows * k, inter]`, one row per assignment.
+        act: DevicePtr,
+        /// bf16 `[rows, hidden]`.
+        x: DevicePtr,
+        /// bf16 `[experts, 2 * inter, hidden]`: each expert's gate rows, then its up rows.
+        w: DevicePtr,
+        /// i32 `[rows, k]`: the router's choices.
+        ids: DevicePtr,
+        /// Rows (tokens).
+        rows: u32,
+        /// Slots a row.
+        k: u32,
+        /// Experts in `w`.
+        experts: u32,
+        /// Each expert's width (its gate rows).
+        inter: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+kernel_args!(
+    /// The selected experts' down products, weighted and added: `out[r, h] = bf16(sum over slots
+    /// s of weights[r, s] * (act[r * k + s] . w[ids[r, s], h]))`, in f32 throughout (the expert
+    /// outputs are not rounded before they are weighted and added; slots with no expert add
+    /// nothing). bf16 out, as the dense down product: the residual add + norm after the MLP
+    /// takes it as it takes the dense MLP's output.
+    MoeGemvDown => names::moe::MOE_GEMV_DOWN {
+        /// bf16 `[rows, hidden]`.
+        out: DevicePtr,
+        /// bf16 `[rows * k, inter]`: [`MoeGemvSwiglu`]'s output.
+        act: DevicePtr,
+        /// bf16 `[experts, hidden, inter]`.
+        w: DevicePtr,
+        /// i32 `[rows, k]`.
+        ids: DevicePtr,
+        /// f32 `[rows, k]`.
+        weights: DevicePtr,
+        /// Rows (tokens), at most 65535 (grid y).
+        rows: u32,
+        /// Slots a row.
+        k: u32,
+        /// Experts in `w`.
+        experts: u32,
+        /// The model's width.
+        hidden: u32,
+        /// Each expert's width.
+        inter: u32,
+    }
+);
+
+/// Warps (output columns) of a decode expert block (`WARPS` in moe.cu).
+const COLUMNS_PER_BLOCK: u32 = 8;
+
+impl Kernel for MoeGemvSwiglu {
+    /// One block per assignment and 8 columns (grid x: assignments, so that the blocks launched
+    /// together read the same columns of the experts the rows share).
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                (self.rows * self.k).max(1),
+                self.inter.div_ceil(COLUMNS_PER_BLOCK).max(1),
+                1,
+            ],
+            block: [256, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_experts(Self::NAME, self.experts, self.k)?;
+        let (rows, k, experts) = (self.rows as usize, self.k as usize, self.experts as usize);
+        let (inter, hidden) = (self.inter as usize, self.hidden as usize);
+        let ids = host::load::<i32>(mem, self.ids, rows * k)?;
+        let x = host::load_bf16(mem, self.x, rows * hidden)?;
+        let w = host::view::<bf16>(mem, self.w, experts * 2 * inter * hidden)?;
+        let mut act = vec![0f32; rows * k * inter];
+        for (a, out) in act
+            .chunks_exact_mut(inter.max(1))
+            .enumerate()
+            .take(rows * k)
+        {
+            if let Some(e) = expert_of(ids[a], experts) {
+                let xr = &x[a / k * hidden..(a / k + 1) * hidden];
+                out.copy_from_slice(&expert_swiglu(xr, &w, e, inter, hidden));
+            }
+        }
+        drop(w);
+        host::store_bf16(mem, self.act, &act)
+    }
+}
+
+impl Kernel for MoeGemvDown {
+    /// One block per 8 output columns of a row, rows in grid y.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.hidden.into(), COLUMNS_PER_BLOCK).max(1),
+                self.rows.max(1),
+                1,
+            ],
+            block: [256, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_experts(Self::NAME, self.experts, self.k)?;
+        if self.rows > u32::from(u16::MAX) {
+            return Err(bad_args(
+                Self::NAME,
+                format!("rows = {} exceeds the grid's 65535", self.rows),
+            ));
+        }
+        let (rows, k, experts) = (self.rows as usize, self.k as usize, self.experts as usize);
+        let (hidden, inter) = (self.hidden as usize, self.inter as usize);
+        let ids = host::load::<i32>(mem, self.ids, rows * k)?;
+        let weights = host::load::<f32>(mem, self.weights, rows * k)?;
+        let act = host::load_bf16(mem, self.act, rows * k * inter)?;
+        let w = host::view::<bf16>(mem, self.w, experts * hidden * inter)?;
+        let mut out = vec![0f32; rows * hidden];
+        for (r, row) in out.chunks_exact_mut(hidden.max(1)).enumerate().take(rows) {
+            for s in 0..k {
+                let a = r * k + s;
+                let Some(e) = expert_of(ids[a], experts) else {
+                    continue;
+                };
+                let y = expert_down(&act[a * inter..(a + 1) * inter], &w, e, hidden, inter);
+                for (o, y) in row.iter_mut().zip(y) {
+                    *o += weights[a] * y;
+                }
+            }
+        }
+        drop(w);
+        host::store_bf16(mem, self.out, &out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::round_bf16;
+    use crate::ops::activation::silu;
+    use crate::ops::testing::*;
+
+    /// Random bf16-exact values.
+    fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+        f32s(&bf16s(&uniform(seed, n, scale)))
+    }
+
+    /// The dense SwiGLU MLP of one expert on one row, naively: f32 sums, gate and up rounded to
+    /// bf16, the activation rounded to bf16, the down product in f32.
+    fn dense_mlp(x: &[f32], gate_up: &[f32], down: &[f32], inter: usize) -> Vec<f32> {
+        let hidden = x.len();
+        let dot = |w: &[f32], v: &[f32]| w.iter().zip(v).map(|(a, b)| a * b).sum::<f32>();
+        let act: Vec<f32> = (0..inter)
+            .map(|j| {
+                let g = round_bf16(dot(&gate_up[j * hidden..(j + 1) * hidden], x));
+                let u = round_bf16(dot(
+                    &gate_up[(inter + j) * hidden..(inter + j + 1) * hidden],
+                    x,
+                ));
+                round_bf16(silu(g) * u)
+            })
+            .collect();
+        (0..hidden)
+            .map(|h| dot(&down[h * inter..(h + 1) * inter], &act))
+            .collect()
+    }
+
+    #[test]
+    fn the_decode_experts_are_the_weighted_sum_of_dense_mlps() {
+        // 3 rows, 5 experts, 2 slots each (one empty), widths that are not powers of two.
+        let (rows, experts, k, hidden, inter) = (3usize, 5usize, 2usize, 24usize, 10usize);
+        let x = values(1, rows * hidden, 1.0);
+        let gate_up = values(2, experts * 2 * inter * hidden, 0.4);
+        let down = values(3, experts * hidden * inter, 0.4);
+        let ids = [4i32, 0, 2, 2 + 5, 1, 4];
+        let weights = [0.7f32, 0.3, 1.0, 0.9, 0.25, 0.5];
+        let mut m = FlatMemory::new();
+        let (xp, wgu, wd) = (
+            m.put(&bf16s(&x)),
+            m.put(&bf16s(&gate_up)),
+            m.put(&bf16s(&down)),
+        );
+        let (idp, wp) = (m.put(&ids), m.put(&weights));
+        let act = m.put(&bf16s(&vec![9.0; rows * k * inter]));
+        let out = m.put(&bf16s(&vec![9.0; rows * hidden]));
+        let (rows_u, k_u) = (rows as u32, k as u32);
+        MoeGemvSwiglu {
+            act,
+            x: xp,
+            w: wgu,
+            ids: idp,
+            rows: rows_u,
+            k: k_u,
+            experts: experts as u32,
+            inter: inter as u32,
+            hidden: hidden as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        // The empty slot (an id past the experts) has a zero activation.
+        let acts = f32s(&m.get(act, rows * k * inter));
+        assert!(acts[3 * inter..4 * inter].iter().all(|&v| v == 0.0));
+        MoeGemvDown {
+            out,
+            act,
+            w: wd,
+            ids: idp,
+            weights: wp,
+            rows: rows_u,
+            k: k_u,
+            experts: experts as u32,
+            hidden: hidden as u32,
+            inter: inter as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let got = f32s(&m.get(out, rows * hidden));
+        for r in 0..rows {
+            let xr = &x[r * hidden..(r + 1) * hidden];
+            let mut want = vec![0f32; hidden];
+            for s in 0..k {
+                let Ok(e) = usize::try_from(ids[r * k + s]) else {
+                    continue;
+                };
+                if e >= experts {
+                    continue;
+                }
+                let y = dense_mlp(
+                    xr,
+                    &gate_up[e * 2 * inter * hidden..(e + 1) * 2 * inter * hidden],
+                    &down[e * hidden * inter..(e + 1) * hidden * inter],
+                    inter,
+                );
+                for (w, y) in want.iter_mut().zip(y) {
+                    *w += weights[r * k + s] * y;
+                }
+            }
+            for h in 0..hidden {
+                let (g, w) = (got[r * hidden + h], want[h]);
+                assert!(
+                    (g - w).abs() <= 1e-5 + w.abs() / 128.0,
+                    "row {r} column {h}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn decode_launches_cover_every_assignment_and_column() {
+        // Qwen3-30B-A3B at batch 1: 8 assignments x 96 column groups, then 256 blocks of 8 outputs.
+        let p = DevicePtr::NULL;
+        let gu = MoeGemvSwiglu {
+            act: p,
+            x: p,
+            w: p,
+            ids: p,
+            rows: 1,
+            k: 8,
+            experts: 128,
+            inter: 768,
+            hidden: 2048,
+        };
+        assert_eq!(gu.launch_config().grid, [8, 96, 1]);
+        assert_eq!(
+            MoeGemvSwiglu { inter: 37, ..gu }.launch_config().grid,
+            [8, 5, 1]
+        );
+        let down = MoeGemvDown {
+            out: p,
+            act: p,
+            w: p,
+            ids: p,
+            weights: p,
+            rows: 4,
+            k: 8,
+            experts: 128,
+            hidden: 2048,
+            inter: 768,
+        };
+        assert_eq!(down.launch_config().grid, [256, 4, 1]);
+        assert_eq!(MoeGemvDown::from_args(&down.args()).unwrap(), down);
+    }
+}

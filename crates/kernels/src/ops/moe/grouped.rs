@@ -1,0 +1,485 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The prefill experts: assignments grouped by expert, grouped tensor-core products over each
+//! expert's rows, and the weighted combine back into token order.
+//!
+//! The products are the GEMM baseline's WMMA tiles (64 x 64, K by 32, no pipelining): correct
+//! first; a block takes one expert and walks its rows, so a launch is `experts` blocks deep
+//! whatever the routing (no device-to-host read of the counts).
+
+use half::bf16;
+use metrale_core::{DevicePtr, LaunchConfig};
+
+use super::{bad_args, check_experts, expert_down, expert_of, expert_swiglu};
+use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
+use crate::names;
+use crate::ops::blocks_for;
+
+kernel_args!(
+    /// Groups the `n = rows * k` assignments by expert: `offsets[e]` is the first position of
+    /// expert `e`'s assignments (`offsets[experts]` = the assignments that have an expert) and
+    /// `sorted[offsets[e]..offsets[e + 1]]` holds them in increasing order (so by token);
+    /// `sorted` past `offsets[experts]` is -1 ([`group_by_expert`]). One block; the same output on
+    /// every run.
+    MoeGroup => names::moe::MOE_GROUP {
+        /// i32 `[experts + 1]`.
+        offsets: DevicePtr,
+        /// i32 `[n]`: assignments in expert order.
+        sorted: DevicePtr,
+        /// i32 `[n]`: the router's `topk_ids`.
+        ids: DevicePtr,
+        /// Assignments (`rows * k`).
+        n: u32,
+        /// Experts, at most [`MOE_MAX_EXPERTS`].
+        experts: u32,
+    }
+);
+
+kernel_args!(
+    /// The grouped gate|up product with SwiGLU, in expert order: for every position `p` of
+    /// expert `e`'s slice of [`MoeGroup`]'s output, with assignment `a = sorted[p]`,
+    /// `act[p] = ` [`MoeGemvSwiglu`](super::MoeGemvSwiglu)'s row for `a`. Positions past
+    /// `offsets[experts]` are not written.
+    MoeGemmSwiglu => names::moe::MOE_GEMM_SWIGLU {
+        /// bf16 `[n, inter]`, in expert order.
+        act: DevicePtr,
+        /// bf16 `[rows, hidden]`.
+        x: DevicePtr,
+        /// bf16 `[experts, 2 * inter, hidden]`.
+        w: DevicePtr,
+        /// i32 `[experts + 1]` ([`MoeGroup`]).
+        offsets: DevicePtr,
+        /// i32 `[n]` ([`MoeGroup`]).
+        sorted: DevicePtr,
+        /// Slots a row (an assignment's row is `a / k`).
+        k: u32,
+        /// Experts.
+        experts: u32,
+        /// Each expert's width.
+        inter: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+kernel_args!(
+    /// The grouped down product, back in assignment order: for every position `p` of expert `e`'s
+    /// slice, `y[sorted[p], h] = bf16(act[p] . w[e, h])` (each expert output rounded to bf16, as
+    /// `transformers` in bf16 rounds it). Assignments with no expert are not written.
+    MoeGemmDown => names::moe::MOE_GEMM_DOWN {
+        /// bf16 `[n, hidden]`, in assignment order.
+        y: DevicePtr,
+        /// bf16 `[n, inter]`: [`MoeGemmSwiglu`]'s output, in expert order.
+        act: DevicePtr,
+        /// bf16 `[experts, hidden, inter]`.
+        w: DevicePtr,
+        /// i32 `[experts + 1]` ([`MoeGroup`]).
+        offsets: DevicePtr,
+        /// i32 `[n]` ([`MoeGroup`]).
+        sorted: DevicePtr,
+        /// Experts.
+        experts: u32,
+        /// The model's width.
+        hidden: u32,
+        /// Each expert's width.
+        inter: u32,
+    }
+);
+
+kernel_args!(
+    /// The weighted combine: `out[r, h] = bf16(sum over slots s, in order, of weights[r, s] *
+    /// y[r * k + s, h])` in f32; slots with no expert add nothing (their `y` rows are not read).
+    MoeCombine => names::moe::MOE_COMBINE {
+        /// bf16 `[rows, hidden]`.
+        out: DevicePtr,
+        /// bf16 `[rows * k, hidden]`: [`MoeGemmDown`]'s output.
+        y: DevicePtr,
+        /// i32 `[rows, k]`.
+        ids: DevicePtr,
+        /// f32 `[rows, k]`.
+        weights: DevicePtr,
+        /// Rows (tokens).
+        rows: u32,
+        /// Slots a row.
+        k: u32,
+        /// Experts (ids outside `[0, experts)` are empty slots).
+        experts: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+/// Threads of [`MoeGroup`]'s one block (`GROUP_WARPS * 32` in moe.cu).
+const GROUP_THREADS: u32 = 512;
+/// Output columns of a grouped-product block (`BN` in moe.cu); the SwiGLU form's tile holds half
+/// as many gate columns and their up columns.
+const TILE_COLUMNS: u32 = 64;
+
+/// [`MoeGroup`]'s result on the host: `(offsets [experts + 1], sorted [ids.len()])`.
+pub fn group_by_expert(ids: &[i32], experts: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut counts = vec![0i32; experts];
+    for &id in ids {
+        if let Some(e) = expert_of(id, experts) {
+            counts[e] += 1;
+        }
+    }
+    let mut offsets = Vec::with_capacity(experts + 1);
+    let mut at = 0i32;
+    offsets.push(0);
+    for c in &counts {
+        at += c;
+        offsets.push(at);
+    }
+    let mut cursor = offsets[..experts].to_vec();
+    let mut sorted = vec![-1i32; ids.len()];
+    for (a, &id) in ids.iter().enumerate() {
+        if let Some(e) = expert_of(id, experts) {
+            sorted[cursor[e] as usize] = a as i32;
+            cursor[e] += 1;
+        }
+    }
+    (offsets, sorted)
+}
+
+/// Reads [`MoeGroup`]'s output as far as a grouped product reads it (`offsets`, and `sorted` up to
+/// `offsets[experts]`), and checks that it is one: offsets rising from 0, positions naming
+/// assignments.
+fn load_groups(
+    kernel: metrale_core::KernelName,
+    mem: &dyn HostMemory,
+    offsets: DevicePtr,
+    sorted: DevicePtr,
+    experts: usize,
+) -> Result<(Vec<i32>, Vec<i32>), HostError> {
+    let offsets = host::load::<i32>(mem, offsets, experts + 1)?;
+    if offsets[0] != 0 || offsets.windows(2).any(|w| w[0] > w[1]) {
+        return Err(bad_args(
+            kernel,
+            format!("offsets {offsets:?} do not rise from 0"),
+        ));
+    }
+    let sorted = host::load::<i32>(mem, sorted, offsets[experts] as usize)?;
+    if let Some(p) = sorted.iter().position(|&a| a < 0) {
+        return Err(bad_args(
+            kernel,
+            format!("sorted[{p}] = {} is not an assignment", sorted[p]),
+        ));
+    }
+    Ok((offsets, sorted))
+}
+
+impl Kernel for MoeGroup {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(1, GROUP_THREADS)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_experts(Self::NAME, self.experts, 1)?;
+        let ids = host::load::<i32>(mem, self.ids, self.n as usize)?;
+        let (offsets, sorted) = group_by_expert(&ids, self.experts as usize);
+        host::store(mem, self.offsets, &offsets)?;
+        host::store(mem, self.sorted, &sorted)
+    }
+}
+
+impl Kernel for MoeGemmSwiglu {
+    /// One block per expert and 32 output columns (the tile's 64 gate and up columns).
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.inter.into(), TILE_COLUMNS / 2).max(1),
+                self.experts.max(1),
+                1,
+            ],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_experts(Self::NAME, self.experts, self.k)?;
+        let (k, experts) = (self.k as usize, self.experts as usize);
+        let (inter, hidden) = (self.inter as usize, self.hidden as usize);
+        let (offsets, sorted) = load_groups(Self::NAME, mem, self.offsets, self.sorted, experts)?;
+        // The rows of x the assignments name.
+        let rows = sorted
+            .iter()
+            .map(|&a| a as usize / k + 1)
+            .max()
+            .unwrap_or(0);
+        let x = host::load_bf16(mem, self.x, rows * hidden)?;
+        let w = host::view::<bf16>(mem, self.w, experts * 2 * inter * hidden)?;
+        let total = offsets[experts] as usize;
+        let mut act = Vec::with_capacity(total * inter);
+        for e in 0..experts {
+            for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
+                let r = a as usize / k;
+                act.extend(expert_swiglu(
+                    &x[r * hidden..(r + 1) * hidden],
+                    &w,
+                    e,
+                    inter,
+                    hidden,
+                ));
+            }
+        }
+        drop(w);
+        host::store_bf16(mem, self.act, &act)
+    }
+}
+
+impl Kernel for MoeGemmDown {
+    /// One block per expert and 64 output columns.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.hidden.into(), TILE_COLUMNS).max(1),
+                self.experts.max(1),
+                1,
+            ],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_experts(Self::NAME, self.experts, 1)?;
+        let experts = self.experts as usize;
+        let (hidden, inter) = (self.hidden as usize, self.inter as usize);
+        let (offsets, sorted) = load_groups(Self::NAME, mem, self.offsets, self.sorted, experts)?;
+        let total = offsets[experts] as usize;
+        let act = host::load_bf16(mem, self.act, total * inter)?;
+        let w = host::view::<bf16>(mem, self.w, experts * hidden * inter)?;
+        let mut rows = Vec::with_capacity(total);
+        for e in 0..experts {
+            for p in offsets[e] as usize..offsets[e + 1] as usize {
+                let y = expert_down(&act[p * inter..(p + 1) * inter], &w, e, hidden, inter);
+                rows.push((sorted[p] as usize, y));
+            }
+        }
+        drop(w);
+        for (a, y) in rows {
+            let at = DevicePtr(self.y.0 + (a * hidden * 2) as u64);
+            host::store_bf16(mem, at, &y)?;
+        }
+        Ok(())
+    }
+}
+
+impl Kernel for MoeCombine {
+    fn launch_config(&self) -> LaunchConfig {
+        let outputs = u64::from(self.rows) * u64::from(self.hidden);
+        LaunchConfig::linear(blocks_for(outputs.max(1), 256), 256)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (rows, k, experts) = (self.rows as usize, self.k as usize, self.experts as usize);
+        let hidden = self.hidden as usize;
+        let ids = host::load::<i32>(mem, self.ids, rows * k)?;
+        let weights = host::load::<f32>(mem, self.weights, rows * k)?;
+        let y = host::load_bf16(mem, self.y, rows * k * hidden)?;
+        let mut out = vec![0f32; rows * hidden];
+        for (r, row) in out.chunks_exact_mut(hidden.max(1)).enumerate().take(rows) {
+            for s in 0..k {
+                let a = r * k + s;
+                if expert_of(ids[a], experts).is_some() {
+                    let ya = &y[a * hidden..(a + 1) * hidden];
+                    for (o, &v) in row.iter_mut().zip(ya) {
+                        *o = weights[a].mul_add(v, *o);
+                    }
+                }
+            }
+        }
+        host::store_bf16(mem, self.out, &out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::moe::MOE_MAX_EXPERTS;
+    use crate::ops::testing::*;
+    use crate::ops::{MoeGemvDown, MoeGemvSwiglu};
+
+    #[test]
+    fn grouping_orders_by_expert_then_assignment() {
+        // Two rows of k = 3 over 4 experts, one empty slot (-1) and one id past the experts.
+        let ids = [2, 0, 3, 0, 2, -1, 9, 2, 1];
+        let (offsets, sorted) = group_by_expert(&ids, 4);
+        assert_eq!(offsets, vec![0, 2, 3, 6, 7]);
+        assert_eq!(sorted, vec![1, 3, 8, 0, 4, 7, 2, -1, -1]);
+        // No assignments at all, and every one on one expert.
+        assert_eq!(group_by_expert(&[], 3), (vec![0, 0, 0, 0], vec![]));
+        assert_eq!(
+            group_by_expert(&[1, 1, 1], 2),
+            (vec![0, 0, 3], vec![0, 1, 2])
+        );
+    }
+
+    #[test]
+    fn the_grouped_path_equals_the_decode_path_up_to_the_expert_rounding() {
+        // 70 rows (more than one 64-row tile for some experts), 5 experts, k = 2, one empty slot.
+        let (rows, experts, k, hidden, inter) = (70usize, 5usize, 2usize, 40usize, 24usize);
+        let x = bf16s(&uniform(11, rows * hidden, 1.0));
+        let gate_up = bf16s(&uniform(12, experts * 2 * inter * hidden, 0.3));
+        let down = bf16s(&uniform(13, experts * hidden * inter, 0.3));
+        let mut ids: Vec<i32> = (0..rows * k)
+            .map(|a| ((a * 7 + a / k * 3) % experts) as i32)
+            .collect();
+        for r in 0..rows {
+            if ids[r * k] == ids[r * k + 1] {
+                ids[r * k + 1] = (ids[r * k + 1] + 1) % experts as i32;
+            }
+        }
+        ids[5] = -1;
+        let weights = uniform(14, rows * k, 1.0);
+        let (n, e_u, k_u) = ((rows * k) as u32, experts as u32, k as u32);
+        let mut m = FlatMemory::new();
+        let (xp, wgu, wd) = (m.put(&x), m.put(&gate_up), m.put(&down));
+        let (idp, wp) = (m.put(&ids), m.put(&weights));
+        let offsets = m.put(&vec![-5i32; experts + 1]);
+        let sorted = m.put(&vec![-5i32; rows * k]);
+        MoeGroup {
+            offsets,
+            sorted,
+            ids: idp,
+            n,
+            experts: e_u,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let act = m.put(&bf16s(&vec![0.0; rows * k * inter]));
+        let y = m.put(&bf16s(&vec![0.0; rows * k * hidden]));
+        let out = m.put(&bf16s(&vec![9.0; rows * hidden]));
+        MoeGemmSwiglu {
+            act,
+            x: xp,
+            w: wgu,
+            offsets,
+            sorted,
+            k: k_u,
+            experts: e_u,
+            inter: inter as u32,
+            hidden: hidden as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        MoeGemmDown {
+            y,
+            act,
+            w: wd,
+            offsets,
+            sorted,
+            experts: e_u,
+            hidden: hidden as u32,
+            inter: inter as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        MoeCombine {
+            out,
+            y,
+            ids: idp,
+            weights: wp,
+            rows: rows as u32,
+            k: k_u,
+            experts: e_u,
+            hidden: hidden as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        // The decode path on the same inputs.
+        let dact = m.put(&bf16s(&vec![0.0; rows * k * inter]));
+        let dout = m.put(&bf16s(&vec![9.0; rows * hidden]));
+        MoeGemvSwiglu {
+            act: dact,
+            x: xp,
+            w: wgu,
+            ids: idp,
+            rows: rows as u32,
+            k: k_u,
+            experts: e_u,
+            inter: inter as u32,
+            hidden: hidden as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        MoeGemvDown {
+            out: dout,
+            act: dact,
+            w: wd,
+            ids: idp,
+            weights: wp,
+            rows: rows as u32,
+            k: k_u,
+            experts: e_u,
+            hidden: hidden as u32,
+            inter: inter as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        // The activations are the same rows, in expert order.
+        let (offs, sort) = group_by_expert(&ids, experts);
+        let grouped: Vec<bf16> = m.get(act, rows * k * inter);
+        let decoded: Vec<bf16> = m.get(dact, rows * k * inter);
+        for p in 0..offs[experts] as usize {
+            let a = sort[p] as usize;
+            assert_eq!(
+                grouped[p * inter..(p + 1) * inter],
+                decoded[a * inter..(a + 1) * inter]
+            );
+        }
+        // The outputs differ by the rounding of each expert output to bf16 (the grouped path's).
+        let (g, d) = (
+            f32s(&m.get(out, rows * hidden)),
+            f32s(&m.get(dout, rows * hidden)),
+        );
+        let scale = d.iter().map(|v| v.abs()).fold(0f32, f32::max);
+        for (i, (g, d)) in g.iter().zip(&d).enumerate() {
+            assert!((g - d).abs() <= scale / 64.0, "{i}: {g} vs {d}");
+        }
+    }
+
+    #[test]
+    fn grouped_references_refuse_a_broken_grouping() {
+        let mut m = FlatMemory::new();
+        let offsets = m.put(&[0i32, 3, 2]);
+        let sorted = m.put(&[0i32, 1, 2]);
+        let z = m.put(&[0u8; 4096]);
+        let down = MoeGemmDown {
+            y: z,
+            act: z,
+            w: z,
+            offsets,
+            sorted,
+            experts: 2,
+            hidden: 4,
+            inter: 4,
+        };
+        assert!(down.reference(&mut m).is_err());
+        // The launches: one block per expert and column tile; the combine one thread an output.
+        assert_eq!(down.launch_config().grid, [1, 2, 1]);
+        assert_eq!(
+            MoeGemmSwiglu {
+                act: z,
+                x: z,
+                w: z,
+                offsets,
+                sorted,
+                k: 8,
+                experts: 128,
+                inter: 768,
+                hidden: 2048,
+            }
+            .launch_config()
+            .grid,
+            [24, 128, 1]
+        );
+        assert!(
+            MoeGroup {
+                offsets,
+                sorted,
+                ids: z,
+                n: 4,
+                experts: MOE_MAX_EXPERTS + 1,
+            }
+            .reference(&mut m)
+            .is_err()
+        );
+    }
+}

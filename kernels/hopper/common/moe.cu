@@ -1,0 +1,651 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// Mixture of Experts: routing, the selected experts' SwiGLU MLPs, and the weighted combine.
+//
+// Layouts (bf16 weights and activations, f32 accumulation, routing in f32):
+// - router logits f32 [m, E] (the router's product, an f32-output GEMV or GEMM);
+// - topk_ids i32 [m, k] and topk_weights f32 [m, k]: row r's slot s takes expert ids[r, s] with
+//   weight weights[r, s]. An "assignment" is a (row, slot) pair, numbered a = r * k + s. An id
+//   outside [0, E) is "no expert" (expert parallelism may leave a slot empty): its expert output
+//   is zero and it adds nothing to the row;
+// - gate|up weights stacked [E, 2 inter, hidden]: expert e's inter gate rows, then its inter up
+//   rows (the dense model's fused gate|up, once per expert); down weights stacked
+//   [E, hidden, inter].
+//
+// Decode (few rows): moe_route, then moe_gemv_swiglu (act [m k, inter], one row per assignment),
+// then moe_gemv_down (out [m, hidden], the weighted sum over slots inside each output's dot).
+// Both expert launches are weight streams like gemv.cu's FMA form: a warp computes one output
+// (both gate and up rows, or every slot's down row) with 16-byte L1-no-allocate loads, 4 KiB in
+// flight per warp. At batch 1 the weight bytes are exactly those of the k selected experts.
+//
+// Prefill (many rows): moe_route, moe_group (per-expert offsets and the assignments in expert
+// order), moe_gemm_swiglu (the grouped gate|up product into act in expert order), moe_gemm_down
+// (the grouped down product, each row stored back at its assignment), moe_combine (the weighted
+// sum over slots). Every sum over slots runs in slot order: no atomics, the same bits on every
+// run.
+#include <mma.h>
+
+#include "common.cuh"
+
+namespace {
+
+// Most experts any MoE entry takes (the routing warp holds 16 a lane; moe_group's per-warp
+// histograms fill 32 KiB of shared memory). Must match MOE_MAX_EXPERTS in ops/moe.rs.
+constexpr uint32_t MAX_EXPERTS = 512;
+// Most experts a row takes. Must match MOE_MAX_TOP_K in ops/moe.rs.
+constexpr uint32_t MAX_TOP_K = 16;
+constexpr uint32_t FULL = 0xffffffffu;
+
+// moe_route's `scoring`: MoeScoring in ops/moe.rs.
+constexpr uint32_t SCORING_SOFTMAX = 0;
+constexpr uint32_t SCORING_SIGMOID = 1;
+
+__device__ __forceinline__ bool valid_expert(int32_t e, uint32_t experts) {
+    return e >= 0 && (uint32_t)e < experts;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing.
+
+// Threads of a routing block: one warp a row.
+constexpr uint32_t ROUTE_THREADS = 128;
+constexpr int ROUTE_PER_LANE = MAX_EXPERTS / 32;
+
+// (v, e) beats (best, best_e): a larger key, or an equal key and a lower expert. An empty best
+// (best_e == FULL) loses to anything.
+__device__ __forceinline__ bool route_better(float v, uint32_t e, float best, uint32_t best_e) {
+    return best_e == FULL || v > best || (v == best && e < best_e);
+}
+
+}  // namespace
+
+// Per row: scores, the top k, their weights.
+// - softmax: weight_e = softmax(logits)_e; the top k are chosen on the logits themselves (softmax
+//   is monotone, so they are the top k of the scores, and host and device choose from the same
+//   bits);
+// - sigmoid: score_e = sigmoid(logit_e); the top k are chosen on score_e + correction_bias[e]
+//   (bias may be null: zero), and weighted by the unbiased score_e.
+// Ties go to the lower expert id; a NaN key counts as -inf. Slots are in choice order (the best
+// first). Then with `renormalize` the k weights are divided by their sum (added in slot order;
+// a zero sum leaves them zero), and every weight is multiplied by `scale`.
+// Logits must be finite. Nothing is written when experts > MAX_EXPERTS, k > MAX_TOP_K, k > experts,
+// k == 0 or scoring is unknown (the host reference refuses these).
+// Launch: grid = ceil(rows / 4), block = 128: warp w of block b takes row 4 b + w.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS) moe_route(
+    int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
+    const float* __restrict__ logits, const float* __restrict__ correction_bias, uint32_t rows,
+    uint32_t experts, uint32_t k, uint32_t scoring, uint32_t renormalize, float scale) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t row = blockIdx.x * (ROUTE_THREADS / 32) + (threadIdx.x >> 5);
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (row >= rows || experts == 0 || experts > MAX_EXPERTS || k == 0 || k > MAX_TOP_K ||
+        k > experts || scoring > SCORING_SIGMOID)
+        return;
+    const float* in = logits + (size_t)row * experts;
+    // Lane l holds experts l, l + 32, ...: key (what the top k is chosen on) and score (what the
+    // weight is made of; for softmax, exp(logit - max) before the division by the sum).
+    float key[ROUTE_PER_LANE], score[ROUTE_PER_LANE];
+    uint32_t live = 0;
+    float max_logit = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
+        const uint32_t e = lane + 32 * j;
+        key[j] = -INFINITY;
+        score[j] = 0.0f;
+        if (e < experts) {
+            live |= 1u << j;
+            const float l = in[e];
+            if (scoring == SCORING_SOFTMAX) {
+                key[j] = isnan(l) ? -INFINITY : l;
+                max_logit = fmaxf(max_logit, key[j]);
+            } else {
+                score[j] = 1.0f / (1.0f + expf(-l));
+                const float b = correction_bias != nullptr ? correction_bias[e] : 0.0f;
+                const float v = score[j] + b;
+                key[j] = isnan(v) ? -INFINITY : v;
+            }
+        }
+    }
+    float sum = 0.0f;
+    if (scoring == SCORING_SOFTMAX) {
+        max_logit = metrale::warp_max(max_logit);
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER_LANE; ++j) {
+            if ((live >> j) & 1u) {
+                score[j] = expf(key[j] - max_logit);
+                sum += score[j];
+            }
+        }
+        sum = metrale::warp_sum(sum);
+    }
+    // k rounds of a warp argmax over the live entries; lane t keeps slot t.
+    int32_t my_id = 0;
+    float my_weight = 0.0f;
+    for (uint32_t t = 0; t < k; ++t) {
+        float best = -INFINITY;
+        uint32_t best_e = FULL;
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER_LANE; ++j) {
+            const uint32_t e = lane + 32 * j;
+            if (((live >> j) & 1u) && route_better(key[j], e, best, best_e)) {
+                best = key[j];
+                best_e = e;
+            }
+        }
+        // A strict total order on (key, expert), so every lane ends with the same winner.
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const float ob = __shfl_xor_sync(FULL, best, offset);
+            const uint32_t oe = __shfl_xor_sync(FULL, best_e, offset);
+            if (oe != FULL && route_better(ob, oe, best, best_e)) {
+                best = ob;
+                best_e = oe;
+            }
+        }
+        // k <= experts: some entry is still live, so best_e is an expert.
+        float w = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER_LANE; ++j)
+            if (lane + 32 * j == best_e) w = score[j];
+        w = __shfl_sync(FULL, w, best_e & 31);
+        if (lane == (best_e & 31)) live &= ~(1u << (best_e >> 5));
+        if (lane == t) {
+            my_id = (int32_t)best_e;
+            my_weight = scoring == SCORING_SOFTMAX ? w / sum : w;
+        }
+    }
+    if (renormalize != 0) {
+        float total = 0.0f;
+        for (uint32_t t = 0; t < k; ++t) total += __shfl_sync(FULL, my_weight, t);
+        my_weight = total > 0.0f ? my_weight / total : 0.0f;
+    }
+    if (lane < k) {
+        topk_ids[(size_t)row * k + lane] = my_id;
+        topk_weights[(size_t)row * k + lane] = my_weight * scale;
+    }
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Decode: the experts as weight streams.
+
+constexpr int WARPS = 8;
+// 16-byte loads a lane has in flight: 4 KiB a warp, as gemv.cu's BATCH.
+constexpr int BATCH = 8;
+
+// As gemv.cu's: a weight byte is read once, so it does not displace the activations in L1.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// acc[0] += even products of the 8 bf16 pairs of w and x, acc[1] += the odd ones.
+__device__ __forceinline__ void fma8(float (&acc)[2], const uint4& wv, const uint4& xv) {
+    const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
+    const uint32_t x[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        acc[0] = fmaf(lo(w[j]), lo(x[j]), acc[0]);
+        acc[1] = fmaf(hi(w[j]), hi(x[j]), acc[1]);
+    }
+}
+
+// The dot of 8 bf16 pairs, from zero.
+__device__ __forceinline__ float dot8(const uint4& wv, const uint4& xv) {
+    float acc[2] = {0.0f, 0.0f};
+    fma8(acc, wv, xv);
+    return acc[0] + acc[1];
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+__device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
+// silu(g) * u of the bf16-rounded products, as silu_mul_bf16 computes it on what a bf16 gate|up
+// product stores.
+__device__ __forceinline__ float swiglu_of_products(float g, float u) {
+    return swiglu(metrale::to_f32(metrale::to_bf16(g)), metrale::to_f32(metrale::to_bf16(u)));
+}
+
+// (gate . x, up . x) over n elements, on every lane of the warp. Vector path: n % 8 == 0 and every
+// row 16-byte aligned; each round issues BATCH / 2 loads of each row before using any.
+__device__ __forceinline__ void pair_dot(float& g, float& u, const __nv_bfloat16* __restrict__ gate,
+                                         const __nv_bfloat16* __restrict__ up,
+                                         const __nv_bfloat16* __restrict__ x, uint32_t n,
+                                         uint32_t lane) {
+    constexpr int HALF = BATCH / 2;
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    if (n % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(x)) {
+        const uint32_t chunks = n / 8;
+        const uint4* g4 = reinterpret_cast<const uint4*>(gate);
+        const uint4* u4 = reinterpret_cast<const uint4*>(up);
+        const uint4* x4 = reinterpret_cast<const uint4*>(x);
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        for (uint32_t i = 0; i < chunks; i += 32 * HALF) {
+            uint4 gv[HALF], uv[HALF];
+#pragma unroll
+            for (int q = 0; q < HALF; ++q) {
+                const uint32_t c = i + lane + 32 * q;
+                gv[q] = c < chunks ? load_stream(g4 + c) : zero;
+                uv[q] = c < chunks ? load_stream(u4 + c) : zero;
+            }
+#pragma unroll
+            for (int q = 0; q < HALF; ++q) {
+                const uint32_t c = i + lane + 32 * q;
+                if (c < chunks) {
+                    const uint4 xv = __ldg(x4 + c);
+                    fma8(acc[0], gv[q], xv);
+                    fma8(acc[1], uv[q], xv);
+                }
+            }
+        }
+    } else {
+        for (uint32_t i = lane; i < n; i += 32) {
+            const float xv = metrale::to_f32(x[i]);
+            acc[0][0] = fmaf(metrale::to_f32(gate[i]), xv, acc[0][0]);
+            acc[1][0] = fmaf(metrale::to_f32(up[i]), xv, acc[1][0]);
+        }
+    }
+    g = metrale::warp_sum(acc[0][0] + acc[0][1]);
+    u = metrale::warp_sum(acc[1][0] + acc[1][1]);
+}
+
+}  // namespace
+
+// act[a, j] = bf16(silu(g) * u) for every assignment a = r * k + s of expert e = ids[a], with
+// g = x[r] . w[e, j] and u = x[r] . w[e, inter + j] each rounded to bf16 first (the bits of a
+// bf16 gate|up product followed by silu_mul_bf16). An assignment with no expert gets zeros.
+// Rows that chose the same expert each read its weights (from L2 when their blocks run together:
+// a block's neighbours in launch order are the other assignments' blocks of the same columns).
+// Launch: grid = (rows * k, ceil(inter / 8)), block = 256: warp w of block (a, b) computes column
+// 8 b + w of assignment a, streaming its gate row and its up row together.
+extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids, uint32_t rows,
+    uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t a = blockIdx.x, j = blockIdx.y * WARPS + warp;
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (k == 0 || a >= rows * k || j >= inter) return;
+    const int32_t e = ids[a];
+    __nv_bfloat16* out = act + (size_t)a * inter + j;
+    if (!valid_expert(e, experts)) {
+        if (lane == 0) *out = metrale::to_bf16(0.0f);
+        return;
+    }
+    const __nv_bfloat16* gate = w + ((size_t)e * 2 * inter + j) * hidden;
+    const __nv_bfloat16* up = gate + (size_t)inter * hidden;
+    float g, u;
+    pair_dot(g, u, gate, up, x + (size_t)(a / k) * hidden, hidden, lane);
+    if (lane == 0) *out = metrale::to_bf16(swiglu_of_products(g, u));
+}
+
+// out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r k + s] . w[ids[r, s], h])), f32
+// throughout: the expert outputs are not rounded before they are weighted and added. A warp
+// computes one output as a single dot over the k slots' rows laid end to end (k * inter elements,
+// each 16-byte chunk's partial dot scaled by its slot's weight), so every warp streams all of its
+// row's experts: k * inter * 2 bytes (12 KiB for Qwen3-30B-A3B). Slots with no expert add
+// nothing and are not read. The order of the sum is fixed by the shape (deterministic). Output
+// bf16: the MLP's output as the dense down product gives it, which the next residual add + norm
+// takes.
+// Launch: grid = (ceil(hidden / 8), rows), block = 256: warp w of block (b, r) computes column
+// 8 b + w of row r. rows <= 65535.
+extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ act,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
+    const float* __restrict__ weights, uint32_t rows, uint32_t k, uint32_t experts,
+    uint32_t hidden, uint32_t inter) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t r = blockIdx.y, h = blockIdx.x * WARPS + warp;
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (r >= rows || h >= hidden || k == 0 || k > MAX_TOP_K) return;
+    // Lane s < k holds slot s's expert (-1 for none) and weight.
+    int32_t my_e = -1;
+    float my_w = 0.0f;
+    if (lane < k) {
+        const int32_t e = ids[(size_t)r * k + lane];
+        if (valid_expert(e, experts)) {
+            my_e = e;
+            my_w = weights[(size_t)r * k + lane];
+        }
+    }
+    const __nv_bfloat16* act_row = act + (size_t)r * k * inter;
+    bool vec = inter % 8 == 0 && aligned16(act) && aligned16(w);
+    float acc[2] = {0.0f, 0.0f};
+    if (vec) {
+        const uint32_t row_chunks = inter / 8, chunks = k * row_chunks;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        for (uint32_t i = 0; i < chunks; i += 32 * BATCH) {
+            uint4 wv[BATCH];
+            int32_t es[BATCH];
+#pragma unroll
+            for (int q = 0; q < BATCH; ++q) {
+                const uint32_t c = i + lane + 32 * q;
+                const uint32_t s = min(c / row_chunks, k - 1);
+                // Every lane takes part in the shuffle, in range or not.
+                es[q] = __shfl_sync(FULL, my_e, s);
+                const uint32_t cc = c - s * row_chunks;
+                wv[q] = c < chunks && es[q] >= 0
+                            ? load_stream(reinterpret_cast<const uint4*>(
+                                              w + ((size_t)es[q] * hidden + h) * inter) +
+                                          cc)
+                            : zero;
+            }
+#pragma unroll
+            for (int q = 0; q < BATCH; ++q) {
+                const uint32_t c = i + lane + 32 * q;
+                const uint32_t s = min(c / row_chunks, k - 1);
+                const float ws = __shfl_sync(FULL, my_w, s);
+                if (c < chunks && es[q] >= 0) {
+                    const uint4 av = __ldg(reinterpret_cast<const uint4*>(act_row) + c);
+                    acc[q & 1] = fmaf(ws, dot8(wv[q], av), acc[q & 1]);
+                }
+            }
+        }
+    } else {
+        for (uint32_t s = 0; s < k; ++s) {
+            const int32_t e = __shfl_sync(FULL, my_e, s);
+            const float ws = __shfl_sync(FULL, my_w, s);
+            if (e < 0) continue;  // warp-uniform
+            const __nv_bfloat16* wr = w + ((size_t)e * hidden + h) * inter;
+            const __nv_bfloat16* ar = act_row + (size_t)s * inter;
+            float part = 0.0f;
+            for (uint32_t i = lane; i < inter; i += 32)
+                part = fmaf(metrale::to_f32(wr[i]), metrale::to_f32(ar[i]), part);
+            acc[0] = fmaf(ws, part, acc[0]);
+        }
+    }
+    const float sum = metrale::warp_sum(acc[0] + acc[1]);
+    if (lane == 0) out[(size_t)r * hidden + h] = metrale::to_bf16(sum);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: grouping by expert.
+
+constexpr uint32_t GROUP_WARPS = 16;
+
+}  // namespace
+
+// Groups the n = m k assignments by expert: offsets[e] = the first position of expert e's
+// assignments (offsets[E] = the assignments that have an expert), and sorted[offsets[e] ..
+// offsets[e + 1]) = expert e's assignments a = r k + s in increasing order (so by token); sorted
+// past offsets[E] is -1. No atomics on the result: each warp takes a contiguous run of the
+// assignments, counts them per expert in its own histogram, and places them in order, so the
+// output is the same on every run.
+// Launch: grid = 1, block = 512 (GROUP_WARPS warps). experts <= MAX_EXPERTS (else nothing is
+// written).
+extern "C" __global__ void __launch_bounds__(GROUP_WARPS * 32) moe_group(
+    int32_t* __restrict__ offsets, int32_t* __restrict__ sorted, const int32_t* __restrict__ ids,
+    uint32_t n, uint32_t experts) {
+    // Warp w's count (then cursor) of expert e at hist[w][e]; the experts' first positions.
+    __shared__ int32_t hist[GROUP_WARPS][MAX_EXPERTS];
+    __shared__ int32_t start[MAX_EXPERTS + 1];
+    metrale::grid_dependency_sync();
+    if (blockIdx.x != 0 || experts == 0 || experts > MAX_EXPERTS || blockDim.x != GROUP_WARPS * 32)
+        return;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (uint32_t i = threadIdx.x; i < GROUP_WARPS * MAX_EXPERTS; i += blockDim.x)
+        (&hist[0][0])[i] = 0;
+    __syncthreads();
+    const uint32_t per = (n + GROUP_WARPS - 1) / GROUP_WARPS;
+    const uint32_t begin = min(warp * per, n), end = min(begin + per, n);
+    for (uint32_t i = begin + lane; i < end; i += 32) {
+        const int32_t e = ids[i];
+        if (valid_expert(e, experts)) atomicAdd(&hist[warp][e], 1);  // a count: any order
+    }
+    __syncthreads();
+    // Per expert: the warps' counts become exclusive prefixes over the warps; start[e] = total.
+    for (uint32_t e = threadIdx.x; e < experts; e += blockDim.x) {
+        int32_t run = 0;
+        for (uint32_t q = 0; q < GROUP_WARPS; ++q) {
+            const int32_t c = hist[q][e];
+            hist[q][e] = run;
+            run += c;
+        }
+        start[e] = run;
+    }
+    __syncthreads();
+    // Exclusive scan of the totals over the experts: warp 0, a run of experts a lane.
+    if (warp == 0) {
+        const uint32_t each = (experts + 31) / 32;
+        const uint32_t e0 = min(lane * each, experts), e1 = min(e0 + each, experts);
+        int32_t local = 0;
+        for (uint32_t e = e0; e < e1; ++e) local += start[e];
+        int32_t inclusive = local;
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const int32_t v = __shfl_up_sync(FULL, inclusive, offset);
+            if ((int)lane >= offset) inclusive += v;
+        }
+        int32_t at = inclusive - local;
+        for (uint32_t e = e0; e < e1; ++e) {
+            const int32_t c = start[e];
+            start[e] = at;
+            offsets[e] = at;
+            at += c;
+        }
+        if (lane == 31) {
+            start[experts] = inclusive;
+            offsets[experts] = inclusive;
+        }
+    }
+    __syncthreads();
+    // Placement, each warp over its run in order: lanes with the same expert rank among
+    // themselves by lane, and the group's lowest lane moves the warp's cursor for that expert.
+    for (uint32_t base = begin; base < end; base += 32) {
+        const uint32_t i = base + lane;
+        const int32_t raw = i < end ? ids[i] : -1;
+        const bool ok = i < end && valid_expert(raw, experts);
+        const int32_t e = ok ? raw : -1;
+        const uint32_t same = __match_any_sync(FULL, e);
+        const uint32_t rank = __popc(same & ((1u << lane) - 1));
+        if (ok) sorted[start[e] + hist[warp][e] + (int32_t)rank] = (int32_t)i;
+        __syncwarp();
+        if (ok && rank == 0) hist[warp][e] += __popc(same);
+        __syncwarp();
+    }
+    for (uint32_t i = (uint32_t)start[experts] + threadIdx.x; i < n; i += blockDim.x) sorted[i] = -1;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: the grouped products, WMMA 16x16x16 tiles as gemm.cu's baseline (correct first; no
+// pipelining).
+
+constexpr int BM = 64, BN = 64, BK = 32, PAD = 8;
+constexpr int GEMM_THREADS = 128;
+
+// Rows [0, BM) x columns [k0, k0 + BK) of a tile operand into shared memory: row r comes from
+// src_rows[r] (null: zeros), elements past k are zero. Vector loads where every row is 16-byte
+// aligned and k % 8 == 0 (`vec`).
+__device__ __forceinline__ void load_tile(__nv_bfloat16 (&dst)[BM][BK + PAD],
+                                          const __nv_bfloat16* const (&src_rows)[BM], uint32_t k0,
+                                          uint32_t k, bool vec) {
+    const __nv_bfloat16 zero = metrale::to_bf16(0.0f);
+    if (vec) {
+        // 16-byte chunks: BM rows x BK / 8 chunks.
+        for (int idx = threadIdx.x; idx < BM * (BK / 8); idx += GEMM_THREADS) {
+            const int r = idx / (BK / 8), c = idx % (BK / 8);
+            const uint32_t gk = k0 + 8 * c;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (src_rows[r] != nullptr && gk < k) v = *reinterpret_cast<const uint4*>(src_rows[r] + gk);
+            *reinterpret_cast<uint4*>(&dst[r][8 * c]) = v;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < BM * BK; idx += GEMM_THREADS) {
+            const int r = idx / BK, c = idx % BK;
+            const uint32_t gk = k0 + c;
+            dst[r][c] = (src_rows[r] != nullptr && gk < k) ? src_rows[r][gk] : zero;
+        }
+    }
+}
+
+// c_tile = A_tile (BM x k, rows a_rows) * W_tile (BN x k, rows w_rows)^T in f32, into `cs`.
+// Every thread of the block calls it (barriers inside).
+__device__ __forceinline__ void tile_product(float (&cs)[BM][BN + 4],
+                                             __nv_bfloat16 (&as)[BM][BK + PAD],
+                                             __nv_bfloat16 (&ws)[BN][BK + PAD],
+                                             const __nv_bfloat16* const (&a_rows)[BM],
+                                             const __nv_bfloat16* const (&w_rows)[BN], uint32_t k,
+                                             bool vec) {
+    using namespace nvcuda;
+    const int warp = threadIdx.x >> 5;
+    const int wr = warp >> 1, wc = warp & 1;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (uint32_t k0 = 0; k0 < k; k0 += BK) {
+        load_tile(as, a_rows, k0, k, vec);
+        load_tile(ws, w_rows, k0, k, vec);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[wr * 32 + i * 16][kk], BK + PAD);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &ws[wc * 32 + j * 16][kk], BK + PAD);
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(&cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], BN + 4,
+                                    wmma::mem_row_major);
+    __syncthreads();
+}
+
+}  // namespace
+
+// The grouped gate|up product with SwiGLU: for every position p of expert e's slice
+// [offsets[e], offsets[e + 1]) (moe_group's), with assignment a = sorted[p] of row a / k,
+// act[p, j] = bf16(silu(g) * u) of g = x[a / k] . w[e, j] and u = x[a / k] . w[e, inter + j], each
+// rounded to bf16 first (moe_gemv_swiglu's values, in expert order). Positions past offsets[E]
+// are not written.
+// Launch: grid = (ceil(inter / 32), experts), block = 128: block (b, e) computes columns
+// [32 b, 32 b + 32) of expert e's slice, 64 rows at a time, as a 64 x 64 tile of the gate rows
+// (tile columns 0..31) and the up rows (32..63) of those columns. 28 KiB of static shared memory.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    __shared__ __align__(32) __nv_bfloat16 as[BM][BK + PAD];
+    __shared__ __align__(32) __nv_bfloat16 ws[BN][BK + PAD];
+    __shared__ __align__(32) float cs[BM][BN + 4];
+    __shared__ const __nv_bfloat16* a_rows[BM];
+    __shared__ const __nv_bfloat16* w_rows[BN];
+    metrale::grid_dependency_sync();
+    const uint32_t e = blockIdx.y, j0 = blockIdx.x * (BN / 2);
+    // Block-uniform exits, before any barrier.
+    if (e >= experts || k == 0 || j0 >= inter) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    const __nv_bfloat16* expert = w + (size_t)e * 2 * inter * hidden;
+    if (threadIdx.x < BN) {
+        const uint32_t c = threadIdx.x % (BN / 2), j = j0 + c;
+        const uint32_t row = threadIdx.x < BN / 2 ? j : inter + j;
+        w_rows[threadIdx.x] = j < inter ? expert + (size_t)row * hidden : nullptr;
+    }
+    const bool vec = hidden % 8 == 0 && aligned16(x) && aligned16(w);
+    for (int32_t p0 = begin; p0 < end; p0 += BM) {
+        // The previous tile's readers of a_rows are past tile_product's last barrier.
+        if (threadIdx.x < BM) {
+            const int32_t p = p0 + (int32_t)threadIdx.x;
+            a_rows[threadIdx.x] =
+                p < end ? x + (size_t)((uint32_t)sorted[p] / k) * hidden : nullptr;
+        }
+        __syncthreads();
+        tile_product(cs, as, ws, a_rows, w_rows, hidden, vec);
+        for (int idx = threadIdx.x; idx < BM * (BN / 2); idx += GEMM_THREADS) {
+            const int r = idx / (BN / 2), c = idx % (BN / 2);
+            const int32_t p = p0 + r;
+            const uint32_t j = j0 + c;
+            if (p < end && j < inter)
+                act[(size_t)p * inter + j] = metrale::to_bf16(swiglu_of_products(cs[r][c], cs[r][BN / 2 + c]));
+        }
+        __syncthreads();
+    }
+}
+
+// The grouped down product: for every position p of expert e's slice, y[sorted[p], h] =
+// bf16(act[p] . w[e, h]): each row goes back to its assignment's place, so y is [m k, hidden] in
+// assignment order, ready for moe_combine. Assignments with no expert are not written.
+// Launch: grid = (ceil(hidden / 64), experts), block = 128: block (b, e) computes columns
+// [64 b, 64 b + 64) of expert e's slice, 64 rows at a time.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm_down(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t experts, uint32_t hidden, uint32_t inter) {
+    __shared__ __align__(32) __nv_bfloat16 as[BM][BK + PAD];
+    __shared__ __align__(32) __nv_bfloat16 ws[BN][BK + PAD];
+    __shared__ __align__(32) float cs[BM][BN + 4];
+    __shared__ const __nv_bfloat16* a_rows[BM];
+    __shared__ const __nv_bfloat16* w_rows[BN];
+    metrale::grid_dependency_sync();
+    const uint32_t e = blockIdx.y, h0 = blockIdx.x * BN;
+    if (e >= experts || h0 >= hidden) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    if (threadIdx.x < BN) {
+        const uint32_t h = h0 + threadIdx.x;
+        w_rows[threadIdx.x] = h < hidden ? w + ((size_t)e * hidden + h) * inter : nullptr;
+    }
+    const bool vec = inter % 8 == 0 && aligned16(act) && aligned16(w);
+    for (int32_t p0 = begin; p0 < end; p0 += BM) {
+        if (threadIdx.x < BM) {
+            const int32_t p = p0 + (int32_t)threadIdx.x;
+            a_rows[threadIdx.x] = p < end ? act + (size_t)p * inter : nullptr;
+        }
+        __syncthreads();
+        tile_product(cs, as, ws, a_rows, w_rows, inter, vec);
+        for (int idx = threadIdx.x; idx < BM * BN; idx += GEMM_THREADS) {
+            const int r = idx / BN, c = idx % BN;
+            const int32_t p = p0 + r;
+            const uint32_t h = h0 + c;
+            if (p < end && h < hidden) y[(size_t)sorted[p] * hidden + h] = metrale::to_bf16(cs[r][c]);
+        }
+        __syncthreads();
+    }
+}
+
+// out[r, h] = bf16(sum over slots s, in order, of weights[r, s] * y[r k + s, h]) in f32; slots
+// with no expert add nothing (their y rows are not read).
+// Launch: grid = ceil(rows * hidden / 256), block = 256, one output a thread.
+extern "C" __global__ void __launch_bounds__(256) moe_combine(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ y,
+    const int32_t* __restrict__ ids, const float* __restrict__ weights, uint32_t rows, uint32_t k,
+    uint32_t experts, uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (hidden == 0 || i >= (size_t)rows * hidden) return;
+    const size_t r = i / hidden, h = i % hidden;
+    float sum = 0.0f;
+    for (uint32_t s = 0; s < k; ++s) {
+        const size_t a = r * k + s;
+        if (valid_expert(ids[a], experts))
+            sum = fmaf(weights[a], metrale::to_f32(y[a * hidden + h]), sum);
+    }
+    out[i] = metrale::to_bf16(sum);
+}
