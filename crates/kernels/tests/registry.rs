@@ -62,7 +62,7 @@ fn manifests_reach_the_registry() {
     assert_eq!(qwen3.behavior.tool_call_parser, Some("hermes"));
     assert_eq!(qwen3.defaults.kv_block_size, Some(16));
     assert_eq!(qwen3.memory.sm_count, Some(132));
-    assert_eq!(qwen3.serves.model_types, &["qwen3"]);
+    assert_eq!(qwen3.serves.model_types, &["qwen3", "qwen3_moe"]);
     assert_eq!(qwen3.serves.hidden_size, None);
     assert_eq!(qwen3.vendor, "nvidia");
 }

@@ -395,8 +395,14 @@ impl SwigluLinear {
         Ok(())
     }
 
-    /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)`.
-    fn run(&self, l: &Launcher, act: DevicePtr, x: DevicePtr, m: u32) -> Result<(), ModelError> {
+    /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)` over rows already normalised.
+    pub(crate) fn run(
+        &self,
+        l: &Launcher,
+        act: DevicePtr,
+        x: DevicePtr,
+        m: u32,
+    ) -> Result<(), ModelError> {
         let t = l.tuning;
         let lin = &self.gate_up;
         let (k, label) = (&lin.kernels, lin.label);

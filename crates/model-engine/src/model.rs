@@ -32,6 +32,7 @@ use crate::blocks::attention::{
     self, ATTENTION_PARTIALS, Attention, prefill_tile, prefill_version,
 };
 use crate::blocks::mlp::{self, DenseMlp};
+use crate::blocks::moe::{self, Moe};
 use crate::blocks::{Arena, Block, Step};
 use crate::launch::Launcher;
 use crate::linear::{Linear, LinearKernels};
@@ -73,6 +74,9 @@ pub enum ModelError {
     /// The step's input breaks a limit or an invariant.
     #[error("invalid step: {0}")]
     InvalidStep(String),
+    /// The checkpoint needs a kind of layer the engine does not implement.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
     /// A schedule choice the engine does not take (the kernel tree's `[tuning]`, `--tune`, an
     /// operator switch).
     #[error(transparent)]
@@ -219,7 +223,7 @@ impl Model {
         tuning: Tuning,
         progress: LoadProgress,
     ) -> Result<Self, ModelError> {
-        let plan = LayerPlan::from_config(&config);
+        let plan = LayerPlan::from_config(&config)?;
         let g = gpu.as_ref();
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
@@ -337,6 +341,7 @@ impl Model {
         };
         let mut attention_shared = None;
         let mut mlp_scratch = None;
+        let mut moe_shared: Option<moe::Shared> = None;
         let mut blocks: Vec<Box<dyn Block>> = Vec::new();
         for (l, spec) in plan.blocks() {
             let w = &weights.layers[l];
@@ -372,6 +377,30 @@ impl Model {
                     };
                     let dims = (c.hidden_size as u32, intermediate as u32);
                     blocks.push(Box::new(DenseMlp::new(norm, w, dims, linear, scratch)));
+                }
+                BlockKind::Mlp(MlpKind::Moe(m)) => {
+                    let norm = RmsNorm {
+                        weight: w.post_norm,
+                        eps,
+                    };
+                    let shared = match moe_shared {
+                        Some(s) if s.fits(&m) => s,
+                        Some(_) => {
+                            return Err(ModelError::InvalidStep(format!(
+                                "layer {l}'s experts differ from the first sparse layer's"
+                            )));
+                        }
+                        None => *moe_shared.insert(moe::Shared::new(
+                            arena.gpu,
+                            arena,
+                            m,
+                            options.max_tokens_per_step,
+                            c.hidden_size,
+                        )?),
+                    };
+                    let weights = w.moe.as_ref().expect("a sparse layer's weights");
+                    let hidden = c.hidden_size as u32;
+                    blocks.push(Box::new(Moe::new(norm, weights, hidden, linear, shared)));
                 }
             }
         }

@@ -9,7 +9,7 @@
 //! DeltaNet, Mamba-2, sliding-window or MLA attention) is a new variant here and a new block
 //! module, with nothing else changed.
 
-use metrale_config::ModelConfig;
+use metrale_config::{ModelConfig, RouterKind};
 
 /// How a block's input is normalised.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,14 +43,36 @@ pub struct AttentionSpec {
     pub qk_norm: bool,
 }
 
+/// A sparse MLP: a router picks `top_k` of `experts` SwiGLU MLPs per token, whose outputs are
+/// summed with the routing weights (plus a shared expert behind a sigmoid gate, if any).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    /// Routed experts.
+    pub experts: usize,
+    /// Experts each token takes.
+    pub top_k: usize,
+    /// Each expert's gate and up width.
+    pub intermediate: usize,
+    /// Scores from the router's logits.
+    pub router: RouterKind,
+    /// The top k weights renormalised to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Routed weights multiplied by this.
+    pub routed_scaling: f32,
+    /// The shared expert's width, if any.
+    pub shared_intermediate: Option<usize>,
+}
+
 /// The feed-forward block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MlpKind {
     /// `down(silu(x Wgate) * x Wup)`.
     DenseSwiglu {
         /// The gate and up products' width.
         intermediate: usize,
     },
+    /// Mixture of experts.
+    Moe(MoeSpec),
 }
 
 /// One block of a layer.
@@ -90,10 +112,20 @@ pub struct LayerPlan {
 }
 
 impl LayerPlan {
-    /// The plan of a config: today every family the config crate accepts (Llama, Qwen2, Qwen3)
-    /// is pre-norm attention then a dense SwiGLU MLP in every layer; they differ in the
-    /// attention's parameters.
-    pub fn from_config(c: &ModelConfig) -> LayerPlan {
+    /// The plan of a config: every family the config crate accepts is pre-norm attention then
+    /// an MLP in every layer, dense (Llama, Qwen2, Qwen3) or, in a MoE model's sparse layers,
+    /// a mixture of experts; they differ in the attention's parameters.
+    ///
+    /// A layer kind the engine has no block for is refused here, before any weight loads.
+    pub fn from_config(c: &ModelConfig) -> Result<LayerPlan, crate::ModelError> {
+        if let Some(m) = &c.moe
+            && m.shared_expert_intermediate.is_some()
+        {
+            return Err(crate::ModelError::Unsupported(format!(
+                "{}: sparse layers with a shared expert are not implemented yet",
+                c.family.model_type()
+            )));
+        }
         let norm = NormKind::Rms {
             eps: c.rms_norm_eps,
         };
@@ -109,19 +141,33 @@ impl LayerPlan {
             qkv_bias: c.attention_bias,
             qk_norm: c.qk_norm,
         };
-        let mlp = MlpKind::DenseSwiglu {
+        let dense = MlpKind::DenseSwiglu {
             intermediate: c.intermediate_size,
         };
-        let layer = LayerSpec {
-            blocks: vec![
-                block(BlockKind::Attention(attention)),
-                block(BlockKind::Mlp(mlp)),
-            ],
+        let mlp = |l: usize| match &c.moe {
+            Some(m) if m.is_sparse(l) => MlpKind::Moe(MoeSpec {
+                experts: m.num_experts,
+                top_k: m.top_k,
+                intermediate: m.expert_intermediate,
+                router: m.router,
+                norm_topk_prob: m.norm_topk_prob,
+                routed_scaling: m.routed_scaling,
+                shared_intermediate: m.shared_expert_intermediate,
+            }),
+            _ => dense,
         };
-        LayerPlan {
-            layers: vec![layer; c.num_layers],
+        let layers = (0..c.num_layers)
+            .map(|l| LayerSpec {
+                blocks: vec![
+                    block(BlockKind::Attention(attention)),
+                    block(BlockKind::Mlp(mlp(l))),
+                ],
+            })
+            .collect();
+        Ok(LayerPlan {
+            layers,
             final_norm: norm,
-        }
+        })
     }
 
     /// Every block of every layer, in step order, with its layer index.
@@ -146,7 +192,7 @@ mod tests {
                 "rope_theta": 1000000.0, "max_position_embeddings": 256}"#,
         )
         .unwrap();
-        let plan = LayerPlan::from_config(&c);
+        let plan = LayerPlan::from_config(&c).unwrap();
         assert_eq!(plan.layers.len(), 3);
         assert_eq!(plan.blocks().count(), 6);
         let kinds: Vec<_> = plan.layers[2].blocks.iter().map(|b| b.kind).collect();

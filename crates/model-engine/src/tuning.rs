@@ -73,7 +73,7 @@ pub enum Carveout {
 }
 
 /// The labels the model's launches carry (its profile's rows, `Model::set_skip`).
-pub const LAUNCH_LABELS: [&str; 11] = [
+pub const LAUNCH_LABELS: [&str; 13] = [
     "embedding",
     "add_rmsnorm",
     "qkv",
@@ -85,11 +85,13 @@ pub const LAUNCH_LABELS: [&str; 11] = [
     "silu_mul",
     "down",
     "lm_head",
+    "router",
+    "experts",
 ];
 
 /// The labels of the products ([`crate::linear::Linear`]): those that may stream, take a grid
 /// cap or a special GEMV form.
-pub const LINEAR_LABELS: [&str; 5] = ["qkv", "o", "gate_up", "down", "lm_head"];
+pub const LINEAR_LABELS: [&str; 6] = ["qkv", "o", "gate_up", "down", "lm_head", "router"];
 
 /// Every key [`Tuning::set`] takes.
 pub const KEYS: [&str; 24] = [

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The weight-name map of the generic decoder and the upload of a checkpoint to a device.
 //!
-//! Llama, Qwen2 and Qwen3 checkpoints use the same HF names; the families differ in which
-//! tensors exist (QKV biases, QK-norm weights, a separate LM head), and that follows from the
-//! config. Every shape is checked against the config before the first byte is uploaded.
+//! Llama, Qwen2 and Qwen3 checkpoints and their MoE variants use the same HF names; the families
+//! differ in which tensors exist (QKV biases, QK-norm weights, a separate LM head, a sparse
+//! layer's router, experts and shared expert), and that follows from the config. A sparse
+//! layer's experts come in either of the two layouts `transformers` writes: one tensor per expert
+//! and projection (the hub's checkpoints), or the fused `experts.gate_up_proj` / `down_proj`
+//! stacks (transformers 5); both upload as the same stacks. Every shape is checked against the
+//! config before the first byte is uploaded.
 
 use metrale_config::ModelConfig;
 use metrale_core::DevicePtr;
@@ -49,6 +53,27 @@ pub enum TensorRole {
     Up(usize),
     /// `[hidden, intermediate]`.
     Down(usize),
+    /// A sparse layer's router `[experts, hidden]`.
+    Router(usize),
+    /// Expert `.1`'s gate `[expert_intermediate, hidden]` (the per-expert layout).
+    ExpertGate(usize, usize),
+    /// Expert `.1`'s up `[expert_intermediate, hidden]`.
+    ExpertUp(usize, usize),
+    /// Expert `.1`'s down `[hidden, expert_intermediate]`.
+    ExpertDown(usize, usize),
+    /// Every expert's gate rows then up rows `[experts, 2 * expert_intermediate, hidden]` (the
+    /// fused layout).
+    ExpertsGateUp(usize),
+    /// Every expert's down `[experts, hidden, expert_intermediate]` (the fused layout).
+    ExpertsDown(usize),
+    /// The shared expert's gate `[shared_intermediate, hidden]` (Qwen2-MoE).
+    SharedGate(usize),
+    /// The shared expert's up `[shared_intermediate, hidden]`.
+    SharedUp(usize),
+    /// The shared expert's down `[hidden, shared_intermediate]`.
+    SharedDown(usize),
+    /// The shared expert's sigmoid gate `[1, hidden]`.
+    SharedExpertGate(usize),
 }
 
 impl TensorRole {
@@ -73,6 +98,16 @@ impl TensorRole {
             TensorRole::Gate(i) => layer(i, "mlp.gate_proj.weight"),
             TensorRole::Up(i) => layer(i, "mlp.up_proj.weight"),
             TensorRole::Down(i) => layer(i, "mlp.down_proj.weight"),
+            TensorRole::Router(i) => layer(i, "mlp.gate.weight"),
+            TensorRole::ExpertGate(i, e) => layer(i, &format!("mlp.experts.{e}.gate_proj.weight")),
+            TensorRole::ExpertUp(i, e) => layer(i, &format!("mlp.experts.{e}.up_proj.weight")),
+            TensorRole::ExpertDown(i, e) => layer(i, &format!("mlp.experts.{e}.down_proj.weight")),
+            TensorRole::ExpertsGateUp(i) => layer(i, "mlp.experts.gate_up_proj"),
+            TensorRole::ExpertsDown(i) => layer(i, "mlp.experts.down_proj"),
+            TensorRole::SharedGate(i) => layer(i, "mlp.shared_expert.gate_proj.weight"),
+            TensorRole::SharedUp(i) => layer(i, "mlp.shared_expert.up_proj.weight"),
+            TensorRole::SharedDown(i) => layer(i, "mlp.shared_expert.down_proj.weight"),
+            TensorRole::SharedExpertGate(i) => layer(i, "mlp.shared_expert_gate.weight"),
         }
     }
 
@@ -91,12 +126,90 @@ impl TensorRole {
             TensorRole::O(_) => vec![h, q],
             TensorRole::Gate(_) | TensorRole::Up(_) => vec![i, h],
             TensorRole::Down(_) => vec![h, i],
+            _ => moe_shape(self, c),
         }
     }
 }
 
-/// Every tensor the config implies, in load order.
+/// The shape of a sparse layer's tensor (empty for a config without MoE: no such tensor exists).
+fn moe_shape(role: TensorRole, c: &ModelConfig) -> Vec<usize> {
+    let Some(m) = &c.moe else {
+        return Vec::new();
+    };
+    let (h, e, i) = (c.hidden_size, m.num_experts, m.expert_intermediate);
+    let s = m.shared_expert_intermediate.unwrap_or(0);
+    match role {
+        TensorRole::Router(_) => vec![e, h],
+        TensorRole::ExpertGate(..) | TensorRole::ExpertUp(..) => vec![i, h],
+        TensorRole::ExpertDown(..) => vec![h, i],
+        TensorRole::ExpertsGateUp(_) => vec![e, 2 * i, h],
+        TensorRole::ExpertsDown(_) => vec![e, h, i],
+        TensorRole::SharedGate(_) | TensorRole::SharedUp(_) => vec![s, h],
+        TensorRole::SharedDown(_) => vec![h, s],
+        TensorRole::SharedExpertGate(_) => vec![1, h],
+        _ => unreachable!("dense roles are shaped by TensorRole::shape"),
+    }
+}
+
+/// How a checkpoint stores a sparse layer's experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// One tensor per expert and projection (`mlp.experts.{e}.gate_proj.weight`, ...).
+    PerExpert,
+    /// The stacks transformers 5 writes (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).
+    Fused,
+}
+
+impl ExpertLayout {
+    /// The layout of layer `l`'s experts in `source`: fused where it has the fused stack.
+    pub fn of(source: &dyn WeightSource, l: usize) -> ExpertLayout {
+        match source.shape(&TensorRole::ExpertsGateUp(l).hf_name()) {
+            Some(_) => ExpertLayout::Fused,
+            None => ExpertLayout::PerExpert,
+        }
+    }
+}
+
+/// Layer `l`'s MLP tensors: the dense ones, or a sparse layer's router, experts in `layout` and
+/// shared expert.
+fn mlp_roles(c: &ModelConfig, l: usize, layout: ExpertLayout) -> Vec<TensorRole> {
+    let Some(m) = c.moe.as_ref().filter(|m| m.is_sparse(l)) else {
+        return vec![TensorRole::Gate(l), TensorRole::Up(l), TensorRole::Down(l)];
+    };
+    let mut roles = vec![TensorRole::Router(l)];
+    match layout {
+        ExpertLayout::Fused => {
+            roles.extend([TensorRole::ExpertsGateUp(l), TensorRole::ExpertsDown(l)])
+        }
+        ExpertLayout::PerExpert => {
+            for e in 0..m.num_experts {
+                roles.extend([
+                    TensorRole::ExpertGate(l, e),
+                    TensorRole::ExpertUp(l, e),
+                    TensorRole::ExpertDown(l, e),
+                ]);
+            }
+        }
+    }
+    if m.shared_expert_intermediate.is_some() {
+        roles.extend([
+            TensorRole::SharedGate(l),
+            TensorRole::SharedUp(l),
+            TensorRole::SharedDown(l),
+            TensorRole::SharedExpertGate(l),
+        ]);
+    }
+    roles
+}
+
+/// Every tensor the config implies, in load order, sparse layers' experts in the per-expert
+/// layout.
 pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorRole> {
+    tensors_in(c, &|_| ExpertLayout::PerExpert)
+}
+
+/// Every tensor the config implies, each sparse layer's experts in the layout `layout` gives.
+fn tensors_in(c: &ModelConfig, layout: &dyn Fn(usize) -> ExpertLayout) -> Vec<TensorRole> {
     let mut roles = vec![TensorRole::Embedding];
     for l in 0..c.num_layers {
         roles.extend([
@@ -115,13 +228,8 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorRole> {
         if c.qk_norm {
             roles.extend([TensorRole::QNorm(l), TensorRole::KNorm(l)]);
         }
-        roles.extend([
-            TensorRole::O(l),
-            TensorRole::PostNorm(l),
-            TensorRole::Gate(l),
-            TensorRole::Up(l),
-            TensorRole::Down(l),
-        ]);
+        roles.extend([TensorRole::O(l), TensorRole::PostNorm(l)]);
+        roles.extend(mlp_roles(c, l, layout(l)));
     }
     roles.push(TensorRole::FinalNorm);
     if !c.tie_word_embeddings {
@@ -143,9 +251,23 @@ pub struct LayerWeights {
     pub(crate) k_norm: DevicePtr,
     pub(crate) o: DevicePtr,
     pub(crate) post_norm: DevicePtr,
-    /// gate rows then up rows: `[2 * intermediate, hidden]`, so one GEMM feeds SiLU-and-mul.
+    /// gate rows then up rows: `[2 * intermediate, hidden]`, so one GEMM feeds SiLU-and-mul
+    /// (NULL in a sparse layer).
     pub(crate) gate_up: DevicePtr,
     pub(crate) down: DevicePtr,
+    /// A sparse layer's MLP.
+    pub(crate) moe: Option<MoeWeights>,
+}
+
+/// A sparse layer's MLP tensors on the device.
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `[experts, hidden]`.
+    pub(crate) router: DevicePtr,
+    /// `[experts, 2 * expert_intermediate, hidden]`: each expert's gate rows, then its up rows.
+    pub(crate) experts_gate_up: DevicePtr,
+    /// `[experts, hidden, expert_intermediate]`.
+    pub(crate) experts_down: DevicePtr,
 }
 
 /// All weights on the device.
@@ -165,9 +287,15 @@ pub struct DeviceWeights {
 /// Progress of a load: tensors done, tensors in all, bytes uploaded so far.
 pub type LoadProgress<'a> = &'a mut dyn FnMut(usize, usize, u64);
 
+/// Every tensor the config needs from `source`, its sparse layers' experts in the layout the
+/// source has.
+fn source_tensors(c: &ModelConfig, source: &dyn WeightSource) -> Vec<TensorRole> {
+    tensors_in(c, &|l| ExpertLayout::of(source, l))
+}
+
 /// Checks every tensor the config needs exists in `source` with the right shape, before any load.
 pub fn check_shapes(c: &ModelConfig, source: &dyn WeightSource) -> Result<(), ModelError> {
-    for role in expected_tensors(c) {
+    for role in source_tensors(c, source) {
         let name = role.hf_name();
         let want = role.shape(c);
         match source.shape(&name) {
@@ -254,6 +382,43 @@ impl Uploader<'_> {
         }
     }
 
+    fn get_if_stacked(
+        &mut self,
+        present: bool,
+        roles: &[TensorRole],
+    ) -> Result<DevicePtr, ModelError> {
+        if present {
+            self.get_stacked(roles)
+        } else {
+            Ok(DevicePtr::NULL)
+        }
+    }
+
+    /// Layer `l`'s sparse MLP, its experts stacked as the kernels read them whatever the layout.
+    fn moe(&mut self, m: &metrale_config::MoeConfig, l: usize) -> Result<MoeWeights, ModelError> {
+        let router = self.get(TensorRole::Router(l))?;
+        let (experts_gate_up, experts_down) = match ExpertLayout::of(self.source, l) {
+            ExpertLayout::Fused => (
+                self.get(TensorRole::ExpertsGateUp(l))?,
+                self.get(TensorRole::ExpertsDown(l))?,
+            ),
+            ExpertLayout::PerExpert => {
+                let gate_up: Vec<TensorRole> = (0..m.num_experts)
+                    .flat_map(|e| [TensorRole::ExpertGate(l, e), TensorRole::ExpertUp(l, e)])
+                    .collect();
+                let down: Vec<TensorRole> = (0..m.num_experts)
+                    .map(|e| TensorRole::ExpertDown(l, e))
+                    .collect();
+                (self.get_stacked(&gate_up)?, self.get_stacked(&down)?)
+            }
+        };
+        Ok(MoeWeights {
+            router,
+            experts_gate_up,
+            experts_down,
+        })
+    }
+
     /// Tensors with the same trailing shape, stacked along their first axis into one device
     /// tensor.
     fn get_stacked(&mut self, roles: &[TensorRole]) -> Result<DevicePtr, ModelError> {
@@ -279,7 +444,7 @@ fn load_inner(
     progress: LoadProgress,
     allocations: &mut Vec<DevicePtr>,
 ) -> Result<DeviceWeights, ModelError> {
-    let total = expected_tensors(c).len();
+    let total = source_tensors(c, source).len();
     let mut u = Uploader {
         source,
         gpu,
@@ -292,6 +457,7 @@ fn load_inner(
     let embedding = u.get(TensorRole::Embedding)?;
     let mut layers = Vec::with_capacity(c.num_layers);
     for l in 0..c.num_layers {
+        let dense = !c.moe.as_ref().is_some_and(|m| m.is_sparse(l));
         layers.push(LayerWeights {
             input_norm: u.get(TensorRole::InputNorm(l))?,
             // q, k and v fused row-wise: one [(H + 2 KV) D, hidden] weight, one product.
@@ -310,8 +476,12 @@ fn load_inner(
             o: u.get(TensorRole::O(l))?,
             post_norm: u.get(TensorRole::PostNorm(l))?,
             // gate and up fused row-wise: one [2I, H] weight, one GEMM.
-            gate_up: u.get_stacked(&[TensorRole::Gate(l), TensorRole::Up(l)])?,
-            down: u.get(TensorRole::Down(l))?,
+            gate_up: u.get_if_stacked(dense, &[TensorRole::Gate(l), TensorRole::Up(l)])?,
+            down: u.get_if(dense, TensorRole::Down(l))?,
+            moe: match &c.moe {
+                Some(m) if !dense => Some(u.moe(m, l)?),
+                _ => None,
+            },
         });
     }
     let final_norm = u.get(TensorRole::FinalNorm)?;

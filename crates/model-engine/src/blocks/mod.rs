@@ -10,6 +10,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod mlp;
+pub(crate) mod moe;
 
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::GpuBackend;

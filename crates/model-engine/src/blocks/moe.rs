@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The Mixture-of-Experts MLP ([`crate::plan::MlpKind::Moe`]).
+//!
+//! `x = norm(h)`; router logits `x · Wrouterᵀ` (f32); the top k experts per token and their
+//! weights (`moe_route`: softmax or sigmoid scores, renormalised, scaled); every selected
+//! expert's gate|up product with SiLU x up (`moe_gemv_swiglu`); the down products weighted and
+//! summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
+//! weights, the decode shape; prefill-sized steps run the same kernels (correct, not yet fast:
+//! moe.cu's grouped products are their fast path). A shared expert (Qwen2-MoE) is not built yet:
+//! [`crate::plan::LayerPlan::from_config`] refuses such models before any weight loads.
+
+use metrale_config::RouterKind;
+use metrale_core::DevicePtr;
+use metrale_gpu_runtime::{GpuBackend, KernelHandle};
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::{MoeGemvDown, MoeGemvSwiglu, MoeRoute, MoeScoring};
+
+use super::{Arena, Block, Step};
+use crate::ModelError;
+use crate::launch::Launcher;
+use crate::linear::{Linear, LinearKernels};
+use crate::plan::MoeSpec;
+use crate::residual::{Residual, RmsNorm};
+use crate::tuning::Tuning;
+use crate::weights::MoeWeights;
+
+#[derive(Clone, Copy, Debug)]
+struct Kernels {
+    route: KernelHandle,
+    gate_up: KernelHandle,
+    down: KernelHandle,
+}
+
+/// Buffers every MoE block of a step shares (the model's sparse layers have one shape).
+#[derive(Clone, Copy, Debug)]
+struct Scratch {
+    /// f32 `[tokens, experts]`.
+    logits: DevicePtr,
+    /// i32 `[tokens, top_k]`.
+    ids: DevicePtr,
+    /// f32 `[tokens, top_k]`.
+    weights: DevicePtr,
+    /// bf16 `[tokens * top_k, intermediate]`.
+    act: DevicePtr,
+    /// bf16 `[tokens, hidden]`: the block's output.
+    out: DevicePtr,
+}
+
+/// What the MoE blocks of a model share.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shared {
+    spec: MoeSpec,
+    kernels: Kernels,
+    scratch: Scratch,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        gpu: &dyn GpuBackend,
+        arena: &mut Arena,
+        spec: MoeSpec,
+        max_tokens: usize,
+        hidden: usize,
+    ) -> Result<Shared, ModelError> {
+        let kernels = Kernels {
+            route: gpu.kernel(MoeRoute::NAME)?,
+            gate_up: gpu.kernel(MoeGemvSwiglu::NAME)?,
+            down: gpu.kernel(MoeGemvDown::NAME)?,
+        };
+        let (t, k) = (max_tokens, spec.top_k);
+        let scratch = Scratch {
+            logits: arena.alloc(t * spec.experts * 4)?,
+            ids: arena.alloc(t * k * 4)?,
+            weights: arena.alloc(t * k * 4)?,
+            act: arena.alloc(t * k * spec.intermediate * 2)?,
+            out: arena.alloc(t * hidden * 2)?,
+        };
+        Ok(Shared {
+            spec,
+            kernels,
+            scratch,
+        })
+    }
+
+    /// Whether a layer of `spec` can use these buffers.
+    pub(crate) fn fits(&self, spec: &MoeSpec) -> bool {
+        self.spec == *spec
+    }
+}
+
+/// One sparse layer's MLP.
+pub(crate) struct Moe {
+    norm: RmsNorm,
+    router: Linear,
+    /// bf16 `[experts, 2 * intermediate, hidden]`.
+    experts_gate_up: DevicePtr,
+    /// bf16 `[experts, hidden, intermediate]`.
+    experts_down: DevicePtr,
+    shared: Shared,
+    hidden: u32,
+}
+
+impl Moe {
+    pub(crate) fn new(
+        norm: RmsNorm,
+        w: &MoeWeights,
+        hidden: u32,
+        linear: LinearKernels,
+        shared: Shared,
+    ) -> Moe {
+        let experts = shared.spec.experts as u32;
+        Moe {
+            norm,
+            router: Linear::new(
+                "router",
+                w.router,
+                DevicePtr::NULL,
+                (experts, hidden),
+                linear,
+            ),
+            experts_gate_up: w.experts_gate_up,
+            experts_down: w.experts_down,
+            shared,
+            hidden,
+        }
+    }
+
+    fn route(&self, rows: u32) -> MoeRoute {
+        let (spec, sc) = (&self.shared.spec, &self.shared.scratch);
+        MoeRoute {
+            topk_ids: sc.ids,
+            topk_weights: sc.weights,
+            logits: sc.logits,
+            correction_bias: DevicePtr::NULL,
+            rows,
+            experts: spec.experts as u32,
+            k: spec.top_k as u32,
+            scoring: match spec.router {
+                RouterKind::Softmax => MoeScoring::Softmax,
+                RouterKind::SigmoidBias => MoeScoring::Sigmoid,
+            },
+            renormalize: spec.norm_topk_prob.into(),
+            scale: spec.routed_scaling,
+        }
+    }
+}
+
+impl Block for Moe {
+    fn enqueue(
+        &self,
+        l: &Launcher,
+        step: &Step,
+        residual: &mut Residual,
+        _before_fold: bool,
+    ) -> Result<(), ModelError> {
+        let (spec, sc, kernels) = (
+            &self.shared.spec,
+            &self.shared.scratch,
+            &self.shared.kernels,
+        );
+        let rows = step.tokens;
+        let (k, inter, experts) = (
+            spec.top_k as u32,
+            spec.intermediate as u32,
+            spec.experts as u32,
+        );
+        let x = residual.add_norm(l, self.norm, rows)?;
+        self.router.run_f32(l, sc.logits, x, rows)?;
+        l.launch(kernels.route, "router", &self.route(rows))?;
+        let gate_up = MoeGemvSwiglu {
+            act: sc.act,
+            x,
+            w: self.experts_gate_up,
+            ids: sc.ids,
+            rows,
+            k,
+            experts,
+            inter,
+            hidden: self.hidden,
+        };
+        l.launch(kernels.gate_up, "experts", &gate_up)?;
+        let down = MoeGemvDown {
+            out: sc.out,
+            act: sc.act,
+            w: self.experts_down,
+            ids: sc.ids,
+            weights: sc.weights,
+            rows,
+            k,
+            experts,
+            hidden: self.hidden,
+            inter,
+        };
+        l.launch(kernels.down, "experts", &down)?;
+        residual.set_pending(sc.out);
+        Ok(())
+    }
+
+    fn folds_norm(&self, _t: &Tuning, _rows: u32) -> bool {
+        false
+    }
+}
