@@ -119,6 +119,44 @@ MODELS = {
         "use_cache": True,
         "vocab_size": 128256,
     },
+    # Qwen3-30B-A3B's public config.json (128 experts, top 8, expert width 768, hidden 2048, 32/4
+    # heads of 128), 4 of its 48 layers: parity at the real widths within the GPU machine's disk
+    # and transformers' f32 memory.
+    "qwen3-30b-a3b-4l": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 4,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 4,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
     # SmolLM2-135M's widths (hidden 576, 9 query / 3 kv heads of 64, intermediate 1536, 30 layers,
     # tied embeddings, its eps and theta) with the Qwen3 tokenizer's vocabulary, so that the Qwen3
     # tokenizer the GPU machine is given fits it: the shapes the real GGUF runs on CUDA (k = 576,
@@ -157,6 +195,7 @@ TOKENIZER_FAMILY = {
     "qwen3-8b": "qwen3",
     "llama-3.1-8b": "llama3",
     "smollm2-widths": "qwen3",
+    "qwen3-30b-a3b-4l": "qwen3",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
