@@ -19,6 +19,8 @@ use metrale_kernels::{HostError, HostMemory, Kernel, KernelAbi};
 
 use crate::{GemmOp, GpuBackend, GpuError};
 
+mod moe;
+
 /// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
 pub const BF16_ELEMENT_RTOL: f32 = 1.0 / 64.0;
 /// Relative tolerance per f32 element (sums accumulated in a different order).
@@ -1648,6 +1650,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
         &[(1, 4096, 3000), (5, 1000, 77), (3, 1001, 50), (2, 9000, 20)],
     ));
     out.extend(gemv_stream_cases(&mut rng));
+    // Last, so that every case before keeps its random inputs (tests pin some of them by seed).
+    out.extend(moe::moe_cases(&mut rng));
     out
 }
 

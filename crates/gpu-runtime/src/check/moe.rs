@@ -1,0 +1,393 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Parity cases of the MoE kernels (`moe.cu`): Qwen3-30B-A3B's shapes (128 experts, top 8, hidden
+//! 2048, expert width 768; the expert products over fewer experts, as the bytes of 128 would only
+//! slow the host), Qwen2-57B-A14B's and MiniMax-M2's routing, and the edges: one slot a row, every
+//! expert a row, expert counts that are not powers of two, rows off the 16-byte path, empty slots
+//! (ids outside the experts), experts with more rows than one 64-row tile.
+
+use metrale_core::DevicePtr;
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::{
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup, MoeRoute,
+    MoeScoring, group_by_expert,
+};
+
+use super::{
+    Buffer, Case, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of, shuffled,
+};
+
+/// Every MoE case, in a fixed order.
+pub(super) fn moe_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = route_cases(rng);
+    out.extend(decode_cases(rng));
+    out.extend(group_cases(rng));
+    out.extend(grouped_product_cases(rng));
+    out.extend(combine_cases(rng));
+    out
+}
+
+/// `rows` rows of `k` distinct experts of `experts`; `empty` slots (a -1 and an id past the
+/// experts, alternately) replace the last slots of the first rows.
+fn routed_ids(rng: &mut Rng, rows: u32, experts: u32, k: u32, empty: usize) -> Vec<i32> {
+    let mut ids: Vec<i32> = (0..rows)
+        .flat_map(|_| shuffled(rng, experts as usize).into_iter().take(k as usize))
+        .collect();
+    for i in 0..empty.min(rows as usize) {
+        ids[i * k as usize + k as usize - 1] = if i % 2 == 0 { -1 } else { experts as i32 };
+    }
+    ids
+}
+
+/// Routing weights in (0, 1].
+fn routed_weights(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| 1.0 - rng.uniform()).collect()
+}
+
+fn input(init: Vec<u8>) -> Buffer {
+    Buffer { init, output: None }
+}
+
+fn output(init: Vec<u8>, kind: OutputKind) -> Buffer {
+    Buffer {
+        init,
+        output: Some(kind),
+    }
+}
+
+/// The router. Logits on a grid of 1/8 (biases of 1/64), so that equal keys are exact ties on
+/// both sides and different ones lie far apart: host and device choose the same experts although
+/// their `exp` differ in the last bit. A row of equal logits and rows of repeated values pin the
+/// tie order.
+fn route_cases(rng: &mut Rng) -> Vec<Case> {
+    let on_grid = |rng: &mut Rng, n: usize, step: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| (rng.normal() * 2.0 / step).round() * step)
+            .collect()
+    };
+    let mut out = Vec::new();
+    for &(rows, experts, k, scoring, renormalize, scale, biased, ties) in &[
+        // Qwen3-30B-A3B / Qwen3-235B-A22B, one row and a batch.
+        (
+            1u32,
+            128u32,
+            8u32,
+            MoeScoring::Softmax,
+            1u32,
+            1.0f32,
+            false,
+            false,
+        ),
+        (5, 128, 8, MoeScoring::Softmax, 1, 1.0, false, false),
+        // Qwen2-57B-A14B (norm_topk_prob false).
+        (3, 64, 8, MoeScoring::Softmax, 0, 1.0, false, false),
+        // MiniMax-M2, and DeepSeek-V3's routed scaling.
+        (4, 256, 8, MoeScoring::Sigmoid, 1, 1.0, true, false),
+        (2, 256, 8, MoeScoring::Sigmoid, 1, 2.5, true, false),
+        // One slot of 7 experts over three blocks of rows; every expert of 16; the largest E, k.
+        (9, 7, 1, MoeScoring::Softmax, 1, 1.0, false, false),
+        (2, 16, 16, MoeScoring::Sigmoid, 0, 1.0, false, false),
+        (3, 512, 16, MoeScoring::Softmax, 0, 1.0, false, false),
+        // Ties: rows of equal logits, and of few distinct values.
+        (3, 60, 4, MoeScoring::Softmax, 1, 1.0, false, true),
+        (3, 60, 4, MoeScoring::Sigmoid, 1, 1.0, true, true),
+    ] {
+        let (r, e, kk) = (rows as usize, experts as usize, k as usize);
+        let mut logits = on_grid(rng, r * e, 0.125);
+        if ties {
+            logits[..e].fill(0.5);
+            for v in &mut logits[e..] {
+                *v = (*v * 2.0).round().clamp(-1.0, 1.0);
+            }
+        }
+        let bias = on_grid(rng, e, 1.0 / 64.0)
+            .into_iter()
+            .map(|b| {
+                if ties {
+                    (b * 2.0).round() / 4.0
+                } else {
+                    b * 0.1
+                }
+            })
+            .map(|b| (b * 64.0).round() / 64.0)
+            .collect::<Vec<f32>>();
+        out.push(Case {
+            kernel: MoeRoute::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} {scoring:?} renormalize={renormalize} \
+                 scale={scale} bias={biased} ties={ties}"
+            ),
+            buffers: vec![
+                output(vec![0xFF; r * kk * 4], OutputKind::I32),
+                output(vec![0xFF; r * kk * 4], OutputKind::F32),
+                input(f32_bytes(&logits)),
+                input(f32_bytes(&bias)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeRoute {
+                    topk_ids: p[0],
+                    topk_weights: p[1],
+                    logits: p[2],
+                    correction_bias: if biased { p[3] } else { DevicePtr::NULL },
+                    rows,
+                    experts,
+                    k,
+                    scoring,
+                    renormalize,
+                    scale,
+                })
+            }),
+        });
+    }
+    out
+}
+
+/// The decode experts: Qwen3-30B-A3B's widths with k = E = 8 and with 8 of 12 over 4 rows, one
+/// slot of 5 experts, the scalar path (hidden 130, width 37), and empty slots.
+fn decode_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(rows, experts, k, inter, hidden, empty) in &[
+        (1u32, 8u32, 8u32, 768u32, 2048u32, 0usize),
+        (4, 12, 8, 768, 2048, 0),
+        (3, 5, 1, 96, 256, 0),
+        (2, 7, 3, 37, 130, 0),
+        (3, 6, 2, 64, 64, 2),
+    ] {
+        let (n, i, h) = ((rows * k) as usize, inter as usize, hidden as usize);
+        let ids = routed_ids(rng, rows, experts, k, empty);
+        out.push(Case {
+            kernel: MoeGemvSwiglu::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} inter={inter} hidden={hidden} empty={empty}"
+            ),
+            buffers: vec![
+                output(vec![0; n * i * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, rows as usize * h, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * 2 * i * h,
+                    2.0 / (hidden as f32).sqrt(),
+                )),
+                input(i32_bytes(&ids)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeGemvSwiglu {
+                    act: p[0],
+                    x: p[1],
+                    w: p[2],
+                    ids: p[3],
+                    rows,
+                    k,
+                    experts,
+                    inter,
+                    hidden,
+                })
+            }),
+        });
+        let ids = routed_ids(rng, rows, experts, k, empty);
+        let weights = routed_weights(rng, n);
+        out.push(Case {
+            kernel: MoeGemvDown::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} hidden={hidden} inter={inter} empty={empty}"
+            ),
+            buffers: vec![
+                output(vec![0; rows as usize * h * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, n * i, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * h * i,
+                    1.0 / (inter as f32).sqrt(),
+                )),
+                input(i32_bytes(&ids)),
+                input(f32_bytes(&weights)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeGemvDown {
+                    out: p[0],
+                    act: p[1],
+                    w: p[2],
+                    ids: p[3],
+                    weights: p[4],
+                    rows,
+                    k,
+                    experts,
+                    hidden,
+                    inter,
+                })
+            }),
+        });
+    }
+    out
+}
+
+/// The grouping: one decode row of Qwen3-30B-A3B, a prefill chunk of 64 rows, 60 experts, the
+/// largest E and k over 1000 rows (16000 assignments: every warp's run is long), k = E, and empty
+/// slots (the tail of `sorted` is -1).
+fn group_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(rows, experts, k, empty) in &[
+        (1u32, 128u32, 8u32, 0usize),
+        (64, 128, 8, 0),
+        (300, 60, 4, 0),
+        (1000, 512, 16, 0),
+        (5, 3, 3, 0),
+        (20, 10, 2, 7),
+    ] {
+        let n = rows * k;
+        let ids = routed_ids(rng, rows, experts, k, empty);
+        out.push(Case {
+            kernel: MoeGroup::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!("rows={rows} experts={experts} k={k} empty={empty}"),
+            buffers: vec![
+                output(vec![0xFF; (experts as usize + 1) * 4], OutputKind::I32),
+                output(vec![0xFF; n as usize * 4], OutputKind::I32),
+                input(i32_bytes(&ids)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeGroup {
+                    offsets: p[0],
+                    sorted: p[1],
+                    ids: p[2],
+                    n,
+                    experts,
+                })
+            }),
+        });
+    }
+    out
+}
+
+/// The grouped products over a grouping made on the host: Qwen3-30B-A3B's widths over 16 rows of
+/// 8 experts, 200 rows on 3 experts (about 133 rows each: three 64-row tiles, the last partial)
+/// with ragged column tiles, the scalar path, and empty slots (their rows are not written).
+fn grouped_product_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(rows, experts, k, inter, hidden, empty) in &[
+        (16u32, 8u32, 2u32, 768u32, 2048u32, 0usize),
+        (200, 3, 2, 100, 96, 0),
+        (9, 7, 3, 37, 130, 0),
+        (12, 6, 2, 64, 64, 3),
+    ] {
+        let (n, i, h) = ((rows * k) as usize, inter as usize, hidden as usize);
+        let ids = routed_ids(rng, rows, experts, k, empty);
+        let (offsets, sorted) = group_by_expert(&ids, experts as usize);
+        out.push(Case {
+            kernel: MoeGemmSwiglu::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} inter={inter} hidden={hidden} empty={empty}"
+            ),
+            buffers: vec![
+                output(vec![0; n * i * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, rows as usize * h, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * 2 * i * h,
+                    2.0 / (hidden as f32).sqrt(),
+                )),
+                input(i32_bytes(&offsets)),
+                input(i32_bytes(&sorted)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeGemmSwiglu {
+                    act: p[0],
+                    x: p[1],
+                    w: p[2],
+                    offsets: p[3],
+                    sorted: p[4],
+                    k,
+                    experts,
+                    inter,
+                    hidden,
+                })
+            }),
+        });
+        // The down product of the same grouping, its width and height swapped.
+        let (dh, di) = (inter, hidden);
+        out.push(Case {
+            kernel: MoeGemmDown::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} hidden={dh} inter={di} empty={empty}"
+            ),
+            buffers: vec![
+                output(vec![0; n * dh as usize * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, n * di as usize, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * (dh * di) as usize,
+                    1.0 / (di as f32).sqrt(),
+                )),
+                input(i32_bytes(&offsets)),
+                input(i32_bytes(&sorted)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeGemmDown {
+                    y: p[0],
+                    act: p[1],
+                    w: p[2],
+                    offsets: p[3],
+                    sorted: p[4],
+                    experts,
+                    hidden: dh,
+                    inter: di,
+                })
+            }),
+        });
+    }
+    out
+}
+
+/// The weighted combine: Qwen3-30B-A3B at one row and at 33, a ragged width with empty slots, one
+/// slot a row.
+fn combine_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(rows, k, experts, hidden, empty) in &[
+        (1u32, 8u32, 128u32, 2048u32, 0usize),
+        (33, 8, 128, 2048, 0),
+        (5, 3, 7, 130, 3),
+        (300, 1, 4, 64, 0),
+    ] {
+        let n = (rows * k) as usize;
+        let ids = routed_ids(rng, rows, experts, k, empty);
+        let weights = routed_weights(rng, n);
+        out.push(Case {
+            kernel: MoeCombine::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!("rows={rows} k={k} experts={experts} hidden={hidden} empty={empty}"),
+            buffers: vec![
+                output(
+                    vec![0; rows as usize * hidden as usize * 2],
+                    OutputKind::Bf16,
+                ),
+                input(bf16_normal(rng, n * hidden as usize, 1.0)),
+                input(i32_bytes(&ids)),
+                input(f32_bytes(&weights)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeCombine {
+                    out: p[0],
+                    y: p[1],
+                    ids: p[2],
+                    weights: p[3],
+                    rows,
+                    k,
+                    experts,
+                    hidden,
+                })
+            }),
+        });
+    }
+    out
+}
