@@ -13,6 +13,9 @@ use metrale_kernels::{Kernel, KernelAbi};
 
 use crate::{GemmOp, GpuBackend, GpuError};
 
+mod moe;
+pub use moe::{MoeShape, QWEN3_30B_A3B_EXPERTS, moe_cases};
+
 /// Builds a launch from the case's device buffers.
 type BuildLaunch = Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>;
 
@@ -1147,7 +1150,15 @@ mod tests {
             vocab: 300,
         };
         let gpu = HostBackend::new(1 << 28);
-        let cases = model_cases(&tiny, &[33]);
+        let tiny_experts = MoeShape {
+            name: "tiny-moe",
+            hidden: 64,
+            inter: 40,
+            experts: 12,
+            k: 3,
+        };
+        let mut cases = model_cases(&tiny, &[33]);
+        cases.extend(moe_cases(&tiny_experts, &[33]));
         let stream = gpu.default_stream();
         for case in &cases {
             let handle = gpu.kernel(case.kernel).unwrap();

@@ -7,12 +7,12 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use metrale_gpu_runtime::CudaBackend;
-use metrale_gpu_runtime::bench::{self, QWEN3_0_6B, QWEN3_8B};
+use metrale_gpu_runtime::bench::{self, QWEN3_0_6B, QWEN3_8B, QWEN3_30B_A3B_EXPERTS};
 
 /// Options of `met bench-kernels`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: qwen3-8b or qwen3-0.6b.
+    /// Model shape: qwen3-8b or qwen3-0.6b, or qwen3-30b-a3b (its MoE kernels only).
     #[arg(long, default_value = "qwen3-8b")]
     shape: String,
     /// Prefill lengths for the GEMM and prefill-attention rows (comma-separated).
@@ -38,10 +38,17 @@ pub struct Args {
 
 /// Runs `met bench-kernels`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let shape = match args.shape.as_str() {
-        "qwen3-8b" => QWEN3_8B,
-        "qwen3-0.6b" => QWEN3_0_6B,
-        other => bail!("unknown --shape {other}; known: qwen3-8b, qwen3-0.6b"),
+    let (name, cases) = match args.shape.as_str() {
+        "qwen3-8b" => (QWEN3_8B.name, bench::model_cases(&QWEN3_8B, &args.prefill)),
+        "qwen3-0.6b" => (
+            QWEN3_0_6B.name,
+            bench::model_cases(&QWEN3_0_6B, &args.prefill),
+        ),
+        "qwen3-30b-a3b" => (
+            QWEN3_30B_A3B_EXPERTS.name,
+            bench::moe_cases(&QWEN3_30B_A3B_EXPERTS, &args.prefill),
+        ),
+        other => bail!("unknown --shape {other}; known: qwen3-8b, qwen3-0.6b, qwen3-30b-a3b"),
     };
     let target = match &args.kernel_target {
         Some(pin) => metrale_kernels::TARGETS
@@ -54,11 +61,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     let gpu = CudaBackend::new(args.device, target)
         .with_context(|| format!("loading {}", target.target.path()))?;
-    let cases = bench::model_cases(&shape, &args.prefill);
     eprintln!(
         "met bench-kernels: {} cases at {} shapes on {}",
         cases.len(),
-        shape.name,
+        name,
         target.target.path()
     );
     let results = bench::run(&gpu, &cases, 3, 5, 20)?;

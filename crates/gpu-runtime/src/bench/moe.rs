@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Bench rows of the MoE kernels (`moe.cu`) at a sparse model's expert shapes.
+//!
+//! Routing is uploaded, not filled: row `r`'s slot `s` takes expert `(r * k + s) % experts`, so a
+//! batch of `rows` touches `min(rows * k, experts)` distinct experts, every one once where it can
+//! (the decode rows' bytes are those experts' weights: the memory floor the issue sets the decode
+//! step against).
+
+use metrale_core::DevicePtr;
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::{
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup, MoeRoute,
+    MoeScoring, group_by_expert,
+};
+
+use super::{BenchCase, i32_bytes, launch_of};
+
+/// A sparse MLP's dimensions.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeShape {
+    /// Name used in labels.
+    pub name: &'static str,
+    /// Hidden size.
+    pub hidden: u32,
+    /// Each expert's width (`moe_intermediate_size`).
+    pub inter: u32,
+    /// Routed experts.
+    pub experts: u32,
+    /// Experts a token takes.
+    pub k: u32,
+}
+
+/// Qwen3-30B-A3B's experts.
+pub const QWEN3_30B_A3B_EXPERTS: MoeShape = MoeShape {
+    name: "qwen3-30b-a3b",
+    hidden: 2048,
+    inter: 768,
+    experts: 128,
+    k: 8,
+};
+
+/// The uploaded routing of `rows` rows: `(r * k + s) % experts`.
+fn spread_ids(s: &MoeShape, rows: u32) -> Vec<i32> {
+    (0..rows * s.k).map(|a| (a % s.experts) as i32).collect()
+}
+
+/// Distinct experts `rows` rows of [`spread_ids`] touch.
+fn touched(s: &MoeShape, rows: u32) -> u64 {
+    u64::from((rows * s.k).min(s.experts))
+}
+
+fn route_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (e, k) = (s.experts, s.k);
+    BenchCase {
+        kernel: MoeRoute::NAME,
+        label: format!("{} moe route rows={rows} experts={e} k={k}", s.name),
+        bytes: u64::from(rows) * (u64::from(e) * 4 + u64::from(k) * 8),
+        flops: u64::from(rows) * u64::from(e) * (4 + u64::from(k)),
+        buffers: vec![
+            (rows as usize * k as usize * 4, 0),
+            (rows as usize * k as usize * 4, 0),
+            (rows as usize * e as usize * 4, 0x3C),
+        ],
+        uploads: vec![],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(MoeRoute {
+                topk_ids: p[0],
+                topk_weights: p[1],
+                logits: p[2],
+                correction_bias: DevicePtr::NULL,
+                rows,
+                experts: e,
+                k,
+                scoring: MoeScoring::Softmax,
+                renormalize: 1,
+                scale: 1.0,
+            })
+        }),
+    }
+}
+
+/// The decode gate|up launch at `rows` rows: bytes are the touched experts' gate|up weights, the
+/// input rows and the activations.
+fn gemv_swiglu_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (h, i, e, k) = (s.hidden, s.inter, s.experts, s.k);
+    let n = u64::from(rows * k);
+    BenchCase {
+        kernel: MoeGemvSwiglu::NAME,
+        label: format!(
+            "{} moe gate_up+silu*mul m={rows} k={k} inter={i} hidden={h}",
+            s.name
+        ),
+        bytes: touched(s, rows) * 2 * u64::from(i) * u64::from(h) * 2
+            + u64::from(rows) * u64::from(h) * 2
+            + n * u64::from(i) * 2,
+        flops: 2 * n * 2 * u64::from(i) * u64::from(h),
+        buffers: vec![
+            ((n * u64::from(i)) as usize * 2, 0),
+            (rows as usize * h as usize * 2, 0x3C),
+            (e as usize * 2 * i as usize * h as usize * 2, 0x3C),
+        ],
+        uploads: vec![i32_bytes(&spread_ids(s, rows))],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(MoeGemvSwiglu {
+                act: p[0],
+                x: p[1],
+                w: p[2],
+                ids: p[3],
+                rows,
+                k,
+                experts: e,
+                inter: i,
+                hidden: h,
+            })
+        }),
+    }
+}
+
+/// The decode down launch with the weighted slot sum at `rows` rows.
+fn gemv_down_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (h, i, e, k) = (s.hidden, s.inter, s.experts, s.k);
+    let n = u64::from(rows * k);
+    BenchCase {
+        kernel: MoeGemvDown::NAME,
+        label: format!(
+            "{} moe down+combine m={rows} k={k} hidden={h} inter={i}",
+            s.name
+        ),
+        bytes: touched(s, rows) * u64::from(h) * u64::from(i) * 2
+            + n * u64::from(i) * 2
+            + n * 8
+            + u64::from(rows) * u64::from(h) * 2,
+        flops: 2 * n * u64::from(h) * u64::from(i),
+        buffers: vec![
+            (rows as usize * h as usize * 2, 0),
+            ((n * u64::from(i)) as usize * 2, 0x3C),
+            (e as usize * h as usize * i as usize * 2, 0x3C),
+            (n as usize * 4, 0x3C),
+        ],
+        uploads: vec![i32_bytes(&spread_ids(s, rows))],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(MoeGemvDown {
+                out: p[0],
+                act: p[1],
+                w: p[2],
+                weights: p[3],
+                ids: p[4],
+                rows,
+                k,
+                experts: e,
+                hidden: h,
+                inter: i,
+            })
+        }),
+    }
+}
+
+/// The prefill path at `tokens` rows: the grouping, both grouped products (over a grouping made
+/// on the host and uploaded) and the combine.
+fn prefill_cases(s: &MoeShape, tokens: u32) -> Vec<BenchCase> {
+    let (h, i, e, k) = (s.hidden, s.inter, s.experts, s.k);
+    let n = tokens * k;
+    let n64 = u64::from(n);
+    let ids = spread_ids(s, tokens);
+    let (offsets, sorted) = group_by_expert(&ids, e as usize);
+    let expert_bytes = touched(s, tokens) * u64::from(i) * u64::from(h) * 2;
+    let (offsets_up, sorted_up) = (i32_bytes(&offsets), i32_bytes(&sorted));
+    vec![
+        BenchCase {
+            kernel: MoeGroup::NAME,
+            label: format!("{} moe group tokens={tokens} k={k} experts={e}", s.name),
+            bytes: n64 * 8 + (u64::from(e) + 1) * 4,
+            flops: n64,
+            buffers: vec![((e as usize + 1) * 4, 0), (n as usize * 4, 0)],
+            uploads: vec![i32_bytes(&ids)],
+            library_gemm: None,
+            build: Box::new(move |p| {
+                launch_of(MoeGroup {
+                    offsets: p[0],
+                    sorted: p[1],
+                    ids: p[2],
+                    n,
+                    experts: e,
+                })
+            }),
+        },
+        BenchCase {
+            kernel: MoeGemmSwiglu::NAME,
+            label: format!("{} moe grouped gate_up+silu*mul tokens={tokens}", s.name),
+            bytes: 2 * expert_bytes + u64::from(tokens) * u64::from(h) * 2 + n64 * u64::from(i) * 2,
+            flops: 2 * n64 * 2 * u64::from(i) * u64::from(h),
+            buffers: vec![
+                (n as usize * i as usize * 2, 0),
+                (tokens as usize * h as usize * 2, 0x3C),
+                (e as usize * 2 * i as usize * h as usize * 2, 0x3C),
+            ],
+            uploads: vec![offsets_up.clone(), sorted_up.clone()],
+            library_gemm: None,
+            build: Box::new(move |p| {
+                launch_of(MoeGemmSwiglu {
+                    act: p[0],
+                    x: p[1],
+                    w: p[2],
+                    offsets: p[3],
+                    sorted: p[4],
+                    k,
+                    experts: e,
+                    inter: i,
+                    hidden: h,
+                })
+            }),
+        },
+        BenchCase {
+            kernel: MoeGemmDown::NAME,
+            label: format!("{} moe grouped down tokens={tokens}", s.name),
+            bytes: expert_bytes + n64 * (u64::from(i) + u64::from(h)) * 2,
+            flops: 2 * n64 * u64::from(h) * u64::from(i),
+            buffers: vec![
+                (n as usize * h as usize * 2, 0),
+                (n as usize * i as usize * 2, 0x3C),
+                (e as usize * h as usize * i as usize * 2, 0x3C),
+            ],
+            uploads: vec![offsets_up, sorted_up],
+            library_gemm: None,
+            build: Box::new(move |p| {
+                launch_of(MoeGemmDown {
+                    y: p[0],
+                    act: p[1],
+                    w: p[2],
+                    offsets: p[3],
+                    sorted: p[4],
+                    experts: e,
+                    hidden: h,
+                    inter: i,
+                })
+            }),
+        },
+        BenchCase {
+            kernel: MoeCombine::NAME,
+            label: format!("{} moe combine tokens={tokens}", s.name),
+            bytes: n64 * (u64::from(h) * 2 + 8) + u64::from(tokens) * u64::from(h) * 2,
+            flops: 2 * n64 * u64::from(h),
+            buffers: vec![
+                (tokens as usize * h as usize * 2, 0),
+                (n as usize * h as usize * 2, 0x3C),
+                (n as usize * 4, 0x3C),
+            ],
+            uploads: vec![i32_bytes(&ids)],
+            library_gemm: None,
+            build: Box::new(move |p| {
+                launch_of(MoeCombine {
+                    out: p[0],
+                    y: p[1],
+                    weights: p[2],
+                    ids: p[3],
+                    rows: tokens,
+                    k,
+                    experts: e,
+                    hidden: h,
+                })
+            }),
+        },
+    ]
+}
+
+/// The MoE kernels of one sparse MLP: routing and the decode experts at batch 1, 8, 32 and 64,
+/// and the prefill path at `prefill_tokens`.
+pub fn moe_cases(s: &MoeShape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
+    let mut out = Vec::new();
+    for rows in [1u32, 8, 32, 64] {
+        out.push(route_case(s, rows));
+        out.push(gemv_swiglu_case(s, rows));
+        out.push(gemv_down_case(s, rows));
+    }
+    for &t in prefill_tokens {
+        out.push(route_case(s, t));
+        out.extend(prefill_cases(s, t));
+    }
+    out
+}
