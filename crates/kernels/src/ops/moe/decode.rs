@@ -3,9 +3,11 @@
 //! launch, each a weight stream in the manner of the GEMV's one-column-a-warp form.
 //!
 //! Bytes at batch 1 (Qwen3-30B-A3B: hidden 2048, expert width 768, k = 8): gate|up reads
-//! 8 x 2 x 768 x 2048 x 2 B = 25.2 MB over 6144 warps of 8 KiB (about two waves of the H200's
-//! resident warps), down reads 8 x 2048 x 768 x 2 B = 25.2 MB over 2048 warps of 12 KiB; every
-//! warp keeps 4 KiB in flight, as the dense GEMV does, and no byte is read twice.
+//! 8 x 2 x 768 x 2048 x 2 B = 50.3 MB over 6144 warps of 8 KiB (about two waves of the H200's
+//! 3168 resident GEMV warps), down reads 8 x 2048 x 768 x 2 B = 25.2 MB over 2048 warps of
+//! 12 KiB (one partial wave: about 15 warps an SM); every warp keeps 4 KiB in flight, as the dense
+//! GEMV does, and no weight byte is read twice. 75.5 MB a layer, 3.6 GB over 48 layers: 0.86 ms a
+//! token at the H200's 4.19 TB/s.
 
 use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
