@@ -94,7 +94,7 @@ pub const LAUNCH_LABELS: [&str; 13] = [
 pub const LINEAR_LABELS: [&str; 6] = ["qkv", "o", "gate_up", "down", "lm_head", "router"];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 25] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -117,6 +117,7 @@ pub const KEYS: [&str; 24] = [
     "attention_unsplit_keys",
     "attention_wide_blocks",
     "embedding_vec",
+    "moe_grouped_min_rows",
     "carveout",
     "grid_caps",
 ];
@@ -178,6 +179,9 @@ pub struct Tuning {
     pub attention_wide_blocks: u32,
     /// The token embedding with 16-byte loads (`embedding_f32_vec`; the same values).
     pub embedding_vec: bool,
+    /// MoE steps of at least this many tokens group the assignments by expert and run each
+    /// expert's rows as one tensor-core product (fewer: every assignment reads its expert).
+    pub moe_grouped_min_rows: u32,
     /// Shared-memory carveouts.
     pub carveout: Carveout,
     /// GEMV launches of these labels take at most this many blocks.
@@ -212,6 +216,7 @@ impl Tuning {
             attention_unsplit_keys: 0,
             attention_wide_blocks: 0,
             embedding_vec: false,
+            moe_grouped_min_rows: u32::MAX,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
         }
@@ -325,6 +330,7 @@ impl Tuning {
             "attention_unsplit_keys" => self.attention_unsplit_keys = count(v)?,
             "attention_wide_blocks" => self.attention_wide_blocks = count(v)?,
             "embedding_vec" => self.embedding_vec = switch(v)?,
+            "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
             "carveout" => {
                 self.carveout = match v {
                     "rule" => Carveout::Rule,
@@ -424,6 +430,7 @@ mod tests {
             ("attention_unsplit_keys", "512"),
             ("attention_wide_blocks", "16"),
             ("embedding_vec", "1"),
+            ("moe_grouped_min_rows", "16"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),
         ];

@@ -404,8 +404,8 @@ fn every_linear_and_attention_path_matches_the_plain_path() {
 
 /// A tiny Qwen3-MoE (16 experts, top 4) on the host: a prompt's last logits computed by one
 /// prefill step (the experts over many rows) and by feeding the prompt one token at a time (the
-/// decode kernels at one row) agree within bf16 rounding, under the plain path and the kernel
-/// tree's defaults; layer 1 stays dense (`mlp_only_layers`).
+/// decode kernels at one row) agree within bf16 rounding, under the plain path, the kernel
+/// tree's defaults and the grouped expert products; layer 1 stays dense (`mlp_only_layers`).
 #[test]
 fn a_tiny_qwen3_moe_prefills_and_decodes_alike() {
     let c = metrale_config::from_config_json(
@@ -463,6 +463,11 @@ fn a_tiny_qwen3_moe_prefills_and_decodes_alike() {
         ("plain, one token a step", plain, true),
         ("tree, one prefill step", tuned(&[]), false),
         ("tree, one token a step", tuned(&[]), true),
+        (
+            "grouped experts, one prefill step",
+            tuned(&["moe_grouped_min_rows=2"]),
+            false,
+        ),
     ] {
         let got = run(tuning, one_by_one);
         let err = relative_error(&[got], std::slice::from_ref(&want));

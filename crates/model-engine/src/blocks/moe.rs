@@ -5,15 +5,21 @@
 //! weights (`moe_route`: softmax or sigmoid scores, renormalised, scaled); every selected
 //! expert's gate|up product with SiLU x up (`moe_gemv_swiglu`); the down products weighted and
 //! summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
-//! weights, the decode shape; prefill-sized steps run the same kernels (correct, not yet fast:
-//! moe.cu's grouped products are their fast path). A shared expert (Qwen2-MoE) is not built yet:
-//! [`crate::plan::LayerPlan::from_config`] refuses such models before any weight loads.
+//! weights: the decode shape. Steps of at least the tuning's `moe_grouped_min_rows` tokens group
+//! the assignments by expert instead (`moe_group`), run each expert's rows as one tensor-core
+//! product (`moe_gemm_swiglu`, `moe_gemm_down`, each expert output rounded to bf16 as
+//! transformers rounds it) and combine them with the routing weights (`moe_combine`). A shared
+//! expert (Qwen2-MoE) is not built yet: [`crate::plan::LayerPlan::from_config`] refuses such
+//! models before any weight loads.
 
 use metrale_config::RouterKind;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{MoeGemvDown, MoeGemvSwiglu, MoeRoute, MoeScoring};
+use metrale_kernels::ops::{
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup, MoeRoute,
+    MoeScoring,
+};
 
 use super::{Arena, Block, Step};
 use crate::ModelError;
@@ -29,6 +35,10 @@ struct Kernels {
     route: KernelHandle,
     gate_up: KernelHandle,
     down: KernelHandle,
+    group: KernelHandle,
+    gemm_gate_up: KernelHandle,
+    gemm_down: KernelHandle,
+    combine: KernelHandle,
 }
 
 /// Buffers every MoE block of a step shares (the model's sparse layers have one shape).
@@ -44,6 +54,11 @@ struct Scratch {
     act: DevicePtr,
     /// bf16 `[tokens, hidden]`: the block's output.
     out: DevicePtr,
+    /// The grouped path's: i32 `[experts + 1]` offsets, i32 `[tokens * top_k]` assignments in
+    /// expert order, bf16 `[tokens * top_k, hidden]` expert outputs in assignment order.
+    offsets: DevicePtr,
+    sorted: DevicePtr,
+    y: DevicePtr,
 }
 
 /// What the MoE blocks of a model share.
@@ -66,6 +81,10 @@ impl Shared {
             route: gpu.kernel(MoeRoute::NAME)?,
             gate_up: gpu.kernel(MoeGemvSwiglu::NAME)?,
             down: gpu.kernel(MoeGemvDown::NAME)?,
+            group: gpu.kernel(MoeGroup::NAME)?,
+            gemm_gate_up: gpu.kernel(MoeGemmSwiglu::NAME)?,
+            gemm_down: gpu.kernel(MoeGemmDown::NAME)?,
+            combine: gpu.kernel(MoeCombine::NAME)?,
         };
         let (t, k) = (max_tokens, spec.top_k);
         let scratch = Scratch {
@@ -74,6 +93,9 @@ impl Shared {
             weights: arena.alloc(t * k * 4)?,
             act: arena.alloc(t * k * spec.intermediate * 2)?,
             out: arena.alloc(t * hidden * 2)?,
+            offsets: arena.alloc((spec.experts + 1) * 4)?,
+            sorted: arena.alloc(t * k * 4)?,
+            y: arena.alloc(t * k * hidden * 2)?,
         };
         Ok(Shared {
             spec,
@@ -145,28 +167,19 @@ impl Moe {
     }
 }
 
-impl Block for Moe {
-    fn enqueue(
-        &self,
-        l: &Launcher,
-        step: &Step,
-        residual: &mut Residual,
-        _before_fold: bool,
-    ) -> Result<(), ModelError> {
+impl Moe {
+    /// The decode form: every (row, slot) pair reads its expert's weights.
+    fn per_assignment(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
         let (spec, sc, kernels) = (
             &self.shared.spec,
             &self.shared.scratch,
             &self.shared.kernels,
         );
-        let rows = step.tokens;
         let (k, inter, experts) = (
             spec.top_k as u32,
             spec.intermediate as u32,
             spec.experts as u32,
         );
-        let x = residual.add_norm(l, self.norm, rows)?;
-        self.router.run_f32(l, sc.logits, x, rows)?;
-        l.launch(kernels.route, "router", &self.route(rows))?;
         let gate_up = MoeGemvSwiglu {
             act: sc.act,
             x,
@@ -191,7 +204,86 @@ impl Block for Moe {
             hidden: self.hidden,
             inter,
         };
-        l.launch(kernels.down, "experts", &down)?;
+        l.launch(kernels.down, "experts", &down)
+    }
+
+    /// The prefill form: assignments grouped by expert, one tensor-core product per expert's
+    /// rows, the outputs combined with the routing weights.
+    fn grouped(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
+        let (spec, sc, kernels) = (
+            &self.shared.spec,
+            &self.shared.scratch,
+            &self.shared.kernels,
+        );
+        let (k, inter, experts) = (
+            spec.top_k as u32,
+            spec.intermediate as u32,
+            spec.experts as u32,
+        );
+        let (offsets, sorted) = (sc.offsets, sc.sorted);
+        let group = MoeGroup {
+            offsets,
+            sorted,
+            ids: sc.ids,
+            n: rows * k,
+            experts,
+        };
+        l.launch(kernels.group, "experts", &group)?;
+        let gate_up = MoeGemmSwiglu {
+            act: sc.act,
+            x,
+            w: self.experts_gate_up,
+            offsets,
+            sorted,
+            k,
+            experts,
+            inter,
+            hidden: self.hidden,
+        };
+        l.launch(kernels.gemm_gate_up, "experts", &gate_up)?;
+        let down = MoeGemmDown {
+            y: sc.y,
+            act: sc.act,
+            w: self.experts_down,
+            offsets,
+            sorted,
+            experts,
+            hidden: self.hidden,
+            inter,
+        };
+        l.launch(kernels.gemm_down, "experts", &down)?;
+        let combine = MoeCombine {
+            out: sc.out,
+            y: sc.y,
+            ids: sc.ids,
+            weights: sc.weights,
+            rows,
+            k,
+            experts,
+            hidden: self.hidden,
+        };
+        l.launch(kernels.combine, "experts", &combine)
+    }
+}
+
+impl Block for Moe {
+    fn enqueue(
+        &self,
+        l: &Launcher,
+        step: &Step,
+        residual: &mut Residual,
+        _before_fold: bool,
+    ) -> Result<(), ModelError> {
+        let (sc, kernels) = (&self.shared.scratch, &self.shared.kernels);
+        let rows = step.tokens;
+        let x = residual.add_norm(l, self.norm, rows)?;
+        self.router.run_f32(l, sc.logits, x, rows)?;
+        l.launch(kernels.route, "router", &self.route(rows))?;
+        if rows >= l.tuning.moe_grouped_min_rows {
+            self.grouped(l, x, rows)?;
+        } else {
+            self.per_assignment(l, x, rows)?;
+        }
         residual.set_pending(sc.out);
         Ok(())
     }
