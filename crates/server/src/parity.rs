@@ -39,6 +39,10 @@ pub struct Args {
     /// Write the per-position errors as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Override one schedule choice, as key=value (repeatable), as `met generate --tune`: to
+    /// check a path's parity before it becomes a default.
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    tune: Vec<String>,
 }
 
 struct Tensor {
@@ -192,7 +196,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         num_blocks: 2 * blocks_per_seq,
         block_size,
     };
-    let tuning = crate::load::tuning(&placement, &[])?;
+    let tuning = crate::load::tuning(&placement, &args.tune)?;
     let mut model = Model::load(
         config.clone(),
         checkpoint.source(),
