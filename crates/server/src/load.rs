@@ -48,7 +48,9 @@ pub enum BackendChoice {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// A Hugging Face model id (`Qwen/Qwen3-8B`) found in the local HF cache (HF_HUB_CACHE,
-    /// HF_HOME/hub or ~/.cache/huggingface/hub); nothing is downloaded.
+    /// HF_HOME/hub or ~/.cache/huggingface/hub); nothing is downloaded. `met serve` with neither
+    /// this nor --model-from-path serves the default model scripts/setup.sh fetches
+    /// (SmolLM2-135M-Instruct, .cache/test-data/smollm2/).
     pub model: Option<String>,
     /// A model directory (config.json + *.safetensors + tokenizer files) or a .gguf file.
     #[arg(long, value_name = "PATH", conflicts_with = "model")]
@@ -114,6 +116,33 @@ pub fn resolve_hf_id(id: &str) -> anyhow::Result<PathBuf> {
             .collect::<Vec<_>>()
             .join(", ")
     )
+}
+
+/// The model `met serve` runs when none is named: SmolLM2-135M-Instruct (Q4_1 GGUF), which
+/// `scripts/setup.sh` fetches, pinned by sha256, to this path under the repository.
+pub const DEFAULT_MODEL: &str = ".cache/test-data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where the default model is: under the current directory, else under the repository the
+/// binary was built in (`exe` is `<repo>/target/<profile>/met`). The error names both places and
+/// the command that fetches it.
+pub fn default_model(cwd: &Path, exe: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let repo = exe.and_then(|e| e.parent()?.parent()?.parent());
+    let candidates: Vec<PathBuf> = std::iter::once(cwd)
+        .chain(repo)
+        .map(|root| root.join(DEFAULT_MODEL))
+        .collect();
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(found) => Ok(found.clone()),
+        None => bail!(
+            "no model given, and the default model (SmolLM2-135M-Instruct) is not at {}: run \
+             scripts/setup.sh (it fetches it), or name a model (an HF id or --model-from-path PATH)",
+            candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
 }
 
 /// Opens the checkpoint the flags name and reads its config.
@@ -251,4 +280,46 @@ fn host_capacity() -> u64 {
         })
         .map_or(8 << 30, |kib| kib * 1024);
     (total / 2).max(2 << 30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_model_is_found_in_the_directory_or_beside_the_binary() {
+        let root = std::env::temp_dir().join(format!("met-default-model-{}", std::process::id()));
+        let repo = root.join("repo");
+        let elsewhere = root.join("elsewhere");
+        std::fs::create_dir_all(repo.join(".cache/test-data/smollm2")).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let exe = repo.join("target/release/met");
+        // Missing everywhere: the error names the places and the setup command.
+        let err = default_model(&elsewhere, Some(&exe))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("scripts/setup.sh"), "{err}");
+        assert!(
+            err.contains(&elsewhere.join(DEFAULT_MODEL).display().to_string()),
+            "{err}"
+        );
+        assert!(
+            err.contains(&repo.join(DEFAULT_MODEL).display().to_string()),
+            "{err}"
+        );
+        // Beside the binary's repository, from another directory.
+        std::fs::write(repo.join(DEFAULT_MODEL), b"gguf").unwrap();
+        assert_eq!(
+            default_model(&elsewhere, Some(&exe)).unwrap(),
+            repo.join(DEFAULT_MODEL)
+        );
+        // The current directory's copy first.
+        std::fs::create_dir_all(elsewhere.join(".cache/test-data/smollm2")).unwrap();
+        std::fs::write(elsewhere.join(DEFAULT_MODEL), b"gguf").unwrap();
+        assert_eq!(
+            default_model(&elsewhere, Some(&exe)).unwrap(),
+            elsewhere.join(DEFAULT_MODEL)
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -327,9 +327,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    let (checkpoint, config, references) = load::open_checkpoint(&args.model)?;
+    let mut model_args = args.model.clone();
+    if model_args.model.is_none() && model_args.model_from_path.is_none() {
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        let exe = std::env::current_exe().ok();
+        let path = load::default_model(&cwd, exe.as_deref())?;
+        tracing::info!(
+            "no model given: serving the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), from {}",
+            path.display()
+        );
+        model_args.model_from_path = Some(path);
+    }
+    let (checkpoint, config, references) = load::open_checkpoint(&model_args)?;
     let tokenizer = Arc::new(tokenizer_for(&checkpoint)?);
-    let placement = load::place(&args.model, &config, references.clone())?;
+    let placement = load::place(&model_args, &config, references.clone())?;
     tracing::info!("backend: {}", placement.description);
     if let Some(t) = placement.target {
         tracing::info!(
@@ -542,9 +553,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let model_name = args
         .model_name
         .clone()
-        .or_else(|| args.model.model.clone())
+        .or_else(|| model_args.model.clone())
         .unwrap_or_else(|| {
-            args.model
+            model_args
                 .model_from_path
                 .as_ref()
                 .and_then(|p| p.file_stem())
