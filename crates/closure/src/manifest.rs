@@ -97,19 +97,12 @@ pub struct BuildSection {
     pub flags: Vec<String>,
 }
 
-/// `kernels/<hw>/<model>/MODEL.toml`: which checkpoints the model directory serves, and the
-/// model's behaviour defaults.
+/// `kernels/<hw>/<model>/MODEL.toml`: which checkpoints the model directory serves.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelManifest {
     /// Matching rules.
     pub model: ModelSection,
-    /// Sampling presets used when a request leaves a parameter unset.
-    #[serde(default)]
-    pub sampling: SamplingPresets,
-    /// Parser and reasoning defaults.
-    #[serde(default)]
-    pub behavior: ModelBehavior,
 }
 
 /// `[model]` of `MODEL.toml`.
@@ -124,35 +117,6 @@ pub struct ModelSection {
     /// target when several declarations match equally.
     #[serde(default)]
     pub match_names: Vec<String>,
-}
-
-/// `[sampling]` of `MODEL.toml`.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct SamplingPresets {
-    /// Softmax temperature.
-    pub temperature: Option<f32>,
-    /// Nucleus mass.
-    pub top_p: Option<f32>,
-    /// Top-k cut.
-    pub top_k: Option<u32>,
-    /// Min-p cut, relative to the most likely token.
-    pub min_p: Option<f32>,
-    /// Multiplicative repetition penalty.
-    pub repetition_penalty: Option<f32>,
-}
-
-/// `[behavior]` of `MODEL.toml`.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ModelBehavior {
-    /// Default tool-call wire format (`hermes`, `llama3_json`, ...).
-    pub tool_call_parser: Option<String>,
-    /// Whether the model emits `<think>` blocks.
-    #[serde(default)]
-    pub reasoning: bool,
-    /// Default thinking budget in tokens, if the model reasons.
-    pub thinking_budget: Option<u32>,
 }
 
 /// `KERNEL.toml` of a `common/` or leaf directory.

@@ -12,9 +12,11 @@
 
 mod gguf;
 mod hf;
+mod presets;
 
 pub use gguf::{MetaValue, from_gguf_metadata};
 pub use hf::from_config_json;
+pub use presets::{ModelBehavior, ModelPresets, SamplingPresets, presets};
 
 /// The model families the engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -196,20 +196,6 @@ pub fn registry(
             m.model.model_types, m.model.hidden_size, m.model.match_names
         )
         .unwrap();
-        let sp = &m.sampling;
-        writeln!(
-            s,
-            "        sampling: SamplingPresets {{ temperature: {:?}, top_p: {:?}, top_k: {:?}, min_p: {:?}, repetition_penalty: {:?} }},",
-            sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.repetition_penalty
-        )
-        .unwrap();
-        let b = &m.behavior;
-        writeln!(
-            s,
-            "        behavior: ModelBehavior {{ tool_call_parser: {:?}, reasoning: {:?}, thinking_budget: {:?} }},",
-            b.tool_call_parser, b.reasoning, b.thinking_budget
-        )
-        .unwrap();
         let d = &hw.defaults;
         writeln!(
             s,

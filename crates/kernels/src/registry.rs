@@ -29,32 +29,6 @@ pub struct ModelMatch {
     pub match_names: &'static [&'static str],
 }
 
-/// Sampling presets of `MODEL.toml` `[sampling]`.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct SamplingPresets {
-    /// Temperature.
-    pub temperature: Option<f32>,
-    /// Nucleus mass.
-    pub top_p: Option<f32>,
-    /// Top-k.
-    pub top_k: Option<u32>,
-    /// Min-p.
-    pub min_p: Option<f32>,
-    /// Repetition penalty.
-    pub repetition_penalty: Option<f32>,
-}
-
-/// Behaviour defaults of `MODEL.toml` `[behavior]`.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct ModelBehavior {
-    /// Default tool-call parser.
-    pub tool_call_parser: Option<&'static str>,
-    /// Whether the model emits `<think>` blocks.
-    pub reasoning: bool,
-    /// Default thinking budget, tokens.
-    pub thinking_budget: Option<u32>,
-}
-
 /// Serving levers of `HARDWARE.toml` `[defaults]`.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct ServingDefaults {
@@ -117,10 +91,6 @@ pub struct TargetKernels {
     pub modules: &'static [KernelModule],
     /// Which checkpoints it serves.
     pub serves: ModelMatch,
-    /// Sampling presets.
-    pub sampling: SamplingPresets,
-    /// Behaviour defaults.
-    pub behavior: ModelBehavior,
     /// Serving defaults of the hardware class.
     pub defaults: ServingDefaults,
     /// Memory facts of the hardware class.

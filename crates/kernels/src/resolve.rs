@@ -173,9 +173,7 @@ pub fn resolve_target<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{
-        HardwareMemory, ModelBehavior, ModelMatch, SamplingPresets, ServingDefaults,
-    };
+    use crate::registry::{HardwareMemory, ModelMatch, ServingDefaults};
     use metrale_core::KernelTarget;
 
     const fn target(
@@ -199,18 +197,6 @@ mod tests {
                 model_types: types,
                 hidden_size: hidden,
                 match_names: names,
-            },
-            sampling: SamplingPresets {
-                temperature: None,
-                top_p: None,
-                top_k: None,
-                min_p: None,
-                repetition_penalty: None,
-            },
-            behavior: ModelBehavior {
-                tool_call_parser: None,
-                reasoning: false,
-                thinking_budget: None,
             },
             defaults: ServingDefaults {
                 gpu_memory_utilization: None,

@@ -28,7 +28,7 @@ pub struct Args {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy. Default: the model's preset (MODEL.toml), else 1.0.
+    /// Sampling temperature; 0 is greedy. Default: the model's preset (crates/config/src/presets.rs), else 1.0.
     #[arg(long)]
     temperature: Option<f32>,
     /// Nucleus sampling mass. Default: the model's preset, else 1.0 (off).
@@ -163,7 +163,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let presets = placement.target.map(|t| t.sampling).unwrap_or_default();
+    let presets = metrale_config::presets(config.family).sampling;
     let params = SamplingParams {
         temperature: args.temperature.or(presets.temperature).unwrap_or(1.0),
         top_p: args.top_p.or(presets.top_p).unwrap_or(1.0),

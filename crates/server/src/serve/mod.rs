@@ -120,8 +120,8 @@ pub struct Args {
     request_timeout: u64,
     /// Tool-call wire format (hermes, qwen3_coder, qwen3_xml, mistral, llama3_json, bare_json)
     /// that answers to requests offering `tools` are parsed with, streamed or not, into
-    /// `tool_calls` / `tool_use` blocks. Default: the model's MODEL.toml; without one, calls stay
-    /// in the text.
+    /// `tool_calls` / `tool_use` blocks. Default: the model family's preset
+    /// (crates/config/src/presets.rs).
     #[arg(long)]
     tool_call_parser: Option<String>,
     /// Cap on max_tokens (the whole completion, reasoning included) of requests that offer
@@ -139,7 +139,7 @@ pub struct Args {
     tool_grammar: ToolGrammarArg,
     /// Reasoning format of chat answers: `think` splits <think> blocks into `reasoning_content`
     /// (OpenAI) and thinking blocks (Anthropic), `none` leaves them in the content. Default: the
-    /// model's MODEL.toml.
+    /// model family's preset.
     #[arg(long, value_enum)]
     reasoning_parser: Option<ReasoningParserArg>,
     /// Render chat templates with enable_thinking=false (Qwen3 then writes an empty <think>
@@ -149,8 +149,8 @@ pub struct Args {
     disable_thinking: bool,
     /// Most tokens a sequence may spend inside <think> blocks; at the limit the engine appends
     /// "\n</think>\n\n" instead of sampling, and the model goes on to answer. A request's
-    /// `thinking_budget` (Anthropic: `thinking.budget_tokens`) may lower it. Default: the model's
-    /// MODEL.toml, else no limit.
+    /// `thinking_budget` (Anthropic: `thinking.budget_tokens`) may lower it. Default: the model
+    /// family's preset, else no limit.
     #[arg(long)]
     max_thinking_budget: Option<usize>,
     /// Require `Authorization: Bearer <token>` (or `x-api-key`) on every API route.
@@ -343,10 +343,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let placement = load::place(&model_args, &config, references.clone())?;
     tracing::info!("backend: {}", placement.description);
     if let Some(t) = placement.target {
-        tracing::info!(
-            "kernel target: {} (presets and behaviour from its MODEL.toml)",
-            t.target
-        );
+        tracing::info!("kernel target: {}", t.target);
     }
     let gpu = placement.gpu.clone();
     // Checked before anything loads: a bad operator switch stops the start-up here.
@@ -425,7 +422,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         (num_blocks as u64 * kv_block_bytes) as f64 / (1u64 << 30) as f64
     );
     // The tool-call format, checked before the long weight load.
-    let behavior = placement.target.map(|t| t.behavior).unwrap_or_default();
+    let presets = metrale_config::presets(config.family);
+    let behavior = presets.behavior;
     let tool_parser = match args
         .tool_call_parser
         .as_deref()
@@ -568,7 +566,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         max_seq_len,
         vocab_size: config.vocab_size,
         eos,
-        presets: placement.target.map(|t| t.sampling).unwrap_or_default(),
+        presets: presets.sampling,
         request_timeout: (args.request_timeout > 0)
             .then(|| Duration::from_secs(args.request_timeout)),
         metrics,

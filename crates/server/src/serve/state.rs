@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use metrale_kernels::registry::SamplingPresets;
+use metrale_config::SamplingPresets;
 use metrale_sampling::SamplingParams;
 use metrale_tokenizer::{RenderOptions, Tokenizer};
 use metrale_toolcall::ThinkStart;
@@ -38,22 +38,22 @@ pub struct AppState {
     pub vocab_size: usize,
     /// End-of-sequence ids.
     pub eos: Vec<u32>,
-    /// The model's sampling presets (MODEL.toml).
+    /// The model's sampling presets (crates/config/src/presets.rs).
     pub presets: SamplingPresets,
     /// Per-request time limit.
     pub request_timeout: Option<Duration>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Tool-call wire format for requests with tools (`--tool-call-parser`, else MODEL.toml).
+    /// Tool-call wire format for requests with tools (`--tool-call-parser`, else the family's preset).
     pub tool_parser: Option<metrale_toolcall::Format>,
     /// Whether chat answers are split at `<think>` blocks into `reasoning_content` and thinking
-    /// blocks (`--reasoning-parser`, else MODEL.toml).
+    /// blocks (`--reasoning-parser`, else the family's preset).
     pub reasoning: bool,
     /// Render chat templates with `enable_thinking=false` unless a request says otherwise
     /// (`--disable-thinking`).
     pub disable_thinking: bool,
     /// The server's cap on reasoning tokens per sequence (`--max-thinking-budget`, else
-    /// MODEL.toml); requests may lower it.
+    /// the family's preset); requests may lower it.
     pub max_thinking_budget: Option<usize>,
     /// Token ids of `\n</think>\n\n`, appended when a thinking budget runs out.
     pub think_close: Vec<u32>,

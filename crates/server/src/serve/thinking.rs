@@ -31,7 +31,7 @@ pub struct ThinkingBudget {
 }
 
 /// The budget of a chat request: the smaller of the server's (`--max-thinking-budget`, else
-/// MODEL.toml) and the request's; none when the reasoning parser is off (`think` is `None`),
+/// the family's preset) and the request's; none when the reasoning parser is off (`think` is `None`),
 /// neither sets one, or the closing text does not tokenize.
 pub fn request_budget(
     state: &AppState,

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A model family's behaviour presets: the sampling a request gets for the parameters it leaves
+//! unset, the tool-call wire format, whether the model reasons in `<think>` blocks. Facts of the
+//! model, not of the hardware: they live here, keyed by family, whatever kernel target serves it.
+
+use crate::ModelFamily;
+
+/// Sampling used when a request leaves a parameter unset (from the family's published
+/// `generation_config.json`).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct SamplingPresets {
+    /// Temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k.
+    pub top_k: Option<u32>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+    /// Repetition penalty.
+    pub repetition_penalty: Option<f32>,
+}
+
+/// Parser and reasoning defaults.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct ModelBehavior {
+    /// Default tool-call wire format (`hermes`, `llama3_json`, ...).
+    pub tool_call_parser: Option<&'static str>,
+    /// Whether the model emits `<think>` blocks.
+    pub reasoning: bool,
+    /// Default thinking budget, tokens.
+    pub thinking_budget: Option<u32>,
+}
+
+/// A family's presets.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct ModelPresets {
+    /// Sampling defaults.
+    pub sampling: SamplingPresets,
+    /// Behaviour defaults.
+    pub behavior: ModelBehavior,
+}
+
+/// The presets of `family` (a MoE family takes its dense family's).
+pub fn presets(family: ModelFamily) -> ModelPresets {
+    match family.dense() {
+        // Qwen3's generation_config.json (thinking mode).
+        ModelFamily::Qwen3 => ModelPresets {
+            sampling: SamplingPresets {
+                temperature: Some(0.6),
+                top_p: Some(0.95),
+                top_k: Some(20),
+                ..SamplingPresets::default()
+            },
+            behavior: ModelBehavior {
+                tool_call_parser: Some("hermes"),
+                reasoning: true,
+                thinking_budget: None,
+            },
+        },
+        // Qwen2.5-Instruct's generation_config.json.
+        ModelFamily::Qwen2 => ModelPresets {
+            sampling: SamplingPresets {
+                temperature: Some(0.7),
+                top_p: Some(0.8),
+                top_k: Some(20),
+                repetition_penalty: Some(1.05),
+                ..SamplingPresets::default()
+            },
+            behavior: ModelBehavior {
+                tool_call_parser: Some("hermes"),
+                ..ModelBehavior::default()
+            },
+        },
+        // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.
+        _ => ModelPresets {
+            sampling: SamplingPresets::default(),
+            behavior: ModelBehavior {
+                tool_call_parser: Some("llama3_json"),
+                ..ModelBehavior::default()
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_family_has_its_presets_and_moe_takes_the_dense_ones() {
+        let qwen3 = presets(ModelFamily::Qwen3);
+        assert_eq!(qwen3.sampling.temperature, Some(0.6));
+        assert_eq!(qwen3.sampling.top_k, Some(20));
+        assert!(qwen3.behavior.reasoning);
+        assert_eq!(qwen3.behavior.tool_call_parser, Some("hermes"));
+        assert_eq!(presets(ModelFamily::Qwen3Moe), qwen3);
+        let qwen2 = presets(ModelFamily::Qwen2);
+        assert_eq!(qwen2.sampling.repetition_penalty, Some(1.05));
+        assert!(!qwen2.behavior.reasoning);
+        assert_eq!(presets(ModelFamily::Qwen2Moe), qwen2);
+        let llama = presets(ModelFamily::Llama);
+        assert_eq!(llama.sampling, SamplingPresets::default());
+        assert_eq!(llama.behavior.tool_call_parser, Some("llama3_json"));
+    }
+}
