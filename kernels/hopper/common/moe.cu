@@ -21,7 +21,8 @@
 // order), moe_gemm_swiglu (the grouped gate|up product into act in expert order), moe_gemm_down
 // (the grouped down product, each row stored back at its assignment), moe_combine (the weighted
 // sum over slots). Every sum over slots runs in slot order: no atomics, the same bits on every
-// run.
+// run. A shared expert (Qwen2-MoE: a dense SwiGLU MLP every token takes, run by the dense
+// products) joins in the epilogue of moe_gemv_down or moe_combine, behind its sigmoid gate.
 #include <mma.h>
 
 #include "common.cuh"
@@ -197,6 +198,17 @@ __device__ __forceinline__ void fma8(float (&acc)[2], const uint4& wv, const uin
     }
 }
 
+// The shared expert's term added to a row's routed sum, in f32 before the one rounding:
+// sum + g * shared[r, h] with g = sigmoid(shared_gate[r]) (1 where shared_gate is null); the sum
+// unchanged where shared is null (no shared expert).
+__device__ __forceinline__ float add_shared(float sum, const __nv_bfloat16* __restrict__ shared,
+                                            const float* __restrict__ shared_gate, size_t r,
+                                            size_t h, uint32_t hidden) {
+    if (shared == nullptr) return sum;
+    const float g = shared_gate != nullptr ? 1.0f / (1.0f + expf(-shared_gate[r])) : 1.0f;
+    return fmaf(g, metrale::to_f32(shared[r * hidden + h]), sum);
+}
+
 // The dot of 8 bf16 pairs, from zero.
 __device__ __forceinline__ float dot8(const uint4& wv, const uint4& xv) {
     float acc[2] = {0.0f, 0.0f};
@@ -290,8 +302,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_swiglu(
     if (lane == 0) *out = metrale::to_bf16(swiglu_of_products(g, u));
 }
 
-// out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r k + s] . w[ids[r, s], h])), f32
-// throughout: the expert outputs are not rounded before they are weighted and added. A warp
+// out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r k + s] . w[ids[r, s], h])
+// + g_r * shared[r, h]), f32 throughout: the expert outputs are not rounded before they are
+// weighted and added. The shared expert's term (Qwen2-MoE) is added last, its gate
+// g_r = sigmoid(shared_gate[r]) taken here (shared_gate null: g_r = 1; shared null: no term). A warp
 // computes one output as a single dot over the k slots' rows laid end to end (k * inter elements,
 // each 16-byte chunk's partial dot scaled by its slot's weight), so every warp streams all of its
 // row's experts: k * inter * 2 bytes (12 KiB for Qwen3-30B-A3B). Slots with no expert add
@@ -303,7 +317,8 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_swiglu(
 extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ act,
     const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
-    const float* __restrict__ weights, uint32_t rows, uint32_t k, uint32_t experts,
+    const float* __restrict__ weights, const __nv_bfloat16* __restrict__ shared,
+    const float* __restrict__ shared_gate, uint32_t rows, uint32_t k, uint32_t experts,
     uint32_t hidden, uint32_t inter) {
     metrale::grid_dependency_sync();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -367,7 +382,9 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
         }
     }
     const float sum = metrale::warp_sum(acc[0] + acc[1]);
-    if (lane == 0) out[(size_t)r * hidden + h] = metrale::to_bf16(sum);
+    if (lane == 0)
+        out[(size_t)r * hidden + h] =
+            metrale::to_bf16(add_shared(sum, shared, shared_gate, r, h, hidden));
 }
 
 namespace {
@@ -630,13 +647,16 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm_down(
     }
 }
 
-// out[r, h] = bf16(sum over slots s, in order, of weights[r, s] * y[r k + s, h]) in f32; slots
-// with no expert add nothing (their y rows are not read).
+// out[r, h] = bf16(sum over slots s, in order, of weights[r, s] * y[r k + s, h]
+// + g_r * shared[r, h]) in f32; slots with no expert add nothing (their y rows are not read). The
+// shared expert's term as in moe_gemv_down: added last, g_r = sigmoid(shared_gate[r]) (null: 1),
+// no term where shared is null.
 // Launch: grid = ceil(rows * hidden / 256), block = 256, one output a thread.
 extern "C" __global__ void __launch_bounds__(256) moe_combine(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ y,
-    const int32_t* __restrict__ ids, const float* __restrict__ weights, uint32_t rows, uint32_t k,
-    uint32_t experts, uint32_t hidden) {
+    const int32_t* __restrict__ ids, const float* __restrict__ weights,
+    const __nv_bfloat16* __restrict__ shared, const float* __restrict__ shared_gate, uint32_t rows,
+    uint32_t k, uint32_t experts, uint32_t hidden) {
     metrale::grid_dependency_sync();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (hidden == 0 || i >= (size_t)rows * hidden) return;
@@ -647,5 +667,5 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(
         if (valid_expert(ids[a], experts))
             sum = fmaf(weights[a], metrale::to_f32(y[a * hidden + h]), sum);
     }
-    out[i] = metrale::to_bf16(sum);
+    out[i] = metrale::to_bf16(add_shared(sum, shared, shared_gate, r, h, hidden));
 }

@@ -3,7 +3,8 @@
 //! 2048, expert width 768; the expert products over fewer experts, as the bytes of 128 would only
 //! slow the host), Qwen2-57B-A14B's and MiniMax-M2's routing, and the edges: one slot a row, every
 //! expert a row, expert counts that are not powers of two, rows off the 16-byte path, empty slots
-//! (ids outside the experts), experts with more rows than one 64-row tile.
+//! (ids outside the experts), experts with more rows than one 64-row tile; the shared expert's
+//! term in both down epilogues (Qwen1.5-MoE-A2.7B's widths), with and without its gate.
 
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
@@ -23,6 +24,8 @@ pub(super) fn moe_cases(rng: &mut Rng) -> Vec<Case> {
     out.extend(group_cases(rng));
     out.extend(grouped_product_cases(rng));
     out.extend(combine_cases(rng));
+    // Last, so that the cases before keep their random inputs.
+    out.extend(shared_expert_cases(rng));
     out
 }
 
@@ -214,6 +217,8 @@ fn decode_cases(rng: &mut Rng) -> Vec<Case> {
                     w: p[2],
                     ids: p[3],
                     weights: p[4],
+                    shared: DevicePtr::NULL,
+                    shared_gate: DevicePtr::NULL,
                     rows,
                     k,
                     experts,
@@ -381,6 +386,112 @@ fn combine_cases(rng: &mut Rng) -> Vec<Case> {
                     y: p[1],
                     ids: p[2],
                     weights: p[3],
+                    shared: DevicePtr::NULL,
+                    shared_gate: DevicePtr::NULL,
+                    rows,
+                    k,
+                    experts,
+                    hidden,
+                })
+            }),
+        });
+    }
+    out
+}
+
+/// The shared expert's output added in the down epilogues: the decode down launch and the
+/// combine at Qwen1.5-MoE-A2.7B's widths (hidden 2048, expert width 1408, 60 experts, top 4;
+/// the decode launch over fewer experts), a ragged width with empty slots, with the sigmoid gate
+/// and without (weight 1).
+fn shared_expert_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    // Gate logits spread over sigmoid's range, saturated ends included.
+    let gate_logits =
+        |rng: &mut Rng, rows: u32| -> Vec<f32> { (0..rows).map(|_| rng.normal() * 4.0).collect() };
+    for &(rows, experts, k, inter, hidden, empty, gated) in &[
+        (1u32, 6u32, 4u32, 1408u32, 2048u32, 0usize, true),
+        (4, 8, 4, 1408, 2048, 0, false),
+        (3, 6, 2, 37, 130, 2, true),
+    ] {
+        let (n, i, h) = ((rows * k) as usize, inter as usize, hidden as usize);
+        let ids = routed_ids(rng, rows, experts, k, empty);
+        let weights = routed_weights(rng, n);
+        let gates = gate_logits(rng, rows);
+        out.push(Case {
+            kernel: MoeGemvDown::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} hidden={hidden} inter={inter} empty={empty} \
+                 shared gated={gated}"
+            ),
+            buffers: vec![
+                output(vec![0; rows as usize * h * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, n * i, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * h * i,
+                    1.0 / (inter as f32).sqrt(),
+                )),
+                input(i32_bytes(&ids)),
+                input(f32_bytes(&weights)),
+                input(bf16_normal(rng, rows as usize * h, 1.0)),
+                input(f32_bytes(&gates)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeGemvDown {
+                    out: p[0],
+                    act: p[1],
+                    w: p[2],
+                    ids: p[3],
+                    weights: p[4],
+                    shared: p[5],
+                    shared_gate: if gated { p[6] } else { DevicePtr::NULL },
+                    rows,
+                    k,
+                    experts,
+                    hidden,
+                    inter,
+                })
+            }),
+        });
+    }
+    for &(rows, k, experts, hidden, empty, gated) in &[
+        (1u32, 4u32, 60u32, 2048u32, 0usize, true),
+        (33, 4, 60, 2048, 0, false),
+        (5, 3, 7, 130, 3, true),
+    ] {
+        let n = (rows * k) as usize;
+        let ids = routed_ids(rng, rows, experts, k, empty);
+        let weights = routed_weights(rng, n);
+        let gates = gate_logits(rng, rows);
+        out.push(Case {
+            kernel: MoeCombine::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!(
+                "rows={rows} k={k} experts={experts} hidden={hidden} empty={empty} \
+                 shared gated={gated}"
+            ),
+            buffers: vec![
+                output(
+                    vec![0; rows as usize * hidden as usize * 2],
+                    OutputKind::Bf16,
+                ),
+                input(bf16_normal(rng, n * hidden as usize, 1.0)),
+                input(i32_bytes(&ids)),
+                input(f32_bytes(&weights)),
+                input(bf16_normal(rng, rows as usize * hidden as usize, 1.0)),
+                input(f32_bytes(&gates)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(MoeCombine {
+                    out: p[0],
+                    y: p[1],
+                    ids: p[2],
+                    weights: p[3],
+                    shared: p[4],
+                    shared_gate: if gated { p[5] } else { DevicePtr::NULL },
                     rows,
                     k,
                     experts,

@@ -32,9 +32,9 @@ pub use grouped::{MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGroup, group_by_exp
 pub use route::{MoeRoute, MoeScoring, route_row};
 
 use half::bf16;
-use metrale_core::KernelName;
+use metrale_core::{DevicePtr, KernelName};
 
-use crate::host::{HostError, widen};
+use crate::host::{self, HostError, HostMemory, widen};
 
 /// Most experts a MoE entry takes (`MAX_EXPERTS` in moe.cu: the routing warp holds 16 a lane,
 /// and [`MoeGroup`]'s per-warp histograms fill 32 KiB of shared memory).
@@ -87,6 +87,40 @@ fn expert_swiglu(x: &[f32], w: &[bf16], expert: usize, inter: usize, hidden: usi
             super::activation::silu(g) * u
         })
         .collect()
+}
+
+/// The shared expert's term (Qwen2-MoE), added last to every row's routed sum in f32:
+/// `out[r, h] += g_r * shared[r, h]` with `g_r = sigmoid(shared_gate[r])` (1 where `shared_gate`
+/// is null); nothing where `shared` is null. `out` is `[rows, hidden]`.
+fn add_shared(
+    mem: &mut dyn HostMemory,
+    out: &mut [f32],
+    shared: DevicePtr,
+    shared_gate: DevicePtr,
+    hidden: usize,
+) -> Result<(), HostError> {
+    if shared.is_null() || hidden == 0 {
+        return Ok(());
+    }
+    let rows = out.len() / hidden;
+    let y = host::load_bf16(mem, shared, rows * hidden)?;
+    let gates = match shared_gate.is_null() {
+        true => vec![1.0; rows],
+        false => host::load::<f32>(mem, shared_gate, rows)?
+            .into_iter()
+            .map(|g| 1.0 / (1.0 + (-g).exp()))
+            .collect(),
+    };
+    for ((row, y), g) in out
+        .chunks_exact_mut(hidden)
+        .zip(y.chunks_exact(hidden))
+        .zip(gates)
+    {
+        for (o, &v) in row.iter_mut().zip(y) {
+            *o = g.mul_add(v, *o);
+        }
+    }
+    Ok(())
 }
 
 /// One assignment's down product in f32: `act . w[expert, h]` for every `h` of the stacked `w`

@@ -12,7 +12,7 @@
 use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
 
-use super::{bad_args, check_experts, expert_down, expert_of, expert_swiglu};
+use super::{add_shared, bad_args, check_experts, expert_down, expert_of, expert_swiglu};
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
 use crate::ops::blocks_for;
@@ -46,11 +46,12 @@ kernel_args!(
 );
 
 kernel_args!(
-    /// The selected experts' down products, weighted and added: `out[r, h] = bf16(sum over slots
-    /// s of weights[r, s] * (act[r * k + s] . w[ids[r, s], h]))`, in f32 throughout (the expert
-    /// outputs are not rounded before they are weighted and added; slots with no expert add
-    /// nothing). bf16 out, as the dense down product: the residual add + norm after the MLP
-    /// takes it as it takes the dense MLP's output.
+    /// The selected experts' down products, weighted and added, and the shared expert's output
+    /// behind its gate: `out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r * k + s] .
+    /// w[ids[r, s], h]) + g_r * shared[r, h])`, in f32 throughout (the expert outputs are not
+    /// rounded before they are weighted and added; slots with no expert add nothing; the shared
+    /// term is added last). bf16 out, as the dense down product: the residual add + norm after
+    /// the MLP takes it as it takes the dense MLP's output.
     MoeGemvDown => names::moe::MOE_GEMV_DOWN {
         /// bf16 `[rows, hidden]`.
         out: DevicePtr,
@@ -62,6 +63,11 @@ kernel_args!(
         ids: DevicePtr,
         /// f32 `[rows, k]`.
         weights: DevicePtr,
+        /// bf16 `[rows, hidden]`: the shared expert's output (Qwen2-MoE), or null for none.
+        shared: DevicePtr,
+        /// f32 `[rows]`: the shared expert's gate logits, `g_r = sigmoid(shared_gate[r])`; null
+        /// for `g_r = 1`.
+        shared_gate: DevicePtr,
         /// Rows (tokens), at most 65535 (grid y).
         rows: u32,
         /// Slots a row.
@@ -156,6 +162,7 @@ impl Kernel for MoeGemvDown {
             }
         }
         drop(w);
+        add_shared(mem, &mut out, self.shared, self.shared_gate, hidden)?;
         host::store_bf16(mem, self.out, &out)
     }
 }
@@ -233,6 +240,8 @@ mod tests {
             w: wd,
             ids: idp,
             weights: wp,
+            shared: DevicePtr::NULL,
+            shared_gate: DevicePtr::NULL,
             rows: rows_u,
             k: k_u,
             experts: experts as u32,
@@ -298,6 +307,8 @@ mod tests {
             w: p,
             ids: p,
             weights: p,
+            shared: p,
+            shared_gate: p,
             rows: 4,
             k: 8,
             experts: 128,

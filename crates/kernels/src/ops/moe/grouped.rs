@@ -9,7 +9,7 @@
 use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
 
-use super::{bad_args, check_experts, expert_down, expert_of, expert_swiglu};
+use super::{add_shared, bad_args, check_experts, expert_down, expert_of, expert_swiglu};
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
 use crate::ops::blocks_for;
@@ -87,7 +87,9 @@ kernel_args!(
 
 kernel_args!(
     /// The weighted combine: `out[r, h] = bf16(sum over slots s, in order, of weights[r, s] *
-    /// y[r * k + s, h])` in f32; slots with no expert add nothing (their `y` rows are not read).
+    /// y[r * k + s, h] + g_r * shared[r, h])` in f32; slots with no expert add nothing (their `y`
+    /// rows are not read); the shared expert's term as in
+    /// [`MoeGemvDown`](crate::ops::MoeGemvDown): added last, `g_r = sigmoid(shared_gate[r])`.
     MoeCombine => names::moe::MOE_COMBINE {
         /// bf16 `[rows, hidden]`.
         out: DevicePtr,
@@ -97,6 +99,11 @@ kernel_args!(
         ids: DevicePtr,
         /// f32 `[rows, k]`.
         weights: DevicePtr,
+        /// bf16 `[rows, hidden]`: the shared expert's output (Qwen2-MoE), or null for none.
+        shared: DevicePtr,
+        /// f32 `[rows]`: the shared expert's gate logits, `g_r = sigmoid(shared_gate[r])`; null
+        /// for `g_r = 1`.
+        shared_gate: DevicePtr,
         /// Rows (tokens).
         rows: u32,
         /// Slots a row.
@@ -285,6 +292,7 @@ impl Kernel for MoeCombine {
                 }
             }
         }
+        add_shared(mem, &mut out, self.shared, self.shared_gate, hidden)?;
         host::store_bf16(mem, self.out, &out)
     }
 }
@@ -376,6 +384,8 @@ mod tests {
             y,
             ids: idp,
             weights: wp,
+            shared: DevicePtr::NULL,
+            shared_gate: DevicePtr::NULL,
             rows: rows as u32,
             k: k_u,
             experts: e_u,
@@ -405,6 +415,8 @@ mod tests {
             w: wd,
             ids: idp,
             weights: wp,
+            shared: DevicePtr::NULL,
+            shared_gate: DevicePtr::NULL,
             rows: rows as u32,
             k: k_u,
             experts: e_u,
@@ -432,6 +444,99 @@ mod tests {
         let scale = d.iter().map(|v| v.abs()).fold(0f32, f32::max);
         for (i, (g, d)) in g.iter().zip(&d).enumerate() {
             assert!((g - d).abs() <= scale / 64.0, "{i}: {g} vs {d}");
+        }
+    }
+
+    #[test]
+    fn the_shared_expert_joins_both_epilogues_behind_its_sigmoid_gate() {
+        // 3 rows, k = 2 of 3 experts, one empty slot; the expert outputs given directly (y for
+        // the combine; for the decode launch, expert e's down rows are the identity scaled by
+        // e + 1, so act's rows are y's divided by that).
+        let (rows, k, experts, hidden) = (3usize, 2usize, 3usize, 4usize);
+        let ids = [0i32, 2, 1, -1, 2, 0];
+        let weights = [0.75f32, 0.25, 1.0, 0.5, 0.5, 0.5];
+        let y: Vec<f32> = (0..rows * k * hidden)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let shared: Vec<f32> = (0..rows * hidden)
+            .map(|i| ((i * 3 % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        // sigmoid(0) = 1/2; the others saturate to 1 and 0 within f32.
+        let logits = [0.0f32, 40.0, -40.0];
+        let mut down = vec![0f32; experts * hidden * hidden];
+        for e in 0..experts {
+            for h in 0..hidden {
+                down[(e * hidden + h) * hidden + h] = (e + 1) as f32;
+            }
+        }
+        let act: Vec<f32> = (0..rows * k * hidden)
+            .map(|i| match ids[i / hidden] {
+                e if e >= 0 => y[i] / (e + 1) as f32,
+                _ => 0.0,
+            })
+            .collect();
+        let mut m = FlatMemory::new();
+        let (yp, idp, wp) = (m.put(&bf16s(&y)), m.put(&ids), m.put(&weights));
+        let (sp, gp) = (m.put(&bf16s(&shared)), m.put(&logits));
+        let (actp, wd) = (m.put(&bf16s(&act)), m.put(&bf16s(&down)));
+        for gated in [false, true] {
+            let gate = if gated { gp } else { DevicePtr::NULL };
+            let (out, dout) = (
+                m.put(&bf16s(&vec![9.0; rows * hidden])),
+                m.put(&bf16s(&vec![9.0; rows * hidden])),
+            );
+            MoeCombine {
+                out,
+                y: yp,
+                ids: idp,
+                weights: wp,
+                shared: sp,
+                shared_gate: gate,
+                rows: rows as u32,
+                k: k as u32,
+                experts: experts as u32,
+                hidden: hidden as u32,
+            }
+            .reference(&mut m)
+            .unwrap();
+            MoeGemvDown {
+                out: dout,
+                act: actp,
+                w: wd,
+                ids: idp,
+                weights: wp,
+                shared: sp,
+                shared_gate: gate,
+                rows: rows as u32,
+                k: k as u32,
+                experts: experts as u32,
+                hidden: hidden as u32,
+                inter: hidden as u32,
+            }
+            .reference(&mut m)
+            .unwrap();
+            // Every value is a multiple of 1/16 well inside bf16's precision: exact.
+            let mut want = vec![0f32; rows * hidden];
+            for r in 0..rows {
+                let g = if gated { [0.5, 1.0, 0.0][r] } else { 1.0 };
+                for h in 0..hidden {
+                    let routed: f32 = (0..k)
+                        .filter(|&s| ids[r * k + s] >= 0)
+                        .map(|s| weights[r * k + s] * y[(r * k + s) * hidden + h])
+                        .sum();
+                    want[r * hidden + h] = routed + g * shared[r * hidden + h];
+                }
+            }
+            assert_eq!(
+                f32s(&m.get(out, rows * hidden)),
+                want,
+                "combine, gated {gated}"
+            );
+            assert_eq!(
+                f32s(&m.get(dout, rows * hidden)),
+                want,
+                "decode, gated {gated}"
+            );
         }
     }
 
