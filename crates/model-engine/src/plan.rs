@@ -118,14 +118,6 @@ impl LayerPlan {
     ///
     /// A layer kind the engine has no block for is refused here, before any weight loads.
     pub fn from_config(c: &ModelConfig) -> Result<LayerPlan, crate::ModelError> {
-        if let Some(m) = &c.moe
-            && m.shared_expert_intermediate.is_some()
-        {
-            return Err(crate::ModelError::Unsupported(format!(
-                "{}: sparse layers with a shared expert are not implemented yet",
-                c.family.model_type()
-            )));
-        }
         let norm = NormKind::Rms {
             eps: c.rms_norm_eps,
         };
@@ -210,5 +202,31 @@ mod tests {
             ]
         );
         assert_eq!(plan.final_norm, NormKind::Rms { eps: 1e-6 });
+    }
+
+    #[test]
+    fn qwen2_moe_has_sparse_layers_with_a_shared_expert_every_second_layer() {
+        let c = metrale_config::from_config_json(
+            r#"{"model_type": "qwen2_moe", "hidden_size": 256, "intermediate_size": 512,
+                "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128,
+                "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4,
+                "vocab_size": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                "max_position_embeddings": 256}"#,
+        )
+        .unwrap();
+        let plan = LayerPlan::from_config(&c).unwrap();
+        let mlps: Vec<_> = plan.layers.iter().map(|l| l.blocks[1].kind).collect();
+        let moe = BlockKind::Mlp(MlpKind::Moe(MoeSpec {
+            experts: 8,
+            top_k: 2,
+            intermediate: 64,
+            router: RouterKind::Softmax,
+            norm_topk_prob: false,
+            routed_scaling: 1.0,
+            shared_intermediate: Some(128),
+        }));
+        let dense = BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 });
+        assert_eq!(mlps, [dense, moe, dense, moe]);
     }
 }

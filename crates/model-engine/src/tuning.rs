@@ -73,7 +73,7 @@ pub enum Carveout {
 }
 
 /// The labels the model's launches carry (its profile's rows, `Model::set_skip`).
-pub const LAUNCH_LABELS: [&str; 13] = [
+pub const LAUNCH_LABELS: [&str; 16] = [
     "embedding",
     "add_rmsnorm",
     "qkv",
@@ -87,11 +87,24 @@ pub const LAUNCH_LABELS: [&str; 13] = [
     "lm_head",
     "router",
     "experts",
+    "shared_gate_up",
+    "shared_down",
+    "shared_gate",
 ];
 
 /// The labels of the products ([`crate::linear::Linear`]): those that may stream, take a grid
 /// cap or a special GEMV form.
-pub const LINEAR_LABELS: [&str; 6] = ["qkv", "o", "gate_up", "down", "lm_head", "router"];
+pub const LINEAR_LABELS: [&str; 9] = [
+    "qkv",
+    "o",
+    "gate_up",
+    "down",
+    "lm_head",
+    "router",
+    "shared_gate_up",
+    "shared_down",
+    "shared_gate",
+];
 
 /// Every key [`Tuning::set`] takes.
 pub const KEYS: [&str; 25] = [

@@ -268,6 +268,13 @@ pub struct MoeWeights {
     pub(crate) experts_gate_up: DevicePtr,
     /// `[experts, hidden, expert_intermediate]`.
     pub(crate) experts_down: DevicePtr,
+    /// The shared expert's gate rows then up rows `[2 * shared_intermediate, hidden]` (one
+    /// product feeds SiLU x up, as the dense MLP's), or NULL without a shared expert.
+    pub(crate) shared_gate_up: DevicePtr,
+    /// `[hidden, shared_intermediate]`, or NULL.
+    pub(crate) shared_down: DevicePtr,
+    /// The shared expert's sigmoid gate `[1, hidden]`, or NULL.
+    pub(crate) shared_gate: DevicePtr,
 }
 
 /// All weights on the device.
@@ -394,7 +401,8 @@ impl Uploader<'_> {
         }
     }
 
-    /// Layer `l`'s sparse MLP, its experts stacked as the kernels read them whatever the layout.
+    /// Layer `l`'s sparse MLP, its experts stacked as the kernels read them whatever the layout,
+    /// and its shared expert if the config has one.
     fn moe(&mut self, m: &metrale_config::MoeConfig, l: usize) -> Result<MoeWeights, ModelError> {
         let router = self.get(TensorRole::Router(l))?;
         let (experts_gate_up, experts_down) = match ExpertLayout::of(self.source, l) {
@@ -412,10 +420,17 @@ impl Uploader<'_> {
                 (self.get_stacked(&gate_up)?, self.get_stacked(&down)?)
             }
         };
+        let shared = m.shared_expert_intermediate.is_some();
         Ok(MoeWeights {
             router,
             experts_gate_up,
             experts_down,
+            shared_gate_up: self.get_if_stacked(
+                shared,
+                &[TensorRole::SharedGate(l), TensorRole::SharedUp(l)],
+            )?,
+            shared_down: self.get_if(shared, TensorRole::SharedDown(l))?,
+            shared_gate: self.get_if(shared, TensorRole::SharedExpertGate(l))?,
         })
     }
 

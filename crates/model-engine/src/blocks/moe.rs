@@ -8,9 +8,13 @@
 //! weights: the decode shape. Steps of at least the tuning's `moe_grouped_min_rows` tokens group
 //! the assignments by expert instead (`moe_group`), run each expert's rows as one tensor-core
 //! product (`moe_gemm_swiglu`, `moe_gemm_down`, each expert output rounded to bf16 as
-//! transformers rounds it) and combine them with the routing weights (`moe_combine`). A shared
-//! expert (Qwen2-MoE) is not built yet: [`crate::plan::LayerPlan::from_config`] refuses such
-//! models before any weight loads.
+//! transformers rounds it) and combine them with the routing weights (`moe_combine`).
+//!
+//! A shared expert (Qwen2-MoE) is a dense SwiGLU MLP every token takes, run by the ordinary
+//! products between the routing and the experts' down launch: its gate|up with SiLU x up, its
+//! down (bf16, rounded as transformers rounds the shared expert's output), and its gate logit
+//! `x · g` (an f32 product of one column). The down launch of either path (`moe_gemv_down`,
+//! `moe_combine`) adds `sigmoid(logit) * shared` to the routed sum in f32 before its one rounding.
 
 use metrale_config::RouterKind;
 use metrale_core::DevicePtr;
@@ -24,7 +28,7 @@ use metrale_kernels::ops::{
 use super::{Arena, Block, Step};
 use crate::ModelError;
 use crate::launch::Launcher;
-use crate::linear::{Linear, LinearKernels};
+use crate::linear::{Linear, LinearKernels, SwigluLinear};
 use crate::plan::MoeSpec;
 use crate::residual::{Residual, RmsNorm};
 use crate::tuning::Tuning;
@@ -59,6 +63,13 @@ struct Scratch {
     offsets: DevicePtr,
     sorted: DevicePtr,
     y: DevicePtr,
+    /// The shared expert's, null without one: bf16 `[tokens, 2 * shared_intermediate]` gate|up
+    /// where SiLU x up runs in a launch of its own, bf16 `[tokens, shared_intermediate]`
+    /// activations, bf16 `[tokens, hidden]` output, f32 `[tokens]` gate logits.
+    shared_gate_up: DevicePtr,
+    shared_act: DevicePtr,
+    shared_out: DevicePtr,
+    shared_logit: DevicePtr,
 }
 
 /// What the MoE blocks of a model share.
@@ -87,6 +98,17 @@ impl Shared {
             combine: gpu.kernel(MoeCombine::NAME)?,
         };
         let (t, k) = (max_tokens, spec.top_k);
+        let si = spec.shared_intermediate.unwrap_or(0);
+        let mut shared = |bytes: usize| match si {
+            0 => Ok(DevicePtr::NULL),
+            _ => arena.alloc(bytes),
+        };
+        let (shared_gate_up, shared_act, shared_out, shared_logit) = (
+            shared(t * 2 * si * 2)?,
+            shared(t * si * 2)?,
+            shared(t * hidden * 2)?,
+            shared(t * 4)?,
+        );
         let scratch = Scratch {
             logits: arena.alloc(t * spec.experts * 4)?,
             ids: arena.alloc(t * k * 4)?,
@@ -96,6 +118,10 @@ impl Shared {
             offsets: arena.alloc((spec.experts + 1) * 4)?,
             sorted: arena.alloc(t * k * 4)?,
             y: arena.alloc(t * k * hidden * 2)?,
+            shared_gate_up,
+            shared_act,
+            shared_out,
+            shared_logit,
         };
         Ok(Shared {
             spec,
@@ -118,8 +144,19 @@ pub(crate) struct Moe {
     experts_gate_up: DevicePtr,
     /// bf16 `[experts, hidden, intermediate]`.
     experts_down: DevicePtr,
+    shared_expert: Option<SharedExpert>,
     shared: Shared,
     hidden: u32,
+}
+
+/// The shared expert's products (Qwen2-MoE).
+struct SharedExpert {
+    /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)`, bf16 `[rows, shared_intermediate]`.
+    gate_up: SwigluLinear,
+    /// `out = act · Wdownᵀ`, bf16 `[rows, hidden]`.
+    down: Linear,
+    /// The gate's logit `x · g`, f32 `[rows]` (one output column).
+    gate: Linear,
 }
 
 impl Moe {
@@ -131,6 +168,36 @@ impl Moe {
         shared: Shared,
     ) -> Moe {
         let experts = shared.spec.experts as u32;
+        let shared_expert = shared.spec.shared_intermediate.map(|si| {
+            let si = si as u32;
+            SharedExpert {
+                gate_up: SwigluLinear {
+                    gate_up: Linear::new(
+                        "shared_gate_up",
+                        w.shared_gate_up,
+                        DevicePtr::NULL,
+                        (2 * si, hidden),
+                        linear,
+                    ),
+                    inter: si,
+                    scratch: shared.scratch.shared_gate_up,
+                },
+                down: Linear::new(
+                    "shared_down",
+                    w.shared_down,
+                    DevicePtr::NULL,
+                    (hidden, si),
+                    linear,
+                ),
+                gate: Linear::new(
+                    "shared_gate",
+                    w.shared_gate,
+                    DevicePtr::NULL,
+                    (1, hidden),
+                    linear,
+                ),
+            }
+        });
         Moe {
             norm,
             router: Linear::new(
@@ -142,6 +209,7 @@ impl Moe {
             ),
             experts_gate_up: w.experts_gate_up,
             experts_down: w.experts_down,
+            shared_expert,
             shared,
             hidden,
         }
@@ -168,6 +236,26 @@ impl Moe {
 }
 
 impl Moe {
+    /// The shared expert's output and gate logits for the down launch's epilogue (computed by
+    /// [`Moe::run_shared_expert`]), or nulls without one.
+    fn shared_term(&self) -> (DevicePtr, DevicePtr) {
+        let sc = &self.shared.scratch;
+        match self.shared_expert {
+            Some(_) => (sc.shared_out, sc.shared_logit),
+            None => (DevicePtr::NULL, DevicePtr::NULL),
+        }
+    }
+
+    /// The shared expert's products on the normalised rows `x`, if the layer has one.
+    fn run_shared_expert(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
+        let (Some(se), sc) = (&self.shared_expert, &self.shared.scratch) else {
+            return Ok(());
+        };
+        se.gate_up.run(l, sc.shared_act, x, rows)?;
+        se.down.run(l, sc.shared_out, sc.shared_act, rows, false)?;
+        se.gate.run_f32(l, sc.shared_logit, x, rows)
+    }
+
     /// The decode form: every (row, slot) pair reads its expert's weights.
     fn per_assignment(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
         let (spec, sc, kernels) = (
@@ -192,14 +280,15 @@ impl Moe {
             hidden: self.hidden,
         };
         l.launch(kernels.gate_up, "experts", &gate_up)?;
+        let (shared, shared_gate) = self.shared_term();
         let down = MoeGemvDown {
             out: sc.out,
             act: sc.act,
             w: self.experts_down,
             ids: sc.ids,
             weights: sc.weights,
-            shared: DevicePtr::NULL,
-            shared_gate: DevicePtr::NULL,
+            shared,
+            shared_gate,
             rows,
             k,
             experts,
@@ -254,13 +343,14 @@ impl Moe {
             inter,
         };
         l.launch(kernels.gemm_down, "experts", &down)?;
+        let (shared, shared_gate) = self.shared_term();
         let combine = MoeCombine {
             out: sc.out,
             y: sc.y,
             ids: sc.ids,
             weights: sc.weights,
-            shared: DevicePtr::NULL,
-            shared_gate: DevicePtr::NULL,
+            shared,
+            shared_gate,
             rows,
             k,
             experts,
@@ -283,6 +373,7 @@ impl Block for Moe {
         let x = residual.add_norm(l, self.norm, rows)?;
         self.router.run_f32(l, sc.logits, x, rows)?;
         l.launch(kernels.route, "router", &self.route(rows))?;
+        self.run_shared_expert(l, x, rows)?;
         if rows >= l.tuning.moe_grouped_min_rows {
             self.grouped(l, x, rows)?;
         } else {
