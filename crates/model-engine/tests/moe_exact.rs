@@ -8,6 +8,9 @@
 //! (b) The FFN's intermediate dimension sliced into E experts, every token taking all E with
 //!     weight 1 (a zero router: softmax gives 1/E; the routed scaling factor E makes it 1): the
 //!     sum of the slices' down products is the dense down product.
+//! (c) A shared expert (Qwen2-MoE): every routed expert and the shared expert a copy of the FFN,
+//!     one expert a token with its weight scaled by 1/2, and a zero shared gate (sigmoid(0) =
+//!     1/2): `y/2 + y/2` is the FFN's output.
 //!
 //! Both must answer the golden prompt ("What is the capital of France?") with the dense model's
 //! greedy tokens, "The capital of France is Paris." (crates/server/tests/fixtures/
@@ -54,6 +57,9 @@ enum Experts {
     Copies { experts: usize, top_k: usize },
     /// (b): the intermediate dimension in `experts` slices, every token taking all.
     Slices { experts: usize },
+    /// (c): `experts` copies, one a token at weight 1/2, and the FFN again as the shared expert
+    /// behind a zero gate (weight 1/2).
+    HalfShared { experts: usize },
 }
 
 /// The dense GGUF seen as a MoE checkpoint (per-expert layout).
@@ -73,7 +79,9 @@ impl AsMoe {
             Experts::Slices { experts } => {
                 (experts, experts, inter / experts, false, experts as f32)
             }
+            Experts::HalfShared { experts } => (experts, 1, inter, true, 0.5),
         };
+        let shared = matches!(how, Experts::HalfShared { .. }).then_some(inter);
         config.moe = Some(MoeConfig {
             num_experts: experts,
             top_k,
@@ -81,7 +89,7 @@ impl AsMoe {
             norm_topk_prob: norm,
             router: RouterKind::Softmax,
             routed_scaling: scaling,
-            shared_expert_intermediate: None,
+            shared_expert_intermediate: shared,
             sparse_step: 1,
             mlp_only_layers: Vec::new(),
         });
@@ -97,15 +105,27 @@ impl AsMoe {
         Some((layer.parse().ok()?, expert.parse().ok()?, proj.to_string()))
     }
 
-    /// The router's rows for layer `l`: random for (a) (any router must give the dense model),
-    /// zero for (b).
+    /// (layer, projection) of a shared expert tensor's name (`mlp.shared_expert.*`; the gate
+    /// `mlp.shared_expert_gate.weight` as projection `gate`).
+    fn shared_expert(name: &str) -> Option<(usize, String)> {
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let proj = match rest {
+            "mlp.shared_expert_gate.weight" => "gate",
+            _ => rest.strip_prefix("mlp.shared_expert.")?,
+        };
+        Some((layer.parse().ok()?, proj.to_string()))
+    }
+
+    /// The router's rows for layer `l`: random for (a) and (c) (any router must give the dense
+    /// model), zero for (b).
     fn router(&self, l: usize) -> HostTensor {
         let h = self.config.hidden_size;
         let experts = self.config.moe.as_ref().unwrap().num_experts;
         let mut seed = 0x2545_F491_4F6C_DD1Du64 ^ (l as u64 + 1);
         let data = (0..experts * h)
             .map(|_| match self.how {
-                Experts::Copies { .. } => {
+                Experts::Copies { .. } | Experts::HalfShared { .. } => {
                     seed ^= seed << 13;
                     seed ^= seed >> 7;
                     seed ^= seed << 17;
@@ -131,6 +151,14 @@ impl WeightSource for AsMoe {
         {
             return l.parse::<usize>().ok().map(|_| vec![m.num_experts, h]);
         }
+        if let (Some((l, proj)), Some(_)) =
+            (Self::shared_expert(name), m.shared_expert_intermediate)
+        {
+            return match proj.as_str() {
+                "gate" => Some(vec![1, h]),
+                _ => self.dense.shape(&format!("model.layers.{l}.mlp.{proj}")),
+            };
+        }
         match Self::expert(name) {
             Some((_, e, proj)) if e < m.num_experts => match proj.as_str() {
                 "gate_proj.weight" | "up_proj.weight" => Some(vec![m.expert_intermediate, h]),
@@ -150,12 +178,22 @@ impl WeightSource for AsMoe {
         {
             return Ok(self.router(l.parse().expect("a layer index")));
         }
+        if let Some((l, proj)) = Self::shared_expert(name) {
+            return match proj.as_str() {
+                // A zero gate: every token's shared weight is sigmoid(0) = 1/2.
+                "gate" => Ok(HostTensor {
+                    shape: vec![1, self.config.hidden_size],
+                    data: vec![bf16::ZERO; self.config.hidden_size],
+                }),
+                _ => self.dense.load(&format!("model.layers.{l}.mlp.{proj}")),
+            };
+        }
         let Some((l, e, proj)) = Self::expert(name) else {
             return self.dense.load(name);
         };
         let dense = self.dense.load(&format!("model.layers.{l}.mlp.{proj}"))?;
         Ok(match self.how {
-            Experts::Copies { .. } => dense,
+            Experts::Copies { .. } | Experts::HalfShared { .. } => dense,
             Experts::Slices { experts } => {
                 let (rows, cols) = (dense.shape[0], dense.shape[1]);
                 if proj == "down_proj.weight" {
@@ -290,4 +328,27 @@ fn experts_made_from_the_dense_ffn_answer_as_the_dense_model() {
             "{what}: logits moved by {diff:.3e} (relative L2)"
         );
     }
+}
+
+/// (c): the shared expert's half and the routed expert's half give the dense output. The routed
+/// weight is exactly 1/2 (one expert, renormalised to 1, scaled by 1/2) and so is the shared one
+/// (sigmoid(0)); the shared expert's down product is rounded to bf16 before it joins the routed
+/// sum in f32, and `(y + bf16(y)) / 2` lies between `y` and its nearest bf16, so it rounds to that
+/// bf16: where the routed product sums as the dense one (the host references do, on both expert
+/// paths: the 37-token prefill takes the grouped one, the decode steps the per-assignment one),
+/// the logits are the dense model's bit for bit. Without the shared term, or with its gate
+/// ignored, the MLPs would give half or one and a half times the FFN's output.
+#[test]
+fn a_shared_expert_and_routed_halves_answer_as_the_dense_model() {
+    let dense = gguf();
+    let (dense_ids, dense_logits) = greedy(dense.config().unwrap(), &dense, None);
+    assert_eq!(dense_ids, ANSWER, "the dense model's own answer");
+    let moe = AsMoe::new(Experts::HalfShared { experts: 3 });
+    let (ids, logits) = greedy(moe.config.clone(), &moe, None);
+    assert_eq!(ids, ANSWER, "(c) shared expert");
+    assert!(
+        logits == dense_logits,
+        "(c) shared expert: not the dense logits (relative L2 difference {:.3e})",
+        relative_l2(&logits, &dense_logits)
+    );
 }

@@ -402,10 +402,80 @@ fn every_linear_and_attention_path_matches_the_plain_path() {
     assert!(missing.is_empty(), "never launched: {missing:?}");
 }
 
-/// A tiny Qwen3-MoE (16 experts, top 4) on the host: a prompt's last logits computed by one
-/// prefill step (the experts over many rows) and by feeding the prompt one token at a time (the
-/// decode kernels at one row) agree within bf16 rounding, under the plain path, the kernel
-/// tree's defaults and the grouped expert products; layer 1 stays dense (`mlp_only_layers`).
+/// A prompt's last logits on a MoE config with random weights, on the host: by one prefill
+/// step (the experts over many rows), or fed one token a step (the decode kernels at one row).
+fn moe_prompt_logits(
+    c: &ModelConfig,
+    prompt: &[u32],
+    tuning: Tuning,
+    one_by_one: bool,
+) -> Vec<f32> {
+    let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
+    let options = ModelOptions {
+        max_tokens_per_step: 32,
+        max_seqs: 1,
+        max_logit_rows: 1,
+        max_seq_len: 64,
+        num_blocks: 4,
+        block_size: 16,
+    };
+    let source = Random(c.clone());
+    let mut model = Model::load(c.clone(), &source, gpu, options, tuning, &mut |_, _, _| {})
+        .expect("the MoE model loads on the host");
+    let table = BlockTable {
+        blocks: vec![0, 1, 2, 3],
+    };
+    let chunks: Vec<&[u32]> = match one_by_one {
+        true => prompt.chunks(1).collect(),
+        false => vec![prompt],
+    };
+    let mut at = 0u32;
+    let mut logits = Vec::new();
+    for chunk in chunks {
+        let positions: Vec<u32> = (at..at + chunk.len() as u32).collect();
+        logits = model
+            .forward(&StepInput {
+                tokens: chunk,
+                positions: &positions,
+                token_seq: &vec![0; chunk.len()],
+                block_tables: &[&table],
+                logit_rows: &[chunk.len() - 1],
+            })
+            .expect("the step runs");
+        at += chunk.len() as u32;
+    }
+    logits
+}
+
+/// A MoE config's prompt logits agree within bf16 rounding between one prefill step and one
+/// token a step, under the plain path, the kernel tree's defaults and the grouped expert
+/// products.
+fn moe_prefill_and_decode_agree(c: &ModelConfig) {
+    let prompt: Vec<u32> = (0..21)
+        .map(|i| (i * 37 + 11) % c.vocab_size as u32)
+        .collect();
+    let plain = Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER);
+    let want = moe_prompt_logits(c, &prompt, plain.clone(), false);
+    assert!(want.iter().all(|x| x.is_finite()));
+    for (what, tuning, one_by_one) in [
+        ("plain, one token a step", plain, true),
+        ("tree, one prefill step", tuned(&[]), false),
+        ("tree, one token a step", tuned(&[]), true),
+        (
+            "grouped experts, one prefill step",
+            tuned(&["moe_grouped_min_rows=2"]),
+            false,
+        ),
+    ] {
+        let got = moe_prompt_logits(c, &prompt, tuning, one_by_one);
+        let err = relative_error(&[got], std::slice::from_ref(&want));
+        println!("{what}: relative error {err:.3e}");
+        assert!(err < 2e-2, "{what}: {err:.3e}");
+    }
+}
+
+/// A tiny Qwen3-MoE (16 experts, top 4) on the host, prefill against decode; layer 1 stays dense
+/// (`mlp_only_layers`).
 #[test]
 fn a_tiny_qwen3_moe_prefills_and_decodes_alike() {
     let c = metrale_config::from_config_json(
@@ -418,60 +488,30 @@ fn a_tiny_qwen3_moe_prefills_and_decodes_alike() {
             "tie_word_embeddings": false}"#,
     )
     .expect("a valid config");
-    let prompt: Vec<u32> = (0..21).map(|i| (i * 37 + 11) % 320).collect();
-    let run = |tuning: Tuning, one_by_one: bool| -> Vec<f32> {
-        let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
-        let options = ModelOptions {
-            max_tokens_per_step: 32,
-            max_seqs: 1,
-            max_logit_rows: 1,
-            max_seq_len: 64,
-            num_blocks: 4,
-            block_size: 16,
-        };
-        let source = Random(c.clone());
-        let mut model = Model::load(c.clone(), &source, gpu, options, tuning, &mut |_, _, _| {})
-            .expect("the MoE model loads on the host");
-        let table = BlockTable {
-            blocks: vec![0, 1, 2, 3],
-        };
-        let chunks: Vec<&[u32]> = match one_by_one {
-            true => prompt.chunks(1).collect(),
-            false => vec![&prompt],
-        };
-        let mut at = 0u32;
-        let mut logits = Vec::new();
-        for chunk in chunks {
-            let positions: Vec<u32> = (at..at + chunk.len() as u32).collect();
-            logits = model
-                .forward(&StepInput {
-                    tokens: chunk,
-                    positions: &positions,
-                    token_seq: &vec![0; chunk.len()],
-                    block_tables: &[&table],
-                    logit_rows: &[chunk.len() - 1],
-                })
-                .expect("the step runs");
-            at += chunk.len() as u32;
-        }
-        logits
-    };
-    let plain = Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER);
-    let want = run(plain.clone(), false);
-    assert!(want.iter().all(|x| x.is_finite()));
-    for (what, tuning, one_by_one) in [
-        ("plain, one token a step", plain, true),
-        ("tree, one prefill step", tuned(&[]), false),
-        ("tree, one token a step", tuned(&[]), true),
-        (
-            "grouped experts, one prefill step",
-            tuned(&["moe_grouped_min_rows=2"]),
-            false,
-        ),
-    ] {
-        let got = run(tuning, one_by_one);
-        let err = relative_error(&[got], std::slice::from_ref(&want));
-        println!("{what}: relative error {err:.3e}");
-        assert!(err < 2e-2, "{what}: {err:.3e}");
-    }
+    moe_prefill_and_decode_agree(&c);
+}
+
+/// A tiny Qwen2-MoE (12 experts, top 4, not renormalised; a shared expert behind its sigmoid
+/// gate; q, k, v biases) on the host, prefill against decode; `decoder_sparse_step` 2 leaves
+/// layers 0 and 2 dense.
+#[test]
+fn a_tiny_qwen2_moe_with_a_shared_expert_prefills_and_decodes_alike() {
+    let c = metrale_config::from_config_json(
+        r#"{"model_type": "qwen2_moe", "hidden_size": 256, "intermediate_size": 384,
+            "moe_intermediate_size": 64, "shared_expert_intermediate_size": 160,
+            "num_experts": 12, "num_experts_per_tok": 4, "decoder_sparse_step": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 4, "vocab_size": 320, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 256,
+            "tie_word_embeddings": false}"#,
+    )
+    .expect("a valid config");
+    let m = c.moe.as_ref().expect("a MoE config");
+    assert!(c.attention_bias && !m.norm_topk_prob);
+    assert_eq!(m.shared_expert_intermediate, Some(160));
+    assert_eq!(
+        (0..4).map(|l| m.is_sparse(l)).collect::<Vec<_>>(),
+        [false, true, false, true]
+    );
+    moe_prefill_and_decode_agree(&c);
 }
