@@ -157,6 +157,41 @@ MODELS = {
         "use_sliding_window": False,
         "vocab_size": 151936,
     },
+    # Qwen1.5-MoE-A2.7B's public config.json (qwen2_moe: 60 experts, top 4 not renormalised,
+    # expert width 1408, a shared expert of width 5632 behind its sigmoid gate, hidden 2048, 16/16
+    # heads of 128 with q/k/v biases), 4 of its 24 layers.
+    "qwen1.5-moe-a2.7b-4l": {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 151643,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 5632,
+        "max_position_embeddings": 8192,
+        "max_window_layers": 4,
+        "model_type": "qwen2_moe",
+        "moe_intermediate_size": 1408,
+        "norm_topk_prob": False,
+        "num_attention_heads": 16,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 16,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": 5632,
+        "sliding_window": 32768,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
     # SmolLM2-135M's widths (hidden 576, 9 query / 3 kv heads of 64, intermediate 1536, 30 layers,
     # tied embeddings, its eps and theta) with the Qwen3 tokenizer's vocabulary, so that the Qwen3
     # tokenizer the GPU machine is given fits it: the shapes the real GGUF runs on CUDA (k = 576,
@@ -196,6 +231,8 @@ TOKENIZER_FAMILY = {
     "llama-3.1-8b": "llama3",
     "smollm2-widths": "qwen3",
     "qwen3-30b-a3b-4l": "qwen3",
+    # Qwen1.5's tokenizer is Qwen2's: the same 151,936-entry vocabulary as Qwen3's.
+    "qwen1.5-moe-a2.7b-4l": "qwen3",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

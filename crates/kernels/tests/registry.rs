@@ -119,5 +119,14 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("qwen3", 4096)).unwrap().target.path(),
         "hopper/qwen3/bf16"
     );
+    // The MoE families land on their dense family's leaf (Qwen1.5-MoE-A2.7B, Qwen3-30B-A3B).
+    assert_eq!(
+        pick(TARGETS, &q("qwen2_moe", 2048)).unwrap().target.path(),
+        "hopper/qwen2/bf16"
+    );
+    assert_eq!(
+        pick(TARGETS, &q("qwen3_moe", 2048)).unwrap().target.path(),
+        "hopper/qwen3/bf16"
+    );
     assert!(pick(TARGETS, &q("mamba", 768)).is_err());
 }
