@@ -75,8 +75,22 @@ fn unsupported(key: &str, value: &Value, why: &'static str) -> ConfigError {
     }
 }
 
+/// RoPE's base: `rope_theta`, or transformers 5's `rope_parameters.rope_theta`.
+fn rope_theta(obj: &Map<String, Value>) -> Result<f32, ConfigError> {
+    match obj.get("rope_parameters").and_then(Value::as_object) {
+        Some(p) if !obj.contains_key("rope_theta") => f32_of(p, "rope_theta", 10000.0),
+        _ => f32_of(obj, "rope_theta", 10000.0),
+    }
+}
+
 fn rope_scaling(obj: &Map<String, Value>) -> Result<RopeScaling, ConfigError> {
-    let Some(v) = obj.get("rope_scaling").filter(|v| !v.is_null()) else {
+    // transformers 5 writes `rope_parameters` (the scaling's keys beside rope_theta) in place of
+    // `rope_scaling`.
+    let Some(v) = obj
+        .get("rope_scaling")
+        .filter(|v| !v.is_null())
+        .or_else(|| obj.get("rope_parameters").filter(|v| !v.is_null()))
+    else {
         return Ok(RopeScaling::None);
     };
     let Some(s) = v.as_object() else {
@@ -133,7 +147,11 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         }
     };
     Ok(Some(MoeConfig {
-        num_experts: usize_of(obj, "num_experts")?,
+        // transformers 5 writes `num_local_experts`.
+        num_experts: match opt_usize(obj, "num_local_experts")? {
+            Some(n) if !obj.contains_key("num_experts") => n,
+            _ => usize_of(obj, "num_experts")?,
+        },
         top_k: usize_of(obj, "num_experts_per_tok")?,
         expert_intermediate: usize_of(obj, "moe_intermediate_size")?,
         // transformers' defaults: Qwen3-MoE renormalises, Qwen2-MoE does not.
@@ -221,7 +239,7 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         vocab_size: usize_of(obj, "vocab_size")?,
         max_position_embeddings: opt_usize(obj, "max_position_embeddings")?.unwrap_or(4096),
         rms_norm_eps: f32_of(obj, "rms_norm_eps", 1e-6)?,
-        rope_theta: f32_of(obj, "rope_theta", 10000.0)?,
+        rope_theta: rope_theta(obj)?,
         rope_scaling: rope_scaling(obj)?,
         tie_word_embeddings: bool_of(obj, "tie_word_embeddings", false)?,
         attention_bias: family.qkv_bias() || bool_of(obj, "attention_bias", false)?,
@@ -376,6 +394,26 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("num_experts_per_tok"), "{err}");
+    }
+
+    #[test]
+    fn transformers_5_names_read_as_the_hubs() {
+        let text = QWEN3_30B_A3B
+            .replace("\"num_experts\":128", "\"num_local_experts\":128")
+            .replace(
+                "\"rope_theta\":1000000.0,",
+                "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"},",
+            );
+        let c = from_config_json(&text).unwrap();
+        assert_eq!(c, from_config_json(QWEN3_30B_A3B).unwrap());
+        let llama3 = LLAMA31_8B.replace(
+            "\"rope_theta\":500000.0,\"rope_scaling\":{",
+            "\"rope_parameters\":{\"rope_theta\":500000.0,",
+        );
+        assert_eq!(
+            from_config_json(&llama3).unwrap(),
+            from_config_json(LLAMA31_8B).unwrap()
+        );
     }
 
     #[test]

@@ -118,6 +118,12 @@ impl LayerPlan {
     ///
     /// A layer kind the engine has no block for is refused here, before any weight loads.
     pub fn from_config(c: &ModelConfig) -> Result<LayerPlan, crate::ModelError> {
+        if !matches!(c.head_dim, 64 | 128 | 256) {
+            return Err(crate::ModelError::Unsupported(format!(
+                "head_dim {}: the attention kernels take 64, 128 or 256",
+                c.head_dim
+            )));
+        }
         let norm = NormKind::Rms {
             eps: c.rms_norm_eps,
         };

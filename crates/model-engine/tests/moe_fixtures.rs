@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Tiny random MoE checkpoints saved by `transformers` (qwen3_moe with a dense layer; qwen2_moe
+//! with its shared expert and qkv bias), and transformers' greedy transcripts of them in float32
+//! (tests/fixtures/, made by scripts/gpu/tiny_moe_fixtures.py on the GPU machine). The engine on
+//! the host backend, fed the same tokens, must pick the same next token at every step whose top-2
+//! margin is not within bf16 rounding, and its logits must stay within bf16 rounding of the f32
+//! reference.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use metrale_cache::BlockTable;
+use metrale_gpu_runtime::{GpuBackend, HostBackend};
+use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning};
+use metrale_model_weights::SafetensorsCheckpoint;
+
+/// A step's reference: transformers' greedy choice, its top-2 margin and the logits.
+struct Step {
+    id: u32,
+    margin: f32,
+    logits: Vec<f32>,
+}
+
+fn fixture(name: &str) -> (PathBuf, Vec<u32>, Vec<Step>) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let text = std::fs::read_to_string(dir.join("transcript.json")).expect("the transcript");
+    let t: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let steps = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| Step {
+            id: s["id"].as_u64().unwrap() as u32,
+            margin: s["margin"].as_f64().unwrap() as f32,
+            logits: s["logits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect(),
+        })
+        .collect();
+    (dir, ids(&t["prompt_ids"]), steps)
+}
+
+/// (argmax, relative L2 error against the reference) of every teacher-forced step.
+fn run(name: &str, tuning: Tuning) -> Vec<(u32, f32)> {
+    let (dir, prompt, steps) = fixture(name);
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = metrale_config::from_config_json(&text).expect("the fixture's config");
+    let source = SafetensorsCheckpoint::open(&dir).expect("the fixture's weights");
+    let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
+    let options = ModelOptions {
+        max_tokens_per_step: prompt.len(),
+        max_seqs: 1,
+        max_logit_rows: 1,
+        max_seq_len: 64,
+        num_blocks: 4,
+        block_size: 16,
+    };
+    let mut model = Model::load(config, &source, gpu, options, tuning, &mut |_, _, _| {})
+        .expect("the fixture loads");
+    let table = BlockTable {
+        blocks: vec![0, 1, 2, 3],
+    };
+    let mut tokens = prompt.clone();
+    let mut at = 0u32;
+    let mut out = Vec::new();
+    for step in &steps {
+        let positions: Vec<u32> = (at..at + tokens.len() as u32).collect();
+        let logits = model
+            .forward(&StepInput {
+                tokens: &tokens,
+                positions: &positions,
+                token_seq: &vec![0; tokens.len()],
+                block_tables: &[&table],
+                logit_rows: &[tokens.len() - 1],
+            })
+            .expect("the step runs");
+        let argmax = (0..logits.len())
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+            .unwrap() as u32;
+        let d: f32 = logits
+            .iter()
+            .zip(&step.logits)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum();
+        let n: f32 = step.logits.iter().map(|b| b * b).sum();
+        out.push((argmax, (d / n).sqrt()));
+        at += tokens.len() as u32;
+        tokens = vec![step.id];
+    }
+    out
+}
+
+fn check(name: &str) {
+    let (_, _, steps) = fixture(name);
+    for (what, tuning) in [
+        ("the kernel tree's tuning", Tuning::hopper().unwrap()),
+        (
+            "the plain path",
+            Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER),
+        ),
+        ("the grouped experts", {
+            let mut t = Tuning::hopper().unwrap();
+            t.set("moe_grouped_min_rows", "2").unwrap();
+            t
+        }),
+    ] {
+        let got = run(name, tuning);
+        let worst = got.iter().map(|&(_, e)| e).fold(0f32, f32::max);
+        println!("{name}, {what}: worst relative L2 {worst:.3e}");
+        for (i, ((id, err), want)) in got.iter().zip(&steps).enumerate() {
+            // bf16 activations move these logits by about 1e-2 of their size: a margin under
+            // that is a tie at this precision.
+            let spread = want.logits.iter().fold(0f32, |m, x| m.max(x.abs()));
+            if want.margin > 2e-2 * spread {
+                assert_eq!(
+                    *id, want.id,
+                    "{name}, {what}: step {i} (margin {})",
+                    want.margin
+                );
+            }
+            assert!(
+                *err < 2e-2,
+                "{name}, {what}: step {i} relative L2 {err:.3e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_tiny_qwen3_moe_follows_transformers() {
+    check("tiny-qwen3-moe");
+}
+
+#[test]
+fn a_tiny_qwen2_moe_with_its_shared_expert_follows_transformers() {
+    check("tiny-qwen2-moe");
+}
