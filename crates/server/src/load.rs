@@ -123,14 +123,19 @@ pub fn resolve_hf_id(id: &str) -> anyhow::Result<PathBuf> {
 pub const DEFAULT_MODEL: &str = ".cache/test-data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Where the default model is: under the current directory, else under the repository the
-/// binary was built in (`exe` is `<repo>/target/<profile>/met`). The error names both places and
-/// the command that fetches it.
+/// binary was built in, when `exe` is `<repo>/target/<profile>/met` (a binary copied elsewhere
+/// has no repository to look in). The error names the places looked in and the command that
+/// fetches it.
 pub fn default_model(cwd: &Path, exe: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let repo = exe.and_then(|e| e.parent()?.parent()?.parent());
-    let candidates: Vec<PathBuf> = std::iter::once(cwd)
+    let repo = exe.and_then(|e| {
+        let target = e.parent()?.parent()?;
+        (target.file_name()? == "target").then_some(target.parent()?)
+    });
+    let mut candidates: Vec<PathBuf> = std::iter::once(cwd)
         .chain(repo)
         .map(|root| root.join(DEFAULT_MODEL))
         .collect();
+    candidates.dedup();
     match candidates.iter().find(|p| p.is_file()) {
         Some(found) => Ok(found.clone()),
         None => bail!(
@@ -320,6 +325,15 @@ mod tests {
             default_model(&elsewhere, Some(&exe)).unwrap(),
             elsewhere.join(DEFAULT_MODEL)
         );
+        // A binary outside a `target/` folder has no repository: only the current directory.
+        let copied = root.join("bin/met");
+        let cwd = repo.join("crates");
+        let err = default_model(&cwd, Some(&copied)).unwrap_err().to_string();
+        assert!(
+            err.contains(&cwd.join(DEFAULT_MODEL).display().to_string()),
+            "{err}"
+        );
+        assert_eq!(err.matches(DEFAULT_MODEL).count(), 1, "{err}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
