@@ -6,7 +6,7 @@ must parse and follow its schema. So these tests sample many seeds and check eve
 `response_format` json_schema / json_object, vLLM's `guided_regex` / `guided_choice` /
 `guided_grammar` / `structured_outputs`, and `tool_choice` required / named (OpenAI) and
 any / tool (Anthropic) on the default `--tool-grammar auto`, which writes calls in the llama3_json
-format of SmolLM2's MODEL.toml. Greedy answers must be the same streamed and not. Schemas are
+format of SmolLM2's preset. Greedy answers must be the same streamed and not. Schemas are
 small (short strings, few items) so that every answer fits a modest max_tokens; answers are
 checked with the small validator below (the JSON-schema subset these schemas use).
 """

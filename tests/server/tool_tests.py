@@ -3,11 +3,11 @@
 
 SmolLM2-135M does not call tools or think by itself, but it copies a pattern: a few-shot history
 whose assistant turns are `{"name": "get_weather", "parameters": {...}}` (the llama3_json wire
-format, which the llama MODEL.toml names) or `<think>...</think>answer` makes its greedy answer
+format, the llama family's preset) or `<think>...</think>answer` makes its greedy answer
 follow suit. That exercises the server's parsers on a real model's output; the exact parsing
 rules are tested on scripted outputs in the Rust unit tests (crates/server/src/serve/reply/).
 
-The reasoning tests need the `<think>` parser on, which SmolLM2's MODEL.toml does not turn on:
+The reasoning tests need the `<think>` parser on, which SmolLM2's preset does not turn on:
 they start a second server (`--reasoning-parser think --tool-max-tokens 5`) with the same met and
 model, and stop it when the suite ends.
 """
