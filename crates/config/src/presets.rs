@@ -41,11 +41,12 @@ pub struct ModelPresets {
     pub behavior: ModelBehavior,
 }
 
-/// The presets of `family` (a MoE family takes its dense family's).
+/// The presets of `family` (a MoE family takes its dense family's). The match names every family,
+/// so a new one gets its presets by decision, not by falling into another's.
 pub fn presets(family: ModelFamily) -> ModelPresets {
-    match family.dense() {
+    match family {
         // Qwen3's generation_config.json (thinking mode).
-        ModelFamily::Qwen3 => ModelPresets {
+        ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => ModelPresets {
             sampling: SamplingPresets {
                 temperature: Some(0.6),
                 top_p: Some(0.95),
@@ -59,7 +60,7 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
             },
         },
         // Qwen2.5-Instruct's generation_config.json.
-        ModelFamily::Qwen2 => ModelPresets {
+        ModelFamily::Qwen2 | ModelFamily::Qwen2Moe => ModelPresets {
             sampling: SamplingPresets {
                 temperature: Some(0.7),
                 top_p: Some(0.8),
@@ -73,7 +74,7 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
             },
         },
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.
-        _ => ModelPresets {
+        ModelFamily::Llama => ModelPresets {
             sampling: SamplingPresets::default(),
             behavior: ModelBehavior {
                 tool_call_parser: Some("llama3_json"),
