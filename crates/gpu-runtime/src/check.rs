@@ -12,6 +12,9 @@
 //! Shapes include the awkward ones: one row, widths that are not a multiple of the block size,
 //! out-of-range token ids and positions.
 
+use std::cell::LazyCell;
+use std::rc::Rc;
+
 use half::bf16;
 use metrale_core::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 use metrale_kernels::ops::*;
@@ -43,17 +46,22 @@ pub const PAGED_ATTENTION_PARTIALS_ATOL_OF_RMS: f32 = 1.0 / 512.0;
 pub const BF16_REL_L2: f32 = 1e-2;
 
 /// A deterministic generator (SplitMix64), so a failing seed can be replayed.
+///
+/// Its state is a counter that each draw moves by [`Rng::GAMMA`] before mixing, so
+/// [`skip`](Rng::skip) passes any number of draws at once.
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
 
 impl Rng {
+    /// What each draw adds to the state.
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
     /// A generator from a seed.
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(Self::GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -73,6 +81,11 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
     }
+    /// Passes `draws` draws of [`next_u64`](Rng::next_u64) in O(1): the state afterwards is the
+    /// one those draws would have left.
+    pub fn skip(&mut self, draws: u64) {
+        self.0 = self.0.wrapping_add(draws.wrapping_mul(Self::GAMMA));
+    }
 }
 
 /// How to read an output buffer.
@@ -87,16 +100,52 @@ pub enum OutputKind {
 }
 
 /// One buffer of a case: its initial bytes, and whether (and how) it is compared afterwards.
+#[derive(Clone)]
 struct Buffer {
-    init: Vec<u8>,
+    init: Init,
     output: Option<OutputKind>,
 }
 
-fn bf16_normal(rng: &mut Rng, n: usize, scale: f32) -> Vec<u8> {
-    let v: Vec<bf16> = (0..n)
-        .map(|_| bf16::from_f32(rng.normal() * scale))
-        .collect();
-    bytemuck::cast_slice(&v).to_vec()
+/// A buffer's initial bytes, made on first read and kept (clones share them).
+///
+/// Bulk random fills ([`bf16_normal`]) are the cost of building the cases (about 2.8 GB at
+/// [`Rng::normal`]'s pace), and most callers want a few cases: a fill records where its draws
+/// start and moves the generator past them without drawing, so a case dropped unread costs
+/// nothing and every later draw is the one a full, eager build would make.
+#[derive(Clone)]
+struct Init(Rc<Lazy<Vec<u8>>>);
+
+/// A value made on first read.
+type Lazy<T> = LazyCell<T, Box<dyn FnOnce() -> T>>;
+
+impl Init {
+    fn new(make: impl FnOnce() -> Vec<u8> + 'static) -> Self {
+        Init(Rc::new(LazyCell::new(Box::new(make))))
+    }
+    /// The bytes, drawn now if this is a fill not read before.
+    fn bytes(&self) -> &[u8] {
+        LazyCell::force(&*self.0).as_slice()
+    }
+}
+
+impl From<Vec<u8>> for Init {
+    fn from(bytes: Vec<u8>) -> Self {
+        Init::new(move || bytes)
+    }
+}
+
+/// `n` bf16 values of N(0, scale²), drawn from `rng` on first read: the generator moves past
+/// their draws now (two a value, [`Rng::normal`]'s Box-Muller pair), so nothing drawn later may
+/// depend on them.
+fn bf16_normal(rng: &mut Rng, n: usize, scale: f32) -> Init {
+    let mut from = rng.clone();
+    rng.skip(2 * n as u64);
+    Init::new(move || {
+        let v: Vec<bf16> = (0..n)
+            .map(|_| bf16::from_f32(from.normal() * scale))
+            .collect();
+        bytemuck::cast_slice(&v).to_vec()
+    })
 }
 
 /// Little-endian bf16 bytes as f32 values.
@@ -164,10 +213,24 @@ pub struct Case {
 /// probabilities that may round to bf16 the other way
 /// ([`metrale_kernels::ops::PrefillRow::allowance`]), the decode attention's f16 probabilities
 /// and queries that may round the other way
-/// ([`metrale_kernels::ops::PagedAttention::allowance`]).
+/// ([`metrale_kernels::ops::PagedAttention::allowance`]). Worked out from the case's inputs by
+/// the kernel's host model on first read, like the inputs themselves ([`Init`]).
 struct Allowance {
     buffer: usize,
-    extra: Vec<f32>,
+    extra: Lazy<Vec<f32>>,
+}
+
+impl Allowance {
+    fn new(buffer: usize, extra: impl FnOnce() -> Vec<f32> + 'static) -> Self {
+        Allowance {
+            buffer,
+            extra: LazyCell::new(Box::new(extra)),
+        }
+    }
+    /// The extra tolerance per element, worked out now if not read before.
+    fn extra(&self) -> &[f32] {
+        LazyCell::force(&self.extra).as_slice()
+    }
 }
 
 /// Runs `bound` on host memory holding `buffers`' initial contents, with the kernel arguments
@@ -182,10 +245,11 @@ fn host_allowance<K>(
     let ptrs: Vec<DevicePtr> = buffers
         .iter()
         .map(|b| {
-            let p = pool.alloc(b.init.len()).expect("unbounded host pool");
-            pool.bytes_mut(p, b.init.len())
+            let init = b.init.bytes();
+            let p = pool.alloc(init.len()).expect("unbounded host pool");
+            pool.bytes_mut(p, init.len())
                 .expect("just allocated")
-                .copy_from_slice(&b.init);
+                .copy_from_slice(init);
             p
         })
         .collect();
@@ -275,7 +339,7 @@ fn product_case(
         shape: format!("m={m} n={n} k={k} bias={bias}{via}"),
         buffers: vec![
             Buffer {
-                init: vec![0; (m * n) as usize * if f32_out { 4 } else { 2 }],
+                init: vec![0; (m * n) as usize * if f32_out { 4 } else { 2 }].into(),
                 output: Some(if f32_out {
                     OutputKind::F32
                 } else {
@@ -357,7 +421,7 @@ fn gemv_swiglu_case(rng: &mut Rng, m: u32, inter: u32, k: u32) -> Case {
         shape: format!("m={m} inter={inter} k={k}"),
         buffers: vec![
             Buffer {
-                init: vec![0; (m * inter) as usize * 2],
+                init: vec![0; (m * inter) as usize * 2].into(),
                 output: Some(OutputKind::Bf16),
             },
             Buffer {
@@ -479,15 +543,15 @@ fn gemv_norm_cases_of(
             shape: format!("m={m} n={n} k={k} bias={bias} input={input} stage={stage}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0; out_elems * 2],
+                    init: vec![0; out_elems * 2].into(),
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
-                    init: f32_bytes(&residual),
+                    init: f32_bytes(&residual).into(),
                     output: Some(OutputKind::F32),
                 },
                 Buffer {
-                    init: vec![0xAB; rows * 4],
+                    init: vec![0xAB; rows * 4].into(),
                     output: Some(OutputKind::F32),
                 },
                 Buffer {
@@ -495,7 +559,7 @@ fn gemv_norm_cases_of(
                     output: None,
                 },
                 Buffer {
-                    init: norm_weight(rng, k as usize),
+                    init: norm_weight(rng, k as usize).into(),
                     output: None,
                 },
                 Buffer {
@@ -586,7 +650,7 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
             ),
             buffers: vec![
                 Buffer {
-                    init: vec![0; t * q_heads as usize * d * 2],
+                    init: vec![0; t * q_heads as usize * d * 2].into(),
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
@@ -602,27 +666,27 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
                     output: None,
                 },
                 Buffer {
-                    init: norm_weight(rng, d),
+                    init: norm_weight(rng, d).into(),
                     output: None,
                 },
                 Buffer {
-                    init: norm_weight(rng, d),
+                    init: norm_weight(rng, d).into(),
                     output: None,
                 },
                 Buffer {
-                    init: i32_bytes(&positions),
+                    init: i32_bytes(&positions).into(),
                     output: None,
                 },
                 Buffer {
-                    init: i32_bytes(&slots),
+                    init: i32_bytes(&slots).into(),
                     output: None,
                 },
                 Buffer {
-                    init: f32_bytes(&cos),
+                    init: f32_bytes(&cos).into(),
                     output: None,
                 },
                 Buffer {
-                    init: f32_bytes(&sin),
+                    init: f32_bytes(&sin).into(),
                     output: None,
                 },
             ],
@@ -722,7 +786,7 @@ fn paged_attention_qkv_cases_of(
         let (cos, sin) = rope_tables(max_position, d);
         let cache_len = num_blocks * block_size as usize * row;
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let buffer = |init: Vec<u8>, output: Option<OutputKind>| Buffer { init, output };
+        let buffer = |init: Init, output: Option<OutputKind>| Buffer { init, output };
         let make = move |p: &[DevicePtr]| {
             let norm = |ptr: DevicePtr| if norms { ptr } else { DevicePtr::NULL };
             PagedAttentionQkv {
@@ -754,30 +818,33 @@ fn paged_attention_qkv_cases_of(
             }
         };
         let buffers = vec![
-            buffer(vec![0; q_len * 2], Some(OutputKind::Bf16)),
+            buffer(vec![0; q_len * 2].into(), Some(OutputKind::Bf16)),
             buffer(
-                vec![0; partials * 4],
+                vec![0; partials * 4].into(),
                 (splits > 1).then_some(OutputKind::F32),
             ),
-            buffer(vec![0; seqs * kv_heads as usize * 4], Some(OutputKind::I32)),
+            buffer(
+                vec![0; seqs * kv_heads as usize * 4].into(),
+                Some(OutputKind::I32),
+            ),
             buffer(bf16_normal(rng, seqs * heads * d, 2.0), None),
             buffer(bf16_normal(rng, cache_len, 1.0), Some(OutputKind::Bf16)),
             buffer(bf16_normal(rng, cache_len, 1.0), Some(OutputKind::Bf16)),
-            buffer(i32_bytes(&tables), None),
-            buffer(i32_bytes(&token_seq), None),
-            buffer(i32_bytes(&positions), None),
-            buffer(i32_bytes(&slots), None),
-            buffer(norm_weight(rng, d), None),
-            buffer(norm_weight(rng, d), None),
-            buffer(f32_bytes(&cos), None),
-            buffer(f32_bytes(&sin), None),
+            buffer(i32_bytes(&tables).into(), None),
+            buffer(i32_bytes(&token_seq).into(), None),
+            buffer(i32_bytes(&positions).into(), None),
+            buffer(i32_bytes(&slots).into(), None),
+            buffer(norm_weight(rng, d).into(), None),
+            buffer(norm_weight(rng, d).into(), None),
+            buffer(f32_bytes(&cos).into(), None),
+            buffer(f32_bytes(&sin).into(), None),
         ];
         // The f16 probabilities' and the bf16 queries' and newest keys' freedom in the partials,
         // or with one split in the output.
-        let allowance = Some(Allowance {
-            buffer: if splits > 1 { 1 } else { 0 },
-            extra: host_allowance(&buffers, make, |k, mem| k.allowance(mem)),
-        });
+        let inputs = buffers.clone();
+        let allowance = Some(Allowance::new(if splits > 1 { 1 } else { 0 }, move || {
+            host_allowance(&inputs, make, |k, mem| k.allowance(mem))
+        }));
         let (kernel, form) = PagedAttentionQkv::form(wide);
         out.push(Case {
             kernel,
@@ -816,7 +883,7 @@ fn embedding_cases(rng: &mut Rng, kernel: KernelName, shapes: &[(u32, u32, u32)]
             shape: format!("tokens={tokens} hidden={hidden} vocab={vocab}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0xAB; (tokens * hidden * 4) as usize],
+                    init: vec![0xAB; (tokens * hidden * 4) as usize].into(),
                     output: Some(OutputKind::F32),
                 },
                 Buffer {
@@ -824,7 +891,7 @@ fn embedding_cases(rng: &mut Rng, kernel: KernelName, shapes: &[(u32, u32, u32)]
                     output: None,
                 },
                 Buffer {
-                    init: i32_bytes(&ids),
+                    init: i32_bytes(&ids).into(),
                     output: None,
                 },
             ],
@@ -843,7 +910,8 @@ fn embedding_cases(rng: &mut Rng, kernel: KernelName, shapes: &[(u32, u32, u32)]
     out
 }
 
-/// Every case, with inputs drawn from `seed`.
+/// Every case, with inputs drawn from `seed`. Bulk inputs are drawn when a case is first run
+/// (see `Init`), so picking a few cases out of the list costs little more than building them.
 pub fn cases(seed: u64) -> Vec<Case> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
@@ -863,7 +931,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             shape: format!("rows={rows} cols={cols}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0; n * 2],
+                    init: vec![0; n * 2].into(),
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
@@ -895,11 +963,11 @@ pub fn cases(seed: u64) -> Vec<Case> {
                 shape: format!("rows={rows} cols={cols} input={with_input}"),
                 buffers: vec![
                     Buffer {
-                        init: vec![0; n * 2],
+                        init: vec![0; n * 2].into(),
                         output: Some(OutputKind::Bf16),
                     },
                     Buffer {
-                        init: f32_bytes(&residual),
+                        init: f32_bytes(&residual).into(),
                         output: Some(OutputKind::F32),
                     },
                     Buffer {
@@ -961,15 +1029,15 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
-                    init: i32_bytes(&positions),
+                    init: i32_bytes(&positions).into(),
                     output: None,
                 },
                 Buffer {
-                    init: f32_bytes(&cos),
+                    init: f32_bytes(&cos).into(),
                     output: None,
                 },
                 Buffer {
-                    init: f32_bytes(&sin),
+                    init: f32_bytes(&sin).into(),
                     output: None,
                 },
             ],
@@ -997,7 +1065,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             shape: format!("tokens={tokens} inter={inter}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0; (tokens * inter * 2) as usize],
+                    init: vec![0; (tokens * inter * 2) as usize].into(),
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
@@ -1024,7 +1092,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
             shape: format!("n={n}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0; n as usize * 2],
+                    init: vec![0; n as usize * 2].into(),
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
@@ -1148,7 +1216,6 @@ pub fn cases(seed: u64) -> Vec<Case> {
         let q_len = tokens as usize * (q_heads * head_dim) as usize;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let q = bf16_normal(&mut rng, q_len, 1.0);
-        let q_f32 = bf16_values(&q);
         let k_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
         let v_cache = bf16_normal(&mut rng, num_blocks * block_size as usize * row, 1.0);
         // Once whole, once split in 16-key pieces (one key tile), once in 100-key pieces (tiles
@@ -1188,15 +1255,15 @@ pub fn cases(seed: u64) -> Vec<Case> {
             };
             let buffers = vec![
                 Buffer {
-                    init: vec![0; q_len * 2],
+                    init: vec![0; q_len * 2].into(),
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
-                    init: vec![0; partials * 4],
+                    init: vec![0; partials * 4].into(),
                     output: (splits > 1).then_some(OutputKind::F32),
                 },
                 Buffer {
-                    init: vec![0; (tokens * kv_heads) as usize * 4],
+                    init: vec![0; (tokens * kv_heads) as usize * 4].into(),
                     output: Some(OutputKind::I32),
                 },
                 Buffer {
@@ -1212,24 +1279,27 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     output: None,
                 },
                 Buffer {
-                    init: i32_bytes(&tables),
+                    init: i32_bytes(&tables).into(),
                     output: None,
                 },
                 Buffer {
-                    init: i32_bytes(&token_seq),
+                    init: i32_bytes(&token_seq).into(),
                     output: None,
                 },
                 Buffer {
-                    init: i32_bytes(&positions),
+                    init: i32_bytes(&positions).into(),
                     output: None,
                 },
             ];
             // The f16 probabilities' freedom in the partials (the queries are an input).
-            let allowance = (splits > 1).then(|| Allowance {
-                buffer: 1,
-                extra: host_allowance(&buffers, make, |k, mem| {
-                    k.allowance(&q_f32, &vec![0.0; q_f32.len()], &[], mem)
-                }),
+            let inputs = buffers.clone();
+            let allowance = (splits > 1).then(|| {
+                Allowance::new(1, move || {
+                    let q = bf16_values(inputs[3].init.bytes());
+                    host_allowance(&inputs, make, |k, mem| {
+                        k.allowance(&q, &vec![0.0; q.len()], &[], mem)
+                    })
+                })
             });
             out.push(Case {
                 kernel: PagedAttention::NAME,
@@ -1307,11 +1377,6 @@ pub fn cases(seed: u64) -> Vec<Case> {
             variants.push((PrefillAttentionV3::NAME, v1_tiles));
         }
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let (q_f32, k_bf16, v_bf16): (Vec<f32>, Vec<bf16>, Vec<bf16>) = (
-            bf16_values(&q),
-            bytemuck::pod_collect_to_vec(&k_cache),
-            bytemuck::pod_collect_to_vec(&v_cache),
-        );
         for (kernel, tiles) in variants {
             let num_tiles = tiles.len() as u32;
             let max = tiles.iter().map(|t| t[3]).max().unwrap_or(0);
@@ -1337,50 +1402,57 @@ pub fn cases(seed: u64) -> Vec<Case> {
             } else {
                 PrefillAttention::KEY_TILE
             };
-            let mut allowance = vec![0f32; (tokens + 64) * width];
-            for row in
-                prefill_attention_rows(&args, key_tile, &tiles, &q_f32, &tables, &k_bf16, &v_bf16)
-            {
-                allowance[row.token * width..][..width].copy_from_slice(&row.allowance);
-            }
             let shape = format!(
                 "runs={runs:?} tiles={num_tiles} (<={max} tokens) heads={q_heads}/{kv_heads} \
                  d={head_dim}"
             );
+            let buffers = vec![
+                Buffer {
+                    init: vec![0; (tokens + 64) * width * 2].into(),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: q.clone(),
+                    output: None,
+                },
+                Buffer {
+                    init: k_cache.clone(),
+                    output: None,
+                },
+                Buffer {
+                    init: v_cache.clone(),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&tables).into(),
+                    output: None,
+                },
+                Buffer {
+                    init: i32_bytes(&tiles.concat()).into(),
+                    output: None,
+                },
+            ];
+            let (inputs, tables) = (buffers.clone(), tables.clone());
+            let allowance = Allowance::new(0, move || {
+                let q = bf16_values(inputs[1].init.bytes());
+                let (k_cache, v_cache): (Vec<bf16>, Vec<bf16>) = (
+                    bytemuck::pod_collect_to_vec(inputs[2].init.bytes()),
+                    bytemuck::pod_collect_to_vec(inputs[3].init.bytes()),
+                );
+                let mut extra = vec![0f32; (tokens + 64) * width];
+                for row in
+                    prefill_attention_rows(&args, key_tile, &tiles, &q, &tables, &k_cache, &v_cache)
+                {
+                    extra[row.token * width..][..width].copy_from_slice(&row.allowance);
+                }
+                extra
+            });
             out.push(Case {
                 kernel,
                 gemm: None,
-                allowance: Some(Allowance {
-                    buffer: 0,
-                    extra: allowance,
-                }),
+                allowance: Some(allowance),
                 shape,
-                buffers: vec![
-                    Buffer {
-                        init: vec![0; (tokens + 64) * width * 2],
-                        output: Some(OutputKind::Bf16),
-                    },
-                    Buffer {
-                        init: q.clone(),
-                        output: None,
-                    },
-                    Buffer {
-                        init: k_cache.clone(),
-                        output: None,
-                    },
-                    Buffer {
-                        init: v_cache.clone(),
-                        output: None,
-                    },
-                    Buffer {
-                        init: i32_bytes(&tables),
-                        output: None,
-                    },
-                    Buffer {
-                        init: i32_bytes(&tiles.concat()),
-                        output: None,
-                    },
-                ],
+                buffers,
                 build: Box::new(move |p| {
                     let v1 = PrefillAttention {
                         out: p[0],
@@ -1425,11 +1497,11 @@ pub fn cases(seed: u64) -> Vec<Case> {
             shape: format!("tokens={tokens} heads={q_heads} d={head_dim} splits={splits}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0; (tokens * q_heads * head_dim * 2) as usize],
+                    init: vec![0; (tokens * q_heads * head_dim * 2) as usize].into(),
                     output: Some(OutputKind::Bf16),
                 },
                 Buffer {
-                    init: f32_bytes(&parts),
+                    init: f32_bytes(&parts).into(),
                     output: None,
                 },
             ],
@@ -1473,7 +1545,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     output: None,
                 },
                 Buffer {
-                    init: i32_bytes(&slots),
+                    init: i32_bytes(&slots).into(),
                     output: None,
                 },
             ],
@@ -1531,16 +1603,16 @@ pub fn cases(seed: u64) -> Vec<Case> {
             shape: format!("rows={rows} cols={cols}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0xFF; rows as usize * 4],
+                    init: vec![0xFF; rows as usize * 4].into(),
                     output: Some(OutputKind::I32),
                 },
                 Buffer {
-                    init: bf16_logits,
+                    init: bf16_logits.into(),
                     output: None,
                 },
                 // Zero before, and compared as zero after: the last block of each row clears it.
                 Buffer {
-                    init: vec![0; argmax_scratch_bytes(rows as usize)],
+                    init: vec![0; argmax_scratch_bytes(rows as usize)].into(),
                     output: Some(OutputKind::I32),
                 },
             ],
@@ -1561,15 +1633,15 @@ pub fn cases(seed: u64) -> Vec<Case> {
             shape: format!("rows={rows} cols={cols}"),
             buffers: vec![
                 Buffer {
-                    init: vec![0xFF; rows as usize * 4],
+                    init: vec![0xFF; rows as usize * 4].into(),
                     output: Some(OutputKind::I32),
                 },
                 Buffer {
-                    init: f32_bytes(&logits),
+                    init: f32_bytes(&logits).into(),
                     output: None,
                 },
                 Buffer {
-                    init: vec![0; argmax_scratch_bytes(rows as usize)],
+                    init: vec![0; argmax_scratch_bytes(rows as usize)].into(),
                     output: Some(OutputKind::I32),
                 },
             ],
@@ -1842,15 +1914,15 @@ fn grid_barrier_case(blocks: u32, phases: u32) -> Case {
         shape: format!("blocks={blocks} phases={phases}"),
         buffers: vec![
             Buffer {
-                init: words(2, 0),
+                init: words(2, 0).into(),
                 output: Some(OutputKind::I32),
             },
             Buffer {
-                init: words(2 * blocks as usize, 0x5a5a_5a5a),
+                init: words(2 * blocks as usize, 0x5a5a_5a5a).into(),
                 output: Some(OutputKind::I32),
             },
             Buffer {
-                init: words(blocks as usize, 0x5a5a_5a5a),
+                init: words(blocks as usize, 0x5a5a_5a5a).into(),
                 output: Some(OutputKind::I32),
             },
         ],
@@ -1924,8 +1996,9 @@ fn run_on(gpu: &dyn GpuBackend, case: &Case) -> Result<Vec<Vec<u8>>, GpuError> {
     let handle = gpu.kernel(case.kernel)?;
     let mut ptrs = Vec::new();
     for b in &case.buffers {
-        let p = gpu.alloc(b.init.len())?;
-        gpu.copy_h2d(&b.init, p)?;
+        let init = b.init.bytes();
+        let p = gpu.alloc(init.len())?;
+        gpu.copy_h2d(init, p)?;
         ptrs.push(p);
     }
     let (config, args) = (case.build)(&ptrs);
@@ -1937,7 +2010,7 @@ fn run_on(gpu: &dyn GpuBackend, case: &Case) -> Result<Vec<Vec<u8>>, GpuError> {
     gpu.synchronize(stream)?;
     let mut results = Vec::new();
     for (b, &p) in case.buffers.iter().zip(&ptrs) {
-        let mut bytes = vec![0u8; b.init.len()];
+        let mut bytes = vec![0u8; b.init.bytes().len()];
         gpu.copy_d2h(p, &mut bytes)?;
         results.push(bytes);
         gpu.free(p)?;
@@ -1997,7 +2070,7 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     .allowance
                     .as_ref()
                     .filter(|a| a.buffer == b_index)
-                    .map(|a| &a.extra);
+                    .map(Allowance::extra);
                 let (mut diff2, mut ref2) = (0f64, 0f64);
                 for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
                     let d = (a - b).abs();
@@ -2216,5 +2289,132 @@ mod tests {
             passed.is_empty(),
             "cases that cannot tell a no-op from the kernel: {passed:?}"
         );
+    }
+
+    #[test]
+    fn skip_leaves_the_state_of_the_draws_it_passes() {
+        for draws in [0u64, 1, 2, 3, 1000, 123_457] {
+            let (mut drawn, mut skipped) = (Rng::new(42), Rng::new(42));
+            for _ in 0..draws {
+                drawn.next_u64();
+            }
+            skipped.skip(draws);
+            assert_eq!(drawn.next_u64(), skipped.next_u64(), "{draws} draws");
+        }
+    }
+
+    /// What [`bf16_normal`] drew in place before its fills were lazy.
+    fn bf16_normal_eager(rng: &mut Rng, n: usize, scale: f32) -> Vec<u8> {
+        let v: Vec<bf16> = (0..n)
+            .map(|_| bf16::from_f32(rng.normal() * scale))
+            .collect();
+        bytemuck::cast_slice(&v).to_vec()
+    }
+
+    /// A lazy fill holds the bytes an eager one drew and leaves the generator where it left it,
+    /// whether it is read before the draws after it, after them, or never.
+    #[test]
+    fn a_lazy_fill_draws_what_an_eager_one_did() {
+        for (n, scale) in [(0usize, 1.0f32), (1, 2.0), (1000, 0.125), (4099, 3.0)] {
+            let mut eager = Rng::new(7);
+            let want = bf16_normal_eager(&mut eager, n, scale);
+            let after = eager.next_u64();
+
+            let mut lazy = Rng::new(7);
+            let fill = bf16_normal(&mut lazy, n, scale);
+            assert_eq!(lazy.next_u64(), after, "n={n}: draws after the fill");
+            assert_eq!(fill.bytes(), want, "n={n}: the fill read late");
+
+            let mut lazy = Rng::new(7);
+            let fill = bf16_normal(&mut lazy, n, scale);
+            assert_eq!(fill.bytes(), want, "n={n}: the fill read at once");
+            assert_eq!(lazy.next_u64(), after, "n={n}: draws after a read fill");
+
+            let mut lazy = Rng::new(7);
+            drop(bf16_normal(&mut lazy, n, scale));
+            assert_eq!(lazy.next_u64(), after, "n={n}: draws after an unread fill");
+        }
+    }
+
+    /// FNV-1a over a case's buffers (each's length, then its initial bytes) and over its
+    /// allowance (its buffer, then its values' bits; the offset basis where there is none).
+    fn fingerprint(case: &Case) -> (u64, u64) {
+        fn fnv(h: &mut u64, bytes: &[u8]) {
+            for &b in bytes {
+                *h ^= u64::from(b);
+                *h = h.wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        let (mut inputs, mut allowance) = (0xcbf2_9ce4_8422_2325u64, 0xcbf2_9ce4_8422_2325u64);
+        for b in &case.buffers {
+            fnv(&mut inputs, &(b.init.bytes().len() as u64).to_le_bytes());
+            fnv(&mut inputs, b.init.bytes());
+        }
+        if let Some(a) = &case.allowance {
+            fnv(&mut allowance, &(a.buffer as u64).to_le_bytes());
+            fnv(&mut allowance, bytemuck::cast_slice(a.extra()));
+        }
+        (inputs, allowance)
+    }
+
+    /// Cases picked out of the list, the others dropped unread, hold the inputs and allowances
+    /// that the eager build (every input drawn in order, before fills were lazy) gave them: the
+    /// first case, the decode attention cases the allowance test pins by seed, a large product,
+    /// and the last case (after every other fill). Fingerprints from the eager build at 098110c.
+    const PINNED_FINGERPRINTS: &[(u64, KernelName, &str, (u64, u64))] = &[
+        (
+            1796149587916551593,
+            Embedding::NAME,
+            "tokens=1 hidden=576 vocab=1000",
+            (0x5b74_8c6b_8511_c508, 0xcbf2_9ce4_8422_2325),
+        ),
+        (
+            1796149587916551593,
+            Gemm::NAME,
+            "m=300 n=4096 k=4096 bias=false via GpuBackend::gemm",
+            (0xa772_bbe7_75b5_8813, 0xcbf2_9ce4_8422_2325),
+        ),
+        (
+            1796149587916551593,
+            PagedAttention::NAME,
+            "seqs=1 tokens=70 ctx=70 heads=32/8 d=128 splits=4",
+            (0xb7eb_cb6d_1ddf_d179, 0x126f_79ea_1cdd_e94e),
+        ),
+        (
+            1796149587916551593,
+            PrefillAttentionV2::NAME,
+            "runs=[(0, 200)] tiles=2 (<=128 tokens) heads=16/4 d=128",
+            (0x546a_146e_c6ce_b4b3, 0xabfd_afd4_61c4_361c),
+        ),
+        (
+            1796149587916551593,
+            MoeCombine::NAME,
+            "rows=5 k=3 experts=7 hidden=130 empty=3 shared gated=true",
+            (0xc346_c81b_54f1_3300, 0xcbf2_9ce4_8422_2325),
+        ),
+        (
+            1796149980482499123,
+            PagedAttentionQkv::NAME,
+            "seqs=1 ctx=1024 heads=32/8 d=128 qk_norm=true splits=16",
+            (0x0da7_2132_35f1_7560, 0xb3fe_ae5a_a212_2207),
+        ),
+        (
+            1796208326377630473,
+            PagedAttentionQkv::WIDE_NAME,
+            "seqs=3 ctx=300 heads=32/8 d=128 qk_norm=true splits=1 (wide)",
+            (0xd756_3c08_a7ae_10cc, 0xafe3_e901_beaa_0d52),
+        ),
+    ];
+
+    #[test]
+    fn picked_cases_hold_the_inputs_of_the_eager_build() {
+        for (seed, kernel, shape, want) in PINNED_FINGERPRINTS {
+            let found: Vec<Case> = cases(*seed)
+                .into_iter()
+                .filter(|c| c.kernel == *kernel && c.shape == *shape)
+                .collect();
+            assert_eq!(found.len(), 1, "{seed} {kernel} {shape}");
+            assert_eq!(fingerprint(&found[0]), *want, "{seed} {kernel} {shape}");
+        }
     }
 }

@@ -14,7 +14,7 @@ use metrale_kernels::ops::{
 };
 
 use super::{
-    Buffer, Case, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of, shuffled,
+    Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of, shuffled,
 };
 
 /// Every MoE case, in a fixed order.
@@ -46,13 +46,16 @@ fn routed_weights(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| 1.0 - rng.uniform()).collect()
 }
 
-fn input(init: Vec<u8>) -> Buffer {
-    Buffer { init, output: None }
+fn input(init: impl Into<Init>) -> Buffer {
+    Buffer {
+        init: init.into(),
+        output: None,
+    }
 }
 
 fn output(init: Vec<u8>, kind: OutputKind) -> Buffer {
     Buffer {
-        init,
+        init: init.into(),
         output: Some(kind),
     }
 }
