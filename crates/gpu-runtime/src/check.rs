@@ -2256,30 +2256,29 @@ mod tests {
         }
     }
 
+    /// Every case on a second host backend against the host reference: all exact, and every
+    /// kernel with a host reference has a case. Then on the mock, which runs nothing (outputs keep
+    /// their initial bytes): every case must fail. One reference run serves both, as in
+    /// check-kernels (most of the cost is drawing the inputs and running the host reference).
     #[test]
-    fn host_against_itself_passes_and_metric_catches_errors() {
-        let a = HostBackend::new(1 << 30);
-        let b = HostBackend::new(1 << 30);
-        let results = run_parity(&a, &b, 7).unwrap();
+    fn host_against_itself_passes_and_metric_rejects_a_wrong_backend() {
+        let reference = Reference::for_seed(&HostBackend::new(1 << 30), 7, &|_| true).unwrap();
+        let results = reference
+            .check(&HostBackend::new(1 << 30), &mut |_, _| {})
+            .unwrap();
         assert!(
             results.iter().all(|r| r.passed && r.max_abs == 0.0),
             "{results:?}"
         );
-        // Every kernel with a host reference has at least one case.
         for k in metrale_kernels::ALL_KERNELS {
             assert!(
                 results.iter().any(|r| r.kernel == *k),
                 "no parity case for {k}"
             );
         }
-    }
-
-    #[test]
-    fn metric_rejects_a_wrong_backend() {
-        // The mock runs nothing, so outputs keep their initial bytes: every case must fail.
-        let mock = MockBackend::new();
-        let host = HostBackend::new(1 << 30);
-        let results = run_parity(&mock, &host, 3).unwrap();
+        let results = reference
+            .check(&MockBackend::new(), &mut |_, _| {})
+            .unwrap();
         let passed: Vec<_> = results
             .iter()
             .filter(|r| r.passed)
