@@ -208,6 +208,15 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorRole> {
     tensors_in(c, &|_| ExpertLayout::PerExpert)
 }
 
+/// The shape the config implies for the tensor named `name` (HF name, per-expert layout), or
+/// `None` if the config has no such tensor: what a synthetic weight source reports.
+pub fn expected_shape(c: &ModelConfig, name: &str) -> Option<Vec<usize>> {
+    expected_tensors(c)
+        .into_iter()
+        .find(|role| role.hf_name() == name)
+        .map(|role| role.shape(c))
+}
+
 /// Every tensor the config implies, each sparse layer's experts in the layout `layout` gives.
 fn tensors_in(c: &ModelConfig, layout: &dyn Fn(usize) -> ExpertLayout) -> Vec<TensorRole> {
     let mut roles = vec![TensorRole::Embedding];

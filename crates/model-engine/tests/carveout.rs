@@ -10,7 +10,7 @@ use metrale_config::ModelConfig;
 use metrale_gpu_runtime::{GpuBackend, MockBackend, Recorded};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{GemvNorm, GemvSwigluNorm};
-use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning, expected_tensors};
+use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning, expected_shape};
 use metrale_model_weights::{HostTensor, WeightError, WeightSource};
 
 /// Zeros of every tensor a config implies (the mock computes nothing, so values do not matter).
@@ -18,10 +18,7 @@ struct Zeros(ModelConfig);
 
 impl WeightSource for Zeros {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        expected_tensors(&self.0)
-            .into_iter()
-            .find(|role| role.hf_name() == name)
-            .map(|role| role.shape(&self.0))
+        expected_shape(&self.0, name)
     }
 
     fn load(&self, name: &str) -> Result<HostTensor, WeightError> {

@@ -23,7 +23,7 @@ use metrale_gpu_runtime::{
 };
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::*;
-use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning, expected_tensors};
+use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning, expected_shape};
 use metrale_model_weights::{HostTensor, WeightError, WeightSource};
 
 /// The host backend, remembering the kernel of every launch.
@@ -151,10 +151,7 @@ struct Random(ModelConfig);
 
 impl WeightSource for Random {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        expected_tensors(&self.0)
-            .into_iter()
-            .find(|role| role.hf_name() == name)
-            .map(|role| role.shape(&self.0))
+        expected_shape(&self.0, name)
     }
 
     fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
