@@ -224,6 +224,10 @@ MODELS = {
     },
 }
 
+# Qwen3-30B-A3B at its full depth (48 layers, 61 GB of bf16): the MoE speed target. Write it to
+# /dev/shm on the GPU machine (128 GiB of memory, 64 GiB of disk).
+MODELS["qwen3-30b-a3b"] = dict(MODELS["qwen3-30b-a3b-4l"], num_hidden_layers=48, max_window_layers=48)
+
 # Which real tokenizer belongs next to each checkpoint (copied in with --tokenizer FAMILY=DIR).
 TOKENIZER_FAMILY = {
     "qwen3-0.6b": "qwen3",
@@ -231,6 +235,7 @@ TOKENIZER_FAMILY = {
     "llama-3.1-8b": "llama3",
     "smollm2-widths": "qwen3",
     "qwen3-30b-a3b-4l": "qwen3",
+    "qwen3-30b-a3b": "qwen3",
     # Qwen1.5's tokenizer is Qwen2's: the same 151,936-entry vocabulary as Qwen3's.
     "qwen1.5-moe-a2.7b-4l": "qwen3",
 }
