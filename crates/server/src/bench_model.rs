@@ -7,7 +7,8 @@
 //! - decode: the time of one decode step at batch B, every sequence holding C cached tokens,
 //!   against the step's memory floor (every weight byte once, plus every cached K/V byte the
 //!   step attends to, over the measured read bandwidth; an untied input embedding is not counted,
-//!   the step gathers only B of its rows);
+//!   the step gathers only B of its rows; of a MoE layer's experts, only those the B rows are
+//!   expected to choose, see `untouched_expert_bytes`);
 //! - decode, device time only: the same step timed by two events around its launches (from
 //!   after the upload to after the argmax; the host's submission of the launches falls inside),
 //!   so that the row above minus this one is the rest of the host's round trip between steps
@@ -26,6 +27,7 @@ use std::time::Instant;
 use anyhow::bail;
 use metrale_cache::{BlockAllocator, BlockTable, DEFAULT_BLOCK_SIZE};
 use metrale_gpu_runtime::trace::{TraceRecord, spans_us};
+use metrale_model_engine::plan::{BlockKind, LayerPlan, MlpKind};
 use metrale_model_engine::{Model, ModelOptions, StepInput};
 
 use crate::load::{self, ModelArgs};
@@ -93,6 +95,26 @@ struct Row {
     ms: f64,
     floor_ms: Option<f64>,
     tok_s: f64,
+}
+
+/// The expert weight bytes a decode step of `batch` rows is expected not to read: in each MoE
+/// layer, the experts no row chooses. The expectation is under uniform routing (each row's `k`
+/// experts a uniform draw of `k` of `E`, rows independent): `E (1 - k / E)^batch` experts
+/// untouched. Random-weight routers route close to uniformly; a trained model's routing is
+/// skewed, touches fewer experts, and has a lower floor than this.
+fn untouched_expert_bytes(plan: &LayerPlan, hidden: usize, batch: usize) -> f64 {
+    plan.blocks()
+        .filter_map(|(_, b)| match b.kind {
+            BlockKind::Mlp(MlpKind::Moe(m)) => Some(m),
+            _ => None,
+        })
+        .map(|m| {
+            let (e, k) = (m.experts as f64, m.top_k as f64);
+            let untouched = e * (1.0 - k / e).powi(batch as i32);
+            // gate, up and down, bf16.
+            untouched * (3 * m.intermediate * hidden * 2) as f64
+        })
+        .sum()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -216,7 +238,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 timeline,
             ));
         }
-        let bytes = model.weight_bytes() as f64 - untied_embedding
+        let bytes = model.weight_bytes() as f64
+            - untied_embedding
+            - untouched_expert_bytes(model.plan(), config.hidden_size, b)
             + b as f64 * (args.context + 1) as f64 * kv_per_token;
         rows.push(Row {
             kind: "decode step",
@@ -481,7 +505,32 @@ fn clock_step_ns(records: &[TraceRecord]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::group_by_label;
+    use super::{LayerPlan, group_by_label, untouched_expert_bytes};
+
+    #[test]
+    fn the_moe_floor_counts_the_experts_a_batch_is_expected_to_touch() {
+        // 2 layers, the first dense (mlp_only_layers), the second 8 of 128 experts of width 768.
+        let c = metrale_config::from_config_json(
+            r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                "num_hidden_layers": 2, "vocab_size": 1024, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "max_position_embeddings": 256, "num_experts": 128,
+                "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": true,
+                "decoder_sparse_step": 1, "mlp_only_layers": [0]}"#,
+        )
+        .unwrap();
+        let plan = LayerPlan::from_config(&c).unwrap();
+        let expert = (3 * 768 * 2048 * 2) as f64;
+        // One row touches its 8 experts exactly.
+        assert_eq!(untouched_expert_bytes(&plan, 2048, 1), 120.0 * expert);
+        // 64 rows: 128 (15/16)^64 = 2.05 experts expected untouched.
+        let u64 = untouched_expert_bytes(&plan, 2048, 64) / expert;
+        assert!(
+            (u64 - 128.0 * (15.0f64 / 16.0).powi(64)).abs() < 1e-9,
+            "{u64}"
+        );
+        assert!((2.0..2.1).contains(&u64), "{u64}");
+    }
 
     #[test]
     fn labels_group_in_first_seen_order() {
