@@ -7,7 +7,16 @@
 //! and one V buffer per layer, `[num_blocks, block_size, kv_heads, head_dim]`); this crate only
 //! hands out block ids and maps token positions to cache slots (`block * block_size + offset`),
 //! so it is pure CPU logic, tested without a GPU.
+//!
+//! Two pools: [`BlockAllocator`], a plain free list for single-sequence tools, and
+//! [`BlockPool`], the serving pool with prefix caching: full blocks addressed by a hash chain
+//! over their tokens, shared by reference count, kept after release and evicted least recently
+//! used only when blocks run out (module [`prefix`] says the rules).
 #![forbid(unsafe_code)]
+
+pub mod prefix;
+
+pub use prefix::{BlockHash, BlockPool, PrefixKey};
 
 /// Tokens per block, the engine-wide default (`HARDWARE.toml [defaults] kv_block_size`).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;

@@ -22,6 +22,11 @@ impl Scheduler {
     /// Tokens are only ever appended at the end of a sequence, so each output index is emitted
     /// once: a preempted sequence recomputes its emitted tokens as input and resumes sampling
     /// after them.
+    ///
+    /// Call it once after every plan that had items, in order, when the step has run (with no
+    /// results when no item wanted logits): it also completes the plan for the prefix cache,
+    /// registering every block the step filled, before a sequence that finishes here releases
+    /// its blocks. A plan that never completes (the step failed) registers nothing.
     pub fn complete_step(
         &mut self,
         results: &[(SeqId, u32)],
@@ -37,6 +42,7 @@ impl Scheduler {
                 return Err(StepError::NotAwaitingSample(seq));
             }
         }
+        self.register_written_blocks();
         let mut events = Vec::with_capacity(results.len());
         for &(seq, token) in results {
             let Some(i) = self.running.iter().position(|s| s.id == seq) else {
@@ -59,5 +65,36 @@ impl Scheduler {
             });
         }
         Ok(events)
+    }
+
+    /// Registers in the prefix cache the full blocks the completed plans wrote, for sequences
+    /// still running under the admission that planned them (one cancelled or preempted since
+    /// has released its blocks, and its writes may not have happened).
+    fn register_written_blocks(&mut self) {
+        let writes = std::mem::take(&mut self.unconfirmed);
+        if !self.pool.caching() {
+            return;
+        }
+        let block_size = self.config.block_size;
+        for (seq, admission, end) in writes {
+            let Some(s) = self
+                .running
+                .iter_mut()
+                .find(|s| s.id == seq && s.admission == admission)
+            else {
+                continue;
+            };
+            let full = end / block_size;
+            self.pool
+                .hash_blocks(&s.tokens[..full * block_size], &mut s.hashes);
+            while s.published < full {
+                let i = s.published;
+                let parent = i.checked_sub(1).map(|j| s.hashes[j]);
+                let tokens = &s.tokens[i * block_size..(i + 1) * block_size];
+                self.pool
+                    .register(s.table.blocks[i], s.hashes[i], parent, tokens);
+                s.published += 1;
+            }
+        }
     }
 }

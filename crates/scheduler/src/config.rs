@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The scheduler's limits and policy, checked once at start-up.
 
+use metrale_cache::PrefixKey;
 use thiserror::Error;
 
 /// How the scheduler orders work when it has a choice.
@@ -40,6 +41,12 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     /// Ordering policy.
     pub policy: Policy,
+    /// Prefix caching: `Some(key)` shares full KV blocks between sequences whose tokens agree
+    /// up to them, `key` standing for everything else that changes the KV (model, cache dtype);
+    /// `None` turns it off (`met serve --no-prefix-cache`). See [`Scheduler::schedule`].
+    ///
+    /// [`Scheduler::schedule`]: crate::Scheduler::schedule
+    pub prefix_cache: Option<PrefixKey>,
 }
 
 /// A [`SchedulerConfig`] the scheduler cannot run with.

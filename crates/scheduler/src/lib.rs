@@ -2,7 +2,8 @@
 //! The serving scheduler: which tokens of which sequences the next model step computes.
 //!
 //! The central decision: **the scheduler is a CPU-only state machine with a typed output.** It
-//! owns the request queue, the per-sequence progress and the KV block allocator, and each call to
+//! owns the request queue, the per-sequence progress and the KV block pool (with its prefix
+//! cache: full blocks shared between sequences whose tokens agree), and each call to
 //! [`Scheduler::schedule`] returns a [`StepPlan`]: a flat list of [`PlanItem`]s (a decode token or
 //! a prefill chunk, each with its positions) plus the block table of every sequence in it, with
 //! the blocks for every position the step writes already reserved. The engine runs the plan and
@@ -17,13 +18,14 @@
 //! [`FinishReason::Length`] in [`Scheduler::complete_step`] or by the caller through
 //! [`Scheduler::finish`] / [`Scheduler::cancel`]. Under KV pressure a running sequence may be
 //! preempted back to the front of the queue and recomputed later; that never drops, corrupts or
-//! repeats a token (see [`Scheduler::schedule`]).
+//! repeats a token (see [`Scheduler::schedule`]). With the prefix cache on, admission starts a
+//! sequence's prefill at its first uncached token (reported by [`Scheduler::cached_tokens`]).
 //!
 //! The engine loop, with a stand-in for the model and the sampler:
 //!
 //! ```
 //! use std::time::Instant;
-//! use metrale_scheduler::{NewSequence, Policy, Scheduler, SchedulerConfig, SeqId};
+//! use metrale_scheduler::{NewSequence, Policy, PrefixKey, Scheduler, SchedulerConfig, SeqId};
 //!
 //! let mut scheduler = Scheduler::new(SchedulerConfig {
 //!     max_num_seqs: 256,
@@ -33,6 +35,7 @@
 //!     block_size: 16,
 //!     num_blocks: 1024,
 //!     policy: Policy::Slai { tbt_deadline_ms: 50 },
+//!     prefix_cache: Some(PrefixKey::from_bytes(b"model id|kv=bf16|block=16")),
 //! })?;
 //! let prompt = vec![1, 2, 3];
 //! scheduler.add(NewSequence { id: SeqId(7), prompt, max_new_tokens: 4, arrival: Instant::now() })?;
@@ -63,6 +66,6 @@ pub use plan::{FlatStep, PlanItem, SchedulerStats, StepPlan, TokenEvent};
 pub use request::{FinishReason, Finished, NewSequence, Rejected, SeqId, StepError};
 pub use scheduler::Scheduler;
 
-/// Re-exported so that callers can name the plan's block tables without depending on the cache
-/// crate themselves.
-pub use metrale_cache::BlockTable;
+/// Re-exported so that callers can name the plan's block tables, the pool and the prefix-cache
+/// key without depending on the cache crate themselves.
+pub use metrale_cache::{BlockPool, BlockTable, PrefixKey};

@@ -119,12 +119,22 @@ pub struct SchedulerStats {
     pub prefilling: usize,
     /// Sequences in the queue, never admitted or preempted.
     pub waiting: usize,
-    /// KV blocks owned by live sequences.
+    /// KV blocks referenced by live sequences (a shared block counts once).
     pub blocks_used: usize,
-    /// KV blocks free; `blocks_used + blocks_free == blocks_total`.
+    /// KV blocks that can be handed out: free ones plus cached ones nobody references;
+    /// `blocks_used + blocks_free == blocks_total`.
     pub blocks_free: usize,
+    /// Of `blocks_free`, the blocks holding a cached prefix (kept until evicted).
+    pub blocks_cached: usize,
     /// KV blocks in the pool.
     pub blocks_total: usize,
     /// Preemptions since start-up (a counter).
     pub preemptions: u64,
+    /// Tokens looked up in the prefix cache since start-up, every token of each admitted
+    /// sequence's prefill, counted at each admission (a counter).
+    pub prefix_queried_tokens: u64,
+    /// Of those, tokens found cached, whose KV was not computed again (a counter).
+    pub prefix_hit_tokens: u64,
+    /// Cached blocks evicted to make room since start-up (a counter).
+    pub prefix_evicted_blocks: u64,
 }

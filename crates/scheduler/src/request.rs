@@ -57,6 +57,9 @@ pub struct Finished {
     pub prompt_tokens: usize,
     /// Tokens generated and emitted.
     pub output_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache at its first admission
+    /// ([`Scheduler::cached_tokens`](crate::Scheduler::cached_tokens)).
+    pub cached_tokens: usize,
 }
 
 /// Why [`Scheduler::add`](crate::Scheduler::add) refused a sequence. Nothing is queued.

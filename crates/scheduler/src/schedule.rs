@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Building one step: the scheduling algorithm.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
-use metrale_cache::BlockTable;
+use metrale_cache::{BlockHash, BlockTable};
 
 use crate::config::Policy;
 use crate::plan::{PlanItem, StepPlan};
@@ -41,17 +42,37 @@ impl Scheduler {
     /// samples only on its final chunk, and a recomputed sequence samples its next output token,
     /// never one it already emitted: preemption delays a sequence but never drops, changes or
     /// repeats a token.
+    ///
+    /// **Prefix caching** (`SchedulerConfig::prefix_cache`). At admission a sequence looks up the
+    /// longest run of its leading full blocks in the cache, at most `(len - 1) / block_size`
+    /// blocks so that its last token is always computed (it needs logits) and its first
+    /// computed position lies past every shared block; it takes those blocks by reference and
+    /// its first chunk starts at the first uncached token, through the same path as any later
+    /// chunk of a chunked prefill. A sequence that diverges mid-block shares the blocks before
+    /// that block and recomputes from its start. Blocks are registered when full and written:
+    /// [`Scheduler::complete_step`] registers the full blocks of the plan it completes. Cached
+    /// blocks nobody references count as free (evicted least recently released first when
+    /// taken), so they never block an admission or force a preemption. **Admission rule** for
+    /// prefixes being computed: when the first block a waiting sequence would have to compute
+    /// is one a running sequence is computing now (planned, not yet registered), the waiting
+    /// sequence is skipped this step and keeps its place, and the sequences behind it may be
+    /// admitted; once the block is registered it is a hit. So two requests with the same
+    /// prefix admitted together compute it once, the second waiting at most the first's
+    /// prefill, and it cannot wait forever: the running sequence registers the block, or ends
+    /// or is preempted, which drops it from the running set.
     pub fn schedule(&mut self, now: Instant) -> StepPlan {
         let decode_only = self.decode_deadline_near(now);
         let mut step = StepBuilder {
             budget: self.config.max_step_tokens,
             items: Vec::new(),
             preempted: Vec::new(),
+            writes: Vec::new(),
         };
         self.schedule_running(decode_only, &mut step);
         if !decode_only && step.preempted.is_empty() {
             self.admit_waiting(&mut step);
         }
+        self.unconfirmed.append(&mut step.writes);
         step.into_plan()
     }
 
@@ -101,10 +122,9 @@ impl Scheduler {
             loop {
                 let fit = self.tokens_that_fit(i, want);
                 if fit == want || (phase == Phase::Prefill && fit > 0) {
-                    let block_size = self.config.block_size;
                     let s = &mut self.running[i];
-                    s.table
-                        .reserve(s.num_computed + fit, block_size, &mut self.allocator)
+                    self.pool
+                        .reserve(&mut s.table, s.num_computed + fit)
                         .expect("the free blocks were counted");
                     step.plan(s, fit, phase == Phase::Decode);
                     i += 1;
@@ -130,8 +150,7 @@ impl Scheduler {
     /// Of `want` more tokens for `running[i]`, how many its blocks and the free ones can hold.
     fn tokens_that_fit(&self, i: usize, want: usize) -> usize {
         let s = &self.running[i];
-        let capacity =
-            (s.table.blocks.len() + self.allocator.free_count()) * self.config.block_size;
+        let capacity = (s.table.blocks.len() + self.pool.free_count()) * self.config.block_size;
         want.min(capacity - s.num_computed)
     }
 
@@ -144,41 +163,81 @@ impl Scheduler {
             .find(|&j| self.running[j].phase() != Phase::AwaitingSample)
     }
 
-    /// The second part of the algorithm: admissions from the queue.
+    /// The second part of the algorithm: admissions from the queue, each applied at once (its
+    /// cached blocks taken before anything is allocated, so that no allocation evicts a block
+    /// an admission counted on).
     fn admit_waiting(&mut self, step: &mut StepBuilder) {
         let block_size = self.config.block_size;
-        let mut chosen = Vec::new(); // (queue index, first chunk), in admission order
-        let mut free = self.allocator.free_count();
-        let mut budget = step.budget;
+        let mut computing = self.blocks_being_computed();
+        let mut admitted = Vec::new(); // queue indices, in admission order
         for index in self.admission_order() {
-            if self.running.len() + chosen.len() >= self.config.max_running || budget == 0 {
+            if self.running.len() + admitted.len() >= self.config.max_running || step.budget == 0 {
                 break;
             }
-            let chunk = self.waiting[index].tokens.len().min(budget);
-            let blocks = BlockTable::blocks_for(chunk, block_size);
-            if blocks > free {
+            let s = &mut self.waiting[index];
+            // A hit leaves at least the last token to compute (see `schedule`).
+            let limit = (s.tokens.len() - 1) / block_size;
+            self.pool.hash_blocks(&s.tokens, &mut s.hashes);
+            let hit = self
+                .pool
+                .lookup(&s.hashes[..limit.min(s.hashes.len())], &s.tokens);
+            if hit.len() < limit
+                && s.hashes
+                    .get(hit.len())
+                    .is_some_and(|h| computing.contains(h))
+            {
+                continue; // a running sequence is computing its next block: wait for it
+            }
+            let start = hit.len() * block_size;
+            let chunk = (s.tokens.len() - start).min(step.budget);
+            let new_blocks = BlockTable::blocks_for(start + chunk, block_size) - hit.len();
+            let revived = hit.iter().filter(|&&b| self.pool.ref_count(b) == 0).count();
+            if new_blocks + revived > self.pool.free_count() {
                 break;
             }
-            free -= blocks;
-            budget -= chunk;
-            chosen.push((index, chunk));
+            self.pool.take(&hit);
+            s.table.blocks = hit;
+            self.pool
+                .reserve(&mut s.table, start + chunk)
+                .expect("the free blocks were counted");
+            s.published = start / block_size;
+            s.num_computed = start;
+            s.prefill_end = s.tokens.len();
+            s.cached_tokens.get_or_insert(start.min(s.prompt_len));
+            self.admissions += 1;
+            s.admission = self.admissions;
+            self.prefix_queried_tokens += s.tokens.len() as u64;
+            self.prefix_hit_tokens += start as u64;
+            computing.extend(s.hashes[s.published..].iter().copied());
+            step.plan(s, chunk, false);
+            admitted.push(index);
         }
-        if chosen.is_empty() {
+        if admitted.is_empty() {
             return;
         }
         let mut queue: Vec<Option<Sequence>> = self.waiting.drain(..).map(Some).collect();
-        for (index, chunk) in chosen {
-            let mut s = queue[index]
+        for index in admitted {
+            let s = queue[index]
                 .take()
-                .expect("each queue index is chosen once");
-            s.prefill_end = s.tokens.len();
-            s.table
-                .reserve(chunk, block_size, &mut self.allocator)
-                .expect("the free blocks were counted");
-            step.plan(&mut s, chunk, false);
+                .expect("each queue index is admitted once");
             self.running.push(s);
         }
         self.waiting = queue.into_iter().flatten().collect();
+    }
+
+    /// Hashes of the full blocks running sequences hold or will hold and have not registered:
+    /// the prefixes being computed now, which a waiting sequence waits for instead of
+    /// computing them again. Empty with caching off.
+    fn blocks_being_computed(&mut self) -> HashSet<BlockHash> {
+        if !self.pool.caching() || self.waiting.is_empty() {
+            return HashSet::new();
+        }
+        let mut computing = HashSet::new();
+        for s in &mut self.running {
+            self.pool.hash_blocks(&s.tokens, &mut s.hashes);
+            computing.extend(s.hashes[s.published..].iter().copied());
+        }
+        computing
     }
 
     /// Queue indices in the order the policy admits them.
@@ -202,6 +261,9 @@ struct StepBuilder {
     items: Vec<(PlanItem, BlockTable, bool)>,
     /// Sequences preempted so far.
     preempted: Vec<SeqId>,
+    /// `(sequence, admission, end)` of each planned item: positions below `end` are written
+    /// once the step completes.
+    writes: Vec<(SeqId, u64, usize)>,
 }
 
 impl StepBuilder {
@@ -217,6 +279,7 @@ impl StepBuilder {
             wants_logits: seq.num_computed == seq.tokens.len(),
         };
         self.items.push((item, seq.table.clone(), decode));
+        self.writes.push((seq.id, seq.admission, seq.num_computed));
     }
 
     fn into_plan(mut self) -> StepPlan {

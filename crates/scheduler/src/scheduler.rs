@@ -4,27 +4,35 @@
 
 use std::collections::VecDeque;
 
-use metrale_cache::{BlockAllocator, BlockTable};
+use metrale_cache::{BlockPool, BlockTable};
 
 use crate::config::{ConfigError, SchedulerConfig};
 use crate::plan::SchedulerStats;
 use crate::request::{FinishReason, Finished, NewSequence, Rejected, SeqId};
 use crate::sequence::{Phase, Sequence};
 
-/// The serving scheduler: the queue, the running set and the KV block pool.
+/// The serving scheduler: the queue, the running set and the KV block pool (with its prefix
+/// cache).
 ///
 /// Lookups by id scan the running set and the queue: both are bounded by `max_num_seqs`, and a
 /// scan of a few hundred entries costs less than the step it schedules.
 #[derive(Debug)]
 pub struct Scheduler {
     pub(crate) config: SchedulerConfig,
-    pub(crate) allocator: BlockAllocator,
+    pub(crate) pool: BlockPool,
     /// Admitted sequences, oldest admission first: the order of priority, the most recently
     /// admitted (last) being the first preempted. `len() <= max_running`.
     pub(crate) running: Vec<Sequence>,
     /// Sequences not admitted, front first: new ones join the back, preempted ones the front.
     pub(crate) waiting: VecDeque<Sequence>,
     pub(crate) preemptions: u64,
+    /// Positions the last plans write, `(sequence, admission, end)`: registered in the prefix
+    /// cache by the next `complete_step`, once they are written.
+    pub(crate) unconfirmed: Vec<(SeqId, u64, usize)>,
+    /// Admissions so far (each sequence's `admission` is drawn from it).
+    pub(crate) admissions: u64,
+    pub(crate) prefix_queried_tokens: u64,
+    pub(crate) prefix_hit_tokens: u64,
 }
 
 impl Scheduler {
@@ -32,11 +40,15 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Scheduler {
-            allocator: BlockAllocator::new(config.num_blocks),
+            pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_cache),
             config,
             running: Vec::new(),
             waiting: VecDeque::new(),
             preemptions: 0,
+            unconfirmed: Vec::new(),
+            admissions: 0,
+            prefix_queried_tokens: 0,
+            prefix_hit_tokens: 0,
         })
     }
 
@@ -87,13 +99,19 @@ impl Scheduler {
             num_computed: 0,
             table: BlockTable::default(),
             last_token_at: seq.arrival,
+            hashes: Vec::new(),
+            published: 0,
+            cached_tokens: None,
+            admission: 0,
         });
         Ok(())
     }
 
     /// Ends a sequence for a reason decided outside the scheduler (stop token or string, client
     /// gone, timeout), wherever it is: waiting, prefilling, decoding or awaiting a sample. Every
-    /// block it held is free on return, and a later result for it is ignored.
+    /// block it held is released on return (free, or cached if it holds a registered prefix),
+    /// and a later result for it is ignored. Blocks a plan still in flight writes for it are
+    /// not registered.
     ///
     /// Returns `None` when no live sequence has that id (it already finished, e.g. by length).
     /// The freed blocks may be handed out by the next `schedule`, so an engine that runs steps
@@ -111,6 +129,7 @@ impl Scheduler {
             reason,
             prompt_tokens: removed.prompt_len,
             output_tokens: removed.output_len(),
+            cached_tokens: removed.cached_tokens.unwrap_or(0),
         })
     }
 
@@ -122,6 +141,19 @@ impl Scheduler {
     /// The block table of a live sequence (empty while it waits).
     pub fn block_table(&self, seq: SeqId) -> Option<&BlockTable> {
         self.find(seq).map(|s| &s.table)
+    }
+
+    /// Prompt tokens of a live sequence whose KV came from the prefix cache at its first
+    /// admission (0 before it, or with caching off): what `usage` reports as cached. A
+    /// preempted sequence's later re-admission does not change it. `None` when no live sequence
+    /// has that id.
+    pub fn cached_tokens(&self, seq: SeqId) -> Option<usize> {
+        self.find(seq).map(|s| s.cached_tokens.unwrap_or(0))
+    }
+
+    /// The block pool, read-only: reference counts and cache state, for tests and diagnostics.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
     }
 
     /// True when no sequence is live.
@@ -139,10 +171,14 @@ impl Scheduler {
                 .filter(|s| s.phase() == Phase::Prefill)
                 .count(),
             waiting: self.waiting.len(),
-            blocks_used: self.allocator.used_count(),
-            blocks_free: self.allocator.free_count(),
-            blocks_total: self.allocator.total(),
+            blocks_used: self.pool.used_count(),
+            blocks_free: self.pool.free_count(),
+            blocks_cached: self.pool.cached_count(),
+            blocks_total: self.pool.total(),
             preemptions: self.preemptions,
+            prefix_queried_tokens: self.prefix_queried_tokens,
+            prefix_hit_tokens: self.prefix_hit_tokens,
+            prefix_evicted_blocks: self.pool.evictions(),
         }
     }
 
@@ -153,18 +189,20 @@ impl Scheduler {
             .or_else(|| self.waiting.iter().find(|s| s.id == seq))
     }
 
-    /// Returns every block of `seq` to the pool.
+    /// Drops `seq`'s reference to each of its blocks.
     pub(crate) fn release(&mut self, seq: &mut Sequence) {
-        // A live sequence's table holds blocks only it owns, all allocated from this pool.
-        seq.table
-            .release(&mut self.allocator)
-            .expect("a live sequence owns its blocks");
+        // A live sequence's table holds one reference to each of its blocks, all from this pool.
+        self.pool
+            .release(&mut seq.table)
+            .expect("a live sequence holds its blocks");
+        seq.published = 0;
     }
 
-    /// Preemption by recompute: frees every block of a running sequence and puts it at the front
-    /// of the queue with nothing computed. Its tokens (prompt and every emitted output) are
-    /// kept, so on re-admission its prefill covers them all and the step covering its last token
-    /// samples the *next* output token: nothing is lost, and nothing is emitted twice.
+    /// Preemption by recompute: releases every block of a running sequence and puts it at the
+    /// front of the queue with nothing computed. Its tokens (prompt and every emitted output)
+    /// are kept, so on re-admission its prefill covers them all (less what the prefix cache
+    /// still holds of them) and the step covering its last token samples the *next* output
+    /// token: nothing is lost, and nothing is emitted twice.
     pub(crate) fn preempt(&mut self, mut seq: Sequence) -> SeqId {
         debug_assert_ne!(seq.phase(), Phase::AwaitingSample);
         self.release(&mut seq);

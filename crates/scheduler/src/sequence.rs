@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use metrale_cache::BlockTable;
+use metrale_cache::{BlockHash, BlockTable};
 
 use crate::request::SeqId;
 
@@ -23,7 +23,9 @@ pub(crate) enum Phase {
 ///
 /// Invariants: `num_computed <= tokens.len()`; the table holds at least `num_computed` positions;
 /// `tokens[prompt_len..]` have each been emitted exactly once; a waiting sequence has an empty
-/// table and `num_computed == 0`.
+/// table, `num_computed == 0` and `published == 0`; the table's first `published` blocks are
+/// full, written, and were offered to the prefix cache (taken from it, or registered unless a
+/// copy was there first); no position below `published * block_size` is ever written again.
 #[derive(Debug)]
 pub(crate) struct Sequence {
     pub(crate) id: SeqId,
@@ -42,6 +44,16 @@ pub(crate) struct Sequence {
     pub(crate) table: BlockTable,
     /// When its last token was emitted (its arrival before the first): the SLAI clock.
     pub(crate) last_token_at: Instant,
+    /// The prefix cache's hash chain over the full blocks of `tokens`, extended as needed
+    /// (empty with caching off).
+    pub(crate) hashes: Vec<BlockHash>,
+    /// Leading blocks of the table that are in the prefix cache or were offered to it.
+    pub(crate) published: usize,
+    /// Prompt tokens found in the prefix cache at its first admission; `None` before it.
+    pub(crate) cached_tokens: Option<usize>,
+    /// Which admission this is (the scheduler's count at the time): a step's writes are
+    /// registered only for the admission that planned them.
+    pub(crate) admission: u64,
 }
 
 impl Sequence {

@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Randomized property test: random configs (pool sizes down to one block, budgets, batch
-//! sizes, both policies), random arrivals and lengths (invalid ones included), cancellations and
-//! stops between steps and while a step is in flight, and a random clock. The harness checks
-//! every invariant on every step (budget, batch size, block ownership and exact reservation,
+//! sizes, both policies, prefix caching on or off), random arrivals and lengths (invalid ones
+//! included) over prompts that share random prefixes of a few stems (so they hit the prefix cache
+//! at and between block boundaries, and some are identical), cancellations and stops between
+//! steps and while a step is in flight, preemptions, and a random clock. The harness checks every
+//! invariant on every step (budget, batch size, block reference counts against the tables, no
+//! write into a shared or cached block, exact reservation, a hit's table holding its prefix's KV,
 //! positions, logits, no duplicate or lost token, solo-run outputs, priority by admission); this
-//! file checks the refusals and that everything drains with every block free.
+//! file checks the refusals and that everything drains with every reference count zero and every
+//! block free or cached.
 
 mod common;
 
 use std::time::Duration;
 
-use common::Harness;
 use common::engine::Rng;
+use common::{Harness, key};
 use metrale_scheduler::{FinishReason, Policy, Rejected, SchedulerConfig, SeqId};
 
 fn random_config(rng: &mut Rng) -> SchedulerConfig {
@@ -30,7 +34,17 @@ fn random_config(rng: &mut Rng) -> SchedulerConfig {
                 tbt_deadline_ms: rng.range(1, 30) as u64,
             }
         },
+        prefix_cache: (!rng.one_in(4)).then(key),
     }
+}
+
+/// A prompt of `n` tokens: a random-length prefix of one of `stems`, then random tokens.
+fn overlapping_prompt(rng: &mut Rng, stems: &[Vec<u32>], n: usize) -> Vec<u32> {
+    let stem = &stems[rng.range(0, stems.len() - 1)];
+    let shared = rng.range(0, n.min(stem.len()));
+    let mut prompt = stem[..shared].to_vec();
+    prompt.extend(rng.tokens(n - shared));
+    prompt
 }
 
 /// What `add` must answer, from the documented rules, in their documented order.
@@ -63,19 +77,23 @@ fn random_live(h: &Harness, rng: &mut Rng) -> Option<SeqId> {
     (!ids.is_empty()).then(|| ids[rng.range(0, ids.len() - 1)])
 }
 
-fn run_seed(seed: u64) {
+/// Runs one random workload; returns the prompt tokens it found cached and the most tables that
+/// held one block at once.
+fn run_seed(seed: u64) -> (u64, u32) {
     let mut rng = Rng(seed);
     let cfg = random_config(&mut rng);
     let mut h = Harness::new(cfg.clone());
     let mut next_id = 0;
     let mut accepted = 0;
     let longest = cfg.max_seq_len.min(cfg.pool_tokens()) + 2;
+    let stems: Vec<Vec<u32>> = (0..3).map(|_| rng.tokens(longest)).collect();
     for _ in 0..rng.range(20, 200) {
         for _ in 0..rng.range(0, 2) {
             let prompt = rng.range(0, longest);
             let max_new = rng.range(0, 30);
             let want = expected(&cfg, h.live.len(), prompt, max_new);
-            let got = h.add(next_id, rng.tokens(prompt), max_new).err();
+            let tokens = overlapping_prompt(&mut rng, &stems, prompt);
+            let got = h.add(next_id, tokens, max_new).err();
             assert_eq!(got, want, "seed {seed}: add({prompt}, {max_new})");
             accepted += usize::from(got.is_none());
             next_id += 1;
@@ -98,11 +116,26 @@ fn run_seed(seed: u64) {
     }
     h.run_to_completion(100_000);
     assert_eq!(h.finished.len(), accepted, "seed {seed}");
+    let stats = h.sched.stats();
+    assert_eq!(stats.blocks_used, 0);
+    if cfg.prefix_cache.is_none() {
+        assert_eq!(stats.prefix_hit_tokens, 0);
+        assert_eq!(stats.blocks_cached, 0);
+    }
+    (stats.prefix_hit_tokens, h.most_sharers)
 }
 
 #[test]
 fn random_workloads_keep_every_invariant() {
-    for seed in 0..400 {
-        run_seed(seed);
-    }
+    let runs: Vec<(u64, u32)> = (0..400).map(run_seed).collect();
+    let hit: u64 = runs.iter().map(|r| r.0).sum();
+    let shared = runs.iter().filter(|r| r.1 > 1).count();
+    assert!(
+        hit > 10_000,
+        "the workloads hardly hit the prefix cache: {hit} tokens"
+    );
+    assert!(
+        shared > 50,
+        "only {shared} workloads shared a block between live sequences"
+    );
 }

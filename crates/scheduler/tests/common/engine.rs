@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! A fake engine: a deterministic "model" over a fake paged KV cache, so that a wrong block
-//! table, position or chunk boundary changes the tokens the scheduler gets back.
+//! table, position or chunk boundary changes the tokens the scheduler gets back. A slot holds
+//! what a real KV entry depends on, every token up to its position (as a hash), so a block shared
+//! between sequences reads back right exactly when their tokens agree up to it.
 
 use std::collections::HashSet;
 
-use metrale_scheduler::{SeqId, StepPlan};
+use metrale_scheduler::{BlockTable, SeqId, StepPlan};
 
 /// Token ids the fake model draws from.
 pub const VOCAB: u64 = 100;
@@ -20,6 +22,17 @@ pub fn next_token(seq: SeqId, history: &[u32]) -> u32 {
     ((h >> 17) % VOCAB) as u32
 }
 
+/// What a KV slot at position `history.len() - 1` holds: it depends on every token up to it.
+pub fn kv_entry(history: &[u32]) -> u64 {
+    let mut h = 0x2545_f491_4f6c_dd1du64;
+    for &t in history {
+        h = (h ^ u64::from(t))
+            .wrapping_mul(0x0100_0000_01b3)
+            .rotate_left(7);
+    }
+    h
+}
+
 /// What the sequence generates when it runs alone: `n` tokens after `prompt`.
 pub fn reference(seq: SeqId, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut tokens = prompt.to_vec();
@@ -30,9 +43,9 @@ pub fn reference(seq: SeqId, prompt: &[u32], n: usize) -> Vec<u32> {
     tokens.split_off(prompt.len())
 }
 
-/// The KV cache: one `(owner, token)` per slot, `num_blocks * block_size` slots.
+/// The KV cache: one [`kv_entry`] per slot, `num_blocks * block_size` slots.
 pub struct FakeKv {
-    slots: Vec<Option<(SeqId, u32)>>,
+    slots: Vec<Option<u64>>,
     block_size: usize,
 }
 
@@ -44,8 +57,8 @@ impl FakeKv {
         }
     }
 
-    /// Wipes every block outside `owned`, so that a position the scheduler forgot to recompute
-    /// after its blocks were freed cannot be read back by luck.
+    /// Wipes every block outside `owned` (held by a table or cached), so that a position the
+    /// scheduler forgot to recompute after its blocks were freed cannot be read back by luck.
     pub fn wipe_unowned(&mut self, owned: &HashSet<u32>) {
         for (slot, entry) in self.slots.iter_mut().enumerate() {
             if !owned.contains(&((slot / self.block_size) as u32)) {
@@ -54,20 +67,36 @@ impl FakeKv {
         }
     }
 
-    /// Runs one step through the plan's flat form: writes every token to its slot, then reads
-    /// each sampled sequence's whole history back through its block table and applies the
-    /// model. Returns `(sequence, token)` per logit row, as an engine would.
-    pub fn run(&mut self, plan: &StepPlan) -> Vec<(SeqId, u32)> {
+    /// Panics unless positions `0..end` of `table` hold the KV of `history`'s first `end`
+    /// tokens.
+    pub fn check_prefix(&self, seq: SeqId, table: &BlockTable, history: &[u32], end: usize) {
+        for p in 0..end {
+            let slot = table.slot(p, self.block_size).unwrap();
+            assert_eq!(
+                self.slots[slot as usize],
+                Some(kv_entry(&history[..=p])),
+                "{seq}: position {p} (slot {slot}) does not hold its prefix's KV"
+            );
+        }
+    }
+
+    /// Runs one step through the plan's flat form: writes every token's KV to its slot (each
+    /// item's tokens are its history's, `histories[i]` for `plan.items[i]`), then reads each sampled sequence's
+    /// whole history back through its block table and applies the model. Returns
+    /// `(sequence, token)` per logit row, as an engine would.
+    pub fn run(&mut self, plan: &StepPlan, histories: &[Vec<u32>]) -> Vec<(SeqId, u32)> {
         let flat = plan.flatten();
         assert_eq!(flat.tokens.len(), plan.num_tokens());
         assert_eq!(flat.positions.len(), flat.tokens.len());
         assert_eq!(flat.token_seq.len(), flat.tokens.len());
         for ((&token, &pos), &k) in flat.tokens.iter().zip(&flat.positions).zip(&flat.token_seq) {
             let k = k as usize;
+            let history = &histories[k];
+            assert_eq!(history[pos as usize], token);
             let slot = plan.block_tables[k]
                 .slot(pos as usize, self.block_size)
                 .unwrap_or_else(|| panic!("{}: no slot for position {pos}", plan.items[k].seq));
-            self.slots[slot as usize] = Some((plan.items[k].seq, token));
+            self.slots[slot as usize] = Some(kv_entry(&history[..=pos as usize]));
         }
         let mut results = Vec::new();
         for (&row, &seq) in flat.logit_rows.iter().zip(&flat.logit_seqs) {
@@ -77,16 +106,9 @@ impl FakeKv {
                 "logit row {row} names the wrong sequence"
             );
             let last = flat.positions[row] as usize;
-            let history: Vec<u32> = (0..=last)
-                .map(|p| {
-                    let slot = plan.block_tables[k].slot(p, self.block_size).unwrap();
-                    match self.slots[slot as usize] {
-                        Some((owner, token)) if owner == seq => token,
-                        other => panic!("{seq}: position {p} reads slot {slot} holding {other:?}"),
-                    }
-                })
-                .collect();
-            results.push((seq, next_token(seq, &history)));
+            let history = &histories[k][..=last];
+            self.check_prefix(seq, &plan.block_tables[k], history, last + 1);
+            results.push((seq, next_token(seq, history)));
         }
         results
     }

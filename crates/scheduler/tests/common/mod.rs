@@ -5,8 +5,12 @@
 //! - a plan stays within `max_step_tokens` and `max_running`, one item per live sequence;
 //! - each item feeds the sequence's next unwritten tokens, at their positions, and wants logits
 //!   exactly when it reaches the sequence's last token;
-//! - every live sequence's table holds exactly the blocks for the positions written, and no
-//!   block is in two tables; used + free = total;
+//! - every live sequence's table holds exactly the blocks for the positions written; a block in
+//!   two tables is a registered prefix-cache block, and each block's reference count is the
+//!   number of tables holding it; no step writes into a shared or registered block; used + free
+//!   = total, and the pool's own bookkeeping checks out;
+//! - a sequence admitted at a non-zero position (a prefix-cache hit) starts at a block boundary
+//!   before its last token, and its table already holds its prefix's KV there;
 //! - events come once per output index, in order, and a finished sequence's output is the one
 //!   it produces when run alone.
 
@@ -18,8 +22,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use metrale_scheduler::{
-    BlockTable, FinishReason, NewSequence, Policy, Rejected, Scheduler, SchedulerConfig, SeqId,
-    StepPlan, TokenEvent,
+    BlockTable, FinishReason, NewSequence, Policy, PrefixKey, Rejected, Scheduler, SchedulerConfig,
+    SeqId, StepPlan, TokenEvent,
 };
 
 use engine::{FakeKv, reference};
@@ -34,7 +38,13 @@ pub fn config(policy: Policy) -> SchedulerConfig {
         block_size: 4,
         num_blocks: 256,
         policy,
+        prefix_cache: None,
     }
+}
+
+/// The key the prefix-cache tests use.
+pub fn key() -> PrefixKey {
+    PrefixKey::from_bytes(b"fake model")
 }
 
 /// What the harness knows of a live sequence.
@@ -64,6 +74,10 @@ pub struct Harness {
     admitted: Vec<SeqId>,
     /// Sequences planned with `wants_logits` whose result has not come back.
     pending: HashSet<SeqId>,
+    /// Prompt tokens each sequence's first admission found cached, in admission order.
+    pub hits: Vec<(SeqId, usize)>,
+    /// The most live tables that held one block at once.
+    pub most_sharers: u32,
 }
 
 impl Harness {
@@ -80,6 +94,8 @@ impl Harness {
             steps: 0,
             admitted: Vec::new(),
             pending: HashSet::new(),
+            hits: Vec::new(),
+            most_sharers: 0,
         }
     }
 
@@ -117,15 +133,42 @@ impl Harness {
         plan
     }
 
-    /// Runs the plan on the fake engine.
+    /// The sequence's tokens so far, prompt then output.
+    pub fn history(&self, seq: SeqId) -> Vec<u32> {
+        let live = &self.live[&seq];
+        live.prompt
+            .iter()
+            .chain(&self.outputs[&seq])
+            .copied()
+            .collect()
+    }
+
+    /// Runs the plan on the fake engine, after checking that it writes no shared block.
     pub fn run(&mut self, plan: &StepPlan) -> Vec<(SeqId, u32)> {
-        let owned: HashSet<u32> = self
+        let pool = self.sched.pool();
+        let mut owned: HashSet<u32> = self
             .live
             .keys()
             .flat_map(|&s| self.sched.block_table(s).unwrap().blocks.clone())
             .collect();
+        owned.extend((0..pool.total() as u32).filter(|&b| pool.is_cached(b)));
         self.kv.wipe_unowned(&owned);
-        self.kv.run(plan)
+        let bs = self.sched.config().block_size;
+        for (item, table) in plan.items.iter().zip(&plan.block_tables) {
+            let end = item.start_position + item.tokens.len();
+            for p in item.start_position..end {
+                let b = table.blocks[p / bs];
+                assert!(
+                    pool.ref_count(b) == 1 && !pool.is_cached(b),
+                    "{}: position {p} writes block {b}, shared ({} refs) or cached ({})",
+                    item.seq,
+                    pool.ref_count(b),
+                    pool.is_cached(b)
+                );
+            }
+        }
+        let histories: Vec<Vec<u32>> = plan.items.iter().map(|i| self.history(i.seq)).collect();
+        self.kv.run(plan, &histories)
     }
 
     /// Hands the results back, checks the events, advances the clock.
@@ -188,6 +231,15 @@ impl Harness {
         assert!(self.live.is_empty());
         let stats = self.sched.stats();
         assert_eq!(stats.blocks_free, stats.blocks_total, "blocks leaked");
+        let pool = self.sched.pool();
+        for b in 0..pool.total() as u32 {
+            assert_eq!(
+                pool.ref_count(b),
+                0,
+                "block {b} still referenced after the drain"
+            );
+        }
+        pool.check().unwrap();
     }
 
     /// Cancels `id`; see [`Harness::finish`].
@@ -202,7 +254,9 @@ impl Harness {
         self.admitted.retain(|s| *s != id);
         self.pending.remove(&id);
         let before = self.sched.stats().blocks_used;
-        let held = self.sched.block_table(id).unwrap().blocks.len();
+        let pool = self.sched.pool();
+        let held = self.sched.block_table(id).unwrap().blocks.iter();
+        let held = held.filter(|&&b| pool.ref_count(b) == 1).count();
         let finished = match reason {
             FinishReason::Cancelled => self.sched.cancel(id),
             _ => self.sched.finish(id, reason),
@@ -212,6 +266,8 @@ impl Harness {
         assert_eq!(finished.prompt_tokens, live.prompt.len());
         let out = &self.outputs[&id];
         assert_eq!(finished.output_tokens, out.len());
+        let first_hit = self.hits.iter().find(|(s, _)| *s == id).map_or(0, |h| h.1);
+        assert_eq!(finished.cached_tokens, first_hit);
         assert_eq!(*out, reference(id, &live.prompt, out.len()));
         assert_eq!(self.sched.stats().blocks_used, before - held);
         assert!(self.sched.block_table(id).is_none());
@@ -266,6 +322,28 @@ impl Harness {
                 .copied()
                 .collect();
             let end = item.start_position + item.tokens.len();
+            if !self.admitted.contains(&item.seq) {
+                // An admission: from 0, or from a block boundary the prefix cache holds.
+                let start = item.start_position;
+                assert_eq!(live.written, 0);
+                assert_eq!(start % cfg.block_size, 0, "{}: hit mid-block", item.seq);
+                assert!(
+                    start < history.len(),
+                    "{}: nothing left to compute",
+                    item.seq
+                );
+                if cfg.prefix_cache.is_none() {
+                    assert_eq!(start, 0, "{} admitted mid-prompt", item.seq);
+                }
+                self.kv.check_prefix(item.seq, table, &history, start);
+                if !self.hits.iter().any(|(s, _)| *s == item.seq) {
+                    let prompt = start.min(live.prompt.len());
+                    assert_eq!(self.sched.cached_tokens(item.seq), Some(prompt));
+                    self.hits.push((item.seq, prompt));
+                }
+                live.written = start;
+                self.admitted.push(item.seq);
+            }
             assert_eq!(
                 item.start_position, live.written,
                 "{}: gap or overlap",
@@ -277,18 +355,15 @@ impl Harness {
             if item.wants_logits {
                 self.pending.insert(item.seq);
             }
-            if !self.admitted.contains(&item.seq) {
-                assert_eq!(item.start_position, 0, "{} admitted mid-prompt", item.seq);
-                self.admitted.push(item.seq);
-            }
         }
     }
 
     /// State invariants between calls.
-    pub fn check_state(&self) {
+    pub fn check_state(&mut self) {
         let cfg = self.sched.config();
         let stats = self.sched.stats();
-        let mut blocks = HashSet::new();
+        let pool = self.sched.pool();
+        let mut holders: BTreeMap<u32, u32> = BTreeMap::new();
         for (&seq, live) in &self.live {
             let table = self.sched.block_table(seq).expect("live sequence known");
             assert_eq!(
@@ -298,10 +373,20 @@ impl Harness {
             );
             for &b in &table.blocks {
                 assert!((b as usize) < cfg.num_blocks);
-                assert!(blocks.insert(b), "block {b} is in two tables");
+                *holders.entry(b).or_default() += 1;
             }
         }
-        assert_eq!(stats.blocks_used, blocks.len(), "blocks leaked");
+        for b in 0..cfg.num_blocks as u32 {
+            let n = holders.get(&b).copied().unwrap_or(0);
+            assert_eq!(pool.ref_count(b), n, "block {b}: reference count vs tables");
+            assert!(
+                n <= 1 || pool.is_cached(b),
+                "block {b} is in {n} tables, not cached"
+            );
+            self.most_sharers = self.most_sharers.max(n);
+        }
+        pool.check().unwrap();
+        assert_eq!(stats.blocks_used, holders.len(), "blocks leaked");
         assert_eq!(stats.blocks_used + stats.blocks_free, stats.blocks_total);
         assert_eq!(stats.blocks_total, cfg.num_blocks);
         assert_eq!(stats.running + stats.waiting, self.live.len());

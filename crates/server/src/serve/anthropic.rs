@@ -346,11 +346,23 @@ pub async fn messages(
             "content": fold_blocks(&ops),
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens},
+            "usage": usage(out.prompt_tokens, out.cached_tokens, out.completion_tokens),
         }))
         .into_response());
     }
     Ok(stream_anthropic(rx, id, model, stop, input_tokens, shape).into_response())
+}
+
+/// Anthropic's `usage`: as Anthropic counts, `input_tokens` are the prompt tokens not read from
+/// the cache and `cache_read_input_tokens` those that were (their sum is the prompt); nothing is
+/// written to a cache at a price here, so `cache_creation_input_tokens` is 0.
+fn usage(prompt_tokens: usize, cached_tokens: usize, output_tokens: usize) -> Value {
+    json!({
+        "input_tokens": prompt_tokens - cached_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cached_tokens,
+        "cache_creation_input_tokens": 0,
+    })
 }
 
 fn rand_suffix() -> u32 {
@@ -436,6 +448,7 @@ fn stream_anthropic(
                 Some(StreamEvent::Done {
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 }) => {
                     let mut ops = s.blocks.apply(s.reply.finish());
@@ -456,9 +469,12 @@ fn stream_anthropic(
                     } else {
                         stop_reason(Some(finish))
                     };
-                    s.pending.push_back(event("message_delta", json!({"type": "message_delta",
+                    s.pending.push_back(event(
+                        "message_delta",
+                        json!({"type": "message_delta",
                         "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                        "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}})));
+                        "usage": usage(prompt_tokens, cached_tokens, completion_tokens)}),
+                    ));
                     s.pending
                         .push_back(event("message_stop", json!({"type": "message_stop"})));
                     s.finished = true;

@@ -71,6 +71,8 @@ pub enum StreamEvent {
         finish: Finish,
         /// Prompt tokens.
         prompt_tokens: usize,
+        /// Of those, tokens whose KV came from the prefix cache.
+        cached_tokens: usize,
         /// Generated tokens.
         completion_tokens: usize,
     },
@@ -156,6 +158,8 @@ struct Active {
     stop_tokens: Vec<u32>,
     logprobs: Option<usize>,
     prompt_tokens: usize,
+    /// Prompt tokens found in the prefix cache, read from the scheduler at admission.
+    cached_tokens: Option<usize>,
     generated: usize,
     arrival: Instant,
     first_token_seen: bool,
@@ -334,6 +338,7 @@ impl Engine {
                 stop_tokens: req.stop_tokens,
                 logprobs: req.logprobs,
                 prompt_tokens: req.prompt.len(),
+                cached_tokens: None,
                 generated: 0,
                 arrival: now,
                 first_token_seen: false,
@@ -393,9 +398,10 @@ impl Engine {
             (None, Some(Finish::Timeout)) => "timeout",
         };
         tracing::info!(
-            "request {}: {outcome}; {} prompt tokens, {} generated, {:.2}s",
+            "request {}: {outcome}; {} prompt tokens ({} cached), {} generated, {:.2}s",
             id.0,
             a.prompt_tokens,
+            a.cached_tokens.unwrap_or(0),
             a.generated,
             a.arrival.elapsed().as_secs_f64()
         );
@@ -428,6 +434,7 @@ impl Engine {
             let _ = a.tx.send(StreamEvent::Done {
                 finish,
                 prompt_tokens: a.prompt_tokens,
+                cached_tokens: a.cached_tokens.unwrap_or(0),
                 completion_tokens: a.generated,
             });
         }
@@ -439,6 +446,15 @@ impl Engine {
             self.metrics
                 .preemptions_total
                 .fetch_add(plan.preempted.len() as u64, Ordering::Relaxed);
+        }
+        // A sequence's cached tokens are known from its first admission; read them then, since
+        // one that finishes by length in this step is gone from the scheduler before `end`.
+        for item in &plan.items {
+            if let Some(a) = self.active.get_mut(&item.seq)
+                && a.cached_tokens.is_none()
+            {
+                a.cached_tokens = self.scheduler.cached_tokens(item.seq);
+            }
         }
         if plan.items.is_empty() {
             if !self.active.is_empty() {
@@ -593,5 +609,14 @@ impl Engine {
         self.metrics
             .sequences_running
             .store(s.running as u64, Ordering::Relaxed);
+        let m = &self.metrics;
+        m.kv_blocks_cached
+            .store(s.blocks_cached as u64, Ordering::Relaxed);
+        m.prefix_cache_queried_tokens_total
+            .store(s.prefix_queried_tokens, Ordering::Relaxed);
+        m.prefix_cache_hit_tokens_total
+            .store(s.prefix_hit_tokens, Ordering::Relaxed);
+        m.prefix_cache_evicted_blocks_total
+            .store(s.prefix_evicted_blocks, Ordering::Relaxed);
     }
 }

@@ -35,6 +35,14 @@ pub struct Metrics {
     pub sequences_running: AtomicU64,
     /// Sequences preempted by recompute.
     pub preemptions_total: AtomicU64,
+    /// KV blocks holding a cached prefix that no request uses (part of the free blocks).
+    pub kv_blocks_cached: AtomicU64,
+    /// Tokens looked up in the prefix cache (every prefill token of each admission).
+    pub prefix_cache_queried_tokens_total: AtomicU64,
+    /// Of those, tokens found cached.
+    pub prefix_cache_hit_tokens_total: AtomicU64,
+    /// Cached KV blocks evicted to make room.
+    pub prefix_cache_evicted_blocks_total: AtomicU64,
     ttft: Mutex<Histogram>,
 }
 
@@ -134,6 +142,30 @@ impl Metrics {
             "counter",
             &self.preemptions_total,
         );
+        counter(
+            "metrale_kv_blocks_cached",
+            "KV cache blocks free but holding a cached prefix (evicted when needed).",
+            "gauge",
+            &self.kv_blocks_cached,
+        );
+        counter(
+            "metrale_prefix_cache_queried_tokens_total",
+            "Prefill tokens looked up in the prefix cache at admission.",
+            "counter",
+            &self.prefix_cache_queried_tokens_total,
+        );
+        counter(
+            "metrale_prefix_cache_hit_tokens_total",
+            "Prefill tokens found in the prefix cache (their KV not computed again).",
+            "counter",
+            &self.prefix_cache_hit_tokens_total,
+        );
+        counter(
+            "metrale_prefix_cache_evicted_blocks_total",
+            "Cached KV blocks evicted to make room.",
+            "counter",
+            &self.prefix_cache_evicted_blocks_total,
+        );
         let h = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
         let name = "metrale_time_to_first_token_seconds";
         let _ = writeln!(
@@ -162,10 +194,13 @@ mod tests {
     fn renders_counters_and_histogram() {
         let m = Metrics::default();
         m.requests_total.fetch_add(3, Ordering::Relaxed);
+        m.prefix_cache_hit_tokens_total.store(48, Ordering::Relaxed);
         m.observe_ttft(0.2);
         m.observe_ttft(3.0);
         let text = m.render("smol");
         assert!(text.contains("metrale_requests_total 3"));
+        assert!(text.contains("metrale_prefix_cache_hit_tokens_total 48"));
+        assert!(text.contains("# TYPE metrale_prefix_cache_queried_tokens_total counter"));
         assert!(
             text.contains(
                 "metrale_time_to_first_token_seconds_bucket{model=\"smol\",le=\"0.25\"} 1"

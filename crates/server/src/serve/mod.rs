@@ -39,7 +39,7 @@ use axum::routing::{get, post};
 use metrale_cache::DEFAULT_BLOCK_SIZE;
 use metrale_grammar::GrammarEngine;
 use metrale_model_engine::{Model, ModelOptions};
-use metrale_scheduler::{Policy, Scheduler, SchedulerConfig};
+use metrale_scheduler::{Policy, PrefixKey, Scheduler, SchedulerConfig};
 
 use crate::generate::tokenizer_for;
 use crate::load::{self, ModelArgs};
@@ -162,6 +162,12 @@ pub struct Args {
     /// A file of accepted tokens, one per line.
     #[arg(long)]
     auth_tokens_file: Option<std::path::PathBuf>,
+    /// Turn prefix caching off. It is on by default: full KV blocks (16 tokens) of earlier
+    /// requests are kept and shared, so a request that repeats an earlier prompt's start (a
+    /// system prompt, a conversation so far) computes only the tokens after it; usage reports
+    /// them as cached tokens.
+    #[arg(long)]
+    no_prefix_cache: bool,
 }
 
 /// Constant-time equality, so a wrong token's timing says nothing about the right one.
@@ -489,6 +495,25 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             tbt_deadline_ms: args.tbt_deadline_ms,
         },
     };
+    // Everything besides the tokens that decides a block's KV: the checkpoint, its config, the
+    // cache's dtype (bf16) and the block size.
+    let prefix_cache = (!args.no_prefix_cache).then(|| {
+        let source = model_args
+            .model_from_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .or_else(|| model_args.model.clone())
+            .unwrap_or_default();
+        PrefixKey::from_bytes(format!("{source}|{config:?}|kv=bf16|block={block_size}").as_bytes())
+    });
+    tracing::info!(
+        "prefix cache: {}",
+        if prefix_cache.is_some() {
+            "on (full KV blocks shared between requests; --no-prefix-cache turns it off)"
+        } else {
+            "off"
+        }
+    );
     let scheduler = Scheduler::new(SchedulerConfig {
         max_num_seqs: args.max_num_seqs.max(1),
         max_running: max_batch,
@@ -497,6 +522,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         block_size,
         num_blocks,
         policy,
+        prefix_cache,
     })
     .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
     let grammar_engine = match grammar_build.join() {

@@ -455,6 +455,17 @@ pub async fn completions(
     .await
 }
 
+/// OpenAI's `usage`: the prompt counted once, `prompt_tokens_details.cached_tokens` the part of it
+/// the prefix cache held (first choice's: the other choices of one prompt hit what it computed).
+fn usage(prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    })
+}
+
 /// Waits for every choice and builds the non-streamed response; usage sums the choices.
 async fn whole_response(
     rxs: Vec<tokio::sync::mpsc::UnboundedReceiver<StreamEvent>>,
@@ -464,10 +475,13 @@ async fn whole_response(
     choice: impl Fn(usize, super::state::Collected) -> Value,
 ) -> Result<Response, ApiError> {
     let mut choices = Vec::new();
-    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    let (mut prompt_tokens, mut cached_tokens, mut completion_tokens) = (0, 0, 0);
     for (i, rx) in rxs.into_iter().enumerate() {
         let out = collect(rx).await?;
         prompt_tokens = out.prompt_tokens;
+        if i == 0 {
+            cached_tokens = out.cached_tokens;
+        }
         completion_tokens += out.completion_tokens;
         choices.push(choice(i, out));
     }
@@ -477,7 +491,7 @@ async fn whole_response(
         "created": unix_now(),
         "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "usage": usage(prompt_tokens, cached_tokens, completion_tokens),
     }))
     .into_response())
 }
@@ -542,6 +556,7 @@ fn async_stream_like(
         chat: Option<Vec<ChatChoiceStream>>,
         include_usage: bool,
         prompt_tokens: usize,
+        cached_tokens: usize,
         completion_tokens: usize,
         state: Arc<AppState>,
         chunk: F,
@@ -556,6 +571,7 @@ fn async_stream_like(
         chat,
         include_usage,
         prompt_tokens: 0,
+        cached_tokens: 0,
         completion_tokens: 0,
         state,
         chunk,
@@ -581,7 +597,7 @@ fn async_stream_like(
             }
             if s.done == s.n {
                 if s.include_usage {
-                    let usage = json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens, "total_tokens": s.prompt_tokens + s.completion_tokens});
+                    let usage = usage(s.prompt_tokens, s.cached_tokens, s.completion_tokens);
                     s.pending.push_back((s.chunk)(json!([]), Some(usage)));
                 }
                 s.pending.push_back(Event::default().data("[DONE]"));
@@ -629,10 +645,14 @@ fn async_stream_like(
                 StreamEvent::Done {
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 } => {
                     s.done += 1;
                     s.prompt_tokens = prompt_tokens;
+                    if i == 0 {
+                        s.cached_tokens = cached_tokens;
+                    }
                     s.completion_tokens += completion_tokens;
                     let reason = openai_finish(Some(finish));
                     match s.chat.as_mut() {

@@ -285,6 +285,8 @@ pub struct Collected {
     pub finish: Option<Finish>,
     /// Prompt tokens.
     pub prompt_tokens: usize,
+    /// Of those, tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
     /// Generated tokens.
     pub completion_tokens: usize,
 }
@@ -306,10 +308,12 @@ pub async fn collect(mut rx: mpsc::UnboundedReceiver<StreamEvent>) -> Result<Col
             StreamEvent::Done {
                 finish,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
             } => {
                 c.finish = Some(finish);
                 c.prompt_tokens = prompt_tokens;
+                c.cached_tokens = cached_tokens;
                 c.completion_tokens = completion_tokens;
                 break;
             }
