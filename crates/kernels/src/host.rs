@@ -258,6 +258,8 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (MoeGroup::NAME, run::<MoeGroup>),
         (MoeGemmSwiglu::NAME, run::<MoeGemmSwiglu>),
         (MoeGemmDown::NAME, run::<MoeGemmDown>),
+        (MoeGroupedGemvSwiglu::NAME, run::<MoeGroupedGemvSwiglu>),
+        (MoeGroupedGemvDown::NAME, run::<MoeGroupedGemvDown>),
         (MoeCombine::NAME, run::<MoeCombine>),
     ]
 };

@@ -107,7 +107,7 @@ pub const LINEAR_LABELS: [&str; 9] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 25] = [
+pub const KEYS: [&str; 26] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -131,6 +131,7 @@ pub const KEYS: [&str; 25] = [
     "attention_wide_blocks",
     "embedding_vec",
     "moe_grouped_min_rows",
+    "moe_tensor_core_min_rows",
     "carveout",
     "grid_caps",
 ];
@@ -195,6 +196,9 @@ pub struct Tuning {
     /// MoE steps of at least this many tokens group the assignments by expert and run each
     /// expert's rows as one tensor-core product (fewer: every assignment reads its expert).
     pub moe_grouped_min_rows: u32,
+    /// Grouped MoE steps of at least this many tokens run the experts' products on tensor cores
+    /// (fewer: as weight streams over the touched experts, a few rows an expert).
+    pub moe_tensor_core_min_rows: u32,
     /// Shared-memory carveouts.
     pub carveout: Carveout,
     /// GEMV launches of these labels take at most this many blocks.
@@ -230,6 +234,7 @@ impl Tuning {
             attention_wide_blocks: 0,
             embedding_vec: false,
             moe_grouped_min_rows: u32::MAX,
+            moe_tensor_core_min_rows: 0,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
         }
@@ -344,6 +349,7 @@ impl Tuning {
             "attention_wide_blocks" => self.attention_wide_blocks = count(v)?,
             "embedding_vec" => self.embedding_vec = switch(v)?,
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
+            "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "carveout" => {
                 self.carveout = match v {
                     "rule" => Carveout::Rule,
@@ -444,6 +450,7 @@ mod tests {
             ("attention_wide_blocks", "16"),
             ("embedding_vec", "1"),
             ("moe_grouped_min_rows", "16"),
+            ("moe_tensor_core_min_rows", "256"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),
         ];

@@ -110,9 +110,15 @@ fn check(name: &str) {
             "the plain path",
             Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER),
         ),
-        ("the grouped experts", {
+        ("the grouped experts as weight streams", {
             let mut t = Tuning::hopper().unwrap();
             t.set("moe_grouped_min_rows", "2").unwrap();
+            t
+        }),
+        ("the grouped experts on tensor cores", {
+            let mut t = Tuning::hopper().unwrap();
+            t.set("moe_grouped_min_rows", "2").unwrap();
+            t.set("moe_tensor_core_min_rows", "2").unwrap();
             t
         }),
     ] {

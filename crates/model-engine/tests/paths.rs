@@ -445,8 +445,8 @@ fn moe_prompt_logits(
 }
 
 /// A MoE config's prompt logits agree within bf16 rounding between one prefill step and one
-/// token a step, under the plain path, the kernel tree's defaults and the grouped expert
-/// products.
+/// token a step, under the plain path, the kernel tree's defaults and both forms of the grouped
+/// expert products.
 fn moe_prefill_and_decode_agree(c: &ModelConfig) {
     let prompt: Vec<u32> = (0..21)
         .map(|i| (i * 37 + 11) % c.vocab_size as u32)
@@ -459,8 +459,13 @@ fn moe_prefill_and_decode_agree(c: &ModelConfig) {
         ("tree, one prefill step", tuned(&[]), false),
         ("tree, one token a step", tuned(&[]), true),
         (
-            "grouped experts, one prefill step",
-            tuned(&["moe_grouped_min_rows=2"]),
+            "grouped experts on tensor cores, one prefill step",
+            tuned(&["moe_grouped_min_rows=2", "moe_tensor_core_min_rows=2"]),
+            false,
+        ),
+        (
+            "grouped experts as weight streams, one prefill step",
+            tuned(&["moe_grouped_min_rows=2", "moe_tensor_core_min_rows=1000"]),
             false,
         ),
     ] {

@@ -480,6 +480,161 @@ extern "C" __global__ void __launch_bounds__(GROUP_WARPS * 32) moe_group(
 namespace {
 
 // ---------------------------------------------------------------------------------------------
+// Decode batches: the grouped products as weight streams. At 16 to a few hundred rows an expert
+// has a handful of rows (64 rows of top 8 of 128: 4 on average), far from a tensor-core tile; the
+// step is the stream of the touched experts' weights. A warp holds one output column of one
+// expert and streams its weight row once per GROUP_ROWS of the expert's rows, their partial dots
+// in registers. Untouched experts' blocks return before reading anything.
+
+// Rows of an expert a warp carries per pass over its weight row.
+constexpr int GROUP_ROWS = 8;
+
+}  // namespace
+
+// moe_gemm_swiglu's output (act[p] for every position p of every expert's slice, in expert
+// order, the same bits but for the order of the f32 sums), for few rows per expert.
+// Launch: grid = (ceil(inter / 8), experts), block = 256: warp w of block (b, e) computes column
+// 8 b + w of expert e for all its positions, streaming its gate and up rows once per 8 positions.
+extern "C" __global__ void __launch_bounds__(256) moe_grouped_gemv_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t e = blockIdx.y, j = blockIdx.x * WARPS + warp;
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (e >= experts || k == 0 || j >= inter) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    if (begin >= end) return;
+    const __nv_bfloat16* gate = w + ((size_t)e * 2 * inter + j) * hidden;
+    const __nv_bfloat16* up = gate + (size_t)inter * hidden;
+    const bool vec = hidden % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(x);
+    for (int32_t p0 = begin; p0 < end; p0 += GROUP_ROWS) {
+        const int np = min(GROUP_ROWS, end - p0);
+        const __nv_bfloat16* xr[GROUP_ROWS];
+#pragma unroll
+        for (int i = 0; i < GROUP_ROWS; ++i)
+            xr[i] = x + (size_t)((uint32_t)sorted[p0 + min(i, np - 1)] / k) * hidden;
+        float ag[GROUP_ROWS], au[GROUP_ROWS];
+#pragma unroll
+        for (int i = 0; i < GROUP_ROWS; ++i) ag[i] = au[i] = 0.0f;
+        if (vec) {
+            constexpr int HALF = BATCH / 2;
+            const uint32_t chunks = hidden / 8;
+            const uint4* g4 = reinterpret_cast<const uint4*>(gate);
+            const uint4* u4 = reinterpret_cast<const uint4*>(up);
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            for (uint32_t c0 = 0; c0 < chunks; c0 += 32 * HALF) {
+                uint4 gv[HALF], uv[HALF];
+#pragma unroll
+                for (int q = 0; q < HALF; ++q) {
+                    const uint32_t c = c0 + lane + 32 * q;
+                    gv[q] = c < chunks ? load_stream(g4 + c) : zero;
+                    uv[q] = c < chunks ? load_stream(u4 + c) : zero;
+                }
+#pragma unroll
+                for (int q = 0; q < HALF; ++q) {
+                    const uint32_t c = c0 + lane + 32 * q;
+                    if (c >= chunks) continue;
+#pragma unroll
+                    for (int i = 0; i < GROUP_ROWS; ++i) {
+                        if (i >= np) break;
+                        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[i]) + c);
+                        ag[i] += dot8(gv[q], xv);
+                        au[i] += dot8(uv[q], xv);
+                    }
+                }
+            }
+        } else {
+            for (uint32_t c = lane; c < hidden; c += 32) {
+                const float gw = metrale::to_f32(gate[c]), uw = metrale::to_f32(up[c]);
+#pragma unroll
+                for (int i = 0; i < GROUP_ROWS; ++i) {
+                    if (i >= np) break;
+                    const float xv = metrale::to_f32(xr[i][c]);
+                    ag[i] = fmaf(gw, xv, ag[i]);
+                    au[i] = fmaf(uw, xv, au[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < GROUP_ROWS; ++i) {
+            if (i >= np) break;
+            const float g = metrale::warp_sum(ag[i]), u = metrale::warp_sum(au[i]);
+            if (lane == 0)
+                act[(size_t)(p0 + i) * inter + j] = metrale::to_bf16(swiglu_of_products(g, u));
+        }
+    }
+}
+
+// moe_gemm_down's output (y[sorted[p], h] = bf16(act[p] . w[e, h]) for every position p of every
+// expert's slice, the same bits but for the order of the f32 sums), for few rows per expert.
+// Launch: grid = (ceil(hidden / 8), experts), block = 256: warp w of block (b, e) computes column
+// 8 b + w of expert e for all its positions, streaming its down row once per 8 positions.
+extern "C" __global__ void __launch_bounds__(256) moe_grouped_gemv_down(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t experts, uint32_t hidden, uint32_t inter) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t e = blockIdx.y, h = blockIdx.x * WARPS + warp;
+    if (e >= experts || h >= hidden) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    if (begin >= end) return;
+    const __nv_bfloat16* row = w + ((size_t)e * hidden + h) * inter;
+    const bool vec = inter % 8 == 0 && aligned16(row) && aligned16(act);
+    for (int32_t p0 = begin; p0 < end; p0 += GROUP_ROWS) {
+        const int np = min(GROUP_ROWS, end - p0);
+        const __nv_bfloat16* ar = act + (size_t)p0 * inter;
+        float acc[GROUP_ROWS];
+#pragma unroll
+        for (int i = 0; i < GROUP_ROWS; ++i) acc[i] = 0.0f;
+        if (vec) {
+            const uint32_t chunks = inter / 8;
+            const uint4* w4 = reinterpret_cast<const uint4*>(row);
+            const uint4* a4 = reinterpret_cast<const uint4*>(ar);
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            for (uint32_t c0 = 0; c0 < chunks; c0 += 32 * BATCH) {
+                uint4 wv[BATCH];
+#pragma unroll
+                for (int q = 0; q < BATCH; ++q) {
+                    const uint32_t c = c0 + lane + 32 * q;
+                    wv[q] = c < chunks ? load_stream(w4 + c) : zero;
+                }
+#pragma unroll
+                for (int q = 0; q < BATCH; ++q) {
+                    const uint32_t c = c0 + lane + 32 * q;
+                    if (c >= chunks) continue;
+#pragma unroll
+                    for (int i = 0; i < GROUP_ROWS; ++i) {
+                        if (i >= np) break;
+                        acc[i] += dot8(wv[q], __ldg(a4 + (size_t)i * chunks + c));
+                    }
+                }
+            }
+        } else {
+            for (uint32_t c = lane; c < inter; c += 32) {
+                const float wv = metrale::to_f32(row[c]);
+#pragma unroll
+                for (int i = 0; i < GROUP_ROWS; ++i) {
+                    if (i >= np) break;
+                    acc[i] = fmaf(wv, metrale::to_f32(ar[(size_t)i * inter + c]), acc[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < GROUP_ROWS; ++i) {
+            if (i >= np) break;
+            const float v = metrale::warp_sum(acc[i]);
+            if (lane == 0) y[(size_t)sorted[p0 + i] * hidden + h] = metrale::to_bf16(v);
+        }
+    }
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
 // Prefill: the grouped products, WMMA 16x16x16 tiles as gemm.cu's baseline (correct first; no
 // pipelining).
 

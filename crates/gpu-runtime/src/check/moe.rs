@@ -9,8 +9,8 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup, MoeRoute,
-    MoeScoring, group_by_expert,
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
+    MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeRoute, MoeScoring, group_by_expert,
 };
 
 use super::{
@@ -287,24 +287,47 @@ fn grouped_product_cases(rng: &mut Rng) -> Vec<Case> {
         let (n, i, h) = ((rows * k) as usize, inter as usize, hidden as usize);
         let ids = routed_ids(rng, rows, experts, k, empty);
         let (offsets, sorted) = group_by_expert(&ids, experts as usize);
+        let shape = format!(
+            "rows={rows} experts={experts} k={k} inter={inter} hidden={hidden} empty={empty}"
+        );
+        let buffers = vec![
+            output(vec![0; n * i * 2], OutputKind::Bf16),
+            input(bf16_normal(rng, rows as usize * h, 1.0)),
+            input(bf16_normal(
+                rng,
+                experts as usize * 2 * i * h,
+                2.0 / (hidden as f32).sqrt(),
+            )),
+            input(i32_bytes(&offsets)),
+            input(i32_bytes(&sorted)),
+        ];
+        // The weight-stream form of the same product, on the same inputs (drawn once).
+        out.push(Case {
+            kernel: MoeGroupedGemvSwiglu::NAME,
+            gemm: None,
+            allowance: None,
+            shape: shape.clone(),
+            buffers: buffers.clone(),
+            build: Box::new(move |p| {
+                launch_of(MoeGroupedGemvSwiglu {
+                    act: p[0],
+                    x: p[1],
+                    w: p[2],
+                    offsets: p[3],
+                    sorted: p[4],
+                    k,
+                    experts,
+                    inter,
+                    hidden,
+                })
+            }),
+        });
         out.push(Case {
             kernel: MoeGemmSwiglu::NAME,
             gemm: None,
             allowance: None,
-            shape: format!(
-                "rows={rows} experts={experts} k={k} inter={inter} hidden={hidden} empty={empty}"
-            ),
-            buffers: vec![
-                output(vec![0; n * i * 2], OutputKind::Bf16),
-                input(bf16_normal(rng, rows as usize * h, 1.0)),
-                input(bf16_normal(
-                    rng,
-                    experts as usize * 2 * i * h,
-                    2.0 / (hidden as f32).sqrt(),
-                )),
-                input(i32_bytes(&offsets)),
-                input(i32_bytes(&sorted)),
-            ],
+            shape,
+            buffers,
             build: Box::new(move |p| {
                 launch_of(MoeGemmSwiglu {
                     act: p[0],
@@ -321,24 +344,44 @@ fn grouped_product_cases(rng: &mut Rng) -> Vec<Case> {
         });
         // The down product of the same grouping, its width and height swapped.
         let (dh, di) = (inter, hidden);
+        let shape =
+            format!("rows={rows} experts={experts} k={k} hidden={dh} inter={di} empty={empty}");
+        let buffers = vec![
+            output(vec![0; n * dh as usize * 2], OutputKind::Bf16),
+            input(bf16_normal(rng, n * di as usize, 1.0)),
+            input(bf16_normal(
+                rng,
+                experts as usize * (dh * di) as usize,
+                1.0 / (di as f32).sqrt(),
+            )),
+            input(i32_bytes(&offsets)),
+            input(i32_bytes(&sorted)),
+        ];
+        out.push(Case {
+            kernel: MoeGroupedGemvDown::NAME,
+            gemm: None,
+            allowance: None,
+            shape: shape.clone(),
+            buffers: buffers.clone(),
+            build: Box::new(move |p| {
+                launch_of(MoeGroupedGemvDown {
+                    y: p[0],
+                    act: p[1],
+                    w: p[2],
+                    offsets: p[3],
+                    sorted: p[4],
+                    experts,
+                    hidden: dh,
+                    inter: di,
+                })
+            }),
+        });
         out.push(Case {
             kernel: MoeGemmDown::NAME,
             gemm: None,
             allowance: None,
-            shape: format!(
-                "rows={rows} experts={experts} k={k} hidden={dh} inter={di} empty={empty}"
-            ),
-            buffers: vec![
-                output(vec![0; n * dh as usize * 2], OutputKind::Bf16),
-                input(bf16_normal(rng, n * di as usize, 1.0)),
-                input(bf16_normal(
-                    rng,
-                    experts as usize * (dh * di) as usize,
-                    1.0 / (di as f32).sqrt(),
-                )),
-                input(i32_bytes(&offsets)),
-                input(i32_bytes(&sorted)),
-            ],
+            shape,
+            buffers,
             build: Box::new(move |p| {
                 launch_of(MoeGemmDown {
                     y: p[0],

@@ -16,9 +16,12 @@
 //! - **decode** ([`MoeRoute`], [`MoeGemvSwiglu`], [`MoeGemvDown`]): weight streams in the manner of
 //!   the GEMV, one launch for every selected expert of every row; the down launch weights and adds
 //!   the slots inside each output's dot, in f32, and rounds once;
-//! - **prefill** ([`MoeRoute`], [`MoeGroup`], [`MoeGemmSwiglu`], [`MoeGemmDown`], [`MoeCombine`]):
+//! - **grouped** ([`MoeRoute`], [`MoeGroup`], [`MoeGemmSwiglu`], [`MoeGemmDown`], [`MoeCombine`]):
 //!   the assignments grouped by expert, grouped tensor-core products over each expert's rows, each
-//!   expert's output rounded to bf16 (as `transformers` in bf16 does) before the f32 combine.
+//!   expert's output rounded to bf16 (as `transformers` in bf16 does) before the f32 combine. For
+//!   decode batches, where an expert has a handful of rows, [`MoeGroupedGemvSwiglu`] and
+//!   [`MoeGroupedGemvDown`] compute the two products' same values as weight streams over the
+//!   touched experts.
 //!
 //! The MoE block's output is bf16 `[m, hidden]`, as the dense MLP's down product gives it: the
 //! residual add + norm that follows takes it unchanged.
@@ -28,7 +31,10 @@ mod grouped;
 mod route;
 
 pub use decode::{MoeGemvDown, MoeGemvSwiglu};
-pub use grouped::{MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGroup, group_by_expert};
+pub use grouped::{
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu,
+    group_by_expert,
+};
 pub use route::{MoeRoute, MoeScoring, route_row};
 
 use half::bf16;

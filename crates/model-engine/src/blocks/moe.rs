@@ -6,9 +6,11 @@
 //! expert's gate|up product with SiLU x up (`moe_gemv_swiglu`); the down products weighted and
 //! summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
 //! weights: the decode shape. Steps of at least the tuning's `moe_grouped_min_rows` tokens group
-//! the assignments by expert instead (`moe_group`), run each expert's rows as one tensor-core
-//! product (`moe_gemm_swiglu`, `moe_gemm_down`, each expert output rounded to bf16 as
-//! transformers rounds it) and combine them with the routing weights (`moe_combine`).
+//! the assignments by expert instead (`moe_group`), run each expert's rows as one product
+//! (`moe_gemm_swiglu`, `moe_gemm_down` on tensor cores from `moe_tensor_core_min_rows` tokens;
+//! below that `moe_grouped_gemv_swiglu`, `moe_grouped_gemv_down`, weight streams over the touched
+//! experts; either way each expert output rounded to bf16 as transformers rounds it) and combine
+//! them with the routing weights (`moe_combine`).
 //!
 //! A shared expert (Qwen2-MoE) is a dense SwiGLU MLP every token takes, run by the ordinary
 //! products between the routing and the experts' down launch: its gate|up with SiLU x up, its
@@ -21,8 +23,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup, MoeRoute,
-    MoeScoring,
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
+    MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeRoute, MoeScoring,
 };
 
 use super::{Arena, Block, Step};
@@ -42,6 +44,8 @@ struct Kernels {
     group: KernelHandle,
     gemm_gate_up: KernelHandle,
     gemm_down: KernelHandle,
+    stream_gate_up: KernelHandle,
+    stream_down: KernelHandle,
     combine: KernelHandle,
 }
 
@@ -95,6 +99,8 @@ impl Shared {
             group: gpu.kernel(MoeGroup::NAME)?,
             gemm_gate_up: gpu.kernel(MoeGemmSwiglu::NAME)?,
             gemm_down: gpu.kernel(MoeGemmDown::NAME)?,
+            stream_gate_up: gpu.kernel(MoeGroupedGemvSwiglu::NAME)?,
+            stream_down: gpu.kernel(MoeGroupedGemvDown::NAME)?,
             combine: gpu.kernel(MoeCombine::NAME)?,
         };
         let (t, k) = (max_tokens, spec.top_k);
@@ -331,7 +337,6 @@ impl Moe {
             inter,
             hidden: self.hidden,
         };
-        l.launch(kernels.gemm_gate_up, "experts", &gate_up)?;
         let down = MoeGemmDown {
             y: sc.y,
             act: sc.act,
@@ -342,7 +347,21 @@ impl Moe {
             hidden: self.hidden,
             inter,
         };
-        l.launch(kernels.gemm_down, "experts", &down)?;
+        if rows >= l.tuning.moe_tensor_core_min_rows {
+            l.launch(kernels.gemm_gate_up, "experts", &gate_up)?;
+            l.launch(kernels.gemm_down, "experts", &down)?;
+        } else {
+            l.launch(
+                kernels.stream_gate_up,
+                "experts",
+                &MoeGroupedGemvSwiglu::from(gate_up),
+            )?;
+            l.launch(
+                kernels.stream_down,
+                "experts",
+                &MoeGroupedGemvDown::from(down),
+            )?;
+        }
         let (shared, shared_gate) = self.shared_term();
         let combine = MoeCombine {
             out: sc.out,

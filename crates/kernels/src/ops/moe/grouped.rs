@@ -7,7 +7,7 @@
 //! whatever the routing (no device-to-host read of the counts).
 
 use half::bf16;
-use metrale_core::{DevicePtr, LaunchConfig};
+use metrale_core::{DevicePtr, KernelName, LaunchConfig};
 
 use super::{add_shared, bad_args, check_experts, expert_down, expert_of, expert_swiglu};
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
@@ -84,6 +84,199 @@ kernel_args!(
         inter: u32,
     }
 );
+
+kernel_args!(
+    /// [`MoeGemmSwiglu`]'s output as a weight stream, for few rows an expert (decode batches): a
+    /// warp holds one column of one expert and streams its gate and up rows once per 8 of the
+    /// expert's rows; experts no row chose read nothing. The same values (f32 sums in another
+    /// order).
+    MoeGroupedGemvSwiglu => names::moe::MOE_GROUPED_GEMV_SWIGLU {
+        /// bf16 `[n, inter]`, in expert order.
+        act: DevicePtr,
+        /// bf16 `[rows, hidden]`.
+        x: DevicePtr,
+        /// bf16 `[experts, 2 * inter, hidden]`.
+        w: DevicePtr,
+        /// i32 `[experts + 1]` ([`MoeGroup`]).
+        offsets: DevicePtr,
+        /// i32 `[n]` ([`MoeGroup`]).
+        sorted: DevicePtr,
+        /// Slots a row (an assignment's row is `a / k`).
+        k: u32,
+        /// Experts.
+        experts: u32,
+        /// Each expert's width.
+        inter: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+kernel_args!(
+    /// [`MoeGemmDown`]'s output as a weight stream, for few rows an expert: a warp holds one
+    /// output column of one expert and streams its down row once per 8 of the expert's rows.
+    MoeGroupedGemvDown => names::moe::MOE_GROUPED_GEMV_DOWN {
+        /// bf16 `[n, hidden]`, in assignment order.
+        y: DevicePtr,
+        /// bf16 `[n, inter]`: the gate|up output, in expert order.
+        act: DevicePtr,
+        /// bf16 `[experts, hidden, inter]`.
+        w: DevicePtr,
+        /// i32 `[experts + 1]` ([`MoeGroup`]).
+        offsets: DevicePtr,
+        /// i32 `[n]` ([`MoeGroup`]).
+        sorted: DevicePtr,
+        /// Experts.
+        experts: u32,
+        /// The model's width.
+        hidden: u32,
+        /// Each expert's width.
+        inter: u32,
+    }
+);
+
+impl From<MoeGroupedGemvSwiglu> for MoeGemmSwiglu {
+    fn from(a: MoeGroupedGemvSwiglu) -> Self {
+        let MoeGroupedGemvSwiglu {
+            act,
+            x,
+            w,
+            offsets,
+            sorted,
+            k,
+            experts,
+            inter,
+            hidden,
+        } = a;
+        MoeGemmSwiglu {
+            act,
+            x,
+            w,
+            offsets,
+            sorted,
+            k,
+            experts,
+            inter,
+            hidden,
+        }
+    }
+}
+
+impl From<MoeGroupedGemvDown> for MoeGemmDown {
+    fn from(a: MoeGroupedGemvDown) -> Self {
+        let MoeGroupedGemvDown {
+            y,
+            act,
+            w,
+            offsets,
+            sorted,
+            experts,
+            hidden,
+            inter,
+        } = a;
+        MoeGemmDown {
+            y,
+            act,
+            w,
+            offsets,
+            sorted,
+            experts,
+            hidden,
+            inter,
+        }
+    }
+}
+
+impl From<MoeGemmSwiglu> for MoeGroupedGemvSwiglu {
+    fn from(a: MoeGemmSwiglu) -> Self {
+        let MoeGemmSwiglu {
+            act,
+            x,
+            w,
+            offsets,
+            sorted,
+            k,
+            experts,
+            inter,
+            hidden,
+        } = a;
+        MoeGroupedGemvSwiglu {
+            act,
+            x,
+            w,
+            offsets,
+            sorted,
+            k,
+            experts,
+            inter,
+            hidden,
+        }
+    }
+}
+
+impl From<MoeGemmDown> for MoeGroupedGemvDown {
+    fn from(a: MoeGemmDown) -> Self {
+        let MoeGemmDown {
+            y,
+            act,
+            w,
+            offsets,
+            sorted,
+            experts,
+            hidden,
+            inter,
+        } = a;
+        MoeGroupedGemvDown {
+            y,
+            act,
+            w,
+            offsets,
+            sorted,
+            experts,
+            hidden,
+            inter,
+        }
+    }
+}
+
+/// Output columns of a grouped weight-stream block (8 warps, a column each: `WARPS` in moe.cu).
+const STREAM_COLUMNS: u32 = 8;
+
+impl Kernel for MoeGroupedGemvSwiglu {
+    /// One block per expert and 8 columns.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.inter.into(), STREAM_COLUMNS).max(1),
+                self.experts.max(1),
+                1,
+            ],
+            block: [256, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        swiglu_reference(Self::NAME, &MoeGemmSwiglu::from(*self), mem)
+    }
+}
+
+impl Kernel for MoeGroupedGemvDown {
+    /// One block per expert and 8 output columns.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.hidden.into(), STREAM_COLUMNS).max(1),
+                self.experts.max(1),
+                1,
+            ],
+            block: [256, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        down_reference(Self::NAME, &MoeGemmDown::from(*self), mem)
+    }
+}
 
 kernel_args!(
     /// The weighted combine: `out[r, h] = bf16(sum over slots s, in order, of weights[r, s] *
@@ -201,34 +394,7 @@ impl Kernel for MoeGemmSwiglu {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        check_experts(Self::NAME, self.experts, self.k)?;
-        let (k, experts) = (self.k as usize, self.experts as usize);
-        let (inter, hidden) = (self.inter as usize, self.hidden as usize);
-        let (offsets, sorted) = load_groups(Self::NAME, mem, self.offsets, self.sorted, experts)?;
-        // The rows of x the assignments name.
-        let rows = sorted
-            .iter()
-            .map(|&a| a as usize / k + 1)
-            .max()
-            .unwrap_or(0);
-        let x = host::load_bf16(mem, self.x, rows * hidden)?;
-        let w = host::view::<bf16>(mem, self.w, experts * 2 * inter * hidden)?;
-        let total = offsets[experts] as usize;
-        let mut act = Vec::with_capacity(total * inter);
-        for e in 0..experts {
-            for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
-                let r = a as usize / k;
-                act.extend(expert_swiglu(
-                    &x[r * hidden..(r + 1) * hidden],
-                    &w,
-                    e,
-                    inter,
-                    hidden,
-                ));
-            }
-        }
-        drop(w);
-        host::store_bf16(mem, self.act, &act)
+        swiglu_reference(Self::NAME, self, mem)
     }
 }
 
@@ -246,26 +412,7 @@ impl Kernel for MoeGemmDown {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        check_experts(Self::NAME, self.experts, 1)?;
-        let experts = self.experts as usize;
-        let (hidden, inter) = (self.hidden as usize, self.inter as usize);
-        let (offsets, sorted) = load_groups(Self::NAME, mem, self.offsets, self.sorted, experts)?;
-        let total = offsets[experts] as usize;
-        let act = host::load_bf16(mem, self.act, total * inter)?;
-        let w = host::view::<bf16>(mem, self.w, experts * hidden * inter)?;
-        let mut rows = Vec::with_capacity(total);
-        for e in 0..experts {
-            for p in offsets[e] as usize..offsets[e + 1] as usize {
-                let y = expert_down(&act[p * inter..(p + 1) * inter], &w, e, hidden, inter);
-                rows.push((sorted[p] as usize, y));
-            }
-        }
-        drop(w);
-        for (a, y) in rows {
-            let at = DevicePtr(self.y.0 + (a * hidden * 2) as u64);
-            host::store_bf16(mem, at, &y)?;
-        }
-        Ok(())
+        down_reference(Self::NAME, self, mem)
     }
 }
 
@@ -295,6 +442,70 @@ impl Kernel for MoeCombine {
         add_shared(mem, &mut out, self.shared, self.shared_gate, hidden)?;
         host::store_bf16(mem, self.out, &out)
     }
+}
+
+/// [`MoeGemmSwiglu`]'s reference (also [`MoeGroupedGemvSwiglu`]'s), errors named `name`.
+fn swiglu_reference(
+    name: KernelName,
+    a: &MoeGemmSwiglu,
+    mem: &mut dyn HostMemory,
+) -> Result<(), HostError> {
+    check_experts(name, a.experts, a.k)?;
+    let (k, experts) = (a.k as usize, a.experts as usize);
+    let (inter, hidden) = (a.inter as usize, a.hidden as usize);
+    let (offsets, sorted) = load_groups(name, mem, a.offsets, a.sorted, experts)?;
+    // The rows of x the assignments name.
+    let rows = sorted
+        .iter()
+        .map(|&a| a as usize / k + 1)
+        .max()
+        .unwrap_or(0);
+    let x = host::load_bf16(mem, a.x, rows * hidden)?;
+    let w = host::view::<bf16>(mem, a.w, experts * 2 * inter * hidden)?;
+    let total = offsets[experts] as usize;
+    let mut act = Vec::with_capacity(total * inter);
+    for e in 0..experts {
+        for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
+            let r = a as usize / k;
+            act.extend(expert_swiglu(
+                &x[r * hidden..(r + 1) * hidden],
+                &w,
+                e,
+                inter,
+                hidden,
+            ));
+        }
+    }
+    drop(w);
+    host::store_bf16(mem, a.act, &act)
+}
+
+/// [`MoeGemmDown`]'s reference (also [`MoeGroupedGemvDown`]'s), errors named `name`.
+fn down_reference(
+    name: KernelName,
+    a: &MoeGemmDown,
+    mem: &mut dyn HostMemory,
+) -> Result<(), HostError> {
+    check_experts(name, a.experts, 1)?;
+    let experts = a.experts as usize;
+    let (hidden, inter) = (a.hidden as usize, a.inter as usize);
+    let (offsets, sorted) = load_groups(name, mem, a.offsets, a.sorted, experts)?;
+    let total = offsets[experts] as usize;
+    let act = host::load_bf16(mem, a.act, total * inter)?;
+    let w = host::view::<bf16>(mem, a.w, experts * hidden * inter)?;
+    let mut rows = Vec::with_capacity(total);
+    for e in 0..experts {
+        for p in offsets[e] as usize..offsets[e + 1] as usize {
+            let y = expert_down(&act[p * inter..(p + 1) * inter], &w, e, hidden, inter);
+            rows.push((sorted[p] as usize, y));
+        }
+    }
+    drop(w);
+    for (assignment, y) in rows {
+        let at = DevicePtr(a.y.0 + (assignment * hidden * 2) as u64);
+        host::store_bf16(mem, at, &y)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
