@@ -118,6 +118,7 @@ pub fn from_gguf_metadata(
         })
         .ok_or(ConfigError::Missing("vocab_size"))?;
     let token = |k: &str| meta.get(k).and_then(MetaValue::as_u64).map(|v| v as u32);
+    let head_dim = opt_uint("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
     let config = ModelConfig {
         family,
         hidden_size,
@@ -125,7 +126,7 @@ pub fn from_gguf_metadata(
         num_layers: uint("block_count")?,
         num_heads,
         num_kv_heads: opt_uint("attention.head_count_kv").unwrap_or(num_heads),
-        head_dim: opt_uint("attention.key_length").unwrap_or(hidden_size / num_heads.max(1)),
+        head_dim,
         vocab_size,
         max_position_embeddings: opt_uint("context_length").unwrap_or(4096),
         rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-6),
@@ -134,6 +135,7 @@ pub fn from_gguf_metadata(
         tie_word_embeddings: !has_output_tensor,
         attention_bias: family.qkv_bias(),
         qk_norm: family.qk_norm(),
+        rotary_dim: opt_uint("rope.dimension_count").unwrap_or(head_dim),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
         moe: None,

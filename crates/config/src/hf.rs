@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::{ConfigError, ModelConfig, ModelFamily, MoeConfig, RopeScaling, RouterKind};
+use crate::{ConfigError, ModelConfig, ModelFamily, MoeConfig, QkNorm, RopeScaling, RouterKind};
 
 fn get<'a>(obj: &'a Map<String, Value>, key: &'static str) -> Result<&'a Value, ConfigError> {
     obj.get(key)
@@ -127,7 +127,8 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
     let shared = match family {
         ModelFamily::Qwen2Moe => Some(usize_of(obj, "shared_expert_intermediate_size")?),
         ModelFamily::Qwen3Moe => None,
-        _ => return Ok(None),
+        ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
+        ModelFamily::Llama | ModelFamily::Qwen2 | ModelFamily::Qwen3 => return Ok(None),
     };
     let mlp_only_layers = match obj.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
@@ -147,11 +148,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         }
     };
     Ok(Some(MoeConfig {
-        // transformers 5 writes `num_local_experts`.
-        num_experts: match opt_usize(obj, "num_local_experts")? {
-            Some(n) if !obj.contains_key("num_experts") => n,
-            _ => usize_of(obj, "num_experts")?,
-        },
+        num_experts: num_experts(obj)?,
         top_k: usize_of(obj, "num_experts_per_tok")?,
         expert_intermediate: usize_of(obj, "moe_intermediate_size")?,
         // transformers' defaults: Qwen3-MoE renormalises, Qwen2-MoE does not.
@@ -162,6 +159,147 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         sparse_step: opt_usize(obj, "decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers,
     }))
+}
+
+/// The number of routed experts: `num_experts`, or transformers 5's `num_local_experts`.
+fn num_experts(obj: &Map<String, Value>) -> Result<usize, ConfigError> {
+    match opt_usize(obj, "num_local_experts")? {
+        Some(n) if !obj.contains_key("num_experts") => Ok(n),
+        _ => usize_of(obj, "num_experts"),
+    }
+}
+
+/// `obj[key]` must be absent or equal to `want` (a variant the engine does not implement
+/// otherwise).
+fn require(
+    obj: &Map<String, Value>,
+    key: &'static str,
+    want: Value,
+    why: &'static str,
+) -> Result<(), ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if *v == want => Ok(()),
+        Some(v) => Err(unsupported(key, v, why)),
+    }
+}
+
+/// MiniMax-M2's sparse MLP, in every layer: Mixtral-style experts of `intermediate_size`, a
+/// sigmoid router whose top k is chosen on the scores plus a per-expert correction bias, the
+/// unbiased scores of the chosen experts renormalised. The original checkpoint's config spells
+/// the variants out (`scoring_func`, `use_routing_bias`, `shared_intermediate_size`,
+/// `attn_type_list`); transformers' config leaves them implied. Any other value is refused.
+fn minimax_m2_moe(obj: &Map<String, Value>) -> Result<MoeConfig, ConfigError> {
+    require(
+        obj,
+        "scoring_func",
+        Value::from("sigmoid"),
+        "MiniMax-M2 routing is implemented with sigmoid scores only",
+    )?;
+    require(
+        obj,
+        "use_routing_bias",
+        Value::from(true),
+        "MiniMax-M2 routing is implemented with its correction bias only",
+    )?;
+    if obj
+        .get("shared_intermediate_size")
+        .is_some_and(|v| !v.is_null() && v.as_u64() != Some(0))
+    {
+        return Err(unsupported(
+            "shared_intermediate_size",
+            &obj["shared_intermediate_size"],
+            "a MiniMax-M2 shared expert is not implemented",
+        ));
+    }
+    if let Some(types) = obj.get("attn_type_list").and_then(Value::as_array)
+        && let Some(other) = types.iter().find(|t| t.as_u64() != Some(1))
+    {
+        return Err(unsupported(
+            "attn_type_list",
+            other,
+            "only full-attention layers (type 1) are implemented",
+        ));
+    }
+    let scaling = f32_of(obj, "routed_scaling_factor", 1.0)?;
+    if scaling != 1.0 {
+        return Err(unsupported(
+            "routed_scaling_factor",
+            &obj["routed_scaling_factor"],
+            "MiniMax-M2 routing does not scale its weights",
+        ));
+    }
+    Ok(MoeConfig {
+        num_experts: num_experts(obj)?,
+        top_k: usize_of(obj, "num_experts_per_tok")?,
+        expert_intermediate: usize_of(obj, "intermediate_size")?,
+        norm_topk_prob: true,
+        router: RouterKind::SigmoidBias,
+        routed_scaling: 1.0,
+        shared_expert_intermediate: None,
+        sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+    })
+}
+
+/// The QK-norm of `family`; MiniMax-M2's original config spells it out (`use_qk_norm`,
+/// `qk_norm_type: "per_layer"`, the norm over the whole projection), and any other value is
+/// refused.
+fn qk_norm(obj: &Map<String, Value>, family: ModelFamily) -> Result<QkNorm, ConfigError> {
+    if family == ModelFamily::MiniMaxM2 {
+        require(
+            obj,
+            "use_qk_norm",
+            Value::from(true),
+            "MiniMax-M2 attention is implemented with its QK-norm only",
+        )?;
+        require(
+            obj,
+            "qk_norm_type",
+            Value::from("per_layer"),
+            "MiniMax-M2's QK-norm is implemented over the whole projection (per_layer) only",
+        )?;
+    }
+    Ok(family.qk_norm())
+}
+
+/// The leading elements of each head that RoPE rotates: `rotary_dim` (MiniMax-M2's original
+/// config), or `head_dim * partial_rotary_factor` (at the top level or, transformers 5, inside
+/// `rope_parameters`); `head_dim` when neither is given. Given both ways, they must agree.
+fn rotary_dim(obj: &Map<String, Value>, head_dim: usize) -> Result<usize, ConfigError> {
+    let factor = match obj.get("rope_parameters").and_then(Value::as_object) {
+        Some(p) if p.get("partial_rotary_factor").is_some_and(|v| !v.is_null()) => {
+            Some(f32_of(p, "partial_rotary_factor", 1.0)?)
+        }
+        _ if obj
+            .get("partial_rotary_factor")
+            .is_some_and(|v| !v.is_null()) =>
+        {
+            Some(f32_of(obj, "partial_rotary_factor", 1.0)?)
+        }
+        _ => None,
+    };
+    let from_factor = match factor {
+        None => None,
+        Some(f) if f > 0.0 && f <= 1.0 => Some((head_dim as f32 * f) as usize),
+        Some(f) => {
+            return Err(ConfigError::Invalid {
+                key: "partial_rotary_factor",
+                message: format!("{f} is not in (0, 1]"),
+            });
+        }
+    };
+    match (opt_usize(obj, "rotary_dim")?, from_factor) {
+        (Some(d), Some(f)) if d != f => Err(ConfigError::Invalid {
+            key: "rotary_dim",
+            message: format!(
+                "{d} disagrees with partial_rotary_factor, which gives {f} of head_dim {head_dim}"
+            ),
+        }),
+        (Some(d), _) => Ok(d),
+        (None, Some(f)) => Ok(f),
+        (None, None) => Ok(head_dim),
+    }
 }
 
 /// Parses a `config.json` text.
@@ -228,6 +366,7 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
 
     let hidden_size = usize_of(obj, "hidden_size")?;
     let num_heads = usize_of(obj, "num_attention_heads")?;
+    let head_dim = opt_usize(obj, "head_dim")?.unwrap_or(hidden_size / num_heads.max(1));
     let config = ModelConfig {
         family,
         hidden_size,
@@ -235,7 +374,7 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         num_layers: usize_of(obj, "num_hidden_layers")?,
         num_heads,
         num_kv_heads: opt_usize(obj, "num_key_value_heads")?.unwrap_or(num_heads),
-        head_dim: opt_usize(obj, "head_dim")?.unwrap_or(hidden_size / num_heads.max(1)),
+        head_dim,
         vocab_size: usize_of(obj, "vocab_size")?,
         max_position_embeddings: opt_usize(obj, "max_position_embeddings")?.unwrap_or(4096),
         rms_norm_eps: f32_of(obj, "rms_norm_eps", 1e-6)?,
@@ -243,7 +382,8 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         rope_scaling: rope_scaling(obj)?,
         tie_word_embeddings: bool_of(obj, "tie_word_embeddings", false)?,
         attention_bias: family.qkv_bias() || bool_of(obj, "attention_bias", false)?,
-        qk_norm: family.qk_norm(),
+        qk_norm: qk_norm(obj, family)?,
+        rotary_dim: rotary_dim(obj, head_dim)?,
         bos_token_id: token_ids(obj.get("bos_token_id")).first().copied(),
         eos_token_ids: token_ids(obj.get("eos_token_id")),
         moe: moe(obj, family)?,
@@ -272,7 +412,8 @@ mod tests {
     fn qwen3_8b() {
         let c = from_config_json(QWEN3_8B).unwrap();
         assert_eq!(c.family, ModelFamily::Qwen3);
-        assert!(c.qk_norm && !c.attention_bias && !c.tie_word_embeddings);
+        assert!(c.qk_norm == QkNorm::PerHead && !c.attention_bias && !c.tie_word_embeddings);
+        assert_eq!(c.rotary_dim, 128);
         assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (32, 8, 128));
         assert_eq!(c.eos_token_ids, vec![151645]);
         // Qwen3-8B has 8.19B parameters.
@@ -353,7 +494,7 @@ mod tests {
     fn qwen3_30b_a3b_is_sparse_in_every_layer() {
         let c = from_config_json(QWEN3_30B_A3B).unwrap();
         assert_eq!(c.family, ModelFamily::Qwen3Moe);
-        assert!(c.qk_norm && !c.attention_bias);
+        assert!(c.qk_norm == QkNorm::PerHead && !c.attention_bias);
         let m = c.moe.as_ref().unwrap();
         assert_eq!(
             (m.num_experts, m.top_k, m.expert_intermediate),
@@ -377,7 +518,7 @@ mod tests {
                 "\"shared_expert_intermediate_size\":5632,",
             );
         let c = from_config_json(&text).unwrap();
-        assert!(c.attention_bias && !c.qk_norm);
+        assert!(c.attention_bias && c.qk_norm == QkNorm::None);
         let m = c.moe.unwrap();
         assert_eq!(m.shared_expert_intermediate, Some(5632));
         assert!(!m.norm_topk_prob);
@@ -416,10 +557,102 @@ mod tests {
         );
     }
 
+    /// MiniMax-M2's config.json as the hub ships it (its quantization block left out: the engine
+    /// reads BF16 checkpoints).
+    const MINIMAX_M2: &str = r#"{"architectures":["MiniMaxM2ForCausalLM"],"attn_type_list":[1,1,1,1],
+      "bos_token_id":null,"eos_token_id":null,"head_dim":128,"hidden_act":"silu","hidden_size":3072,
+      "intermediate_size":1536,"max_position_embeddings":196608,"model_type":"minimax_m2",
+      "mtp_transformer_layers":1,"num_attention_heads":48,"num_experts_per_tok":8,"num_hidden_layers":62,
+      "num_key_value_heads":8,"num_local_experts":256,"num_mtp_modules":3,"qk_norm_type":"per_layer",
+      "rms_norm_eps":1e-06,"rope_theta":5000000,"rotary_dim":64,"scoring_func":"sigmoid",
+      "shared_intermediate_size":0,"tie_word_embeddings":false,"use_cache":true,"use_mtp":true,
+      "use_qk_norm":true,"use_routing_bias":true,"vocab_size":200064}"#;
+
+    #[test]
+    fn minimax_m2_has_whole_projection_qk_norm_partial_rope_and_biased_sigmoid_routing() {
+        let c = from_config_json(MINIMAX_M2).unwrap();
+        assert_eq!(c.family, ModelFamily::MiniMaxM2);
+        assert_eq!(c.qk_norm, QkNorm::Whole);
+        assert_eq!((c.head_dim, c.rotary_dim), (128, 64));
+        assert_eq!((c.num_heads, c.num_kv_heads, c.hidden_size), (48, 8, 3072));
+        assert_eq!(c.rope_theta, 5e6);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (256, 8, 1536)
+        );
+        assert_eq!(m.router, RouterKind::SigmoidBias);
+        assert!(m.norm_topk_prob && m.shared_expert_intermediate.is_none());
+        assert!((0..62).all(|l| m.is_sparse(l)));
+        // 230B parameters, as the model card says.
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((228.0..231.0).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn minimax_m2_as_transformers_5_writes_it_reads_as_the_hubs() {
+        // transformers' own config: no rotary_dim or routing keys, the rotary fraction inside
+        // rope_parameters.
+        let t5 = r#"{"model_type":"minimax_m2","head_dim":128,"hidden_act":"silu","hidden_size":3072,
+          "intermediate_size":1536,"max_position_embeddings":196608,"num_attention_heads":48,
+          "num_experts_per_tok":8,"num_hidden_layers":62,"num_key_value_heads":8,"num_local_experts":256,
+          "rms_norm_eps":1e-06,"rope_parameters":{"rope_type":"default",
+          "rope_theta":5000000.0,"partial_rotary_factor":0.5},"tie_word_embeddings":false,"vocab_size":200064}"#;
+        assert_eq!(
+            from_config_json(t5).unwrap(),
+            from_config_json(MINIMAX_M2).unwrap()
+        );
+        let top_level = t5.replace(
+            "\"vocab_size\":200064",
+            "\"vocab_size\":200064,\"partial_rotary_factor\":0.25",
+        );
+        // rope_parameters' factor wins over a stray top-level one; alone, the top-level one counts.
+        assert_eq!(from_config_json(&top_level).unwrap().rotary_dim, 64);
+        let alone = top_level.replace(",\"partial_rotary_factor\":0.5", "");
+        assert_ne!(alone, top_level);
+        assert_eq!(from_config_json(&alone).unwrap().rotary_dim, 32);
+    }
+
+    #[test]
+    fn minimax_m2_variants_it_does_not_implement_are_refused_by_name() {
+        for (from, to, key) in [
+            ("\"sigmoid\"", "\"softmax\"", "scoring_func"),
+            (
+                "\"use_routing_bias\":true",
+                "\"use_routing_bias\":false",
+                "use_routing_bias",
+            ),
+            ("\"per_layer\"", "\"per_head\"", "qk_norm_type"),
+            (
+                "\"use_qk_norm\":true",
+                "\"use_qk_norm\":false",
+                "use_qk_norm",
+            ),
+            (
+                "\"shared_intermediate_size\":0",
+                "\"shared_intermediate_size\":512",
+                "shared_intermediate_size",
+            ),
+            ("[1,1,1,1]", "[1,0,1,1]", "attn_type_list"),
+            ("\"rotary_dim\":64", "\"rotary_dim\":65", "rotary_dim"),
+            ("\"rotary_dim\":64", "\"rotary_dim\":256", "rotary_dim"),
+            (
+                "\"rotary_dim\":64",
+                "\"rotary_dim\":64,\"partial_rotary_factor\":1.0",
+                "rotary_dim",
+            ),
+        ] {
+            let text = MINIMAX_M2.replace(from, to);
+            assert_ne!(text, MINIMAX_M2, "{from}");
+            let err = from_config_json(&text).unwrap_err().to_string();
+            assert!(err.contains(key), "{key}: {err}");
+        }
+    }
+
     #[test]
     fn qwen2_always_has_qkv_bias() {
         let text = QWEN3_8B.replace("\"qwen3\"", "\"qwen2\"");
         let c = from_config_json(&text).unwrap();
-        assert!(c.attention_bias && !c.qk_norm);
+        assert!(c.attention_bias && c.qk_norm == QkNorm::None);
     }
 }

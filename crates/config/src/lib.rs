@@ -33,6 +33,9 @@ pub enum ModelFamily {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention, sparse MLPs with a softmax
     /// router.
     Qwen3Moe,
+    /// MiniMax-M2: q and k RMS-normalised over their whole projections, partial RoPE, sparse MLPs
+    /// in every layer with a sigmoid router and a per-expert correction bias.
+    MiniMaxM2,
 }
 
 impl ModelFamily {
@@ -44,16 +47,18 @@ impl ModelFamily {
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Qwen2Moe => "qwen2_moe",
             ModelFamily::Qwen3Moe => "qwen3_moe",
+            ModelFamily::MiniMaxM2 => "minimax_m2",
         }
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 5] = [
+    pub const ALL: [ModelFamily; 6] = [
         ModelFamily::Llama,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
         ModelFamily::Qwen3Moe,
+        ModelFamily::MiniMaxM2,
     ];
 
     /// The q, k and v products carry biases (the Qwen2 attention).
@@ -61,9 +66,14 @@ impl ModelFamily {
         matches!(self, ModelFamily::Qwen2 | ModelFamily::Qwen2Moe)
     }
 
-    /// q and k are RMS-normalised per head before RoPE (the Qwen3 attention).
-    pub fn qk_norm(self) -> bool {
-        matches!(self, ModelFamily::Qwen3 | ModelFamily::Qwen3Moe)
+    /// How q and k are RMS-normalised before RoPE: per head (the Qwen3 attention), over the
+    /// whole projection (MiniMax-M2), or not at all.
+    pub fn qk_norm(self) -> QkNorm {
+        match self {
+            ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => QkNorm::PerHead,
+            ModelFamily::MiniMaxM2 => QkNorm::Whole,
+            ModelFamily::Llama | ModelFamily::Qwen2 | ModelFamily::Qwen2Moe => QkNorm::None,
+        }
     }
 
     /// The dense family whose attention and weight names this one shares.
@@ -82,6 +92,25 @@ impl ModelFamily {
             .ok_or_else(|| ConfigError::UnknownModelType {
                 model_type: model_type.to_string(),
             })
+    }
+}
+
+/// The RMSNorm of q and k between their projection and RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QkNorm {
+    /// None (Llama, Qwen2).
+    None,
+    /// Each head on its own, one weight of `head_dim` shared by every head (Qwen3).
+    PerHead,
+    /// The whole q projection (`heads * head_dim`) and the whole k projection
+    /// (`kv_heads * head_dim`), each with its own weight of that width (MiniMax-M2).
+    Whole,
+}
+
+impl QkNorm {
+    /// Whether q and k are normalised at all.
+    pub fn any(self) -> bool {
+        self != QkNorm::None
     }
 }
 
@@ -180,8 +209,11 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections have a bias (Qwen2).
     pub attention_bias: bool,
-    /// Whether q and k are RMS-normalised per head before RoPE (Qwen3).
-    pub qk_norm: bool,
+    /// How q and k are RMS-normalised before RoPE.
+    pub qk_norm: QkNorm,
+    /// The leading elements of each head that RoPE rotates (even, at most `head_dim`; the rest
+    /// pass unrotated): `head_dim` but for partial rotary (MiniMax-M2: 64 of 128).
+    pub rotary_dim: usize,
     /// Beginning-of-sequence token, if the config names one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens.
@@ -221,6 +253,18 @@ impl ModelConfig {
             return bad(
                 "head_dim",
                 format!("{} is not an even number up to 256", self.head_dim),
+            );
+        }
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
+            return bad(
+                "rotary_dim",
+                format!(
+                    "{} is not a positive even number up to head_dim {}",
+                    self.rotary_dim, self.head_dim
+                ),
             );
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
@@ -277,10 +321,10 @@ impl ModelConfig {
         );
         let attn = h * q + 2 * h * kv + q * h + if self.attention_bias { q + 2 * kv } else { 0 };
         let norms = 2 * h
-            + if self.qk_norm {
-                2 * self.head_dim as u64
-            } else {
-                0
+            + match self.qk_norm {
+                QkNorm::None => 0,
+                QkNorm::PerHead => 2 * self.head_dim as u64,
+                QkNorm::Whole => q + kv,
             };
         let dense = 3 * h * i;
         let mlps: u64 = (0..self.num_layers)
@@ -290,7 +334,11 @@ impl ModelConfig {
                     let shared = m
                         .shared_expert_intermediate
                         .map_or(0, |s| 3 * h * s as u64 + h);
-                    routed + shared + m.num_experts as u64 * h
+                    let bias = match m.router {
+                        RouterKind::SigmoidBias => m.num_experts as u64,
+                        RouterKind::Softmax => 0,
+                    };
+                    routed + shared + m.num_experts as u64 * h + bias
                 }
                 _ => dense,
             })
@@ -311,7 +359,7 @@ pub enum ConfigError {
     Missing(&'static str),
     /// The model type is not one the engine runs.
     #[error(
-        "unsupported model_type `{model_type}`; supported: llama, qwen2, qwen3, qwen2_moe, qwen3_moe"
+        "unsupported model_type `{model_type}`; supported: llama, qwen2, qwen3, qwen2_moe, qwen3_moe, minimax_m2"
     )]
     UnknownModelType {
         /// What the config says.

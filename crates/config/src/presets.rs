@@ -73,6 +73,19 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
                 ..ModelBehavior::default()
             },
         },
+        // MiniMax-M2's recommended sampling (its model card: temperature 1.0, top-p 0.95, top-k
+        // 40). Its tool calls are `<minimax:tool_call>` XML, which no parser here reads, and its
+        // `<think>` blocks are left to the operator's `--reasoning-parser` until a test with its
+        // chat template shows the splitter reads them: both stay the defaults.
+        ModelFamily::MiniMaxM2 => ModelPresets {
+            sampling: SamplingPresets {
+                temperature: Some(1.0),
+                top_p: Some(0.95),
+                top_k: Some(40),
+                ..SamplingPresets::default()
+            },
+            behavior: ModelBehavior::default(),
+        },
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.
         ModelFamily::Llama => ModelPresets {
             sampling: SamplingPresets::default(),
@@ -103,5 +116,8 @@ mod tests {
         let llama = presets(ModelFamily::Llama);
         assert_eq!(llama.sampling, SamplingPresets::default());
         assert_eq!(llama.behavior.tool_call_parser, Some("llama3_json"));
+        let minimax = presets(ModelFamily::MiniMaxM2);
+        assert_eq!(minimax.sampling.top_k, Some(40));
+        assert_eq!(minimax.behavior, ModelBehavior::default());
     }
 }

@@ -745,6 +745,7 @@ fn qkv_post_case(s: &Shape, tokens: u32) -> BenchCase {
                 q_heads: qh,
                 kv_heads: kvh,
                 head_dim: hd,
+                rotary_dim: hd,
                 max_position,
                 eps: 1e-6,
             })

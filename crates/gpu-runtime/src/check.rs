@@ -22,6 +22,7 @@ use metrale_kernels::{HostError, HostMemory, Kernel, KernelAbi};
 
 use crate::{GemmOp, GpuBackend, GpuError};
 
+mod attention_variants;
 mod moe;
 
 /// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
@@ -707,6 +708,7 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
                     q_heads,
                     kv_heads,
                     head_dim,
+                    rotary_dim: head_dim,
                     max_position,
                     eps: 1e-6,
                 })
@@ -1724,6 +1726,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gemv_stream_cases(&mut rng));
     // Last, so that every case before keeps its random inputs (tests pin some of them by seed).
     out.extend(moe::moe_cases(&mut rng));
+    // After the MoE cases, for the same reason.
+    out.extend(attention_variants::attention_variant_cases(&mut rng));
     out
 }
 

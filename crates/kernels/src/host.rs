@@ -251,6 +251,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (PrefillAttentionV3::NAME, run::<PrefillAttentionV3>),
         (KvCacheWrite::NAME, run::<KvCacheWrite>),
         (QkvRopeKvWrite::NAME, run::<QkvRopeKvWrite>),
+        (QkNormWhole::NAME, run::<QkNormWhole>),
         (GridBarrier::NAME, run::<GridBarrier>),
         (MoeRoute::NAME, run::<MoeRoute>),
         (MoeGemvSwiglu::NAME, run::<MoeGemvSwiglu>),

@@ -128,5 +128,10 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("qwen3_moe", 2048)).unwrap().target.path(),
         "hopper/qwen3/bf16"
     );
+    // MiniMax-M2 has a leaf of its own.
+    assert_eq!(
+        pick(TARGETS, &q("minimax_m2", 3072)).unwrap().target.path(),
+        "hopper/minimax_m2/bf16"
+    );
     assert!(pick(TARGETS, &q("mamba", 768)).is_err());
 }

@@ -9,7 +9,7 @@
 //! DeltaNet, Mamba-2, sliding-window or MLA attention) is a new variant here and a new block
 //! module, with nothing else changed.
 
-use metrale_config::{ModelConfig, RouterKind};
+use metrale_config::{ModelConfig, QkNorm, RouterKind};
 
 /// How a block's input is normalised.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,8 +39,19 @@ pub struct AttentionSpec {
     pub head_dim: usize,
     /// The q, k and v products carry biases (Qwen2).
     pub qkv_bias: bool,
-    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
-    pub qk_norm: bool,
+    /// The RMSNorm of q and k before RoPE: none, per head (Qwen3) or over the whole projection
+    /// (MiniMax-M2).
+    pub qk_norm: QkNorm,
+    /// The leading elements of each head that RoPE rotates (`head_dim`, or fewer for partial
+    /// rotary: MiniMax-M2's 64 of 128).
+    pub rotary_dim: usize,
+}
+
+impl AttentionSpec {
+    /// Whether RoPE rotates only part of each head.
+    pub fn partial_rotary(&self) -> bool {
+        self.rotary_dim != self.head_dim
+    }
 }
 
 /// A sparse MLP: a router picks `top_k` of `experts` SwiGLU MLPs per token, whose outputs are
@@ -138,6 +149,7 @@ impl LayerPlan {
             head_dim: c.head_dim,
             qkv_bias: c.attention_bias,
             qk_norm: c.qk_norm,
+            rotary_dim: c.rotary_dim,
         };
         let dense = MlpKind::DenseSwiglu {
             intermediate: c.intermediate_size,
@@ -202,7 +214,8 @@ mod tests {
                     kv_heads: 2,
                     head_dim: 64,
                     qkv_bias: false,
-                    qk_norm: true,
+                    qk_norm: QkNorm::PerHead,
+                    rotary_dim: 64,
                 }),
                 BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 }),
             ]
@@ -234,5 +247,46 @@ mod tests {
         }));
         let dense = BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 });
         assert_eq!(mlps, [dense, moe, dense, moe]);
+    }
+
+    #[test]
+    fn minimax_m2_is_whole_projection_qk_norm_partial_rope_and_biased_sigmoid_experts() {
+        let c = metrale_config::from_config_json(
+            r#"{"model_type": "minimax_m2", "hidden_size": 3072, "intermediate_size": 1536,
+                "num_local_experts": 256, "num_experts_per_tok": 8, "num_attention_heads": 48,
+                "num_key_value_heads": 8, "head_dim": 128, "rotary_dim": 64,
+                "num_hidden_layers": 4, "vocab_size": 200064, "rms_norm_eps": 1e-6,
+                "rope_theta": 5000000.0, "max_position_embeddings": 196608}"#,
+        )
+        .unwrap();
+        let plan = LayerPlan::from_config(&c).unwrap();
+        let attention = AttentionSpec {
+            heads: 48,
+            kv_heads: 8,
+            head_dim: 128,
+            qkv_bias: false,
+            qk_norm: QkNorm::Whole,
+            rotary_dim: 64,
+        };
+        assert!(attention.partial_rotary());
+        let moe = MoeSpec {
+            experts: 256,
+            top_k: 8,
+            intermediate: 1536,
+            router: RouterKind::SigmoidBias,
+            norm_topk_prob: true,
+            routed_scaling: 1.0,
+            shared_intermediate: None,
+        };
+        for layer in &plan.layers {
+            let kinds: Vec<_> = layer.blocks.iter().map(|b| b.kind).collect();
+            assert_eq!(
+                kinds,
+                [
+                    BlockKind::Attention(attention),
+                    BlockKind::Mlp(MlpKind::Moe(moe))
+                ]
+            );
+        }
     }
 }

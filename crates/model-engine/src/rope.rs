@@ -3,11 +3,12 @@
 
 use metrale_config::{ModelConfig, RopeScaling};
 
-/// Inverse frequencies of the `head_dim / 2` rotation pairs, after any scaling, computed in f32
-/// as the HF reference computes them.
+/// Inverse frequencies of the `rotary_dim / 2` rotation pairs (`head_dim / 2` but for partial
+/// rotary, whose frequencies run over the rotated elements only), after any scaling, computed in
+/// f32 as the HF reference computes them.
 pub fn inverse_frequencies(config: &ModelConfig) -> Vec<f32> {
-    let half = config.head_dim / 2;
-    let dim = config.head_dim as f32;
+    let half = config.rotary_dim / 2;
+    let dim = config.rotary_dim as f32;
     let base: Vec<f32> = (0..half)
         .map(|i| 1.0 / config.rope_theta.powf((2 * i) as f32 / dim))
         .collect();
@@ -42,7 +43,7 @@ pub fn inverse_frequencies(config: &ModelConfig) -> Vec<f32> {
     }
 }
 
-/// `(cos, sin)` tables, f32 `[positions, head_dim / 2]`, row `p` for position `p`. The angle is
+/// `(cos, sin)` tables, f32 `[positions, rotary_dim / 2]`, row `p` for position `p`. The angle is
 /// the f32 product of position and frequency, as in the HF reference; the values stay f32 (the
 /// kernel rotates in f32 and rounds each output once).
 pub fn tables(config: &ModelConfig, positions: usize) -> (Vec<f32>, Vec<f32>) {
@@ -85,7 +86,8 @@ mod tests {
             rope_scaling: scaling,
             tie_word_embeddings: false,
             attention_bias: false,
-            qk_norm: false,
+            qk_norm: metrale_config::QkNorm::None,
+            rotary_dim: 128,
             bos_token_id: None,
             eos_token_ids: vec![],
             moe: None,
@@ -107,6 +109,22 @@ mod tests {
             "the lowest is divided by the factor"
         );
         assert!(scaled.iter().zip(&plain).all(|(s, p)| s <= p));
+    }
+
+    #[test]
+    fn partial_rotary_frequencies_run_over_the_rotated_elements() {
+        let full = config(RopeScaling::None);
+        let partial = ModelConfig {
+            rotary_dim: 64,
+            ..full.clone()
+        };
+        let (a, b) = (inverse_frequencies(&full), inverse_frequencies(&partial));
+        assert_eq!((a.len(), b.len()), (64, 32));
+        // Pair i of 32 turns as pair 2i of 64: theta^(-2i/64) = theta^(-4i/128).
+        for (i, f) in b.iter().enumerate() {
+            assert!((f - a[2 * i]).abs() <= 1e-6 * a[2 * i], "{i}");
+        }
+        assert_eq!(tables(&partial, 3).0.len(), 3 * 32);
     }
 
     #[test]

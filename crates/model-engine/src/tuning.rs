@@ -73,10 +73,11 @@ pub enum Carveout {
 }
 
 /// The labels the model's launches carry (its profile's rows, `Model::set_skip`).
-pub const LAUNCH_LABELS: [&str; 16] = [
+pub const LAUNCH_LABELS: [&str; 17] = [
     "embedding",
     "add_rmsnorm",
     "qkv",
+    "qk_norm",
     "qkv_post",
     "attention",
     "prefill_attention",

@@ -6,13 +6,15 @@
 //! layer's router, experts and shared expert), and that follows from the config. A sparse
 //! layer's experts come in either of the two layouts `transformers` writes: one tensor per expert
 //! and projection (the hub's checkpoints), or the fused `experts.gate_up_proj` / `down_proj`
-//! stacks (transformers 5); both upload as the same stacks. Every shape is checked against the
-//! config before the first byte is uploaded.
+//! stacks (transformers 5); both upload as the same stacks. MiniMax-M2's original checkpoints
+//! name a sparse layer `block_sparse_moe` and its experts' products `w1` / `w3` / `w2` (Mixtral's
+//! names): the loader reads them as transformers' names ([`original_names`]). Every shape is
+//! checked against the config before the first byte is uploaded.
 
-use metrale_config::ModelConfig;
+use metrale_config::{ModelConfig, QkNorm, RouterKind};
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::GpuBackend;
-use metrale_model_weights::{HostTensor, WeightSource};
+use metrale_model_weights::{HostTensor, WeightError, WeightSource};
 
 use crate::ModelError;
 
@@ -39,9 +41,10 @@ pub enum TensorRole {
     KBias(usize),
     /// `[kv_heads * head_dim]` (Qwen2).
     VBias(usize),
-    /// Per-head query norm `[head_dim]` (Qwen3).
+    /// Query norm: per head `[head_dim]` (Qwen3), or over the whole projection
+    /// `[heads * head_dim]` (MiniMax-M2).
     QNorm(usize),
-    /// Per-head key norm `[head_dim]` (Qwen3).
+    /// Key norm: per head `[head_dim]`, or over the whole projection `[kv_heads * head_dim]`.
     KNorm(usize),
     /// `[hidden, heads * head_dim]`.
     O(usize),
@@ -55,6 +58,9 @@ pub enum TensorRole {
     Down(usize),
     /// A sparse layer's router `[experts, hidden]`.
     Router(usize),
+    /// A sigmoid router's per-expert correction bias `[experts]`, added to the scores for the
+    /// choice only (MiniMax-M2); read as f32.
+    CorrectionBias(usize),
     /// Expert `.1`'s gate `[expert_intermediate, hidden]` (the per-expert layout).
     ExpertGate(usize, usize),
     /// Expert `.1`'s up `[expert_intermediate, hidden]`.
@@ -99,6 +105,7 @@ impl TensorRole {
             TensorRole::Up(i) => layer(i, "mlp.up_proj.weight"),
             TensorRole::Down(i) => layer(i, "mlp.down_proj.weight"),
             TensorRole::Router(i) => layer(i, "mlp.gate.weight"),
+            TensorRole::CorrectionBias(i) => layer(i, "mlp.e_score_correction_bias"),
             TensorRole::ExpertGate(i, e) => layer(i, &format!("mlp.experts.{e}.gate_proj.weight")),
             TensorRole::ExpertUp(i, e) => layer(i, &format!("mlp.experts.{e}.up_proj.weight")),
             TensorRole::ExpertDown(i, e) => layer(i, &format!("mlp.experts.{e}.down_proj.weight")),
@@ -122,7 +129,11 @@ impl TensorRole {
             TensorRole::K(_) | TensorRole::V(_) => vec![kv, h],
             TensorRole::QBias(_) => vec![q],
             TensorRole::KBias(_) | TensorRole::VBias(_) => vec![kv],
-            TensorRole::QNorm(_) | TensorRole::KNorm(_) => vec![hd],
+            TensorRole::QNorm(_) | TensorRole::KNorm(_) if c.qk_norm == QkNorm::PerHead => {
+                vec![hd]
+            }
+            TensorRole::QNorm(_) => vec![q],
+            TensorRole::KNorm(_) => vec![kv],
             TensorRole::O(_) => vec![h, q],
             TensorRole::Gate(_) | TensorRole::Up(_) => vec![i, h],
             TensorRole::Down(_) => vec![h, i],
@@ -140,6 +151,7 @@ fn moe_shape(role: TensorRole, c: &ModelConfig) -> Vec<usize> {
     let s = m.shared_expert_intermediate.unwrap_or(0);
     match role {
         TensorRole::Router(_) => vec![e, h],
+        TensorRole::CorrectionBias(_) => vec![e],
         TensorRole::ExpertGate(..) | TensorRole::ExpertUp(..) => vec![i, h],
         TensorRole::ExpertDown(..) => vec![h, i],
         TensorRole::ExpertsGateUp(_) => vec![e, 2 * i, h],
@@ -177,6 +189,9 @@ fn mlp_roles(c: &ModelConfig, l: usize, layout: ExpertLayout) -> Vec<TensorRole>
         return vec![TensorRole::Gate(l), TensorRole::Up(l), TensorRole::Down(l)];
     };
     let mut roles = vec![TensorRole::Router(l)];
+    if m.router == RouterKind::SigmoidBias {
+        roles.push(TensorRole::CorrectionBias(l));
+    }
     match layout {
         ExpertLayout::Fused => {
             roles.extend([TensorRole::ExpertsGateUp(l), TensorRole::ExpertsDown(l)])
@@ -234,7 +249,7 @@ fn tensors_in(c: &ModelConfig, layout: &dyn Fn(usize) -> ExpertLayout) -> Vec<Te
                 TensorRole::VBias(l),
             ]);
         }
-        if c.qk_norm {
+        if c.qk_norm.any() {
             roles.extend([TensorRole::QNorm(l), TensorRole::KNorm(l)]);
         }
         roles.extend([TensorRole::O(l), TensorRole::PostNorm(l)]);
@@ -284,6 +299,8 @@ pub struct MoeWeights {
     pub(crate) shared_down: DevicePtr,
     /// The shared expert's sigmoid gate `[1, hidden]`, or NULL.
     pub(crate) shared_gate: DevicePtr,
+    /// f32 `[experts]`: a sigmoid router's correction bias, or NULL.
+    pub(crate) correction_bias: DevicePtr,
 }
 
 /// All weights on the device.
@@ -303,6 +320,68 @@ pub struct DeviceWeights {
 /// Progress of a load: tensors done, tensors in all, bytes uploaded so far.
 pub type LoadProgress<'a> = &'a mut dyn FnMut(usize, usize, u64);
 
+/// The names MiniMax-M2's original checkpoints (and Mixtral's) may give the tensor transformers
+/// names `name`, in the order tried: a sparse layer's `mlp.` as `block_sparse_moe.` and its
+/// experts' `gate_proj` / `up_proj` / `down_proj` as `w1` / `w3` / `w2`; then the `w` names under
+/// `mlp.`. Empty for a name outside a layer's MLP.
+pub fn original_names(name: &str) -> Vec<String> {
+    let Some((layer, rest)) = name.split_once(".mlp.") else {
+        return Vec::new();
+    };
+    let w_names = rest.strip_prefix("experts.").and_then(|expert| {
+        let (e, proj) = expert.split_once('.')?;
+        let w = match proj {
+            "gate_proj.weight" => "w1.weight",
+            "up_proj.weight" => "w3.weight",
+            "down_proj.weight" => "w2.weight",
+            _ => return None,
+        };
+        Some(format!("experts.{e}.{w}"))
+    });
+    match w_names {
+        Some(w) => vec![
+            format!("{layer}.block_sparse_moe.{w}"),
+            format!("{layer}.mlp.{w}"),
+        ],
+        None => vec![format!("{layer}.block_sparse_moe.{rest}")],
+    }
+}
+
+/// `source` with every tensor also under transformers' name where the file has it under an
+/// original name ([`original_names`]); a name the file has wins.
+struct Named<'a>(&'a dyn WeightSource);
+
+impl Named<'_> {
+    /// The name `source` has the tensor under: `name`, or the first original name it has.
+    fn resolve(&self, name: &str) -> String {
+        match self.0.shape(name) {
+            Some(_) => name.to_string(),
+            None => original_names(name)
+                .into_iter()
+                .find(|n| self.0.shape(n).is_some())
+                .unwrap_or_else(|| name.to_string()),
+        }
+    }
+}
+
+impl WeightSource for Named<'_> {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.0.shape(&self.resolve(name))
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        self.0.load(&self.resolve(name))
+    }
+
+    fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
+        self.0.load_f32(&self.resolve(name))
+    }
+
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
 /// Every tensor the config needs from `source`, its sparse layers' experts in the layout the
 /// source has.
 fn source_tensors(c: &ModelConfig, source: &dyn WeightSource) -> Vec<TensorRole> {
@@ -311,6 +390,7 @@ fn source_tensors(c: &ModelConfig, source: &dyn WeightSource) -> Vec<TensorRole>
 
 /// Checks every tensor the config needs exists in `source` with the right shape, before any load.
 pub fn check_shapes(c: &ModelConfig, source: &dyn WeightSource) -> Result<(), ModelError> {
+    let source = &Named(source);
     for role in source_tensors(c, source) {
         let name = role.hf_name();
         let want = role.shape(c);
@@ -335,18 +415,6 @@ pub fn check_shapes(c: &ModelConfig, source: &dyn WeightSource) -> Result<(), Mo
     Ok(())
 }
 
-fn upload(
-    gpu: &dyn GpuBackend,
-    t: &HostTensor,
-    allocations: &mut Vec<DevicePtr>,
-) -> Result<DevicePtr, ModelError> {
-    let bytes: &[u8] = bytemuck::cast_slice(&t.data);
-    let ptr = gpu.alloc(bytes.len())?;
-    allocations.push(ptr);
-    gpu.copy_h2d(bytes, ptr)?;
-    Ok(ptr)
-}
-
 /// Uploads the checkpoint. Shapes are checked first; on error, whatever was uploaded is freed.
 pub fn load(
     c: &ModelConfig,
@@ -355,6 +423,7 @@ pub fn load(
     progress: LoadProgress,
 ) -> Result<DeviceWeights, ModelError> {
     check_shapes(c, source)?;
+    let source = &Named(source);
     let mut allocations = Vec::new();
     let result = load_inner(c, source, gpu, progress, &mut allocations);
     if result.is_err() {
@@ -378,11 +447,23 @@ struct Uploader<'a> {
 
 impl Uploader<'_> {
     fn put(&mut self, t: &HostTensor, tensors: usize) -> Result<DevicePtr, ModelError> {
-        let p = upload(self.gpu, t, self.allocations)?;
+        self.put_bytes(bytemuck::cast_slice(&t.data), tensors)
+    }
+
+    fn put_bytes(&mut self, bytes: &[u8], tensors: usize) -> Result<DevicePtr, ModelError> {
+        let ptr = self.gpu.alloc(bytes.len())?;
+        self.allocations.push(ptr);
+        self.gpu.copy_h2d(bytes, ptr)?;
         self.done += tensors;
-        self.bytes += t.data.len() as u64 * 2;
+        self.bytes += bytes.len() as u64;
         (self.progress)(self.done, self.total, self.bytes);
-        Ok(p)
+        Ok(ptr)
+    }
+
+    /// `role` uploaded as f32, its values exactly as the file holds them.
+    fn get_f32(&mut self, role: TensorRole) -> Result<DevicePtr, ModelError> {
+        let (_, values) = self.source.load_f32(&role.hf_name())?;
+        self.put_bytes(bytemuck::cast_slice(&values), 1)
     }
 
     fn get(&mut self, role: TensorRole) -> Result<DevicePtr, ModelError> {
@@ -414,6 +495,10 @@ impl Uploader<'_> {
     /// and its shared expert if the config has one.
     fn moe(&mut self, m: &metrale_config::MoeConfig, l: usize) -> Result<MoeWeights, ModelError> {
         let router = self.get(TensorRole::Router(l))?;
+        let correction_bias = match m.router {
+            RouterKind::SigmoidBias => self.get_f32(TensorRole::CorrectionBias(l))?,
+            RouterKind::Softmax => DevicePtr::NULL,
+        };
         let (experts_gate_up, experts_down) = match ExpertLayout::of(self.source, l) {
             ExpertLayout::Fused => (
                 self.get(TensorRole::ExpertsGateUp(l))?,
@@ -440,6 +525,7 @@ impl Uploader<'_> {
             )?,
             shared_down: self.get_if(shared, TensorRole::SharedDown(l))?,
             shared_gate: self.get_if(shared, TensorRole::SharedExpertGate(l))?,
+            correction_bias,
         })
     }
 
@@ -495,8 +581,8 @@ fn load_inner(
             } else {
                 DevicePtr::NULL
             },
-            q_norm: u.get_if(c.qk_norm, TensorRole::QNorm(l))?,
-            k_norm: u.get_if(c.qk_norm, TensorRole::KNorm(l))?,
+            q_norm: u.get_if(c.qk_norm.any(), TensorRole::QNorm(l))?,
+            k_norm: u.get_if(c.qk_norm.any(), TensorRole::KNorm(l))?,
             o: u.get(TensorRole::O(l))?,
             post_norm: u.get(TensorRole::PostNorm(l))?,
             // gate and up fused row-wise: one [2I, H] weight, one GEMM.
@@ -523,4 +609,121 @@ fn load_inner(
         allocations: std::mem::take(allocations),
         bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minimax(qk: &str) -> ModelConfig {
+        metrale_config::from_config_json(&format!(
+            r#"{{"model_type": "minimax_m2", "hidden_size": 256, "intermediate_size": 96,
+                "num_local_experts": 16, "num_experts_per_tok": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 64, "rotary_dim": 32,
+                "num_hidden_layers": 2, "vocab_size": 320 {qk}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn minimax_m2_has_whole_width_qk_norms_and_a_correction_bias() {
+        let c = minimax("");
+        let roles = expected_tensors(&c);
+        assert_eq!(TensorRole::QNorm(1).shape(&c), [256]);
+        assert_eq!(TensorRole::KNorm(1).shape(&c), [128]);
+        assert!(roles.contains(&TensorRole::CorrectionBias(1)));
+        assert_eq!(TensorRole::CorrectionBias(1).shape(&c), [16]);
+        assert_eq!(
+            TensorRole::CorrectionBias(0).hf_name(),
+            "model.layers.0.mlp.e_score_correction_bias"
+        );
+        assert_eq!(
+            expected_shape(&c, "model.layers.1.mlp.e_score_correction_bias"),
+            Some(vec![16])
+        );
+        // A softmax router has none.
+        let qwen3_moe = metrale_config::from_config_json(
+            r#"{"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512,
+                "moe_intermediate_size": 96, "num_experts": 16, "num_experts_per_tok": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                "num_hidden_layers": 2, "vocab_size": 320}"#,
+        )
+        .unwrap();
+        assert!(
+            !expected_tensors(&qwen3_moe)
+                .iter()
+                .any(|r| matches!(r, TensorRole::CorrectionBias(_)))
+        );
+        assert_eq!(TensorRole::QNorm(0).shape(&qwen3_moe), [64]);
+    }
+
+    #[test]
+    fn original_minimax_names_map_to_transformers_names() {
+        assert_eq!(
+            original_names("model.layers.3.mlp.experts.7.gate_proj.weight"),
+            [
+                "model.layers.3.block_sparse_moe.experts.7.w1.weight",
+                "model.layers.3.mlp.experts.7.w1.weight"
+            ]
+        );
+        assert_eq!(
+            original_names("model.layers.3.mlp.experts.7.up_proj.weight")[0],
+            "model.layers.3.block_sparse_moe.experts.7.w3.weight"
+        );
+        assert_eq!(
+            original_names("model.layers.3.mlp.experts.7.down_proj.weight")[0],
+            "model.layers.3.block_sparse_moe.experts.7.w2.weight"
+        );
+        assert_eq!(
+            original_names("model.layers.0.mlp.e_score_correction_bias"),
+            ["model.layers.0.block_sparse_moe.e_score_correction_bias"]
+        );
+        assert_eq!(
+            original_names("model.layers.0.mlp.gate.weight"),
+            ["model.layers.0.block_sparse_moe.gate.weight"]
+        );
+        assert!(original_names("model.layers.0.self_attn.q_norm.weight").is_empty());
+    }
+
+    /// A source holding the tensors under the original names, shapes only.
+    struct Original(ModelConfig);
+
+    impl WeightSource for Original {
+        fn shape(&self, name: &str) -> Option<Vec<usize>> {
+            expected_tensors(&self.0)
+                .into_iter()
+                .find(|r| original_names(&r.hf_name()).first().map(String::as_str) == Some(name))
+                .or_else(|| {
+                    expected_tensors(&self.0)
+                        .into_iter()
+                        .find(|r| r.hf_name() == name && original_names(name).is_empty())
+                })
+                .map(|r| r.shape(&self.0))
+        }
+        fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+            Err(WeightError::Missing {
+                source_desc: "shapes only".into(),
+                name: name.into(),
+            })
+        }
+        fn describe(&self) -> String {
+            "original names".into()
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_in_the_original_layout_passes_the_shape_check() {
+        let c = minimax("");
+        let source = Original(c.clone());
+        assert!(
+            source
+                .shape("model.layers.1.mlp.experts.0.gate_proj.weight")
+                .is_none()
+        );
+        check_shapes(&c, &source).expect("every tensor found under its original name");
+        assert_eq!(
+            ExpertLayout::of(&Named(&source), 1),
+            ExpertLayout::PerExpert
+        );
+    }
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Tiny random MoE checkpoints saved by `transformers` (qwen3_moe with a dense layer; qwen2_moe
-//! with its shared expert and qkv bias), and transformers' greedy transcripts of them in float32
+//! with its shared expert and qkv bias; minimax_m2 with its biased sigmoid routing, whole-projection
+//! QK-norm and partial RoPE), and transformers' greedy transcripts of them in float32
 //! (tests/fixtures/, made by scripts/gpu/tiny_moe_fixtures.py on the GPU machine). The engine on
 //! the host backend, fed the same tokens, must pick the same next token at every step whose top-2
 //! margin is not within bf16 rounding, and its logits must stay within bf16 rounding of the f32
@@ -152,4 +153,21 @@ fn a_tiny_qwen3_moe_follows_transformers() {
 #[test]
 fn a_tiny_qwen2_moe_with_its_shared_expert_follows_transformers() {
     check("tiny-qwen2-moe");
+}
+
+/// MiniMax-M2's routing and attention against transformers. Its fixture comes from the same
+/// script (`--only tiny-minimax-m2`); until it is committed the test says so and passes.
+#[test]
+fn a_tiny_minimax_m2_follows_transformers() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-minimax-m2");
+    if !dir.is_dir() {
+        eprintln!(
+            "SKIPPED: {} is absent; make it on the GPU machine with \
+             `python3 scripts/gpu/tiny_moe_fixtures.py --out crates/model-engine/tests/fixtures \
+             --only tiny-minimax-m2`",
+            dir.display()
+        );
+        return;
+    }
+    check("tiny-minimax-m2");
 }

@@ -170,6 +170,9 @@ impl WeightSource for Random {
         };
         let (offset, scale) = if name.contains("norm") {
             (1.0, 0.2)
+        } else if name.contains("correction_bias") {
+            // Of the sigmoid scores' scale, so that it moves some choices, not all.
+            (0.0, 0.05)
         } else if shape.len() == 2 && !name.contains("embed") {
             (0.0, 1.7 / (shape[1] as f32).sqrt())
         } else {
@@ -407,6 +410,17 @@ fn moe_prompt_logits(
     tuning: Tuning,
     one_by_one: bool,
 ) -> Vec<f32> {
+    moe_prompt_logits_of(&Random(c.clone()), c, prompt, tuning, one_by_one)
+}
+
+/// [`moe_prompt_logits`] on the weights of `source`.
+fn moe_prompt_logits_of(
+    source: &dyn WeightSource,
+    c: &ModelConfig,
+    prompt: &[u32],
+    tuning: Tuning,
+    one_by_one: bool,
+) -> Vec<f32> {
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
         max_tokens_per_step: 32,
@@ -416,8 +430,7 @@ fn moe_prompt_logits(
         num_blocks: 4,
         block_size: 16,
     };
-    let source = Random(c.clone());
-    let mut model = Model::load(c.clone(), &source, gpu, options, tuning, &mut |_, _, _| {})
+    let mut model = Model::load(c.clone(), source, gpu, options, tuning, &mut |_, _, _| {})
         .expect("the MoE model loads on the host");
     let table = BlockTable {
         blocks: vec![0, 1, 2, 3],
@@ -516,4 +529,72 @@ fn a_tiny_qwen2_moe_with_a_shared_expert_prefills_and_decodes_alike() {
         [false, true, false, true]
     );
     moe_prefill_and_decode_agree(&c);
+}
+
+/// A tiny MiniMax-M2 (16 experts, top 4, sigmoid routing with a correction bias; q and k
+/// normalised over their whole projections; RoPE on 32 of each head's 64 elements) on the host,
+/// prefill against decode.
+#[test]
+fn a_tiny_minimax_m2_prefills_and_decodes_alike() {
+    let c = metrale_config::from_config_json(
+        r#"{"model_type": "minimax_m2", "hidden_size": 256, "intermediate_size": 96,
+            "num_local_experts": 16, "num_experts_per_tok": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "rotary_dim": 32,
+            "num_hidden_layers": 3, "vocab_size": 320, "rms_norm_eps": 1e-6,
+            "rope_theta": 5000000.0, "max_position_embeddings": 256,
+            "scoring_func": "sigmoid", "use_routing_bias": true, "use_qk_norm": true,
+            "qk_norm_type": "per_layer", "tie_word_embeddings": false}"#,
+    )
+    .expect("a valid config");
+    assert_eq!(
+        (c.qk_norm, c.rotary_dim),
+        (metrale_config::QkNorm::Whole, 32)
+    );
+    moe_prefill_and_decode_agree(&c);
+}
+
+/// [`Random`]'s weights with every router correction bias zero.
+struct WithoutCorrectionBias(Random);
+
+impl WeightSource for WithoutCorrectionBias {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.0.shape(name)
+    }
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        let mut t = self.0.load(name)?;
+        if name.ends_with("e_score_correction_bias") {
+            t.data.fill(bf16::ZERO);
+        }
+        Ok(t)
+    }
+    fn describe(&self) -> String {
+        "random, no correction bias".into()
+    }
+}
+
+/// The correction bias reaches the routing: the tiny MiniMax-M2 without it gives other logits
+/// (its 0.05-scale bias moves some of the top 4 of 16 experts).
+#[test]
+fn the_minimax_m2_correction_bias_changes_the_routing() {
+    let c = metrale_config::from_config_json(
+        r#"{"model_type": "minimax_m2", "hidden_size": 256, "intermediate_size": 96,
+            "num_local_experts": 16, "num_experts_per_tok": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "rotary_dim": 32,
+            "num_hidden_layers": 2, "vocab_size": 320, "rope_theta": 5000000.0,
+            "max_position_embeddings": 256}"#,
+    )
+    .expect("a valid config");
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 11) % 320).collect();
+    let plain = Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER);
+    let with = moe_prompt_logits(&c, &prompt, plain.clone(), false);
+    let without = moe_prompt_logits_of(
+        &WithoutCorrectionBias(Random(c.clone())),
+        &c,
+        &prompt,
+        plain,
+        false,
+    );
+    let err = relative_error(&[without], &[with]);
+    println!("without the bias: relative difference {err:.3e}");
+    assert!(err > 5e-2, "{err:.3e}");
 }

@@ -36,6 +36,13 @@ pub trait WeightSource: Send + Sync {
     fn shape(&self, name: &str) -> Option<Vec<usize>>;
     /// Reads `name` as BF16. Errors name the file and the tensor.
     fn load(&self, name: &str) -> Result<HostTensor, WeightError>;
+    /// Reads `name` as f32 with its shape: exactly what the file holds for an F32, BF16 or F16
+    /// tensor (a value the kernels read in f32, such as a router's correction bias, must not pass
+    /// through BF16). The default widens [`WeightSource::load`]'s BF16.
+    fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
+        let t = self.load(name)?;
+        Ok((t.shape, t.data.into_iter().map(f32::from).collect()))
+    }
     /// A short description for logs (`SmolLM2-135M-Instruct.Q4_1.gguf (GGUF v3)`).
     fn describe(&self) -> String;
 }

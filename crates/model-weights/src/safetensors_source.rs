@@ -140,6 +140,52 @@ impl WeightSource for SafetensorsCheckpoint {
     }
 
     fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        let (dtype, shape, bytes) = self.bytes(name)?;
+        let data: Vec<bf16> = match dtype {
+            Dtype::BF16 => bytemuck::pod_collect_to_vec(bytes),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32()))
+                .collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect(),
+        };
+        Ok(HostTensor { shape, data })
+    }
+
+    fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
+        let (dtype, shape, bytes) = self.bytes(name)?;
+        let data: Vec<f32> = match dtype {
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        };
+        Ok((shape, data))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} ({} safetensors shard(s))",
+            self.dir.display(),
+            self.shards.len()
+        )
+    }
+}
+
+impl SafetensorsCheckpoint {
+    /// Tensor `name`'s dtype (BF16, F16 or F32), shape and data bytes, their length checked.
+    fn bytes(&self, name: &str) -> Result<(Dtype, Vec<usize>, &[u8]), WeightError> {
         let shard = self
             .index
             .get(name)
@@ -171,29 +217,7 @@ impl WeightSource for SafetensorsCheckpoint {
                 bytes.len()
             )));
         }
-        let data: Vec<bf16> = match dtype {
-            Dtype::BF16 => bytemuck::pod_collect_to_vec(bytes),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32()))
-                .collect(),
-            _ => bytes
-                .chunks_exact(4)
-                .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                .collect(),
-        };
-        Ok(HostTensor {
-            shape: shape.clone(),
-            data,
-        })
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{} ({} safetensors shard(s))",
-            self.dir.display(),
-            self.shards.len()
-        )
+        Ok((*dtype, shape.clone(), bytes))
     }
 }
 
@@ -206,7 +230,7 @@ mod tests {
             .iter()
             .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
             .collect();
-        let b: Vec<u8> = [0.5f32, -1.0]
+        let b: Vec<u8> = [0.5f32, -1.0, 1.0 + 1.0 / 1024.0]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
@@ -217,7 +241,7 @@ mod tests {
             ),
             (
                 "w.b",
-                safetensors::tensor::TensorView::new(Dtype::F32, vec![2], &b).unwrap(),
+                safetensors::tensor::TensorView::new(Dtype::F32, vec![3], &b).unwrap(),
             ),
         ];
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
@@ -234,9 +258,19 @@ mod tests {
         let b = ck.load("w.b").unwrap();
         assert_eq!(
             b.data.iter().map(|v| f32::from(*v)).collect::<Vec<_>>(),
-            vec![0.5, -1.0]
+            vec![0.5, -1.0, 1.0]
         );
+        // load_f32 reads F32 exactly (1 + 2^-10 is not a bf16) and widens BF16.
+        assert_eq!(
+            ck.load_f32("w.b").unwrap(),
+            (vec![3], vec![0.5, -1.0, 1.0 + 1.0 / 1024.0])
+        );
+        assert_eq!(ck.load_f32("w.a").unwrap().1[5], 6.0);
         assert!(matches!(ck.load("nope"), Err(WeightError::Missing { .. })));
+        assert!(matches!(
+            ck.load_f32("nope"),
+            Err(WeightError::Missing { .. })
+        ));
     }
 
     #[test]

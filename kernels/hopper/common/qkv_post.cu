@@ -5,18 +5,19 @@
 //
 // qkv is bf16 [tokens, (q_heads + 2 kv_heads) * head_dim], each row q heads | k heads | v heads.
 // Per head, in f32 from the bf16 input: x * rsqrt(mean(x^2) + eps) * w (rmsnorm_bf16's formula),
-// then the pairs (i, i + head_dim / 2) rotated by row positions[t] of the cos/sin tables
-// (rope_neox_bf16's; a position outside [0, max_position) is not rotated), then ONE rounding to
-// bf16 (the unfused path rounds after the norm and again after the rotation). V heads are copied
-// bit for bit. Token t's k and v heads go to cache row slots[t] (the cache is
+// then the pairs (i, i + rotary_dim / 2), i < rotary_dim / 2, rotated by row positions[t] of the
+// cos/sin tables [max_position, rotary_dim / 2] (rope_neox_bf16's; a position outside
+// [0, max_position) is not rotated; elements from rotary_dim on are not rotated: partial RoPE,
+// MiniMax-M2's 64 of 128), then ONE rounding to bf16 (the unfused path rounds after the norm and
+// again after the rotation). V heads are copied bit for bit. Token t's k and v heads go to cache row slots[t] (the cache is
 // [num_slots, kv_heads * head_dim]); a negative slot skips them (its q is still written).
 //
 // Work split: one item per (token, head) over the q_heads + 2 kv_heads heads of a token, in qkv's
 // order, so item i's input starts at qkv + i * head_dim. L = head_dim / 8 lanes take an item when
 // that is a power of two <= 32 (head_dim 64 -> 8 lanes, 128 -> 16, 256 -> 32): each lane owns 4
 // consecutive elements of each half (8-byte loads and stores, one float4 of cos and of sin), and
-// the sum of squares is a shuffle reduction over the L lanes. Any other head_dim, or a pointer
-// not aligned for those vectors, takes a scalar loop with the same geometry (L = 32 when
+// the sum of squares is a shuffle reduction over the L lanes. Any other head_dim, a partial
+// rotation, or a pointer not aligned for those vectors, takes a scalar loop with the same geometry (L = 32 when
 // head_dim / 8 does not fit). A block of 256 threads takes 256 / L consecutive items, and the
 // grid must cover them all (tokens * (q_heads + 2 kv_heads) < 2^32).
 // Registers: 32 (8 blocks, 2048 threads per SM), no spills: the norm weight and cos/sin pieces are
@@ -25,6 +26,7 @@
 // docs/results/2026-12-01-speed-h200/harness-e20ced0 and ab-fused-qkv-attention/run2-51c3637).
 // Launch: grid = ceil(tokens * (q_heads + 2 kv_heads) / (256 / L)), block = 256.
 #include "common.cuh"
+#include "norm.cuh"
 #include "qkv_post.cuh"
 
 namespace {
@@ -60,7 +62,8 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
     const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
     const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
     const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
-    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t max_position, float eps) {
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t rotary_dim,
+    uint32_t max_position, float eps) {
     metrale::grid_dependency_sync();
     const uint32_t lanes = lanes_per_head(head_dim);
     const uint32_t per_block = blockDim.x / lanes;
@@ -69,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
     // Items are counted in 32 bits: tokens * (q_heads + 2 kv_heads) < 2^32.
     const uint32_t total = tokens * heads;
     const uint32_t half = head_dim / 2;
-    const bool vec = head_dim == 8 * lanes && aligned(qkv, 8) && aligned(q_out, 8) &&
+    const bool vec = head_dim == 8 * lanes && rotary_dim == head_dim && aligned(qkv, 8) && aligned(q_out, 8) &&
                      aligned(k_cache, 8) && aligned(v_cache, 8) && aligned(q_norm, 8) &&
                      aligned(k_norm, 8) && aligned(cos_table, 16) && aligned(sin_table, 16);
     // One item per lane group; the grid covers every item (no stride loop: it costs registers).
@@ -118,21 +121,60 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
             return;
         }
         const float inv = rsqrtf(ss / (float)head_dim + eps);
-        for (uint32_t i = j; i < half; i += lanes) {
-            float x0 = metrale::to_f32(x[i]), x1 = metrale::to_f32(x[i + half]);
+        // The rotated pairs (i, i + rotary_dim / 2), then the elements past rotary_dim.
+        const uint32_t rhalf = rotary_dim / 2;
+        for (uint32_t i = j; i < rhalf; i += lanes) {
+            float x0 = metrale::to_f32(x[i]), x1 = metrale::to_f32(x[i + rhalf]);
             if (norm != nullptr) {
                 x0 = x0 * inv * metrale::to_f32(norm[i]);
-                x1 = x1 * inv * metrale::to_f32(norm[i + half]);
+                x1 = x1 * inv * metrale::to_f32(norm[i + rhalf]);
             }
             if (rotate) {
-                const size_t row = (size_t)pos * half + i;
+                const size_t row = (size_t)pos * rhalf + i;
                 const float c = cos_table[row], s = sin_table[row];
                 const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
                 x0 = y0;
                 x1 = y1;
             }
             dst[i] = metrale::to_bf16(x0);
-            dst[i + half] = metrale::to_bf16(x1);
+            dst[i + rhalf] = metrale::to_bf16(x1);
         }
+        for (uint32_t i = rotary_dim + j; i < head_dim; i += lanes) {
+            float v = metrale::to_f32(x[i]);
+            if (norm != nullptr) v = v * inv * metrale::to_f32(norm[i]);
+            dst[i] = metrale::to_bf16(v);
+        }
+    }
+}
+
+// MiniMax-M2's QK-norm, in place on the fused QKV product before qkv_rope_kv_write_bf16 (which
+// then runs with its per-head norms null): each token's q part (its first q_width elements) is
+// RMS-normalised as one vector with q_norm [q_width], and its k part (the next k_width) with
+// k_norm [k_width]; the v part is not touched. Per vector, rmsnorm_bf16's formula: bf16(x *
+// rsqrt(mean(x^2) + eps) * w) in f32, one rounding. Each element is read and written by the same
+// thread, after the block's reduction, so the update in place is safe.
+// Launch: grid = (tokens, 2) (y = 0 the q part, 1 the k part), block = 256, no dynamic shared
+// memory.
+extern "C" __global__ void qk_norm_whole_bf16(__nv_bfloat16* __restrict__ qkv,
+                                              const __nv_bfloat16* __restrict__ q_norm,
+                                              const __nv_bfloat16* __restrict__ k_norm,
+                                              uint32_t tokens, uint32_t q_width, uint32_t k_width,
+                                              uint32_t row, float eps) {
+    metrale::grid_dependency_sync();
+    __shared__ float scratch[32];
+    const uint32_t t = blockIdx.x;
+    if (t >= tokens) return;
+    const bool is_k = blockIdx.y == 1;
+    const uint32_t cols = is_k ? k_width : q_width;
+    const __nv_bfloat16* w = is_k ? k_norm : q_norm;
+    __nv_bfloat16* x = qkv + (size_t)t * row + (is_k ? q_width : 0);
+    float sq = 0.0f;
+    for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = metrale::to_f32(x[i]);
+        sq += v * v;
+    }
+    const float inv = metrale::inverse_rms(sq, cols, eps, scratch);
+    for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) {
+        x[i] = metrale::to_bf16(metrale::to_f32(x[i]) * inv * metrale::to_f32(w[i]));
     }
 }

@@ -120,8 +120,16 @@ kernel_args!(
 
 impl PagedAttentionQkv {
     /// The one launch for `post` followed by `attention` (the same tokens over the same caches;
-    /// `post.q_out` and `attention.q` are not needed).
+    /// `post.q_out` and `attention.q` are not needed). The fused kernel rotates whole heads:
+    /// `post` must not be a partial rotation.
+    ///
+    /// # Panics
+    /// If `post.rotary_dim` is not its `head_dim`.
     pub fn fuse(post: &QkvRopeKvWrite, attention: &PagedAttention) -> Self {
+        assert_eq!(
+            post.rotary_dim, post.head_dim,
+            "the fused decode attention rotates whole heads"
+        );
         PagedAttentionQkv {
             out: attention.out,
             partials: attention.partials,
@@ -169,6 +177,7 @@ impl PagedAttentionQkv {
                 q_heads: self.q_heads,
                 kv_heads: self.kv_heads,
                 head_dim: self.head_dim,
+                rotary_dim: self.head_dim,
                 max_position: self.max_position,
                 eps: self.eps,
             },

@@ -41,7 +41,7 @@ pub use moe::{
     MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeRoute, MoeScoring,
     group_by_expert, route_row,
 };
-pub use qkv_post::QkvRopeKvWrite;
+pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};
 pub use rmsnorm::{AddRmsNorm, RmsNorm};
 pub use rope::RopeNeox;
 

@@ -3,7 +3,12 @@
 //! RMSNorm of q and k (qk-norm, optional), NeoX RoPE of q and k, and the KV-cache write.
 //!
 //! It replaces rmsnorm(q), rmsnorm(k), rope(q), rope(k) and kv_cache_write, each of which rounded
-//! to bf16: here q and k are rounded once, after the rotation.
+//! to bf16: here q and k are rounded once, after the rotation. RoPE may be partial (the first
+//! `rotary_dim` elements of each head rotated, the rest passed through: MiniMax-M2).
+//!
+//! [`QkNormWhole`] is the other QK-norm, MiniMax-M2's: q and k each normalised as one vector over
+//! the whole projection, in place on the QKV product, before this kernel runs with its per-head
+//! norms null.
 
 use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
@@ -15,8 +20,9 @@ use crate::names;
 
 kernel_args!(
     /// For every token `t` of `qkv` (rows `q heads | k heads | v heads`): each q head, normalised
-    /// by `q_norm` (when not null) and rotated by row `positions[t]` of the cos/sin tables (not
-    /// rotated when the position is outside `[0, max_position)`), rounded once to bf16 into
+    /// by `q_norm` (when not null) and its first `rotary_dim` elements rotated by row
+    /// `positions[t]` of the cos/sin tables (not rotated when the position is outside
+    /// `[0, max_position)`), rounded once to bf16 into
     /// `q_out`; each k head the same with `k_norm` into row `slots[t]` of `k_cache`; each v head
     /// copied unchanged into row `slots[t]` of `v_cache`. A negative slot skips the cache writes.
     /// The norm is [`RmsNorm`](super::RmsNorm)'s formula over one head, the rotation
@@ -38,9 +44,9 @@ kernel_args!(
         positions: DevicePtr,
         /// i32 `[tokens]`: each token's cache row; negative skips the token's k and v.
         slots: DevicePtr,
-        /// f32 `[max_position, head_dim / 2]` (RopeNeox's table).
+        /// f32 `[max_position, rotary_dim / 2]` (RopeNeox's table at `rotary_dim`).
         cos: DevicePtr,
-        /// f32 `[max_position, head_dim / 2]`.
+        /// f32 `[max_position, rotary_dim / 2]`.
         sin: DevicePtr,
         /// Tokens (`tokens * (q_heads + 2 * kv_heads)` below 2^32).
         tokens: u32,
@@ -50,6 +56,9 @@ kernel_args!(
         kv_heads: u32,
         /// Elements per head (even).
         head_dim: u32,
+        /// The leading elements of each head that are rotated, pairs `(i, i + rotary_dim / 2)`
+        /// (even, at most `head_dim`; `head_dim` for full RoPE).
+        rotary_dim: u32,
         /// Rows of the cos/sin tables.
         max_position: u32,
         /// Added to the mean square in the norms.
@@ -121,13 +130,17 @@ impl QkvRopeKvWrite {
             self.kv_heads as usize,
             self.head_dim as usize,
         );
-        if d == 0 || d % 2 != 0 {
+        let rot = self.rotary_dim as usize;
+        if d == 0 || !d.is_multiple_of(2) || rot == 0 || !rot.is_multiple_of(2) || rot > d {
             return Err(HostError::BadArgs {
                 kernel: Self::NAME,
-                message: format!("head_dim {d} is not a positive even number"),
+                message: format!(
+                    "head_dim {d} and rotary_dim {rot}: both must be positive and even, \
+                     rotary_dim at most head_dim"
+                ),
             });
         }
-        let half = d / 2;
+        let half = rot / 2;
         let heads = qh + 2 * kvh;
         let kv_row = kvh * d;
         let qkv = host::load::<bf16>(mem, self.qkv, tokens * heads * d)?;
@@ -152,7 +165,7 @@ impl QkvRopeKvWrite {
             }
             if pos >= 0 && (pos as u32) < self.max_position {
                 let at = pos as usize * half;
-                rotate_half(&mut x, &cos[at..at + half], &sin[at..at + half]);
+                rotate_half(&mut x[..rot], &cos[at..at + half], &sin[at..at + half]);
             }
             x
         };
@@ -180,6 +193,69 @@ impl QkvRopeKvWrite {
             keys.push(k);
         }
         Ok((q_out, keys))
+    }
+}
+
+kernel_args!(
+    /// MiniMax-M2's QK-norm, in place on the fused QKV product: for every token, its q part (the
+    /// first `q_width` elements of its row of `row`) RMS-normalised as one vector with `q_norm`,
+    /// and its k part (the next `k_width`) with `k_norm`; the v part untouched. Per vector
+    /// [`RmsNorm`](super::RmsNorm)'s formula in f32, rounded once to bf16.
+    QkNormWhole => names::qkv_post::QK_NORM_WHOLE_BF16 {
+        /// bf16 `[tokens, row]`, updated in place.
+        qkv: DevicePtr,
+        /// bf16 `[q_width]`.
+        q_norm: DevicePtr,
+        /// bf16 `[k_width]`.
+        k_norm: DevicePtr,
+        /// Tokens.
+        tokens: u32,
+        /// Elements of the q part (`heads * head_dim`).
+        q_width: u32,
+        /// Elements of the k part (`kv_heads * head_dim`).
+        k_width: u32,
+        /// Elements of a token's row (`q_width + 2 * k_width`).
+        row: u32,
+        /// Added to the mean square.
+        eps: f32,
+    }
+);
+
+impl Kernel for QkNormWhole {
+    /// One block of 256 threads per (token, part): grid `(tokens, 2)`.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [self.tokens.max(1), 2, 1],
+            ..LaunchConfig::linear(1, THREADS)
+        }
+    }
+
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (t, qw, kw, row) = (
+            self.tokens as usize,
+            self.q_width as usize,
+            self.k_width as usize,
+            self.row as usize,
+        );
+        if qw == 0 || kw == 0 || qw + kw > row {
+            return Err(HostError::BadArgs {
+                kernel: Self::NAME,
+                message: format!(
+                    "q_width {qw} and k_width {kw} must be positive and fit row {row}"
+                ),
+            });
+        }
+        let q_norm = host::load_bf16(mem, self.q_norm, qw)?;
+        let k_norm = host::load_bf16(mem, self.k_norm, kw)?;
+        for token in 0..t {
+            let at = self.qkv.offset(token * row * 2);
+            let mut x = host::load_bf16(mem, at, qw + kw)?;
+            let (q, k) = x.split_at_mut(qw);
+            normalize_head(q, &q_norm, self.eps);
+            normalize_head(k, &k_norm, self.eps);
+            host::store_bf16(mem, at, &x)?;
+        }
+        Ok(())
     }
 }
 
@@ -233,6 +309,7 @@ mod tests {
             q_heads: qh as u32,
             kv_heads: kvh as u32,
             head_dim: d as u32,
+            rotary_dim: d as u32,
             max_position,
             eps: 1e-6,
         };
@@ -418,5 +495,137 @@ mod tests {
             op,
             "the ABI round-trips"
         );
+    }
+
+    /// Partial RoPE at rotary_dim = head_dim is the full rotation bit for bit; below it, the
+    /// elements past rotary_dim are only normalised (here: copied, no norms), and the leading ones
+    /// are a full rotation of a head of rotary_dim elements by the rotary_dim / 2 column table.
+    #[test]
+    fn partial_rope_rotates_the_leading_elements_and_passes_the_rest() {
+        let (t, qh, kvh, d) = (3usize, 4usize, 2usize, 8usize);
+        let heads = qh + 2 * kvh;
+        let run = |norms: bool, rotary_dim: usize| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+            let mut m = FlatMemory::new();
+            let Setup { op, slots_n } = setup(&mut m, norms);
+            // A table of rotary_dim / 2 columns, frequencies over rotary_dim.
+            let half = rotary_dim / 2;
+            let (mut cos, mut sin) = (Vec::new(), Vec::new());
+            for pos in 0..op.max_position {
+                for i in 0..half {
+                    let angle = pos as f32 * 10000f32.powf(-2.0 * i as f32 / rotary_dim as f32);
+                    cos.push(angle.cos());
+                    sin.push(angle.sin());
+                }
+            }
+            let op = QkvRopeKvWrite {
+                rotary_dim: rotary_dim as u32,
+                cos: m.put(&cos),
+                sin: m.put(&sin),
+                ..op
+            };
+            op.reference(&mut m).unwrap();
+            let qkv = f32s(&m.get(op.qkv, t * heads * d));
+            let q = f32s(&m.get(op.q_out, t * qh * d));
+            let k = f32s(&m.get(op.k_cache, slots_n * kvh * d));
+            (qkv, q, k)
+        };
+        for norms in [false, true] {
+            // rotary_dim = head_dim: the full rotation the other tests pin.
+            let mut m = FlatMemory::new();
+            let Setup { op, slots_n } = setup(&mut m, norms);
+            op.reference(&mut m).unwrap();
+            let full_q = f32s(&m.get(op.q_out, t * qh * d));
+            let full_k = f32s(&m.get(op.k_cache, slots_n * kvh * d));
+            let (_, q, k) = run(norms, d);
+            assert_eq!((q, k), (full_q, full_k), "norms={norms}");
+        }
+        // rotary_dim 4 of 8, no norms: elements 4..8 of every q and k head are the input's;
+        // elements 0..4 rotated as pairs (0, 2), (1, 3) at position 5 (token 0), unrotated at 0.
+        let (qkv, q, k) = run(false, 4);
+        let positions = [5usize, 0, 99];
+        for tok in 0..t {
+            for h in 0..qh {
+                let x = &qkv[(tok * heads + h) * d..][..d];
+                let y = &q[(tok * qh + h) * d..][..d];
+                assert_eq!(y[4..], x[4..], "q token {tok} head {h}: pass-through");
+                let p = positions[tok];
+                let mut want = x[..4].to_vec();
+                if p < 16 {
+                    for i in 0..2 {
+                        let angle = p as f32 * 10000f32.powf(-2.0 * i as f32 / 4.0);
+                        let (c, s) = (angle.cos(), angle.sin());
+                        want[i] = x[i] * c - x[i + 2] * s;
+                        want[i + 2] = x[i + 2] * c + x[i] * s;
+                    }
+                }
+                assert_eq!(y[..4], f32s(&bf16s(&want))[..], "q token {tok} head {h}");
+                if p == 5 {
+                    assert_ne!(y[..4], x[..4], "position 5 rotates");
+                }
+            }
+        }
+        // Token 0 writes slot 2: its k heads' tails are the input's too.
+        for h in 0..kvh {
+            let x = &qkv[(qh + h) * d..][..d];
+            assert_eq!(k[(2 * kvh + h) * d + 4..][..4], x[4..], "k head {h}");
+        }
+    }
+
+    #[test]
+    fn whole_projection_norm_normalises_q_and_k_as_vectors_and_leaves_v() {
+        let mut m = FlatMemory::new();
+        let (t, qw, kw) = (3usize, 24usize, 8usize);
+        let row = qw + 2 * kw;
+        let x = f32s(&bf16s(&uniform(7, t * row, 3.0)));
+        let (qn, kn) = (
+            f32s(&bf16s(&uniform(8, qw, 1.5))),
+            f32s(&bf16s(&uniform(9, kw, 1.5))),
+        );
+        let op = QkNormWhole {
+            qkv: m.put(&bf16s(&x)),
+            q_norm: m.put(&bf16s(&qn)),
+            k_norm: m.put(&bf16s(&kn)),
+            tokens: t as u32,
+            q_width: qw as u32,
+            k_width: kw as u32,
+            row: row as u32,
+            eps: 1e-6,
+        };
+        op.reference(&mut m).unwrap();
+        let got = f32s(&m.get(op.qkv, t * row));
+        let norm = |v: &[f32], w: &[f32]| -> Vec<f32> {
+            let ms = v.iter().map(|a| a * a).sum::<f32>() / v.len() as f32;
+            let inv = 1.0 / (ms + 1e-6f32).sqrt();
+            f32s(&bf16s(
+                &v.iter()
+                    .zip(w)
+                    .map(|(a, w)| a * inv * w)
+                    .collect::<Vec<_>>(),
+            ))
+        };
+        for tok in 0..t {
+            let r = &x[tok * row..][..row];
+            let g = &got[tok * row..][..row];
+            assert_eq!(g[..qw], norm(&r[..qw], &qn)[..], "q of token {tok}");
+            assert_eq!(
+                g[qw..qw + kw],
+                norm(&r[qw..qw + kw], &kn)[..],
+                "k of token {tok}"
+            );
+            assert_eq!(g[qw + kw..], r[qw + kw..], "v of token {tok}");
+        }
+        // Not the per-head norm: with 3 heads of 8 the q part's heads have their own scales.
+        let per_head: Vec<f32> = r_heads(&x[..qw], &qn, 8);
+        assert_ne!(got[..qw], per_head[..]);
+        assert_eq!(op.launch_config().grid, [3, 2, 1]);
+        assert_eq!(QkNormWhole::from_args(&op.args()).unwrap(), op);
+    }
+
+    fn r_heads(x: &[f32], w: &[f32], d: usize) -> Vec<f32> {
+        let mut y = x.to_vec();
+        for (head, w) in y.chunks_exact_mut(d).zip(w.chunks_exact(d)) {
+            normalize_head(head, w, 1e-6);
+        }
+        f32s(&bf16s(&y))
     }
 }

@@ -8,13 +8,20 @@
 //! prefill tiles after them take the tensor-core prefill attention, so a decode token computes
 //! the same bits whether or not a prefill shares its step. A decode step of one sequence runs
 //! QK-norm, RoPE and the cache write inside the decode attention (`fused_qkv_attention`).
+//!
+//! The variants are the spec's parameters, not branches of their own: a QK-norm over the whole q
+//! and k projections (MiniMax-M2) is one more launch on the QKV product before the post-processing,
+//! which then runs with its per-head norms off; partial RoPE is the post-processing's
+//! `rotary_dim` over tables of `rotary_dim / 2` columns. Neither takes the fused decode attention,
+//! which norms per head and rotates whole heads.
 
+use metrale_config::QkNorm;
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3,
-    QkvRopeKvWrite,
+    QkNormWhole, QkvRopeKvWrite,
 };
 
 use super::{Arena, Block, Step};
@@ -58,6 +65,7 @@ pub(crate) fn tensor_core_prefill(head_dim: u32) -> bool {
 
 #[derive(Clone, Copy, Debug)]
 struct Kernels {
+    qk_norm_whole: KernelHandle,
     qkv_post: KernelHandle,
     decode: KernelHandle,
     decode_qkv: KernelHandle,
@@ -91,7 +99,7 @@ pub(crate) struct Scratch {
 pub(crate) struct Shared {
     kernels: Kernels,
     scratch: Scratch,
-    /// f32 `[max_position, head_dim / 2]` each.
+    /// f32 `[max_position, rotary_dim / 2]` each.
     rope: (DevicePtr, DevicePtr),
     max_position: u32,
     block_size: u32,
@@ -121,6 +129,7 @@ impl Shared {
         rope: (DevicePtr, DevicePtr),
     ) -> Result<Shared, ModelError> {
         let kernels = Kernels {
+            qk_norm_whole: gpu.kernel(QkNormWhole::NAME)?,
             qkv_post: gpu.kernel(QkvRopeKvWrite::NAME)?,
             decode: gpu.kernel(PagedAttention::NAME)?,
             decode_qkv: gpu.kernel(PagedAttentionQkv::NAME)?,
@@ -159,7 +168,8 @@ pub(crate) struct Attention {
     norm: RmsNorm,
     qkv: Linear,
     o: Linear,
-    /// bf16 `[head_dim]` each, or null.
+    /// bf16, or null without QK-norm: `[head_dim]` each per head, `[heads * head_dim]` and
+    /// `[kv_heads * head_dim]` over the whole projections.
     q_norm: DevicePtr,
     k_norm: DevicePtr,
     /// bf16 `[num_blocks, block_size, kv_heads, head_dim]` each.
@@ -222,17 +232,38 @@ impl Attention {
         }
     }
 
-    /// QK-norm, RoPE and the cache write of every token of the step.
+    /// The QK-norm over the whole q and k projections of every token of the step, in place on
+    /// the QKV product (before [`Attention::post`]).
+    fn norm_whole(&self, step: &Step) -> QkNormWhole {
+        let (hd, sc) = (self.spec.head_dim as u32, &self.shared.scratch);
+        let (q_width, k_width) = (self.spec.heads as u32 * hd, self.spec.kv_heads as u32 * hd);
+        QkNormWhole {
+            qkv: sc.qkv,
+            q_norm: self.q_norm,
+            k_norm: self.k_norm,
+            tokens: step.tokens,
+            q_width,
+            k_width,
+            row: q_width + 2 * k_width,
+            eps: self.norm.eps,
+        }
+    }
+
+    /// Per-head QK-norm, RoPE and the cache write of every token of the step.
     fn post(&self, step: &Step) -> QkvRopeKvWrite {
         let (s, sc) = (&self.shared, &self.shared.scratch);
+        let per_head = |w: DevicePtr| match self.spec.qk_norm {
+            QkNorm::PerHead => w,
+            QkNorm::None | QkNorm::Whole => DevicePtr::NULL,
+        };
         QkvRopeKvWrite {
             qkv: sc.qkv,
             q_out: sc.q,
             k_cache: self.k_cache,
             v_cache: self.v_cache,
             slots: step.inputs.slots,
-            q_norm: self.q_norm,
-            k_norm: self.k_norm,
+            q_norm: per_head(self.q_norm),
+            k_norm: per_head(self.k_norm),
             positions: step.inputs.positions,
             cos: s.rope.0,
             sin: s.rope.1,
@@ -240,6 +271,7 @@ impl Attention {
             q_heads: self.spec.heads as u32,
             kv_heads: self.spec.kv_heads as u32,
             head_dim: self.spec.head_dim as u32,
+            rotary_dim: self.spec.rotary_dim as u32,
             max_position: s.max_position,
             eps: self.norm.eps,
         }
@@ -248,8 +280,12 @@ impl Attention {
     /// Whether this step's decode runs QK-norm, RoPE and the cache write inside the decode
     /// attention: one sequence, one token (the token needs no other token's key of the step; at
     /// batches of 8 to 64 the fusion measured slower: each split redoes its query group's norm).
+    /// The fused kernel norms per head and rotates whole heads: the whole-projection norm and
+    /// partial RoPE take the separate launches.
     fn fused_post(&self, t: &Tuning, step: &Step) -> bool {
         t.fused_qkv_attention
+            && self.spec.qk_norm != QkNorm::Whole
+            && !self.spec.partial_rotary()
             && !step.tensor_core_prefill
             && matches!(self.spec.head_dim, 64 | 128 | 256)
             && step.seqs == 1
@@ -266,6 +302,9 @@ impl Attention {
         } else {
             step.tokens
         };
+        if self.spec.qk_norm == QkNorm::Whole {
+            l.launch(k.qk_norm_whole, "qk_norm", &self.norm_whole(step))?;
+        }
         let post = self.post(step);
         let decode = self.decode(step, decode_rows);
         if self.fused_post(l.tuning, step) {

@@ -150,6 +150,8 @@ pub(crate) struct Moe {
     experts_gate_up: DevicePtr,
     /// bf16 `[experts, hidden, intermediate]`.
     experts_down: DevicePtr,
+    /// f32 `[experts]`: the sigmoid router's correction bias (MiniMax-M2), or null.
+    correction_bias: DevicePtr,
     shared_expert: Option<SharedExpert>,
     shared: Shared,
     hidden: u32,
@@ -215,6 +217,7 @@ impl Moe {
             ),
             experts_gate_up: w.experts_gate_up,
             experts_down: w.experts_down,
+            correction_bias: w.correction_bias,
             shared_expert,
             shared,
             hidden,
@@ -227,7 +230,7 @@ impl Moe {
             topk_ids: sc.ids,
             topk_weights: sc.weights,
             logits: sc.logits,
-            correction_bias: DevicePtr::NULL,
+            correction_bias: self.correction_bias,
             rows,
             experts: spec.experts as u32,
             k: spec.top_k as u32,
