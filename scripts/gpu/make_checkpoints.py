@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
-"""Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B.
+"""Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (and of
+the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2).
 
 No machine here can reach a model hub, so the engine's large-model tests and speed runs use models
 with the exact public shapes and random weights (decode speed does not depend on weight values).
@@ -192,6 +193,46 @@ MODELS = {
         "use_sliding_window": False,
         "vocab_size": 151936,
     },
+    # MiniMax-M2's public config.json (minimax_m2: 256 experts of width 1536, top 8, sigmoid
+    # routing with a per-expert correction bias; q and k RMS-normalised over their whole
+    # projections; RoPE on 64 of each head's 128 elements; hidden 3072, 48/8 heads of 128), 4 of
+    # its 62 layers, without its FP8 quantization block and its MTP modules (use_mtp off: the
+    # engine and transformers run the main layers only). RoPE's base and rotary fraction are
+    # given as transformers 5 reads them (rope_parameters, which its MiniMax-M2 rotary embedding
+    # takes partial_rotary_factor from) beside the hub's rotary_dim; the engine reads either and
+    # refuses them if they disagree.
+    "minimax-m2-4l": {
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "attn_type_list": [1, 1, 1, 1],
+        "bos_token_id": 200034,
+        "eos_token_id": 200020,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 3072,
+        "initializer_range": 0.02,
+        "intermediate_size": 1536,
+        "max_position_embeddings": 196608,
+        "model_type": "minimax_m2",
+        "num_attention_heads": 48,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "num_local_experts": 256,
+        "qk_norm_type": "per_layer",
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"partial_rotary_factor": 0.5, "rope_theta": 5000000.0, "rope_type": "default"},
+        "rotary_dim": 64,
+        "router_aux_loss_coef": 0.001,
+        "scoring_func": "sigmoid",
+        "shared_intermediate_size": 0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_mtp": False,
+        "use_qk_norm": True,
+        "use_routing_bias": True,
+        "vocab_size": 200064,
+    },
     # SmolLM2-135M's widths (hidden 576, 9 query / 3 kv heads of 64, intermediate 1536, 30 layers,
     # tied embeddings, its eps and theta) with the Qwen3 tokenizer's vocabulary, so that the Qwen3
     # tokenizer the GPU machine is given fits it: the shapes the real GGUF runs on CUDA (k = 576,
@@ -238,6 +279,9 @@ TOKENIZER_FAMILY = {
     "qwen3-30b-a3b": "qwen3",
     # Qwen1.5's tokenizer is Qwen2's: the same 151,936-entry vocabulary as Qwen3's.
     "qwen1.5-moe-a2.7b-4l": "qwen3",
+    # No MiniMax tokenizer on the GPU machine; Qwen3's 151,669 ids all fit under its 200,064 rows
+    # (parity feeds random ids either way).
+    "minimax-m2-4l": "qwen3",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -247,6 +291,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # ignores a norm weight, or applies the wrong head's q_norm/k_norm, would still match the reference.
 LINEAR_STD = 0.02
 NORM_NOISE_STD = 0.1
+# MiniMax-M2's router correction bias, a buffer transformers initialises to zero: N(0, 0.01), about
+# the gaps between neighbouring sigmoid scores of 256 experts at these weights, so that the biased
+# top 8 differ from the unbiased ones and an engine that drops the bias fails parity.
+CORRECTION_BIAS_STD = 0.01
 
 PROBE_TOKENS = 64
 # Logits of a working random model have a std of order 1 (about 0.02 * sqrt(hidden_size)).
@@ -330,7 +378,24 @@ def reinit_weights(model, seed: int):
         else:  # embeddings, attention and MLP projections, lm_head
             p.normal_(0.0, LINEAR_STD, generator=gen)
             counts["matrix"] += 1
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            b.normal_(0.0, CORRECTION_BIAS_STD, generator=gen)
+            counts["correction_bias"] = counts.get("correction_bias", 0) + 1
     return counts
+
+
+def check_rotary(name: str, model):
+    """A partial-rotary config must reach transformers' rotary embedding: it must rotate
+    rotary_dim elements of each head (inv_freq of rotary_dim / 2), or the reference is another
+    model than the engine's."""
+    rotary_dim = MODELS[name].get("rotary_dim")
+    if rotary_dim is None:
+        return
+    got = model.model.rotary_emb.inv_freq.numel()
+    if got != rotary_dim // 2:
+        raise SystemExit(f"[{name}] transformers rotates {2 * got} elements of each head, the config says "
+                         f"rotary_dim {rotary_dim}: its rotary fraction was not read")
 
 
 @torch.inference_mode()
@@ -404,6 +469,7 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
     model.eval()
     torch.manual_seed(seed)
     counts = reinit_weights(model, seed)
+    check_rotary(name, model)
     n_params = sum(p.numel() for p in model.parameters())
     t_build = time.time() - t0
 
@@ -440,6 +506,7 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
             partial, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda"
         )
         reloaded.eval()
+        check_rotary(name, reloaded)
         logits2, _ = probe(reloaded, probe_ids)
         diff = (logits2 - logits).abs().max().item()
         rel = ((logits2 - logits).norm() / logits.norm()).item()
@@ -463,6 +530,7 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
         "name": name,
         "seed": seed,
         "init": {"linear_std": LINEAR_STD, "norm": f"1 + N(0, {NORM_NOISE_STD})", "bias": "zeros",
+                 "correction_bias": f"N(0, {CORRECTION_BIAS_STD})",
                  "generator": "torch.Generator('cuda').manual_seed(seed), parameters in named_parameters() order"},
         "params": n_params,
         "probe": {"tokens": PROBE_TOKENS, "prompt_seed": seed, **stats},

@@ -3,7 +3,9 @@
 """Tiny random MoE checkpoints and their transformers greedy transcripts, the CI fixtures of
 crates/model-engine/tests/moe_fixtures.rs (runs on the GPU machine: transformers + torch).
 
-For each of qwen3_moe and qwen2_moe (with its shared expert): a config at toy widths, weights
+For each of qwen3_moe, qwen2_moe (with its shared expert) and minimax_m2 (sigmoid routing with a
+correction bias ~ N(0, 0.05), QK-norm over the whole projections, RoPE on half of each head): a
+config at toy widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
 margins at this size) and 1 + N(0, 0.1) for norms from torch.Generator(seed), saved by
 transformers (its own layout), then greedy decoding of fixed prompt ids in float32 with the
@@ -11,6 +13,7 @@ logits of every step and the top-2 margins. Writes <out>/<name>/{config.json, mo
 transcript.json}.
 
     python3 scripts/gpu/tiny_moe_fixtures.py --out crates/model-engine/tests/fixtures
+    python3 scripts/gpu/tiny_moe_fixtures.py --out crates/model-engine/tests/fixtures --only tiny-minimax-m2
 """
 import argparse
 import json
@@ -33,7 +36,14 @@ CONFIGS = {
                            num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                            shared_expert_intermediate_size=48, norm_topk_prob=False,
                            decoder_sparse_step=1, mlp_only_layers=[]),
+    # MiniMax-M2's shape at toy widths: experts of intermediate_size in every layer, the rotary
+    # fraction inside rope_parameters as transformers 5 holds it (rotary_dim 32 of head_dim 64).
+    "tiny-minimax-m2": dict(COMMON, model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"],
+                            intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.5}),
 }
+ROTARY_DIM = {"tiny-minimax-m2": 32}
 PROMPT = [1, 17, 99, 3, 250, 42, 7, 128, 64, 200, 5, 33]
 STEPS = 16
 
@@ -41,6 +51,8 @@ STEPS = 16
 def make(name: str, out: Path, seed: int):
     cfg_dict = dict(CONFIGS[name])
     model_type = cfg_dict.pop("model_type")
+    if "rope_parameters" in cfg_dict:
+        cfg_dict.pop("rope_theta")
     cfg = AutoConfig.for_model(model_type, **cfg_dict)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -53,9 +65,29 @@ def make(name: str, out: Path, seed: int):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+        # MiniMax-M2's correction bias is a buffer (zero at init): random, of the sigmoid scores'
+        # scale, so that the biased choice differs from the unbiased one for some tokens.
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=gen))
+    if name in ROTARY_DIM:
+        # transformers must rotate only rotary_dim of each head, or the fixture tests nothing.
+        inv_freq = model.model.rotary_emb.inv_freq
+        assert inv_freq.numel() == ROTARY_DIM[name] // 2, (name, inv_freq.shape)
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
+    if name in ROTARY_DIM:
+        saved = json.loads((d / "config.json").read_text())
+        rope = saved.get("rope_parameters") or {}
+        if "partial_rotary_factor" not in rope and "partial_rotary_factor" not in saved:
+            # The engine reads the rotary fraction from the config; say it as the hub's does.
+            saved["rotary_dim"] = ROTARY_DIM[name]
+            (d / "config.json").write_text(json.dumps(saved, indent=2))
+            print(name, "config.json had no partial_rotary_factor: wrote rotary_dim")
+    from safetensors import safe_open
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        print(name, "layer 0 tensors:", sorted(k for k in f.keys() if ".layers.0." in k)[:12], "...")
     # The engine reads the hub's config.json keys; transformers 5 writes them too.
     f32 = model.float().cuda().eval()
     ids = list(PROMPT)
@@ -68,6 +100,14 @@ def make(name: str, out: Path, seed: int):
             steps.append({"id": nxt, "margin": float(top.values[0] - top.values[1]),
                           "logits": [round(float(x), 6) for x in logits]})
             ids.append(nxt)
+    # The saved checkpoint is the model (every tensor, the correction bias too): reloaded in f32,
+    # it gives the same logits on the prompt.
+    again = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        x = torch.tensor([PROMPT], device="cuda")
+        diff = (again(x).logits - f32(x).logits).abs().max().item()
+    assert diff < 1e-5, (name, "reloaded checkpoint differs", diff)
+    del again
     transcript = {"produced_by": "scripts/gpu/tiny_moe_fixtures.py", "seed": seed,
                   "dtype": "float32 on the bf16 weights", "transformers": __import__("transformers").__version__,
                   "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
@@ -82,8 +122,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default=",".join(CONFIGS),
+                    help=f"comma-separated, from: {', '.join(CONFIGS)}")
     args = ap.parse_args()
-    for name in CONFIGS:
+    names = args.only.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown fixture(s) {unknown}; known: {list(CONFIGS)}")
+    for name in names:
         make(name, args.out, args.seed)
 
 
