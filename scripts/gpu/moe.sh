@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
+# The MoE issue's measurements on the GPU machine, in phases (each fits one device call; run
+# several in one call with `moe.sh prep parity bench`). Needs the stripped `met` as
+# target/ab/met.gz and the Qwen3 tokenizer as target/ab/tok.tgz (both carried).
+#
+#   prep     unpack met and the tokenizer
+#   parity   MODELS (default "qwen3-30b-a3b-4l qwen1.5-moe-a2.7b-4l"): checkpoint, transformers'
+#            f32 and bf16 logits (reference_logits.py), met parity --json, and the expert
+#            choices that flip between transformers f32 and bf16 (moe_route_flips.py)
+#   bench    met bench-model on qwen3-30b-a3b-4l under each tuning of BENCH_VARIANTS (entries
+#            `name` or `name:key=value+key=value`, passed as --tune), TTFT 128/1024/8192, decode
+#            batch 1/8/16/32/64 at 1024 keys, a per-launch profile; met check-kernels on moe
+#   full     Qwen3-30B-A3B at full depth (48 layers, 61 GB in /dev/shm): met generate batch 1,
+#            met bench-model (TTFT 1024/8192; batch 1/8/32/64), transformers eager and static
+#            cache + torch.compile decode at batch 1 (scripts/gpu/transformers_decode_speed.py)
+#   fixtures the tiny MoE fixtures of crates/model-engine/tests/fixtures (tiny_moe_fixtures.py)
+#
+# Everything worth keeping goes to $OUT (flat files).
+set -uo pipefail
+OUT=${OUT:-/root/out}
+MET=/root/bin/met
+CKPT=${CKPT:-/root/ckpt}
+REF=/root/ref
+TOK=.cache/test-data/qwen3-tokenizer
+mkdir -p "$OUT" "$CKPT" "$REF"
+export PYTHONUNBUFFERED=1
+
+log() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+prep() {
+    mkdir -p /root/bin .cache/test-data
+    gunzip -c target/ab/met.gz >"$MET" && chmod +x "$MET"
+    tar xzf target/ab/tok.tgz -C .cache/test-data
+    "$MET" --version
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+}
+
+checkpoint() {  # name [out-dir]
+    python3 scripts/gpu/make_checkpoints.py --out "${2:-$CKPT}" --models "$1" --seed 0 --no-verify \
+        --tokenizer qwen3=$TOK 2>&1 | tail -3
+}
+
+parity() {
+    for m in ${MODELS:-qwen3-30b-a3b-4l qwen1.5-moe-a2.7b-4l}; do
+        log "parity $m"
+        checkpoint "$m"
+        python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
+            --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
+            --dtype float32 --also-bf16 2>&1 | tail -2
+        "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
+            --json "$OUT/parity-$m.json" 2>&1 | tee "$OUT/parity-$m.txt" | tail -6
+        python3 scripts/gpu/moe_route_flips.py --model "$CKPT/$m" --reference "$REF/$m.safetensors" \
+            --parity-json "$OUT/parity-$m.json" --out "$OUT/flips-$m.json" 2>&1 | tail -25
+    done
+}
+
+bench() {
+    local m=qwen3-30b-a3b-4l
+    checkpoint "$m"
+    log "check-kernels moe"
+    "$MET" check-kernels --kernel moe 2>&1 | tail -4
+    for v in ${BENCH_VARIANTS:-tree}; do
+        local name=${v%%:*} tune=()
+        if [[ "$v" == *:* ]]; then
+            IFS='+' read -ra kv <<<"${v#*:}"
+            for p in "${kv[@]}"; do tune+=(--tune "$p"); done
+        fi
+        log "bench $name ${tune[*]:-}"
+        "$MET" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 \
+            --batches 1,8,16,32,64 --context 1024 --profile "${tune[@]}" \
+            >"$OUT/bench-$name.md" 2>&1
+        grep "^| " "$OUT/bench-$name.md" | grep -v "device time" | head -12
+    done
+}
+
+full() {
+    local m=qwen3-30b-a3b dir=/dev/shm/ckpt
+    log "checkpoint $m (full depth) in $dir"
+    checkpoint "$m" "$dir"
+    df -h /dev/shm | tail -1
+    log "met generate"
+    "$MET" generate --backend cuda --model-from-path "$dir/$m" --prompt "hello x31" --max-tokens 256 \
+        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up 2>&1 | tee "$OUT/full-generate.txt" | tail -4
+    log "met bench-model"
+    "$MET" bench-model --model-from-path "$dir/$m" --prefill 1024,8192 --batches 1,8,32,64 \
+        --context 1024 --profile >"$OUT/full-bench.md" 2>&1
+    grep "^| " "$OUT/full-bench.md" | head -14
+    log "transformers decode (eager, static cache + compile loop)"
+    for mode in eager static_compile_loop; do
+        timeout 300 python3 scripts/gpu/transformers_decode_speed.py --model "$dir/$m" --prompt-tokens 32 \
+            --new-tokens 128 --batch 1 --modes "$mode" --json "$OUT/full-hf-$mode.json" 2>&1 | tail -3
+    done
+}
+
+fixtures() {
+    python3 scripts/gpu/tiny_moe_fixtures.py --out "$OUT/fixtures" 2>&1 | tail -5
+    (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
+}
+
+for phase in "$@"; do
+    log "phase $phase"
+    "$phase"
+done
