@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
+"""Prefix-cache measurements against a running `met serve` (issue 31's speed points).
+
+Standard library only (the GPU machine has no httpx). Prompts are token ids sent to
+/v1/completions (random ids from a fixed seed, so every run sends the same requests and the shared
+prefixes are exact); time to first token is the time from sending a streamed request to its first
+data chunk that carries text or a finish reason.
+
+Workloads (`--workload`, each prints one JSON object and appends it to `--out`):
+
+  ttft-8k     a cold request over an 8,192-token prefix plus a 16-token suffix, then `--trials`
+              requests with the same prefix and fresh suffixes: the warm TTFT (target <= 15 ms on
+              Qwen3-8B, H200) and the usage's cached_tokens of each.
+  agent       a 10-turn agent conversation: a 4,096-token system prompt (standing for the system
+              text and tool schemas), each turn adding the previous answer (as ids the client
+              makes up: a client re-sends text, whose ids need not be the generated ones) and a
+              tool result / user message; per turn, the TTFT of the whole conversation so far and
+              of a cold prompt of only that turn's new tokens (fresh ids, so nothing is cached);
+              the target is turn TTFT <= 1.3x the new tokens' alone, for turns 2..10.
+  throughput  many requests over a few long prefixes (`--prefixes` of `--prefix-len` tokens, each
+              request the prefix plus a unique suffix), `--concurrency` in flight, `--max-tokens`
+              each: output tokens per second over the whole run. Run it against a server with the
+              cache and one with --no-prefix-cache (scripts/gpu/prefix_cache.sh does both in one
+              call); the target is a ratio >= 2 at 32 concurrent.
+
+  python3 scripts/gpu/prefix_cache_bench.py --base-url http://127.0.0.1:8888 --workload ttft-8k \
+      --label cache-on --out results.jsonl
+"""
+
+import argparse
+import http.client
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+# Ids drawn from here: inside any Qwen/Llama vocabulary and clear of the special tokens.
+ID_LO, ID_HI = 1000, 30000
+
+
+class Client:
+    def __init__(self, base_url: str, timeout: float):
+        u = urllib.parse.urlparse(base_url)
+        self.host, self.port, self.timeout = u.hostname, u.port or 80, timeout
+
+    def stream(self, ids: list[int], max_tokens: int) -> dict:
+        """One streamed completion; returns ttft_s, total_s, completion_tokens, cached_tokens."""
+        body = json.dumps({"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True}})
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        ttft, usage = None, None
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices", []):
+                if ttft is None and (c.get("text") or c.get("finish_reason")):
+                    ttft = time.perf_counter() - t0
+        total = time.perf_counter() - t0
+        conn.close()
+        usage = usage or {}
+        return {"ttft_s": ttft, "total_s": total,
+                "prompt_tokens": usage.get("prompt_tokens", len(ids)),
+                "completion_tokens": usage.get("completion_tokens", 0),
+                "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
+
+    def metrics(self) -> dict[str, float]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("metrale_") and "{" not in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+
+def ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(ID_LO, ID_HI) for _ in range(n)]
+
+
+def ttft_8k(c: Client, a) -> dict:
+    rng = random.Random(a.seed)
+    prefix = ids(rng, a.prefix_len)
+    cold = c.stream(prefix + ids(rng, 16), 1)
+    warm = [c.stream(prefix + ids(rng, 16), 1) for _ in range(a.trials)]
+    ttfts = [w["ttft_s"] for w in warm]
+    return {"cold_ttft_ms": cold["ttft_s"] * 1e3, "cold_cached_tokens": cold["cached_tokens"],
+            "warm_ttft_ms": [t * 1e3 for t in ttfts], "warm_ttft_ms_median": statistics.median(ttfts) * 1e3,
+            "warm_cached_tokens": [w["cached_tokens"] for w in warm], "prompt_tokens": cold["prompt_tokens"],
+            "target": "warm_ttft_ms_median <= 15 (Qwen3-8B, H200)"}
+
+
+def agent(c: Client, a) -> dict:
+    rng = random.Random(a.seed + 1)
+    conversation = ids(rng, a.system_len) + ids(rng, a.user_len)
+    turns = []
+    for turn in range(1, a.turns + 1):
+        new = len(conversation) if turn == 1 else a.answer_len + a.tool_len
+        r = c.stream(conversation, a.max_tokens)
+        alone = c.stream(ids(rng, new), a.max_tokens)
+        turns.append({"turn": turn, "prompt_tokens": r["prompt_tokens"], "new_tokens": new,
+                      "cached_tokens": r["cached_tokens"], "ttft_ms": r["ttft_s"] * 1e3,
+                      "new_alone_ttft_ms": alone["ttft_s"] * 1e3,
+                      "ratio": r["ttft_s"] / alone["ttft_s"]})
+        print(f"  turn {turn}: {r['prompt_tokens']} tokens ({r['cached_tokens']} cached), TTFT "
+              f"{r['ttft_s'] * 1e3:.1f} ms; its {new} new tokens alone {alone['ttft_s'] * 1e3:.1f} ms",
+              file=sys.stderr)
+        # The answer comes back as (made-up) ids, then a tool result or the user's next message.
+        conversation += ids(rng, a.answer_len) + ids(rng, a.tool_len)
+    later = [t["ratio"] for t in turns[1:]]
+    return {"turns": turns, "worst_ratio_turns_2_on": max(later) if later else None,
+            "target": "ratio <= 1.3 for turns 2..10"}
+
+
+def throughput(c: Client, a) -> dict:
+    rng = random.Random(a.seed + 2)
+    prefixes = [ids(rng, a.prefix_len) for _ in range(a.prefixes)]
+    prompts = [prefixes[i % a.prefixes] + ids(rng, a.suffix_len) for i in range(a.requests)]
+    rng.shuffle(prompts)
+    before = c.metrics()
+    lock, results = threading.Lock(), []
+
+    def one(p):
+        r = c.stream(p, a.max_tokens)
+        with lock:
+            results.append(r)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(a.concurrency) as pool:
+        list(pool.map(one, prompts))
+    wall = time.perf_counter() - t0
+    after = c.metrics()
+    out_tokens = sum(r["completion_tokens"] for r in results)
+    ttfts = sorted(r["ttft_s"] for r in results)
+    delta = lambda k: after.get(k, 0) - before.get(k, 0)  # noqa: E731
+    return {"requests": len(results), "concurrency": a.concurrency, "prefixes": a.prefixes,
+            "prefix_len": a.prefix_len, "suffix_len": a.suffix_len, "max_tokens": a.max_tokens,
+            "wall_s": wall, "output_tokens": out_tokens, "output_tok_per_s": out_tokens / wall,
+            "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms": ttfts[int(len(ttfts) * 0.99)] * 1e3,
+            "cached_tokens": sum(r["cached_tokens"] for r in results),
+            "prompt_tokens": sum(r["prompt_tokens"] for r in results),
+            "metrics_hit_tokens": delta("metrale_prefix_cache_hit_tokens_total"),
+            "metrics_queried_tokens": delta("metrale_prefix_cache_queried_tokens_total"),
+            "metrics_evicted_blocks": delta("metrale_prefix_cache_evicted_blocks_total"),
+            "target": "output_tok_per_s with the cache >= 2x without, at 32 concurrent"}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8888")
+    p.add_argument("--workload", choices=["ttft-8k", "agent", "throughput"], required=True)
+    p.add_argument("--label", default="", help="recorded with the result (e.g. cache-on)")
+    p.add_argument("--out", help="append the result as one JSON line to this file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--prefix-len", type=int, help="ttft-8k: 8192; throughput: 4096")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--system-len", type=int, default=4096)
+    p.add_argument("--user-len", type=int, default=200)
+    p.add_argument("--answer-len", type=int, default=150)
+    p.add_argument("--tool-len", type=int, default=300)
+    p.add_argument("--prefixes", type=int, default=4)
+    p.add_argument("--suffix-len", type=int, default=64)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, help="agent: 32; throughput: 128")
+    a = p.parse_args()
+    defaults = {"ttft-8k": (8192, 1), "agent": (0, 32), "throughput": (4096, 128)}[a.workload]
+    a.prefix_len = a.prefix_len or defaults[0]
+    a.max_tokens = a.max_tokens or defaults[1]
+    c = Client(a.base_url, a.timeout)
+    c.stream(ids(random.Random(12345), 32), 2)  # the first request pays any lazy set-up
+    run = {"ttft-8k": ttft_8k, "agent": agent, "throughput": throughput}[a.workload]
+    result = {"workload": a.workload, "label": a.label, **run(c, a)}
+    line = json.dumps(result)
+    print(line)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
