@@ -162,10 +162,10 @@ pub struct Args {
     /// A file of accepted tokens, one per line.
     #[arg(long)]
     auth_tokens_file: Option<std::path::PathBuf>,
-    /// Turn prefix caching off. It is on by default: full KV blocks (16 tokens) of earlier
-    /// requests are kept and shared, so a request that repeats an earlier prompt's start (a
-    /// system prompt, a conversation so far) computes only the tokens after it; usage reports
-    /// them as cached tokens.
+    /// Turn prefix caching off. It is on by default: the full KV blocks (16 tokens each) of
+    /// earlier requests are kept while the pool has room and shared, so a request that repeats
+    /// an earlier prompt's start (a system prompt, the conversation so far) computes only the
+    /// tokens after it, in whole blocks; usage reports them as cached tokens.
     #[arg(long)]
     no_prefix_cache: bool,
 }
