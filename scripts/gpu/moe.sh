@@ -16,14 +16,16 @@
 #            cache + torch.compile decode at batch 1 (scripts/gpu/transformers_decode_speed.py)
 #   fixtures the tiny MoE fixtures of crates/model-engine/tests/fixtures (tiny_moe_fixtures.py)
 #
-# Everything worth keeping goes to $OUT (flat files).
+# Everything worth keeping collects in $RES, packed into $OUT/moe-results.tgz at the end (the
+# device tool returns at most 8 files).
 set -uo pipefail
 OUT=${OUT:-/root/out}
+RES=${RES:-/root/res}
 MET=/root/bin/met
 CKPT=${CKPT:-/root/ckpt}
 REF=/root/ref
 TOK=.cache/test-data/qwen3-tokenizer
-mkdir -p "$OUT" "$CKPT" "$REF"
+mkdir -p "$OUT" "$RES" "$CKPT" "$REF"
 export PYTHONUNBUFFERED=1
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
@@ -49,9 +51,10 @@ parity() {
             --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
             --dtype float32 --also-bf16 2>&1 | tail -2
         "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
-            --json "$OUT/parity-$m.json" 2>&1 | tee "$OUT/parity-$m.txt" | tail -6
+            --json "$RES/parity-$m.json" --routing-out "$RES/routing-$m.json" 2>&1 | tee "$RES/parity-$m.txt" | tail -6
         python3 scripts/gpu/moe_route_flips.py --model "$CKPT/$m" --reference "$REF/$m.safetensors" \
-            --parity-json "$OUT/parity-$m.json" --out "$OUT/flips-$m.json" 2>&1 | tail -25
+            --engine-routing "$RES/routing-$m.json" \
+            --parity-json "$RES/parity-$m.json" --out "$RES/flips-$m.json" 2>&1 | tail -25
     done
 }
 
@@ -69,8 +72,8 @@ bench() {
         log "bench $name ${tune[*]:-}"
         "$MET" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 \
             --batches 1,8,16,32,64 --context 1024 --profile "${tune[@]}" \
-            >"$OUT/bench-$name.md" 2>&1
-        grep "^| " "$OUT/bench-$name.md" | grep -v "device time" | head -12
+            >"$RES/bench-$name.md" 2>&1
+        grep "^| " "$RES/bench-$name.md" | grep -v "device time" | head -12
     done
 }
 
@@ -81,24 +84,24 @@ full() {
     df -h /dev/shm | tail -1
     log "met generate"
     "$MET" generate --backend cuda --model-from-path "$dir/$m" --prompt "hello x31" --max-tokens 256 \
-        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up 2>&1 | tee "$OUT/full-generate.txt" | tail -4
+        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up 2>&1 | tee "$RES/full-generate.txt" | tail -4
     log "met bench-model"
     "$MET" bench-model --model-from-path "$dir/$m" --prefill 1024,8192 --batches 1,8,32,64 \
-        --context 1024 --profile >"$OUT/full-bench.md" 2>&1
-    grep "^| " "$OUT/full-bench.md" | head -14
+        --context 1024 --profile >"$RES/full-bench.md" 2>&1
+    grep "^| " "$RES/full-bench.md" | head -14
     log "transformers decode (eager, static cache + compile loop)"
     for mode in eager static_compile_loop; do
         timeout 300 python3 scripts/gpu/transformers_decode_speed.py --model "$dir/$m" --prompt-tokens 32 \
-            --new-tokens 128 --batch 1 --modes "$mode" --json "$OUT/full-hf-$mode.json" 2>&1 | tail -3
+            --new-tokens 128 --batch 1 --modes "$mode" --json "$RES/full-hf-$mode.json" 2>&1 | tail -3
     done
 }
 
 fixtures() {
-    python3 scripts/gpu/tiny_moe_fixtures.py --out "$OUT/fixtures" 2>&1 | tail -5
-    (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
+    python3 scripts/gpu/tiny_moe_fixtures.py --out "$RES/fixtures" --only tiny-minimax-m2 2>&1 | tail -8
 }
 
 for phase in "$@"; do
     log "phase $phase"
     "$phase"
 done
+tar czf "$OUT/moe-results.tgz" -C "$RES" .

@@ -78,12 +78,27 @@ def compare(model_path, ids, k):
     layers = sorted(weights, key=lambda n: int(n.split("layers.")[1].split(".")[0]))
     flips = torch.zeros(len(ids), dtype=torch.int32)
     min_margin = torch.full((len(ids),), float("inf"))
+    f32_sets = []
     for name in layers:
         top32, margin = choices(runs["f32"][name], weights[name], k)
         top16, _ = choices(runs["bf16"][name], weights[name], k)
         flips += (top32 != top16).any(dim=-1).cpu().int()
         min_margin = torch.minimum(min_margin, margin.cpu())
-    return layers, flips, min_margin
+        f32_sets.append(top32.cpu())
+    return layers, flips, min_margin, f32_sets
+
+
+def engine_flips(f32_sets, engine_layers, positions):
+    """Per position of `positions` (indices into the f32 run's rows), the layers whose engine
+    choice (`engine_layers[layer][i]`, the i-th of `positions`) differs from float32's set."""
+    out = []
+    for i, p in enumerate(positions):
+        n = 0
+        for layer, sets in enumerate(f32_sets):
+            mine = sorted(engine_layers[layer][i])
+            n += mine != sets[p].tolist()
+        out.append(n)
+    return out
 
 
 def main():
@@ -91,6 +106,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--reference", required=True, help="reference_logits.py output (its token ids)")
     ap.add_argument("--parity-json", default=None, help="met parity --json output, joined per position")
+    ap.add_argument("--engine-routing", default=None,
+                    help="met parity --routing-out output: the engine's own expert choices, compared with float32's")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
     torch.set_float32_matmul_precision("highest")
@@ -102,20 +119,34 @@ def main():
     prompt, decode = ref["prompt_ids"].long(), ref["decode_ids"].long()
     # Teacher forcing is one prefill of prompt + decode ids: decode row i is position P + i.
     short = torch.cat([prompt, decode])
-    layers, flips, margin = compare(args.model, short, k)
+    layers, flips, margin, sets = compare(args.model, short, k)
+    engine = json.loads(Path(args.engine_routing).read_text()) if args.engine_routing else None
     rows = {}
     P = len(prompt)
+    ours = [None] * len(short)
+    if engine:
+        ours[:P] = engine_flips(sets, engine["prefill"], range(P))
+        # decode[step][layer] holds one row of k ids.
+        steps = engine["decode"]
+        per_layer = [[steps[i][layer] for i in range(len(steps))] for layer in range(len(sets))]
+        ours[P:] = engine_flips(sets, per_layer, range(P, P + len(steps)))
     for p in range(len(short)):
         phase = "prefill" if p < P else "decode"
         rows[(phase, p)] = {"phase": phase, "position": p, "flipped_layers": int(flips[p]),
                             "min_margin": float(margin[p])}
+        if ours[p] is not None:
+            rows[(phase, p)]["engine_flipped_layers"] = ours[p]
     if "long_prompt_ids" in ref:
         long_ids = ref["long_prompt_ids"].long()
-        _, lflips, lmargin = compare(args.model, long_ids, k)
+        _, lflips, lmargin, lsets = compare(args.model, long_ids, k)
+        lours = engine_flips(lsets, engine["long-prefill"], range(len(long_ids))) if engine else None
         for p in ref["long_positions"].tolist():
             rows[("long-prefill", p)] = {"phase": "long-prefill", "position": p, "flipped_layers": int(lflips[p]),
                                          "min_margin": float(lmargin[p]),
                                          "flips_before": int(lflips[:p].sum())}
+            if lours is not None:
+                rows[("long-prefill", p)]["engine_flipped_layers"] = lours[p]
+                rows[("long-prefill", p)]["engine_flips_before"] = sum(lours[:p])
     if args.parity_json:
         for r in json.loads(Path(args.parity_json).read_text()):
             key = (r["phase"], r["position"])
@@ -136,6 +167,14 @@ def main():
             "engine_above_bf16": len(misses),
             "engine_above_bf16_with_a_flip": sum(r["flipped_layers"] > 0 for r in misses),
         }
+        if engine:
+            mine = [r for r in rs if r.get("engine_flipped_layers")]
+            summary[phase].update({
+                "positions_with_an_engine_flip": len(mine),
+                "engine_above_bf16_with_an_engine_flip": sum(bool(r.get("engine_flipped_layers")) for r in misses),
+                "engine_above_bf16_without_any_flip": sum(
+                    not r.get("engine_flipped_layers") and not r["flipped_layers"] for r in misses),
+            })
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": args.model, "k": k, "routers": len(layers), "summary": summary,
                                     "rows": out}, indent=1) + "\n")
@@ -144,7 +183,8 @@ def main():
         if r.get("engine_rel") is not None and r.get("transformers_bf16_rel") is not None \
                 and r["engine_rel"] > r["transformers_bf16_rel"]:
             print(f"miss {r['phase']} {r['position']}: engine {r['engine_rel']:.3e} bf16 {r['transformers_bf16_rel']:.3e} "
-                  f"flipped layers (tf bf16 vs f32) {r['flipped_layers']} min margin {r['min_margin']:.3e}"
+                  f"flipped layers (tf bf16 vs f32) {r['flipped_layers']} (engine vs f32) "
+                  f"{r.get('engine_flipped_layers', '-')} min margin {r['min_margin']:.3e}"
                   + (f" flips before {r['flips_before']}" if "flips_before" in r else ""))
 
 

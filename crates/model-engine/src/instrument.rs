@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Measuring a step from inside: a trace build's timeline, per-launch times (the profile), and
-//! launches left out to time the step without them.
+//! Measuring a step from inside: a trace build's timeline, per-launch times (the profile),
+//! launches left out to time the step without them, and the MoE layers' expert choices.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use metrale_core::DevicePtr;
+use metrale_gpu_runtime::GpuBackend;
 use metrale_gpu_runtime::trace::{
     TRACE_CAPACITY, TraceRecord, parse_trace, trace_header, trace_words,
 };
 
 use crate::model::{Model, ModelError, StepInput};
+use crate::plan::{BlockKind, MlpKind};
 use crate::profile::Profiler;
 use crate::tuning::LAUNCH_LABELS;
 
@@ -116,5 +120,103 @@ impl Model {
             Some(p) => Ok(p.lock().expect("profiler lock").times(self.gpu.as_ref())?),
             None => Ok(Vec::new()),
         }
+    }
+}
+
+/// Where the MoE blocks of a step copy their expert choices while routing capture is on
+/// ([`Model::set_routing_capture`]): one slot per sparse layer, in step order, each room for
+/// `max_tokens * top_k` ids.
+pub(crate) struct RoutingCapture {
+    buffer: DevicePtr,
+    slot_bytes: usize,
+    slots: usize,
+    top_k: usize,
+    /// Slots the current step has filled.
+    filled: AtomicUsize,
+}
+
+impl RoutingCapture {
+    /// Copies a MoE layer's `bytes` of `topk_ids` into the next slot, on the default stream.
+    pub(crate) fn record(
+        &self,
+        gpu: &dyn GpuBackend,
+        ids: DevicePtr,
+        bytes: usize,
+    ) -> Result<(), ModelError> {
+        let slot = self.filled.fetch_add(1, Ordering::Relaxed);
+        if slot >= self.slots || bytes > self.slot_bytes {
+            return Err(ModelError::InvalidStep(format!(
+                "routing capture: slot {slot} of {}, {bytes} bytes of {}",
+                self.slots, self.slot_bytes
+            )));
+        }
+        let dst = self.buffer.offset(slot * self.slot_bytes);
+        gpu.copy_d2d(ids, dst, bytes, gpu.default_stream())?;
+        Ok(())
+    }
+
+    /// Starts a step: its layers fill the slots from the first.
+    pub(crate) fn begin(&self) {
+        self.filled.store(0, Ordering::Relaxed);
+    }
+}
+
+impl Model {
+    /// Routing capture on or off: while on, every MoE layer of a step copies its chosen experts
+    /// out ([`Model::captured_routing`] reads them after the step), and decode steps are launched
+    /// directly rather than replayed from a graph (a graph holds no copies). For parity
+    /// diagnostics: which experts the engine took where its logits differ from a reference's.
+    /// A model without MoE layers captures nothing.
+    pub fn set_routing_capture(&mut self, on: bool) -> Result<(), ModelError> {
+        if let Some(c) = self.routing.take() {
+            self.gpu.free(c.buffer)?;
+        }
+        let top_k = self.plan().blocks().find_map(|(_, b)| match b.kind {
+            BlockKind::Mlp(MlpKind::Moe(m)) => Some(m.top_k),
+            _ => None,
+        });
+        let slots = self
+            .plan()
+            .blocks()
+            .filter(|(_, b)| matches!(b.kind, BlockKind::Mlp(MlpKind::Moe(_))))
+            .count();
+        if let (true, Some(top_k)) = (on, top_k) {
+            let slot_bytes = self.options.max_tokens_per_step * top_k * 4;
+            self.routing = Some(RoutingCapture {
+                buffer: self.gpu.alloc(slot_bytes * slots)?,
+                slot_bytes,
+                slots,
+                top_k,
+                filled: AtomicUsize::new(0),
+            });
+        }
+        Ok(())
+    }
+
+    /// The last step's expert choices (routing capture on): per sparse layer in order, `rows`
+    /// rows of `top_k` expert ids (the step's rows in order). Empty when capture is off.
+    pub fn captured_routing(&self, rows: usize) -> Result<Vec<Vec<i32>>, ModelError> {
+        let Some(c) = &self.routing else {
+            return Ok(Vec::new());
+        };
+        let (g, s) = (self.gpu.as_ref(), self.gpu.default_stream());
+        g.synchronize(s)?;
+        let bytes = rows * c.top_k * 4;
+        if bytes > c.slot_bytes {
+            return Err(ModelError::InvalidStep(format!(
+                "{rows} rows of routing asked, {} captured at most",
+                c.slot_bytes / (c.top_k * 4)
+            )));
+        }
+        (0..c.filled.load(Ordering::Relaxed).min(c.slots))
+            .map(|slot| {
+                let mut ids = vec![0i32; rows * c.top_k];
+                g.copy_d2h(
+                    c.buffer.offset(slot * c.slot_bytes),
+                    bytemuck::cast_slice_mut(&mut ids),
+                )?;
+                Ok(ids)
+            })
+            .collect()
     }
 }

@@ -20,6 +20,8 @@ pub(crate) struct Launcher<'a> {
     /// Labels left out, for timing experiments.
     pub(crate) skip: &'a [&'static str],
     pub(crate) profiler: Option<&'a Mutex<Profiler>>,
+    /// Where MoE blocks copy their expert choices (routing capture on).
+    pub(crate) routing: Option<&'a crate::instrument::RoutingCapture>,
 }
 
 impl Launcher<'_> {

@@ -198,6 +198,8 @@ pub struct Model {
     pub(crate) profiler: Option<std::sync::Mutex<Profiler>>,
     /// Launch labels left out, for timing experiments (`set_skip`).
     pub(crate) skip: Vec<&'static str>,
+    /// The MoE layers' expert choices, copied out while on (`set_routing_capture`).
+    pub(crate) routing: Option<crate::instrument::RoutingCapture>,
     /// Whether each step's device work is timed ([`Model::set_step_timing`]).
     step_timing: bool,
     /// The two events step timing records, created on first use and kept (the backend has no
@@ -280,6 +282,7 @@ impl Model {
             capture_time: std::time::Duration::ZERO,
             profiler: None,
             skip: Vec::new(),
+            routing: None,
             step_timing: false,
             step_events: None,
             last_step_gpu_ms: None,
@@ -672,7 +675,7 @@ impl Model {
         if !pure_decode {
             return self.enqueue(step, inputs, split);
         }
-        if !self.tuning.graphs || self.profiler.is_some() {
+        if !self.tuning.graphs || self.profiler.is_some() || self.routing.is_some() {
             return self.enqueue(step, inputs, split);
         }
         let key = (n, split.0, split.1);
@@ -794,6 +797,7 @@ impl Model {
             tuning: &self.tuning,
             skip: &self.skip,
             profiler: self.profiler.as_ref(),
+            routing: self.routing.as_ref(),
         }
     }
 
@@ -810,6 +814,9 @@ impl Model {
         let l = self.launcher();
         if let Some(p) = l.profiler {
             p.lock().expect("profiler lock").begin(l.gpu)?;
+        }
+        if let Some(r) = l.routing {
+            r.begin();
         }
         let shape = Step {
             tokens: step.tokens.len() as u32,

@@ -598,3 +598,83 @@ fn the_minimax_m2_correction_bias_changes_the_routing() {
     println!("without the bias: relative difference {err:.3e}");
     assert!(err > 5e-2, "{err:.3e}");
 }
+
+/// Routing capture: each sparse layer's expert choices for every row of the step, k distinct
+/// experts a row; nothing for a dense layer, nothing with capture off.
+#[test]
+fn routing_capture_reports_every_sparse_layers_choices() {
+    let c = metrale_config::from_config_json(
+        r#"{"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512,
+            "moe_intermediate_size": 96, "num_experts": 16, "num_experts_per_tok": 4,
+            "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "num_hidden_layers": 3, "vocab_size": 320, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 256,
+            "tie_word_embeddings": false}"#,
+    )
+    .expect("a valid config");
+    let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
+    let options = ModelOptions {
+        max_tokens_per_step: 32,
+        max_seqs: 1,
+        max_logit_rows: 1,
+        max_seq_len: 64,
+        num_blocks: 4,
+        block_size: 16,
+    };
+    let mut model = Model::load(
+        c.clone(),
+        &Random(c.clone()),
+        gpu,
+        options,
+        tuned(&[]),
+        &mut |_, _, _| {},
+    )
+    .expect("the MoE model loads on the host");
+    let table = BlockTable {
+        blocks: vec![0, 1, 2, 3],
+    };
+    let prompt: Vec<u32> = (0..21).map(|i| (i * 37 + 11) % 320).collect();
+    let positions: Vec<u32> = (0..21).collect();
+    let mut step = |model: &mut Model, tokens: &[u32], positions: &[u32]| {
+        model
+            .forward(&StepInput {
+                tokens,
+                positions,
+                token_seq: &vec![0; tokens.len()],
+                block_tables: &[&table],
+                logit_rows: &[tokens.len() - 1],
+            })
+            .expect("the step runs");
+    };
+    step(&mut model, &prompt, &positions);
+    assert!(
+        model.captured_routing(21).unwrap().is_empty(),
+        "capture is off"
+    );
+    model.set_routing_capture(true).unwrap();
+    step(&mut model, &prompt, &positions);
+    let layers = model.captured_routing(21).unwrap();
+    assert_eq!(layers.len(), 2, "layers 0 and 2 are sparse");
+    let mut seen = std::collections::HashSet::new();
+    for layer in &layers {
+        assert_eq!(layer.len(), 21 * 4);
+        for row in layer.chunks(4) {
+            let distinct: std::collections::HashSet<_> = row.iter().collect();
+            assert_eq!(distinct.len(), 4, "{row:?}");
+            assert!(row.iter().all(|&e| (0..16).contains(&e)), "{row:?}");
+            seen.extend(row.iter().copied());
+        }
+    }
+    assert!(
+        seen.len() > 4,
+        "the rows choose different experts: {seen:?}"
+    );
+    step(&mut model, &[5], &[21]);
+    let one = model.captured_routing(1).unwrap();
+    assert_eq!((one.len(), one[0].len()), (2, 4));
+    assert!(
+        model.captured_routing(33).is_err(),
+        "more rows than a step holds"
+    );
+}

@@ -39,6 +39,11 @@ pub struct Args {
     /// Write the per-position errors as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the experts every MoE layer chose at every position as JSON here (a MoE model;
+    /// decode steps then run without graphs): `{"prefill" | "long-prefill": [layer][position]
+    /// [slot], "decode": [step][layer][slot]}`, for scripts/gpu/moe_route_flips.py.
+    #[arg(long)]
+    routing_out: Option<PathBuf>,
     /// Override one schedule choice, as key=value (repeatable), as `met generate --tune`: to
     /// check a path's parity before it becomes a default.
     #[arg(long = "tune", value_name = "KEY=VALUE")]
@@ -207,6 +212,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     )?;
     let mut allocator = BlockAllocator::new(options.num_blocks);
     let mut rows: Vec<Row> = Vec::new();
+    let capture = args.routing_out.is_some();
+    model.set_routing_capture(capture)?;
+    let mut routing = serde_json::Map::new();
+    // [layer][position][slot] of the last step's `n` rows.
+    let by_position = |model: &Model, n: usize| -> anyhow::Result<serde_json::Value> {
+        let layers = model.captured_routing(n)?;
+        let k = layers.first().map_or(1, |l| l.len() / n.max(1)).max(1);
+        Ok(serde_json::json!(
+            layers
+                .iter()
+                .map(|l| l.chunks(k).map(<[i32]>::to_vec).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        ))
+    };
 
     let mut table = BlockTable::default();
     table.reserve(prompt.len() + decode_ids.len(), block_size, &mut allocator)?;
@@ -220,6 +239,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         block_tables: &[&table],
         logit_rows: &all_rows,
     })?;
+    if capture {
+        routing.insert("prefill".into(), by_position(&model, prompt.len())?);
+    }
+    let mut decode_routing = Vec::new();
     for p in 0..prompt.len() {
         let (ours, theirs) = (
             &logits[p * vocab..(p + 1) * vocab],
@@ -245,6 +268,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             block_tables: &[&table],
             logit_rows: &[0],
         })?;
+        if capture {
+            decode_routing.push(serde_json::json!(model.captured_routing(1)?));
+        }
         let theirs = &decode_logits.f32s[i * vocab..(i + 1) * vocab];
         let (rel, max_abs) = errors(&logits, theirs, round);
         rows.push(Row {
@@ -275,6 +301,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             block_tables: &[&table],
             logit_rows: &long_positions,
         })?;
+        if capture {
+            routing.insert("long-prefill".into(), by_position(&model, long.len())?);
+        }
         for (i, &p) in long_positions.iter().enumerate() {
             let (ours, theirs) = (
                 &logits[i * vocab..(i + 1) * vocab],
@@ -334,6 +363,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+    }
+    if let Some(path) = &args.routing_out {
+        routing.insert("decode".into(), serde_json::Value::Array(decode_routing));
+        std::fs::write(path, serde_json::to_string(&routing)?)?;
     }
     let pass = worst <= args.tolerance;
     println!(

@@ -395,6 +395,9 @@ impl Block for Moe {
         let x = residual.add_norm(l, self.norm, rows)?;
         self.router.run_f32(l, sc.logits, x, rows)?;
         l.launch(kernels.route, "router", &self.route(rows))?;
+        if let Some(capture) = l.routing {
+            capture.record(l.gpu, sc.ids, rows as usize * self.shared.spec.top_k * 4)?;
+        }
         self.run_shared_expert(l, x, rows)?;
         if rows >= l.tuning.moe_grouped_min_rows {
             self.grouped(l, x, rows)?;
