@@ -636,7 +636,7 @@ fn routing_capture_reports_every_sparse_layers_choices() {
     };
     let prompt: Vec<u32> = (0..21).map(|i| (i * 37 + 11) % 320).collect();
     let positions: Vec<u32> = (0..21).collect();
-    let mut step = |model: &mut Model, tokens: &[u32], positions: &[u32]| {
+    let step = |model: &mut Model, tokens: &[u32], positions: &[u32]| {
         model
             .forward(&StepInput {
                 tokens,
