@@ -10,7 +10,8 @@
 #            choices that flip between transformers f32 and bf16 (moe_route_flips.py)
 #   bench    met bench-model on qwen3-30b-a3b-4l under each tuning of BENCH_VARIANTS (entries
 #            `name` or `name:key=value+key=value`, passed as --tune), TTFT 128/1024/8192, decode
-#            batch 1/8/16/32/64 at 1024 keys, a per-launch profile; met check-kernels on moe
+#            batch 1/8/16/32/64 at 1024 keys (BENCH_ARGS replaces those), a per-launch profile;
+#            met check-kernels on moe first (BENCH_CHECK=0: not)
 #   full     Qwen3-30B-A3B at full depth (48 layers, 61 GB in /dev/shm): met generate batch 1,
 #            met bench-model (TTFT 1024/8192; batch 1/8/32/64), transformers eager and static
 #            cache + torch.compile decode at batch 1 (scripts/gpu/transformers_decode_speed.py)
@@ -61,8 +62,10 @@ parity() {
 bench() {
     local m=qwen3-30b-a3b-4l
     checkpoint "$m"
-    log "check-kernels moe"
-    "$MET" check-kernels --kernel moe 2>&1 | tail -4
+    if [ "${BENCH_CHECK:-1}" = 1 ]; then
+        log "check-kernels moe"
+        "$MET" check-kernels --kernel moe 2>&1 | tail -4
+    fi
     for v in ${BENCH_VARIANTS:-tree}; do
         local name=${v%%:*} tune=()
         if [[ "$v" == *:* ]]; then
@@ -70,15 +73,22 @@ bench() {
             for p in "${kv[@]}"; do tune+=(--tune "$p"); done
         fi
         log "bench $name ${tune[*]:-}"
-        "$MET" bench-model --model-from-path "$CKPT/$m" --prefill 128,1024,8192 \
-            --batches 1,8,16,32,64 --context 1024 --profile "${tune[@]}" \
-            >"$RES/bench-$name.md" 2>&1
+        # shellcheck disable=SC2086
+        "$MET" bench-model --model-from-path "$CKPT/$m" \
+            ${BENCH_ARGS:---prefill 128,1024,8192 --batches 1,8,16,32,64} --context 1024 --profile \
+            "${tune[@]}" >"$RES/bench-$name.md" 2>&1
         grep "^| " "$RES/bench-$name.md" | grep -v "device time" | head -12
     done
 }
 
 full() {
     local m=qwen3-30b-a3b dir=/dev/shm/ckpt
+    # 61 GB: /dev/shm when it has the room (memory-backed, so loading is not a disk read), else
+    # the disk.
+    local free_gb
+    free_gb=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+    [ "${free_gb:-0}" -ge 64 ] || dir=$CKPT
+    df -h /dev/shm "$CKPT" | tail -2
     log "checkpoint $m (full depth) in $dir"
     checkpoint "$m" "$dir"
     df -h /dev/shm | tail -1
@@ -90,9 +100,10 @@ full() {
         --context 1024 --profile >"$RES/full-bench.md" 2>&1
     grep "^| " "$RES/full-bench.md" | head -14
     log "transformers decode (eager, static cache + compile loop)"
-    for mode in eager static_compile_loop; do
-        timeout 300 python3 scripts/gpu/transformers_decode_speed.py --model "$dir/$m" --prompt-tokens 32 \
-            --new-tokens 128 --batch 1 --modes "$mode" --json "$RES/full-hf-$mode.json" 2>&1 | tail -3
+    for mode in ${HF_MODES:-eager static_compile_loop}; do
+        timeout "${HF_TIMEOUT:-240}" python3 scripts/gpu/transformers_decode_speed.py --model "$dir/$m" \
+            --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
+            --json "$RES/full-hf-$mode.json" 2>&1 | tail -3
     done
 }
 
@@ -105,3 +116,4 @@ for phase in "$@"; do
     "$phase"
 done
 tar czf "$OUT/moe-results.tgz" -C "$RES" .
+# (a caller that may be cut off runs `timeout N moe.sh ...; tar czf ...` itself)
