@@ -251,6 +251,13 @@ def expect_eq(got: Any, want: Any, what: str) -> None:
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
+def anthropic_prompt_tokens(usage: Any) -> int:
+    """The whole prompt of an Anthropic `usage`: as Anthropic counts, `input_tokens` excludes the
+    tokens read from (or written to) the prompt cache, which `met serve`'s prefix cache reports as
+    `cache_read_input_tokens`."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Metric name (labels dropped) -> sum of its samples. Histogram series keep their suffixes."""
     out: dict[str, float] = {}

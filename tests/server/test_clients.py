@@ -24,6 +24,7 @@ from common import (
     REQUIRED_METRICS,
     Runner,
     Skip,
+    anthropic_prompt_tokens,
     base_parser,
     default_model_path,
     expect,
@@ -274,7 +275,7 @@ def main() -> int:
         expect_eq([b.type for b in m.content], ["text"], "content block types")
         expect_eq(m.content[0].text, g.text, "greedy Anthropic message vs met generate --chat")
         expect_eq(m.stop_reason, g.stop_reason, "stop_reason")
-        expect_eq(m.usage.input_tokens, len(g.prompt_ids), "usage.input_tokens")
+        expect_eq(anthropic_prompt_tokens(m.usage), len(g.prompt_ids), "usage.input_tokens + cache_read_input_tokens")
         expect_eq(m.usage.output_tokens, len(g.output_ids), "usage.output_tokens")
 
     @runner.test("anthropic_stream_helper_greedy_equals_generate")
@@ -550,6 +551,36 @@ def main() -> int:
         ]
         expect(not bad, f"{len(bad)}/{n} answers differ under concurrency:\n      " + "\n      ".join(bad))
         print(f"      {n} concurrent greedy requests in {took:.1f}s", flush=True)
+
+    # -------------------------------------------------------------------------------------------
+    # Prefix caching (on by default): a repeated conversation reports its cached prompt tokens
+
+    CACHED_PROMPT = ("Here are the notes of the lighthouse keeper: the wind was from the west, the sea was "
+                     "calm in the morning and rough by the evening, three fishing boats came back before "
+                     "dark. What did the keeper see?")
+
+    @runner.test("prefix_cache_usage")
+    def _():
+        first = greedy_chat(CACHED_PROMPT, 4)
+        second = greedy_chat(CACHED_PROMPT, 4)
+        expect_eq(second.choices[0].message.content, first.choices[0].message.content,
+                  "the answer with its prompt cached")
+        u = second.usage
+        details = u.prompt_tokens_details
+        expect(details is not None, f"usage has no prompt_tokens_details: {u}")
+        cached = details.cached_tokens
+        expect(0 < cached < u.prompt_tokens and cached % 16 == 0,
+               f"second identical chat: cached_tokens {cached} of {u.prompt_tokens} (want whole 16-token blocks, "
+               "not the last token)")
+        msgs = [{"role": "user", "content": CACHED_PROMPT}]
+        r = an.messages.create(model=model(), max_tokens=4, messages=msgs, extra_body=GREEDY)
+        count = an.messages.count_tokens(model=model(), messages=msgs).input_tokens
+        read = r.usage.cache_read_input_tokens or 0
+        expect(read > 0, f"Anthropic usage.cache_read_input_tokens {read} for a conversation seen before")
+        expect_eq(r.usage.input_tokens + read, count, "input_tokens + cache_read_input_tokens vs count_tokens")
+        m, _ = get_metrics(base, auth)
+        expect(m.get("metrale_prefix_cache_hit_tokens_total", 0) >= cached + read,
+               f"metrale_prefix_cache_hit_tokens_total {m.get('metrale_prefix_cache_hit_tokens_total')}")
 
     # -------------------------------------------------------------------------------------------
     # Afterwards

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import httpx
 
-from common import Skip, expect, expect_eq
+from common import Skip, anthropic_prompt_tokens, expect, expect_eq
 
 WEATHER_TOOL = {
     "type": "function",
@@ -290,7 +290,8 @@ def add_tool_tests(runner, oa, an, model: Callable[[], str], args) -> ReasoningS
                                extra_body={"temperature": 0})
         expect(m.stop_reason in ("end_turn", "max_tokens", "tool_use"), f"stop_reason {m.stop_reason!r}")
         n = an.messages.count_tokens(model=model(), system=system, messages=msgs, tools=[ANTHROPIC_WEATHER_TOOL])
-        expect_eq(n.input_tokens, m.usage.input_tokens, "count_tokens vs usage.input_tokens with tools and results")
+        expect_eq(n.input_tokens, anthropic_prompt_tokens(m.usage),
+                  "count_tokens vs usage.input_tokens + cache_read_input_tokens with tools and results")
 
     # ---------------------------------------------------------------------------------------------
     # Reasoning (a second server with --reasoning-parser think --tool-max-tokens 5)
