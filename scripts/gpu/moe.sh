@@ -15,6 +15,9 @@
 #   full     Qwen3-30B-A3B at full depth (48 layers, 61 GB in /dev/shm): met generate batch 1,
 #            met bench-model (TTFT 1024/8192; batch 1/8/32/64), transformers eager and static
 #            cache + torch.compile decode at batch 1 (scripts/gpu/transformers_decode_speed.py)
+#   serve    met serve on the 4-layer qwen3_moe checkpoint (SERVE_MODEL: another), a concurrency
+#            sweep (SERVE_CONCURRENCY, default 1 8 32 64) of distinct 288-token prompts, 128 tokens
+#            each, through scripts/gpu/prefix_cache_bench.py's throughput workload
 #   fixtures the tiny MoE fixtures of crates/model-engine/tests/fixtures (tiny_moe_fixtures.py)
 #
 # Everything worth keeping collects in $RES, packed into $OUT/moe-results.tgz at the end (the
@@ -105,6 +108,37 @@ full() {
             --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
             --json "$RES/full-hf-$mode.json" 2>&1 | tail -3
     done
+}
+
+serve() {
+    # The 4-layer checkpoint unless SERVE_MODEL names another (the bench phase makes it).
+    local model=${SERVE_MODEL:-$CKPT/qwen3-30b-a3b-4l} port=8899 log="$RES/serve.log"
+    [ -f "$model/config.json" ] || checkpoint qwen3-30b-a3b-4l
+    "$MET" serve --backend cuda --model-from-path "$model" --port $port --max-seq-len 4096 \
+        --max-num-seqs 256 >"$log" 2>&1 &
+    local pid=$! n=0
+    until grep -q "Listening on" "$log"; do
+        sleep 1; n=$((n + 1))
+        if ! kill -0 $pid 2>/dev/null || [ $n -ge 240 ]; then tail -20 "$log"; kill -INT $pid; return 1; fi
+    done
+    log "serve sweep on $model"
+    for c in ${SERVE_CONCURRENCY:-1 8 32 64}; do
+        # Distinct prompts (one prefix each, nothing shared), 2 x c requests of 128 tokens.
+        local n_req=$((c * 2 < 8 ? 8 : c * 2))
+        timeout 200 python3 scripts/gpu/prefix_cache_bench.py --base-url "http://127.0.0.1:$port" \
+            --workload throughput --label "moe-c$c" --concurrency "$c" --requests "$n_req" \
+            --prefixes "$n_req" --prefix-len 256 --suffix-len 32 --max-tokens 128 \
+            --out "$RES/serve.jsonl" >/dev/null 2>&1 || echo "serve sweep: concurrency $c FAILED"
+        python3 - "$RES/serve.jsonl" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(f"concurrency {r['concurrency']}: {r['requests']} requests, {r['output_tokens']} tokens, "
+      f"{r['output_tok_per_s']:.0f} tok/s, TTFT p50 {r['ttft_p50_ms']:.1f} ms p99 {r['ttft_p99_ms']:.1f} ms")
+PY
+    done
+    curl -s "http://127.0.0.1:$port/metrics" >"$RES/serve-metrics.txt"
+    kill -INT $pid; wait $pid
+    grep -ci "error" "$log" | sed 's/^/serve log lines with "error": /'
 }
 
 fixtures() {
