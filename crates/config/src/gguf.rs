@@ -139,6 +139,7 @@ pub fn from_gguf_metadata(
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
         moe: None,
+        hybrid: None,
     };
     config.validate()?;
     Ok(config)

@@ -3,15 +3,19 @@
 
 use serde_json::{Map, Value};
 
+use crate::hybrid::{self, Ffn, GdnProjection, HybridConfig, HybridLayer, Mixer, MlpActivation};
 use crate::{ConfigError, ModelConfig, ModelFamily, MoeConfig, QkNorm, RopeScaling, RouterKind};
 
-fn get<'a>(obj: &'a Map<String, Value>, key: &'static str) -> Result<&'a Value, ConfigError> {
+pub(crate) fn get<'a>(
+    obj: &'a Map<String, Value>,
+    key: &'static str,
+) -> Result<&'a Value, ConfigError> {
     obj.get(key)
         .filter(|v| !v.is_null())
         .ok_or(ConfigError::Missing(key))
 }
 
-fn usize_of(obj: &Map<String, Value>, key: &'static str) -> Result<usize, ConfigError> {
+pub(crate) fn usize_of(obj: &Map<String, Value>, key: &'static str) -> Result<usize, ConfigError> {
     get(obj, key)?
         .as_u64()
         .map(|v| v as usize)
@@ -21,14 +25,21 @@ fn usize_of(obj: &Map<String, Value>, key: &'static str) -> Result<usize, Config
         })
 }
 
-fn opt_usize(obj: &Map<String, Value>, key: &'static str) -> Result<Option<usize>, ConfigError> {
+pub(crate) fn opt_usize(
+    obj: &Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<usize>, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(_) => usize_of(obj, key).map(Some),
     }
 }
 
-fn f32_of(obj: &Map<String, Value>, key: &'static str, default: f32) -> Result<f32, ConfigError> {
+pub(crate) fn f32_of(
+    obj: &Map<String, Value>,
+    key: &'static str,
+    default: f32,
+) -> Result<f32, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(v) => v
@@ -41,7 +52,7 @@ fn f32_of(obj: &Map<String, Value>, key: &'static str, default: f32) -> Result<f
     }
 }
 
-fn bool_of(
+pub(crate) fn bool_of(
     obj: &Map<String, Value>,
     key: &'static str,
     default: bool,
@@ -67,7 +78,7 @@ fn token_ids(v: Option<&Value>) -> Vec<u32> {
     }
 }
 
-fn unsupported(key: &str, value: &Value, why: &'static str) -> ConfigError {
+pub(crate) fn unsupported(key: &str, value: &Value, why: &'static str) -> ConfigError {
     ConfigError::Unsupported {
         key: key.to_string(),
         value: value.to_string(),
@@ -125,9 +136,12 @@ fn rope_scaling(obj: &Map<String, Value>) -> Result<RopeScaling, ConfigError> {
 /// the routing in ways the engine does not implement are refused.
 fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig>, ConfigError> {
     let shared = match family {
-        ModelFamily::Qwen2Moe => Some(usize_of(obj, "shared_expert_intermediate_size")?),
+        ModelFamily::Qwen2Moe | ModelFamily::Qwen3Next | ModelFamily::Qwen35Moe => {
+            Some(usize_of(obj, "shared_expert_intermediate_size")?)
+        }
         ModelFamily::Qwen3Moe => None,
         ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
+        ModelFamily::NemotronH => return nemotron_h_moe(obj),
         ModelFamily::Llama | ModelFamily::Qwen2 | ModelFamily::Qwen3 => return Ok(None),
     };
     let mlp_only_layers = match obj.get("mlp_only_layers") {
@@ -151,8 +165,14 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         num_experts: num_experts(obj)?,
         top_k: usize_of(obj, "num_experts_per_tok")?,
         expert_intermediate: usize_of(obj, "moe_intermediate_size")?,
-        // transformers' defaults: Qwen3-MoE renormalises, Qwen2-MoE does not.
-        norm_topk_prob: bool_of(obj, "norm_topk_prob", family == ModelFamily::Qwen3Moe)?,
+        // transformers' defaults: Qwen3-MoE and Qwen3-Next renormalise, Qwen2-MoE does not;
+        // Qwen3.5's router always does (its config has no such key).
+        norm_topk_prob: family == ModelFamily::Qwen35Moe
+            || bool_of(
+                obj,
+                "norm_topk_prob",
+                matches!(family, ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next),
+            )?,
         router: RouterKind::Softmax,
         routed_scaling: 1.0,
         shared_expert_intermediate: shared,
@@ -242,6 +262,151 @@ fn minimax_m2_moe(obj: &Map<String, Value>) -> Result<MoeConfig, ConfigError> {
     })
 }
 
+/// Nemotron-H's experts, present when its pattern has an `E` layer: squared-ReLU experts of
+/// `moe_intermediate_size`, DeepSeek-V3's sigmoid router with a correction bias (one group), the
+/// chosen weights renormalised and scaled by `routed_scaling_factor`, and an ungated shared
+/// expert of `moe_shared_expert_intermediate_size`.
+fn nemotron_h_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigError> {
+    let layers = hybrid::nemotron_layers(obj)?;
+    if !layers.iter().any(|l| l.ffn == Some(Ffn::Sparse)) {
+        return Ok(None);
+    }
+    for key in ["n_group", "topk_group"] {
+        if opt_usize(obj, key)?.is_some_and(|n| n != 1) {
+            return Err(unsupported(
+                key,
+                &obj[key],
+                "grouped expert routing is not implemented",
+            ));
+        }
+    }
+    if let Some(v) = obj.get("moe_latent_size").filter(|v| !v.is_null()) {
+        return Err(unsupported(
+            "moe_latent_size",
+            v,
+            "latent expert projections are not implemented",
+        ));
+    }
+    let shared = match opt_usize(obj, "n_shared_experts")?.unwrap_or(1) {
+        0 => None,
+        1 => Some(usize_of(obj, "moe_shared_expert_intermediate_size")?),
+        _ => {
+            return Err(unsupported(
+                "n_shared_experts",
+                &obj["n_shared_experts"],
+                "one shared expert at most",
+            ));
+        }
+    };
+    Ok(Some(MoeConfig {
+        num_experts: match opt_usize(obj, "n_routed_experts")? {
+            Some(n) => n,
+            None => num_experts(obj)?,
+        },
+        top_k: usize_of(obj, "num_experts_per_tok")?,
+        expert_intermediate: usize_of(obj, "moe_intermediate_size")?,
+        norm_topk_prob: bool_of(obj, "norm_topk_prob", true)?,
+        router: RouterKind::SigmoidBias,
+        routed_scaling: f32_of(obj, "routed_scaling_factor", 1.0)?,
+        shared_expert_intermediate: shared,
+        sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+    }))
+}
+
+/// The layer pattern and mixer shapes of a hybrid family (`None` for the others), with the
+/// keys that would change them in ways the engine does not implement refused.
+fn hybrid_config(
+    obj: &Map<String, Value>,
+    family: ModelFamily,
+    num_layers: usize,
+    moe: Option<&MoeConfig>,
+) -> Result<Option<HybridConfig>, ConfigError> {
+    match family {
+        ModelFamily::Qwen3Next | ModelFamily::Qwen35Moe => {
+            require(
+                obj,
+                "attn_output_gate",
+                Value::from(true),
+                "Qwen3-Next attention is implemented with its output gate only",
+            )?;
+            let projection = match family {
+                ModelFamily::Qwen3Next => GdnProjection::GroupedQkvzBa,
+                _ => GdnProjection::SplitQkvZBA,
+            };
+            let layers = hybrid::qwen_mixers(obj, num_layers)?
+                .into_iter()
+                .enumerate()
+                .map(|(l, mixer)| HybridLayer {
+                    mixer: Some(mixer),
+                    ffn: Some(match moe {
+                        Some(m) if m.is_sparse(l) => Ffn::Sparse,
+                        _ => Ffn::Dense,
+                    }),
+                })
+                .collect::<Vec<_>>();
+            let gdn = layers
+                .iter()
+                .any(|l| l.mixer == Some(Mixer::GatedDeltaNet))
+                .then(|| hybrid::gated_delta_net(obj, projection))
+                .transpose()?;
+            Ok(Some(HybridConfig {
+                layers,
+                gated_delta_net: gdn,
+                mamba2: None,
+                attention_output_gate: true,
+                attention_rope: true,
+                norm_unit_offset: true,
+                mlp_activation: MlpActivation::SwiGlu,
+            }))
+        }
+        ModelFamily::NemotronH => {
+            let act = obj
+                .get("mlp_hidden_act")
+                .and_then(Value::as_str)
+                .unwrap_or("relu2");
+            if act != "relu2" {
+                return Err(unsupported(
+                    "mlp_hidden_act",
+                    &obj["mlp_hidden_act"],
+                    "Nemotron-H MLPs are implemented with relu2 only",
+                ));
+            }
+            let layers = hybrid::nemotron_layers(obj)?;
+            let mamba = layers
+                .iter()
+                .any(|l| l.mixer == Some(Mixer::Mamba2))
+                .then(|| hybrid::mamba2(obj))
+                .transpose()?;
+            Ok(Some(HybridConfig {
+                layers,
+                gated_delta_net: None,
+                mamba2: mamba,
+                attention_output_gate: false,
+                attention_rope: false,
+                norm_unit_offset: false,
+                mlp_activation: MlpActivation::Relu2,
+            }))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Qwen3.5's config nests the text model under `text_config`; its keys win, the top level's
+/// fill in the rest (token ids, `tie_word_embeddings`).
+fn text_config(obj: &Map<String, Value>) -> Map<String, Value> {
+    let Some(text) = obj.get("text_config").and_then(Value::as_object) else {
+        return obj.clone();
+    };
+    let mut merged = text.clone();
+    for (k, v) in obj {
+        if !matches!(k.as_str(), "text_config" | "vision_config" | "model_type") {
+            merged.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    merged
+}
+
 /// The QK-norm of `family`; MiniMax-M2's original config spells it out (`use_qk_norm`,
 /// `qk_norm_type: "per_layer"`, the norm over the whole projection), and any other value is
 /// refused.
@@ -316,6 +481,13 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
             message: "expected a string".into(),
         })?;
     let family = ModelFamily::parse(model_type)?;
+    let merged;
+    let obj = if family == ModelFamily::Qwen35Moe {
+        merged = text_config(obj);
+        &merged
+    } else {
+        obj
+    };
 
     // Keys that would change the forward pass in ways the engine does not implement.
     let act = obj
@@ -344,6 +516,7 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         ));
     }
     if let Some(types) = obj.get("layer_types").and_then(Value::as_array)
+        && !family.hybrid()
         && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
     {
         return Err(unsupported(
@@ -366,18 +539,53 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
 
     let hidden_size = usize_of(obj, "hidden_size")?;
     let num_heads = usize_of(obj, "num_attention_heads")?;
-    let head_dim = opt_usize(obj, "head_dim")?.unwrap_or(hidden_size / num_heads.max(1));
+    let head_dim = match opt_usize(obj, "head_dim")? {
+        Some(d) => d,
+        // Nemotron-H's older configs.
+        None => opt_usize(obj, "attention_head_dim")?.unwrap_or(hidden_size / num_heads.max(1)),
+    };
+    let num_layers = if family == ModelFamily::NemotronH {
+        // The pattern has one entry per layer; a num_hidden_layers beside it must agree.
+        let n = hybrid::nemotron_layers(obj)?.len();
+        match opt_usize(obj, "num_hidden_layers")? {
+            Some(given) if given != n => {
+                return Err(ConfigError::Invalid {
+                    key: "num_hidden_layers",
+                    message: format!("{given}, but hybrid_override_pattern has {n} layers"),
+                });
+            }
+            _ => n,
+        }
+    } else {
+        usize_of(obj, "num_hidden_layers")?
+    };
+    let moe = moe(obj, family)?;
+    let intermediate_size = match (opt_usize(obj, "intermediate_size")?, &moe) {
+        (Some(i), _) => i,
+        // Qwen3.5 MoE has no dense MLP (every layer sparse) and no intermediate_size; the
+        // experts' width stands in so that the field stays meaningful.
+        (None, Some(m)) if family == ModelFamily::Qwen35Moe => m.expert_intermediate,
+        (None, _) => return Err(ConfigError::Missing("intermediate_size")),
+    };
+    let rms_norm_eps = match family {
+        ModelFamily::NemotronH => match obj.get("layer_norm_epsilon") {
+            Some(v) if !v.is_null() => f32_of(obj, "layer_norm_epsilon", 1e-5)?,
+            _ => f32_of(obj, "norm_eps", 1e-5)?,
+        },
+        _ => f32_of(obj, "rms_norm_eps", 1e-6)?,
+    };
+    let hybrid = hybrid_config(obj, family, num_layers, moe.as_ref())?;
     let config = ModelConfig {
         family,
         hidden_size,
-        intermediate_size: usize_of(obj, "intermediate_size")?,
-        num_layers: usize_of(obj, "num_hidden_layers")?,
+        intermediate_size,
+        num_layers,
         num_heads,
         num_kv_heads: opt_usize(obj, "num_key_value_heads")?.unwrap_or(num_heads),
         head_dim,
         vocab_size: usize_of(obj, "vocab_size")?,
         max_position_embeddings: opt_usize(obj, "max_position_embeddings")?.unwrap_or(4096),
-        rms_norm_eps: f32_of(obj, "rms_norm_eps", 1e-6)?,
+        rms_norm_eps,
         rope_theta: rope_theta(obj)?,
         rope_scaling: rope_scaling(obj)?,
         tie_word_embeddings: bool_of(obj, "tie_word_embeddings", false)?,
@@ -386,7 +594,8 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         rotary_dim: rotary_dim(obj, head_dim)?,
         bos_token_id: token_ids(obj.get("bos_token_id")).first().copied(),
         eos_token_ids: token_ids(obj.get("eos_token_id")),
-        moe: moe(obj, family)?,
+        moe,
+        hybrid,
     };
     config.validate()?;
     Ok(config)

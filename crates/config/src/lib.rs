@@ -12,10 +12,15 @@
 
 mod gguf;
 mod hf;
+mod hybrid;
 mod presets;
 
 pub use gguf::{MetaValue, from_gguf_metadata};
 pub use hf::from_config_json;
+pub use hybrid::{
+    Ffn, GatedDeltaNetConfig, GdnProjection, HybridConfig, HybridLayer, Mamba2Config, Mixer,
+    MlpActivation,
+};
 pub use presets::{ModelBehavior, ModelPresets, SamplingPresets, presets};
 
 /// The model families the engine runs.
@@ -36,6 +41,17 @@ pub enum ModelFamily {
     /// MiniMax-M2: q and k RMS-normalised over their whole projections, partial RoPE, sparse MLPs
     /// in every layer with a sigmoid router and a per-expert correction bias.
     MiniMaxM2,
+    /// Qwen3-Next (Qwen3-Next-80B-A3B): three Gated DeltaNet layers to one gated full-attention
+    /// layer (partial RoPE, QK-norm, an output gate), sparse MLPs with a softmax router and a
+    /// shared expert behind a sigmoid gate, norms scaling by `1 + weight`.
+    Qwen3Next,
+    /// Qwen3.5 MoE's text model (Qwen3.5-35B-A3B): Qwen3-Next's layers with the Gated DeltaNet
+    /// projections stored split instead of grouped, every MLP sparse, and the config nested
+    /// under `text_config` beside the vision tower's.
+    Qwen35Moe,
+    /// Nemotron-H: one block per layer from `hybrid_override_pattern`: Mamba-2, attention
+    /// without position encoding, squared-ReLU MLPs or experts.
+    NemotronH,
 }
 
 impl ModelFamily {
@@ -48,18 +64,32 @@ impl ModelFamily {
             ModelFamily::Qwen2Moe => "qwen2_moe",
             ModelFamily::Qwen3Moe => "qwen3_moe",
             ModelFamily::MiniMaxM2 => "minimax_m2",
+            ModelFamily::Qwen3Next => "qwen3_next",
+            ModelFamily::Qwen35Moe => "qwen3_5_moe",
+            ModelFamily::NemotronH => "nemotron_h",
         }
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 6] = [
+    pub const ALL: [ModelFamily; 9] = [
         ModelFamily::Llama,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
         ModelFamily::Qwen3Moe,
         ModelFamily::MiniMaxM2,
+        ModelFamily::Qwen3Next,
+        ModelFamily::Qwen35Moe,
+        ModelFamily::NemotronH,
     ];
+
+    /// Whether some layers mix tokens by a recurrence ([`ModelConfig::hybrid`] is set).
+    pub fn hybrid(self) -> bool {
+        matches!(
+            self,
+            ModelFamily::Qwen3Next | ModelFamily::Qwen35Moe | ModelFamily::NemotronH
+        )
+    }
 
     /// The q, k and v products carry biases (the Qwen2 attention).
     pub fn qkv_bias(self) -> bool {
@@ -70,9 +100,15 @@ impl ModelFamily {
     /// whole projection (MiniMax-M2), or not at all.
     pub fn qk_norm(self) -> QkNorm {
         match self {
-            ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => QkNorm::PerHead,
+            ModelFamily::Qwen3
+            | ModelFamily::Qwen3Moe
+            | ModelFamily::Qwen3Next
+            | ModelFamily::Qwen35Moe => QkNorm::PerHead,
             ModelFamily::MiniMaxM2 => QkNorm::Whole,
-            ModelFamily::Llama | ModelFamily::Qwen2 | ModelFamily::Qwen2Moe => QkNorm::None,
+            ModelFamily::Llama
+            | ModelFamily::Qwen2
+            | ModelFamily::Qwen2Moe
+            | ModelFamily::NemotronH => QkNorm::None,
         }
     }
 
@@ -162,8 +198,8 @@ pub struct MoeConfig {
     pub router: RouterKind,
     /// Routed weights are multiplied by this.
     pub routed_scaling: f32,
-    /// Width of the shared expert every token takes beside the routed ones (Qwen2-MoE: behind a
-    /// sigmoid gate), if any.
+    /// Width of the shared expert every token takes beside the routed ones (Qwen2-MoE, Qwen3-Next:
+    /// behind a sigmoid gate; Nemotron-H: ungated, [`MlpActivation::Relu2`]), if any.
     pub shared_expert_intermediate: Option<usize>,
     /// Every `sparse_step`-th layer is sparse (`decoder_sparse_step`)...
     pub sparse_step: usize,
@@ -220,6 +256,9 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// The sparse MLPs, for a Mixture-of-Experts model.
     pub moe: Option<MoeConfig>,
+    /// The layer pattern and the recurrent mixers' shapes, for a hybrid model (`None`: every
+    /// layer is attention then an MLP).
+    pub hybrid: Option<HybridConfig>,
 }
 
 impl ModelConfig {
@@ -310,6 +349,9 @@ impl ModelConfig {
 
     /// Parameters, counting a tied LM head once.
     pub fn parameter_count(&self) -> u64 {
+        if let Some(hybrid) = &self.hybrid {
+            return hybrid::parameter_count(self, hybrid);
+        }
         let (h, i, v) = (
             self.hidden_size as u64,
             self.intermediate_size as u64,
@@ -359,7 +401,7 @@ pub enum ConfigError {
     Missing(&'static str),
     /// The model type is not one the engine runs.
     #[error(
-        "unsupported model_type `{model_type}`; supported: llama, qwen2, qwen3, qwen2_moe, qwen3_moe, minimax_m2"
+        "unsupported model_type `{model_type}`; supported: llama, qwen2, qwen3, qwen2_moe, qwen3_moe, minimax_m2, qwen3_next, qwen3_5_moe, nemotron_h"
     )]
     UnknownModelType {
         /// What the config says.

@@ -86,6 +86,12 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
             },
             behavior: ModelBehavior::default(),
         },
+        // The hybrid families parse but do not run yet (issue 30); their sampling, tool-call
+        // and reasoning presets are to be read from their published generation_config.json and
+        // chat templates when they serve, and stay the defaults until then.
+        ModelFamily::Qwen3Next | ModelFamily::Qwen35Moe | ModelFamily::NemotronH => {
+            ModelPresets::default()
+        }
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.
         ModelFamily::Llama => ModelPresets {
             sampling: SamplingPresets::default(),

@@ -91,6 +91,7 @@ mod tests {
             bos_token_id: None,
             eos_token_ids: vec![],
             moe: None,
+            hybrid: None,
         }
     }
 
