@@ -60,7 +60,7 @@ serve_and_measure() {
     n=$((n + 1))
   done
   local w
-  for w in ttft-8k agent throughput; do
+  for w in ${WORKLOADS:-greedy ttft-8k agent throughput}; do
     echo "== $label: $w"
     # shellcheck disable=SC2086
     timeout 400 python3 scripts/gpu/prefix_cache_bench.py --base-url "$url" --workload "$w" --label "$label" \
@@ -95,6 +95,12 @@ row("agent: worst turn TTFT / its new tokens alone (turns 2..10)", "agent", "wor
 on, off = by.get(("throughput", "cache-on")), by.get(("throughput", "cache-off"))
 ratio = "{:.2f}x".format(on["output_tok_per_s"] / off["output_tok_per_s"]) if on and off else "-"
 row(f"shared-prefix serving: output tok/s, 32 concurrent (on/off {ratio})", "throughput", "output_tok_per_s", "{:.0f}", ">= 2x")
+g_on, g_off = by.get(("greedy", "cache-on")), by.get(("greedy", "cache-off"))
+if g_on and g_off:
+    same = [a["text"] == b["text"] for a, b in zip(g_on["requests"], g_off["requests"])]
+    cached = [a["cached_tokens"] for a in g_on["requests"]]
+    print(f"| greedy texts with the cache = without (6 prompts; cached tokens {cached}) | "
+          f"{sum(same)}/{len(same)} equal | - | all equal |")
 for label in ("cache-on", "cache-off"):
     r = by.get(("agent", label))
     if not r:

@@ -18,6 +18,9 @@ Workloads (`--workload`, each prints one JSON object and appends it to `--out`):
               tool result / user message; per turn, the TTFT of the whole conversation so far and
               of a cold prompt of only that turn's new tokens (fresh ids, so nothing is cached);
               the target is turn TTFT <= 1.3x the new tokens' alone, for turns 2..10.
+  greedy      six prompts that hit the cache whole-block, mid-block, whole-prompt and repeated,
+              one at a time, temperature 0: their texts, compared between the cache-on and
+              cache-off servers (greedy outputs with the cache must equal those without).
   throughput  many requests over a few long prefixes (`--prefixes` of `--prefix-len` tokens, each
               request the prefix plus a unique suffix), `--concurrency` in flight, `--max-tokens`
               each: output tokens per second over the whole run. Run it against a server with the
@@ -58,7 +61,7 @@ class Client:
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-        ttft, usage = None, None
+        ttft, usage, text = None, None, []
         for raw in resp:
             line = raw.decode().strip()
             if not line.startswith("data: "):
@@ -74,10 +77,11 @@ class Client:
             for c in chunk.get("choices", []):
                 if ttft is None and (c.get("text") or c.get("finish_reason")):
                     ttft = time.perf_counter() - t0
+                text.append(c.get("text") or "")
         total = time.perf_counter() - t0
         conn.close()
         usage = usage or {}
-        return {"ttft_s": ttft, "total_s": total,
+        return {"ttft_s": ttft, "total_s": total, "text": "".join(text),
                 "prompt_tokens": usage.get("prompt_tokens", len(ids)),
                 "completion_tokens": usage.get("completion_tokens", 0),
                 "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
@@ -133,6 +137,23 @@ def agent(c: Client, a) -> dict:
             "target": "ratio <= 1.3 for turns 2..10"}
 
 
+def greedy(c: Client, a) -> dict:
+    """Greedy texts of prompts that hit the cache in every way (whole blocks, a divergence inside
+    a block, a prompt cached whole, the same prompt again), one request at a time: compared
+    between a server with the cache and one without (prefix_cache.sh's summary)."""
+    rng = random.Random(a.seed + 3)
+    base = ids(rng, 1000)  # 62.5 blocks of 16: prompts over it diverge inside block 62
+    prompts = [base + ids(rng, 40), base + ids(rng, 7), base[:992], base[:992] + ids(rng, 1),
+               base + ids(rng, 40)]
+    prompts.append(prompts[0])
+    out = []
+    for p in prompts:
+        r = c.stream(p, a.max_tokens)
+        out.append({"prompt_tokens": r["prompt_tokens"], "cached_tokens": r["cached_tokens"],
+                    "completion_tokens": r["completion_tokens"], "text": r["text"]})
+    return {"requests": out}
+
+
 def throughput(c: Client, a) -> dict:
     rng = random.Random(a.seed + 2)
     prefixes = [ids(rng, a.prefix_len) for _ in range(a.prefixes)]
@@ -169,7 +190,7 @@ def throughput(c: Client, a) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:8888")
-    p.add_argument("--workload", choices=["ttft-8k", "agent", "throughput"], required=True)
+    p.add_argument("--workload", choices=["ttft-8k", "agent", "throughput", "greedy"], required=True)
     p.add_argument("--label", default="", help="recorded with the result (e.g. cache-on)")
     p.add_argument("--out", help="append the result as one JSON line to this file")
     p.add_argument("--seed", type=int, default=0)
@@ -187,12 +208,12 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--max-tokens", type=int, help="agent: 32; throughput: 128")
     a = p.parse_args()
-    defaults = {"ttft-8k": (8192, 1), "agent": (0, 32), "throughput": (4096, 128)}[a.workload]
+    defaults = {"ttft-8k": (8192, 1), "agent": (0, 32), "throughput": (4096, 128), "greedy": (0, 48)}[a.workload]
     a.prefix_len = a.prefix_len or defaults[0]
     a.max_tokens = a.max_tokens or defaults[1]
     c = Client(a.base_url, a.timeout)
     c.stream(ids(random.Random(12345), 32), 2)  # the first request pays any lazy set-up
-    run = {"ttft-8k": ttft_8k, "agent": agent, "throughput": throughput}[a.workload]
+    run = {"ttft-8k": ttft_8k, "agent": agent, "throughput": throughput, "greedy": greedy}[a.workload]
     result = {"workload": a.workload, "label": a.label, **run(c, a)}
     line = json.dumps(result)
     print(line)
