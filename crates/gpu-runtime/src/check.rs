@@ -1728,6 +1728,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(moe::moe_cases(&mut rng));
     // After the MoE cases, for the same reason.
     out.extend(attention_variants::attention_variant_cases(&mut rng));
+    // After those, for the same reason.
+    out.extend(moe::grouped_mma_cases(&mut rng));
     out
 }
 

@@ -261,6 +261,8 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (MoeGemmDown::NAME, run::<MoeGemmDown>),
         (MoeGroupedGemvSwiglu::NAME, run::<MoeGroupedGemvSwiglu>),
         (MoeGroupedGemvDown::NAME, run::<MoeGroupedGemvDown>),
+        (MoeGroupedMmaSwiglu::NAME, run::<MoeGroupedMmaSwiglu>),
+        (MoeGroupedMmaDown::NAME, run::<MoeGroupedMmaDown>),
         (MoeCombine::NAME, run::<MoeCombine>),
     ]
 };

@@ -108,7 +108,7 @@ pub const LINEAR_LABELS: [&str; 9] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 26] = [
+pub const KEYS: [&str; 27] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -133,6 +133,7 @@ pub const KEYS: [&str; 26] = [
     "embedding_vec",
     "moe_grouped_min_rows",
     "moe_tensor_core_min_rows",
+    "moe_grouped_mma",
     "carveout",
     "grid_caps",
 ];
@@ -200,6 +201,10 @@ pub struct Tuning {
     /// Grouped MoE steps of at least this many tokens run the experts' products on tensor cores
     /// (fewer: as weight streams over the touched experts, a few rows an expert).
     pub moe_tensor_core_min_rows: u32,
+    /// Grouped MoE steps below [`Tuning::moe_tensor_core_min_rows`] tokens run the experts'
+    /// products on tensor cores, each touched expert's weights read once per 32 of its rows
+    /// (off: the CUDA-core weight streams).
+    pub moe_grouped_mma: bool,
     /// Shared-memory carveouts.
     pub carveout: Carveout,
     /// GEMV launches of these labels take at most this many blocks.
@@ -236,6 +241,7 @@ impl Tuning {
             embedding_vec: false,
             moe_grouped_min_rows: u32::MAX,
             moe_tensor_core_min_rows: 0,
+            moe_grouped_mma: false,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
         }
@@ -351,6 +357,7 @@ impl Tuning {
             "embedding_vec" => self.embedding_vec = switch(v)?,
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
+            "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
             "carveout" => {
                 self.carveout = match v {
                     "rule" => Carveout::Rule,
@@ -452,6 +459,7 @@ mod tests {
             ("embedding_vec", "1"),
             ("moe_grouped_min_rows", "16"),
             ("moe_tensor_core_min_rows", "256"),
+            ("moe_grouped_mma", "on"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),
         ];

@@ -458,7 +458,7 @@ fn moe_prompt_logits_of(
 }
 
 /// A MoE config's prompt logits agree within bf16 rounding between one prefill step and one
-/// token a step, under the plain path, the kernel tree's defaults and both forms of the grouped
+/// token a step, under the plain path, the kernel tree's defaults and every form of the grouped
 /// expert products.
 fn moe_prefill_and_decode_agree(c: &ModelConfig) {
     let prompt: Vec<u32> = (0..21)
@@ -477,8 +477,21 @@ fn moe_prefill_and_decode_agree(c: &ModelConfig) {
             false,
         ),
         (
-            "grouped experts as weight streams, one prefill step",
-            tuned(&["moe_grouped_min_rows=2", "moe_tensor_core_min_rows=1000"]),
+            "grouped experts as CUDA-core weight streams, one prefill step",
+            tuned(&[
+                "moe_grouped_min_rows=2",
+                "moe_tensor_core_min_rows=1000",
+                "moe_grouped_mma=off",
+            ]),
+            false,
+        ),
+        (
+            "grouped experts as tensor-core weight streams, one prefill step",
+            tuned(&[
+                "moe_grouped_min_rows=2",
+                "moe_tensor_core_min_rows=1000",
+                "moe_grouped_mma=on",
+            ]),
             false,
         ),
     ] {

@@ -632,6 +632,218 @@ extern "C" __global__ void __launch_bounds__(256) moe_grouped_gemv_down(
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode batches on tensor cores: the same products as the weight streams above, with each
+// weight element read once and multiplied on the tensor cores (mma.sync m16n8k16, bf16 in, f32
+// accumulators) against up to MMA_ROWS of the expert's rows at a time. The weights are the A
+// operand (16 output columns a tile), the expert's activation rows the B operand (8 rows a tile,
+// missing rows zero). A lane loads its fragments straight from global memory, 16 bytes at a time:
+// the dot product does not care which k a fragment slot holds as long as A and B agree, so lane
+// (g, t) of a warp takes elements [8 t, 8 t + 8) of every 32-element chunk of its rows (weight
+// rows g and g + 8, activation row g) and feeds words 0-1 to one mma and words 2-3 to the next.
+// The four lanes of a row read 64 contiguous bytes; no shared memory, no barrier.
+
+namespace {
+
+constexpr int MMA_WARPS = 4;
+// n8 tiles a warp holds: rows of an expert per pass over its weights.
+constexpr int MMA_ROW_TILES = 4;
+constexpr int MMA_ROWS = 8 * MMA_ROW_TILES;
+// 32-element chunks of K a lane loads before the first mma of a round: 2 tiles x 2 rows x
+// MMA_DEPTH 16-byte weight loads in flight, 8 KiB a warp.
+constexpr int MMA_DEPTH = 4;
+
+// d += A (16 x 16) * B (16 x 8), bf16 operands, f32 accumulators; a0..a3 and b0, b1 in the PTX
+// fragment order (a0: row g, k 2t; a1: row g + 8, k 2t; a2: row g, k 2t + 8; a3: row g + 8,
+// k 2t + 8; b0: k 2t, column g; b1: k 2t + 8, column g).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Elements [k0, k0 + 8) of `row` (k0 % 8 == 0) as 4 bf16 pairs; zeros past k and for a null row.
+// `vec` (k % 8 == 0, the row 16-byte aligned): one 16-byte load, a streaming one for weights.
+template <bool STREAM>
+__device__ __forceinline__ uint4 load8(const __nv_bfloat16* __restrict__ row, uint32_t k0,
+                                       uint32_t k, bool vec) {
+    if (row == nullptr || k0 >= k) return make_uint4(0, 0, 0, 0);
+    if (vec) {
+        const uint4* p = reinterpret_cast<const uint4*>(row + k0);
+        return STREAM ? load_stream(p) : __ldg(p);
+    }
+    uint32_t v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const uint32_t i = k0 + 2 * q;
+        const uint32_t l = i < k ? __bfloat16_as_ushort(row[i]) : 0u;
+        const uint32_t h = i + 1 < k ? __bfloat16_as_ushort(row[i + 1]) : 0u;
+        v[q] = l | (h << 16);
+    }
+    return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// One warp's pass over K: acc[m][n] += W_m (16 x K) * X_n (8 x K)^T for the two weight tiles m and
+// the first `tiles` row tiles n (warp-uniform). Lane (g, t) supplies w[m][h], weight row g + 8 h
+// of tile m, and x[n], activation row g of tile n (null: zeros). On return lane (g, t) holds
+// acc[m][n][i] = the sum for weight row g + 8 (i >> 1) of tile m and activation row 2 t + (i & 1)
+// of tile n.
+template <bool VEC>
+__device__ __forceinline__ void mma_pass_of(float (&acc)[2][MMA_ROW_TILES][4],
+                                            const __nv_bfloat16* const (&w)[2][2],
+                                            const __nv_bfloat16* const (&x)[MMA_ROW_TILES],
+                                            int tiles, uint32_t k, uint32_t t) {
+    constexpr bool vec = VEC;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < MMA_ROW_TILES; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+    for (uint32_t c0 = 0; c0 < k; c0 += 32 * MMA_DEPTH) {
+        uint4 wv[MMA_DEPTH][2][2];
+#pragma unroll
+        for (int d = 0; d < MMA_DEPTH; ++d)
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    wv[d][m][h] = load8<true>(w[m][h], c0 + 32 * d + 8 * t, k, vec);
+#pragma unroll
+        for (int d = 0; d < MMA_DEPTH; ++d) {
+#pragma unroll
+            for (int n = 0; n < MMA_ROW_TILES; ++n) {
+                if (n >= tiles) break;
+                const uint4 xv = load8<false>(x[n], c0 + 32 * d + 8 * t, k, vec);
+#pragma unroll
+                for (int m = 0; m < 2; ++m) {
+                    const uint4 lo = wv[d][m][0], hi = wv[d][m][1];
+                    mma_bf16(acc[m][n], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+                    mma_bf16(acc[m][n], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+                }
+            }
+        }
+    }
+}
+
+// mma_pass_of on the 16-byte path where `vec`, else element by element.
+__device__ __forceinline__ void mma_pass(float (&acc)[2][MMA_ROW_TILES][4],
+                                         const __nv_bfloat16* const (&w)[2][2],
+                                         const __nv_bfloat16* const (&x)[MMA_ROW_TILES],
+                                         int tiles, uint32_t k, bool vec, uint32_t t) {
+    if (vec)
+        mma_pass_of<true>(acc, w, x, tiles, k, t);
+    else
+        mma_pass_of<false>(acc, w, x, tiles, k, t);
+}
+
+}  // namespace
+
+// moe_grouped_gemv_swiglu's output (act[p] for every position p of every expert's slice, in
+// expert order; the same values but for the order of the f32 sums) on tensor cores.
+// Launch: grid = (ceil(inter / 64), experts), block = 128: warp w of block (b, e) computes
+// columns [64 b + 16 w, 64 b + 16 w + 16) of expert e (a gate tile and its up tile) for 32 of
+// the expert's positions a pass, reading those 32 weight rows once a pass.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t g = lane >> 2, t = lane & 3;
+    const uint32_t e = blockIdx.y, j0 = (blockIdx.x * MMA_WARPS + warp) * 16;
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (e >= experts || k == 0 || j0 >= inter) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    if (begin >= end) return;
+    const __nv_bfloat16* expert = w + (size_t)e * 2 * inter * hidden;
+    const bool vec = hidden % 8 == 0 && aligned16(w) && aligned16(x);
+    // Tile 0: gate rows j0 + g, j0 + g + 8; tile 1: the same columns' up rows.
+    const __nv_bfloat16* wr[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t j = j0 + g + 8 * h;
+        wr[0][h] = j < inter ? expert + (size_t)j * hidden : nullptr;
+        wr[1][h] = j < inter ? expert + (size_t)(inter + j) * hidden : nullptr;
+    }
+    for (int32_t p0 = begin; p0 < end; p0 += MMA_ROWS) {
+        const int np = min(MMA_ROWS, end - p0);
+        const __nv_bfloat16* xr[MMA_ROW_TILES];
+#pragma unroll
+        for (int n = 0; n < MMA_ROW_TILES; ++n) {
+            const int i = 8 * n + (int)g;
+            xr[n] = i < np ? x + (size_t)((uint32_t)sorted[p0 + i] / k) * hidden : nullptr;
+        }
+        float acc[2][MMA_ROW_TILES][4];
+        mma_pass(acc, wr, xr, (np + 7) / 8, hidden, vec, t);
+#pragma unroll
+        for (int n = 0; n < MMA_ROW_TILES; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * (int)t + (i & 1);
+                const uint32_t j = j0 + g + 8 * (i >> 1);
+                if (r < np && j < inter)
+                    act[(size_t)(p0 + r) * inter + j] =
+                        metrale::to_bf16(swiglu_of_products(acc[0][n][i], acc[1][n][i]));
+            }
+    }
+}
+
+// moe_grouped_gemv_down's output (y[sorted[p], h] = bf16(act[p] . w[e, h]) for every position p
+// of every expert's slice) on tensor cores.
+// Launch: grid = (ceil(hidden / 128), experts), block = 128: warp w of block (b, e) computes
+// columns [128 b + 32 w, 128 b + 32 w + 32) of expert e (two tiles of 16) for 32 of the expert's
+// positions a pass, reading those 32 down rows once a pass.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_down(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t experts, uint32_t hidden, uint32_t inter) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t g = lane >> 2, t = lane & 3;
+    const uint32_t e = blockIdx.y, h0 = (blockIdx.x * MMA_WARPS + warp) * 32;
+    if (e >= experts || h0 >= hidden) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    if (begin >= end) return;
+    const __nv_bfloat16* expert = w + (size_t)e * hidden * inter;
+    const bool vec = inter % 8 == 0 && aligned16(w) && aligned16(act);
+    const __nv_bfloat16* wr[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t c = h0 + 16 * m + g + 8 * h;
+            wr[m][h] = c < hidden ? expert + (size_t)c * inter : nullptr;
+        }
+    for (int32_t p0 = begin; p0 < end; p0 += MMA_ROWS) {
+        const int np = min(MMA_ROWS, end - p0);
+        const __nv_bfloat16* ar[MMA_ROW_TILES];
+#pragma unroll
+        for (int n = 0; n < MMA_ROW_TILES; ++n) {
+            const int i = 8 * n + (int)g;
+            ar[n] = i < np ? act + (size_t)(p0 + i) * inter : nullptr;
+        }
+        float acc[2][MMA_ROW_TILES][4];
+        mma_pass(acc, wr, ar, (np + 7) / 8, inter, vec, t);
+#pragma unroll
+        for (int n = 0; n < MMA_ROW_TILES; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * (int)t + (i & 1);
+                if (r >= np) continue;
+                const size_t a = (size_t)sorted[p0 + r];
+#pragma unroll
+                for (int m = 0; m < 2; ++m) {
+                    const uint32_t c = h0 + 16 * m + g + 8 * (i >> 1);
+                    if (c < hidden) y[a * hidden + c] = metrale::to_bf16(acc[m][n][i]);
+                }
+            }
+    }
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------

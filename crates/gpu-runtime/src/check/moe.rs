@@ -12,6 +12,7 @@ use metrale_kernels::ops::{
     MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
     MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeRoute, MoeScoring, group_by_expert,
 };
+use metrale_kernels::ops::{MoeGroupedMmaDown, MoeGroupedMmaSwiglu};
 
 use super::{
     Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of, shuffled,
@@ -301,7 +302,12 @@ fn grouped_product_cases(rng: &mut Rng) -> Vec<Case> {
             input(i32_bytes(&offsets)),
             input(i32_bytes(&sorted)),
         ];
-        // The weight-stream form of the same product, on the same inputs (drawn once).
+        // The weight-stream forms of the same product, on the same inputs (drawn once).
+        out.push(mma_swiglu_case(
+            shape.clone(),
+            buffers.clone(),
+            (k, experts, inter, hidden),
+        ));
         out.push(Case {
             kernel: MoeGroupedGemvSwiglu::NAME,
             gemm: None,
@@ -357,6 +363,11 @@ fn grouped_product_cases(rng: &mut Rng) -> Vec<Case> {
             input(i32_bytes(&offsets)),
             input(i32_bytes(&sorted)),
         ];
+        out.push(mma_down_case(
+            shape.clone(),
+            buffers.clone(),
+            (experts, dh, di),
+        ));
         out.push(Case {
             kernel: MoeGroupedGemvDown::NAME,
             gemm: None,
@@ -545,6 +556,107 @@ fn shared_expert_cases(rng: &mut Rng) -> Vec<Case> {
                 })
             }),
         });
+    }
+    out
+}
+
+/// [`MoeGroupedMmaSwiglu`] on a grouped product's buffers (act, x, w, offsets, sorted), the
+/// arguments `(k, experts, inter, hidden)`.
+fn mma_swiglu_case(shape: String, buffers: Vec<Buffer>, args: (u32, u32, u32, u32)) -> Case {
+    let (k, experts, inter, hidden) = args;
+    Case {
+        kernel: MoeGroupedMmaSwiglu::NAME,
+        gemm: None,
+        allowance: None,
+        shape,
+        buffers,
+        build: Box::new(move |p| {
+            launch_of(MoeGroupedMmaSwiglu {
+                act: p[0],
+                x: p[1],
+                w: p[2],
+                offsets: p[3],
+                sorted: p[4],
+                k,
+                experts,
+                inter,
+                hidden,
+            })
+        }),
+    }
+}
+
+/// [`MoeGroupedMmaDown`] on a grouped down product's buffers (y, act, w, offsets, sorted), the
+/// arguments `(experts, hidden, inter)`.
+fn mma_down_case(shape: String, buffers: Vec<Buffer>, args: (u32, u32, u32)) -> Case {
+    let (experts, hidden, inter) = args;
+    Case {
+        kernel: MoeGroupedMmaDown::NAME,
+        gemm: None,
+        allowance: None,
+        shape,
+        buffers,
+        build: Box::new(move |p| {
+            launch_of(MoeGroupedMmaDown {
+                y: p[0],
+                act: p[1],
+                w: p[2],
+                offsets: p[3],
+                sorted: p[4],
+                experts,
+                hidden,
+                inter,
+            })
+        }),
+    }
+}
+
+/// The tensor-core weight streams on shapes of their own (drawn after every other case, so that
+/// those keep their inputs): Qwen3-30B-A3B's widths over 32 rows of 32 experts with k = 8 (8 rows
+/// an expert on average, 1 to about 16: one and two row tiles), and over 150 rows on 4 experts
+/// with k = 2 (about 75 rows an expert: three passes of 32 rows, the last partial); a ragged
+/// width on 16-byte rows (a partial 16-column tile, K not a whole 128-element round).
+pub(super) fn grouped_mma_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(rows, experts, k, inter, hidden) in &[
+        (32u32, 32u32, 8u32, 768u32, 2048u32),
+        (150, 4, 2, 768, 2048),
+        (40, 12, 3, 72, 200),
+    ] {
+        let (n, i, h) = ((rows * k) as usize, inter as usize, hidden as usize);
+        let ids = routed_ids(rng, rows, experts, k, 0);
+        let (offsets, sorted) = group_by_expert(&ids, experts as usize);
+        out.push(mma_swiglu_case(
+            format!("rows={rows} experts={experts} k={k} inter={inter} hidden={hidden}"),
+            vec![
+                output(vec![0; n * i * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, rows as usize * h, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * 2 * i * h,
+                    2.0 / (hidden as f32).sqrt(),
+                )),
+                input(i32_bytes(&offsets)),
+                input(i32_bytes(&sorted)),
+            ],
+            (k, experts, inter, hidden),
+        ));
+        // The down product of the same grouping: [hidden, inter] weights an expert.
+        out.push(mma_down_case(
+            format!("rows={rows} experts={experts} k={k} hidden={hidden} inter={inter}"),
+            vec![
+                output(vec![0; n * h * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, n * i, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * h * i,
+                    1.0 / (inter as f32).sqrt(),
+                )),
+                input(i32_bytes(&offsets)),
+                input(i32_bytes(&sorted)),
+            ],
+            (experts, hidden, inter),
+        ));
     }
     out
 }

@@ -21,13 +21,15 @@
 //!   expert's output rounded to bf16 (as `transformers` in bf16 does) before the f32 combine. For
 //!   decode batches, where an expert has a handful of rows, [`MoeGroupedGemvSwiglu`] and
 //!   [`MoeGroupedGemvDown`] compute the two products' same values as weight streams over the
-//!   touched experts.
+//!   touched experts, and [`MoeGroupedMmaSwiglu`] and [`MoeGroupedMmaDown`] on tensor cores,
+//!   each touched expert's weights read once per 32 of its rows.
 //!
 //! The MoE block's output is bf16 `[m, hidden]`, as the dense MLP's down product gives it: the
 //! residual add + norm that follows takes it unchanged.
 
 mod decode;
 mod grouped;
+mod grouped_mma;
 mod route;
 
 pub use decode::{MoeGemvDown, MoeGemvSwiglu};
@@ -35,6 +37,7 @@ pub use grouped::{
     MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu,
     group_by_expert,
 };
+pub use grouped_mma::{MoeGroupedMmaDown, MoeGroupedMmaSwiglu};
 pub use route::{MoeRoute, MoeScoring, route_row};
 
 use half::bf16;

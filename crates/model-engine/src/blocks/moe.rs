@@ -8,9 +8,11 @@
 //! weights: the decode shape. Steps of at least the tuning's `moe_grouped_min_rows` tokens group
 //! the assignments by expert instead (`moe_group`), run each expert's rows as one product
 //! (`moe_gemm_swiglu`, `moe_gemm_down` on tensor cores from `moe_tensor_core_min_rows` tokens;
-//! below that `moe_grouped_gemv_swiglu`, `moe_grouped_gemv_down`, weight streams over the touched
-//! experts; either way each expert output rounded to bf16 as transformers rounds it) and combine
-//! them with the routing weights (`moe_combine`).
+//! below that weight streams over the touched experts: `moe_grouped_mma_swiglu`,
+//! `moe_grouped_mma_down` on tensor cores with the tuning's `moe_grouped_mma`, else
+//! `moe_grouped_gemv_swiglu`, `moe_grouped_gemv_down` on CUDA cores; either way each expert
+//! output rounded to bf16 as transformers rounds it) and combine them with the routing weights
+//! (`moe_combine`).
 //!
 //! A shared expert (Qwen2-MoE) is a dense SwiGLU MLP every token takes, run by the ordinary
 //! products between the routing and the experts' down launch: its gate|up with SiLU x up, its
@@ -24,7 +26,8 @@ use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
-    MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeRoute, MoeScoring,
+    MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaSwiglu, MoeRoute,
+    MoeScoring,
 };
 
 use super::{Arena, Block, Step};
@@ -46,6 +49,8 @@ struct Kernels {
     gemm_down: KernelHandle,
     stream_gate_up: KernelHandle,
     stream_down: KernelHandle,
+    mma_gate_up: KernelHandle,
+    mma_down: KernelHandle,
     combine: KernelHandle,
 }
 
@@ -101,6 +106,8 @@ impl Shared {
             gemm_down: gpu.kernel(MoeGemmDown::NAME)?,
             stream_gate_up: gpu.kernel(MoeGroupedGemvSwiglu::NAME)?,
             stream_down: gpu.kernel(MoeGroupedGemvDown::NAME)?,
+            mma_gate_up: gpu.kernel(MoeGroupedMmaSwiglu::NAME)?,
+            mma_down: gpu.kernel(MoeGroupedMmaDown::NAME)?,
             combine: gpu.kernel(MoeCombine::NAME)?,
         };
         let (t, k) = (max_tokens, spec.top_k);
@@ -353,6 +360,13 @@ impl Moe {
         if rows >= l.tuning.moe_tensor_core_min_rows {
             l.launch(kernels.gemm_gate_up, "experts", &gate_up)?;
             l.launch(kernels.gemm_down, "experts", &down)?;
+        } else if l.tuning.moe_grouped_mma {
+            l.launch(
+                kernels.mma_gate_up,
+                "experts",
+                &MoeGroupedMmaSwiglu::from(gate_up),
+            )?;
+            l.launch(kernels.mma_down, "experts", &MoeGroupedMmaDown::from(down))?;
         } else {
             l.launch(
                 kernels.stream_gate_up,

@@ -445,7 +445,7 @@ impl Kernel for MoeCombine {
 }
 
 /// [`MoeGemmSwiglu`]'s reference (also [`MoeGroupedGemvSwiglu`]'s), errors named `name`.
-fn swiglu_reference(
+pub(super) fn swiglu_reference(
     name: KernelName,
     a: &MoeGemmSwiglu,
     mem: &mut dyn HostMemory,
@@ -481,7 +481,7 @@ fn swiglu_reference(
 }
 
 /// [`MoeGemmDown`]'s reference (also [`MoeGroupedGemvDown`]'s), errors named `name`.
-fn down_reference(
+pub(super) fn down_reference(
     name: KernelName,
     a: &MoeGemmDown,
     mem: &mut dyn HostMemory,
