@@ -4,7 +4,8 @@
 //! This crate owns the small types that cross crate boundaries: element types ([`DType`]), the
 //! runtime dispatch key of a compiled kernel set ([`KernelTarget`]), SM architectures and the arch
 //! preflight ([`SmArch`]), and the typed form of a kernel launch ([`KernelArg`], [`LaunchConfig`],
-//! [`KernelName`]).
+//! [`KernelName`]), and the FP8 E4M3 codec ([`fp8`]) the weight quantizer and the host references
+//! share.
 //!
 //! It must never allocate GPU memory, parse a model config, or do I/O: it is the bottom of the
 //! dependency graph and every other crate builds on it.
@@ -12,6 +13,7 @@
 
 pub mod arch;
 pub mod dtype;
+pub mod fp8;
 pub mod launch;
 pub mod target;
 

@@ -40,4 +40,10 @@ pub enum WeightError {
         /// The HF name asked for.
         name: String,
     },
+    /// The checkpoint's quantization is not one the engine runs, or its tensors do not fit it.
+    #[error("quantization: {message}")]
+    Quantization {
+        /// What was found and what is supported.
+        message: String,
+    },
 }

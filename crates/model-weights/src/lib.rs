@@ -12,10 +12,12 @@
 
 mod dequant;
 mod error;
+pub mod fp8;
 pub mod gguf;
 mod safetensors_source;
 
 pub use error::WeightError;
+pub use fp8::{FP8_BLOCK, Fp8Scales, Fp8Scheme, Fp8Tensor};
 pub use gguf::GgufFile;
 pub use safetensors_source::SafetensorsCheckpoint;
 
@@ -42,6 +44,17 @@ pub trait WeightSource: Send + Sync {
     fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
         let t = self.load(name)?;
         Ok((t.shape, t.data.into_iter().map(f32::from).collect()))
+    }
+    /// Whether `name` is stored as FP8 E4M3 (read it with [`WeightSource::load_e4m3`] and its
+    /// scale; [`WeightSource::load`] refuses it).
+    fn is_e4m3(&self, _name: &str) -> bool {
+        false
+    }
+    /// Reads an FP8 E4M3 tensor's bytes with its shape.
+    fn load_e4m3(&self, name: &str) -> Result<(Vec<usize>, Vec<u8>), WeightError> {
+        Err(WeightError::Quantization {
+            message: format!("{}: `{name}` is not stored as FP8", self.describe()),
+        })
     }
     /// A short description for logs (`SmolLM2-135M-Instruct.Q4_1.gguf (GGUF v3)`).
     fn describe(&self) -> String;

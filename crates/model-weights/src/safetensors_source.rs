@@ -174,6 +174,16 @@ impl WeightSource for SafetensorsCheckpoint {
         Ok((shape, data))
     }
 
+    fn is_e4m3(&self, name: &str) -> bool {
+        self.entry(name)
+            .is_some_and(|(dtype, _)| dtype == Dtype::F8_E4M3)
+    }
+
+    fn load_e4m3(&self, name: &str) -> Result<(Vec<usize>, Vec<u8>), WeightError> {
+        let (_, shape, bytes) = self.bytes_of(name, &[Dtype::F8_E4M3])?;
+        Ok((shape, bytes.to_vec()))
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} ({} safetensors shard(s))",
@@ -184,8 +194,23 @@ impl WeightSource for SafetensorsCheckpoint {
 }
 
 impl SafetensorsCheckpoint {
+    /// Tensor `name`'s dtype and shard, if the checkpoint has it.
+    fn entry(&self, name: &str) -> Option<(Dtype, &Shard)> {
+        let shard = &self.shards[*self.index.get(name)?];
+        shard.tensors.get(name).map(|(d, _, _)| (*d, shard))
+    }
+
     /// Tensor `name`'s dtype (BF16, F16 or F32), shape and data bytes, their length checked.
     fn bytes(&self, name: &str) -> Result<(Dtype, Vec<usize>, &[u8]), WeightError> {
+        self.bytes_of(name, &[Dtype::BF16, Dtype::F16, Dtype::F32])
+    }
+
+    /// Tensor `name`'s dtype (one of `dtypes`), shape and data bytes, their length checked.
+    fn bytes_of(
+        &self,
+        name: &str,
+        dtypes: &[Dtype],
+    ) -> Result<(Dtype, Vec<usize>, &[u8]), WeightError> {
         let shard = self
             .index
             .get(name)
@@ -203,11 +228,20 @@ impl SafetensorsCheckpoint {
             message,
         };
         let width = match dtype {
-            Dtype::BF16 | Dtype::F16 => 2,
-            Dtype::F32 => 4,
+            Dtype::F8_E4M3 if dtypes.contains(dtype) => 1,
+            Dtype::F8_E4M3 => {
+                return Err(err(
+                    "stored as float8_e4m3fn: it is read with its scale, as the checkpoint's \
+                     quantization_config says (an FP8 tensor outside a quantized linear is not \
+                     supported)"
+                        .into(),
+                ));
+            }
+            Dtype::BF16 | Dtype::F16 if dtypes.contains(dtype) => 2,
+            Dtype::F32 if dtypes.contains(dtype) => 4,
             other => {
                 return Err(err(format!(
-                    "dtype {other:?} is not supported (BF16, F16, F32)"
+                    "dtype {other:?} is not supported here ({dtypes:?})"
                 )));
             }
         };
