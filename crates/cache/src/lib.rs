@@ -12,11 +12,16 @@
 //! [`BlockPool`], the serving pool with prefix caching: full blocks addressed by a hash chain
 //! over their tokens, shared by reference count, kept after release and evicted least recently
 //! used only when blocks run out (module [`prefix`] says the rules).
+//!
+//! Beside the blocks, [`StatePool`] hands out the fixed-size recurrent-state slots of a hybrid
+//! model's running sequences (module [`state`]).
 #![forbid(unsafe_code)]
 
 pub mod prefix;
+pub mod state;
 
 pub use prefix::{BlockHash, BlockPool, PrefixKey};
+pub use state::{StatePool, StateSlot};
 
 /// Tokens per block, the engine-wide default (`HARDWARE.toml [defaults] kv_block_size`).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -37,6 +42,9 @@ pub enum CacheError {
     /// A block freed twice or never allocated.
     #[error("block {0} is not allocated")]
     NotAllocated(u32),
+    /// A recurrent-state slot released twice or never handed out.
+    #[error("state slot {0} is not held")]
+    SlotNotHeld(u32),
 }
 
 /// A free list over `num_blocks` block ids. O(1) allocate and free.

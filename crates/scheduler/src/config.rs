@@ -47,6 +47,12 @@ pub struct SchedulerConfig {
     ///
     /// [`Scheduler::schedule`]: crate::Scheduler::schedule
     pub prefix_cache: Option<PrefixKey>,
+    /// Recurrent-state slots, for a hybrid model (Gated DeltaNet, Mamba-2 layers): each admitted
+    /// sequence holds one from admission to its end or preemption, so at most this many run at
+    /// once and admission waits for a free one. `None` for a model without recurrent layers.
+    /// With slots, admission takes no prefix-cache hits (the cache holds KV, not the recurrent
+    /// state at the end of a prefix) and every prefill starts at position 0.
+    pub state_slots: Option<usize>,
 }
 
 /// A [`SchedulerConfig`] the scheduler cannot run with.
@@ -84,6 +90,11 @@ impl SchedulerConfig {
         ];
         if let Some(&(field, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(ConfigError::Zero { field });
+        }
+        if self.state_slots == Some(0) {
+            return Err(ConfigError::Zero {
+                field: "state_slots",
+            });
         }
         if let Policy::Slai { tbt_deadline_ms: 0 } = self.policy {
             return Err(ConfigError::Zero {

@@ -36,6 +36,7 @@
 //!     num_blocks: 1024,
 //!     policy: Policy::Slai { tbt_deadline_ms: 50 },
 //!     prefix_cache: Some(PrefixKey::from_bytes(b"model id|kv=bf16|block=16")),
+//!     state_slots: None,
 //! })?;
 //! let prompt = vec![1, 2, 3];
 //! scheduler.add(NewSequence { id: SeqId(7), prompt, max_new_tokens: 4, arrival: Instant::now() })?;
@@ -66,6 +67,6 @@ pub use plan::{FlatStep, PlanItem, SchedulerStats, StepPlan, TokenEvent};
 pub use request::{FinishReason, Finished, NewSequence, Rejected, SeqId, StepError};
 pub use scheduler::Scheduler;
 
-/// Re-exported so that callers can name the plan's block tables, the pool and the prefix-cache
-/// key without depending on the cache crate themselves.
-pub use metrale_cache::{BlockPool, BlockTable, PrefixKey};
+/// Re-exported so that callers can name the plan's block tables, the pool, the prefix-cache key
+/// and the state slots without depending on the cache crate themselves.
+pub use metrale_cache::{BlockPool, BlockTable, PrefixKey, StateSlot};

@@ -2,7 +2,7 @@
 //! The scheduler's output contract: one step's plan, the events of its results, and the counters
 //! for `/metrics`.
 
-use metrale_cache::BlockTable;
+use metrale_cache::{BlockTable, StateSlot};
 
 use crate::request::{FinishReason, SeqId};
 
@@ -22,6 +22,10 @@ pub struct PlanItem {
     /// final chunk of a prefill. Every such item needs a result in
     /// [`Scheduler::complete_step`](crate::Scheduler::complete_step).
     pub wants_logits: bool,
+    /// The sequence's recurrent-state slot (hybrid models; `None` without state slots). An item
+    /// at `start_position` 0 starts from a zeroed state; every later item continues the state
+    /// the slot holds. No two items of a step share a slot.
+    pub state_slot: Option<StateSlot>,
 }
 
 /// One step: what the engine runs next.
@@ -126,6 +130,10 @@ pub struct SchedulerStats {
     pub blocks_free: usize,
     /// Of `blocks_free`, the blocks holding a cached prefix (kept until evicted).
     pub blocks_cached: usize,
+    /// Recurrent-state slots held by running sequences (0 without state slots).
+    pub state_slots_used: usize,
+    /// Recurrent-state slots in the pool (0 without state slots).
+    pub state_slots_total: usize,
     /// KV blocks in the pool.
     pub blocks_total: usize,
     /// Preemptions since start-up (a counter).

@@ -60,6 +60,12 @@ impl Scheduler {
     /// prefix admitted together compute it once, the second waiting at most the first's
     /// prefill, and it cannot wait forever: the running sequence registers the block, or ends
     /// or is preempted, which drops it from the running set.
+    ///
+    /// **State slots** (`SchedulerConfig::state_slots`, hybrid models). An admission also takes
+    /// a recurrent-state slot; when none is free, admission stops there (the front keeps its
+    /// place, as when blocks run out). The slot is returned with the blocks whenever they are:
+    /// finish, cancel, finish by length, preemption. Admissions take no prefix-cache hits, so
+    /// each prefill, first or after a preemption, runs from position 0 into a zeroed state.
     pub fn schedule(&mut self, now: Instant) -> StepPlan {
         let decode_only = self.decode_deadline_near(now);
         let mut step = StepBuilder {
@@ -174,9 +180,16 @@ impl Scheduler {
             if self.running.len() + admitted.len() >= self.config.max_running || step.budget == 0 {
                 break;
             }
+            if self.states.as_ref().is_some_and(|p| p.free_count() == 0) {
+                break; // every state slot is held: wait for a sequence to end
+            }
             let s = &mut self.waiting[index];
-            // A hit leaves at least the last token to compute (see `schedule`).
-            let limit = (s.tokens.len() - 1) / block_size;
+            // A hit leaves at least the last token to compute (see `schedule`); with state slots
+            // there are no hits (the recurrent state of a prefix is not cached).
+            let limit = match self.states {
+                Some(_) => 0,
+                None => (s.tokens.len() - 1) / block_size,
+            };
             self.pool.hash_blocks(&s.tokens, &mut s.hashes);
             let hit = self
                 .pool
@@ -201,6 +214,10 @@ impl Scheduler {
                 .reserve(&mut s.table, start + chunk)
                 .expect("the free blocks were counted");
             s.published = start / block_size;
+            s.slot = self.states.as_mut().map(|p| {
+                p.allocate()
+                    .expect("a free slot was counted before admission")
+            });
             s.num_computed = start;
             s.prefill_end = s.tokens.len();
             s.cached_tokens.get_or_insert(start.min(s.prompt_len));
@@ -277,6 +294,7 @@ impl StepBuilder {
             tokens: seq.tokens[start..seq.num_computed].to_vec(),
             start_position: start,
             wants_logits: seq.num_computed == seq.tokens.len(),
+            state_slot: seq.slot,
         };
         self.items.push((item, seq.table.clone(), decode));
         self.writes.push((seq.id, seq.admission, seq.num_computed));

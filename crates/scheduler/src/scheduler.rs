@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use metrale_cache::{BlockPool, BlockTable};
+use metrale_cache::{BlockPool, BlockTable, StatePool, StateSlot};
 
 use crate::config::{ConfigError, SchedulerConfig};
 use crate::plan::SchedulerStats;
@@ -20,6 +20,8 @@ use crate::sequence::{Phase, Sequence};
 pub struct Scheduler {
     pub(crate) config: SchedulerConfig,
     pub(crate) pool: BlockPool,
+    /// The recurrent-state slots, for a hybrid model.
+    pub(crate) states: Option<StatePool>,
     /// Admitted sequences, oldest admission first: the order of priority, the most recently
     /// admitted (last) being the first preempted. `len() <= max_running`.
     pub(crate) running: Vec<Sequence>,
@@ -41,6 +43,7 @@ impl Scheduler {
         config.validate()?;
         Ok(Scheduler {
             pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_cache),
+            states: config.state_slots.map(StatePool::new),
             config,
             running: Vec::new(),
             waiting: VecDeque::new(),
@@ -103,6 +106,7 @@ impl Scheduler {
             published: 0,
             cached_tokens: None,
             admission: 0,
+            slot: None,
         });
         Ok(())
     }
@@ -151,6 +155,13 @@ impl Scheduler {
         self.find(seq).map(|s| s.cached_tokens.unwrap_or(0))
     }
 
+    /// The recurrent-state slot of a live sequence: `Some` while it runs on a scheduler with
+    /// state slots, `None` while it waits or without them. `None` also when no live sequence
+    /// has that id.
+    pub fn state_slot(&self, seq: SeqId) -> Option<StateSlot> {
+        self.find(seq).and_then(|s| s.slot)
+    }
+
     /// The block pool, read-only: reference counts and cache state, for tests and diagnostics.
     pub fn pool(&self) -> &BlockPool {
         &self.pool
@@ -174,6 +185,8 @@ impl Scheduler {
             blocks_used: self.pool.used_count(),
             blocks_free: self.pool.free_count(),
             blocks_cached: self.pool.cached_count(),
+            state_slots_used: self.states.as_ref().map_or(0, StatePool::used_count),
+            state_slots_total: self.states.as_ref().map_or(0, StatePool::total),
             blocks_total: self.pool.total(),
             preemptions: self.preemptions,
             prefix_queried_tokens: self.prefix_queried_tokens,
@@ -189,13 +202,20 @@ impl Scheduler {
             .or_else(|| self.waiting.iter().find(|s| s.id == seq))
     }
 
-    /// Drops `seq`'s reference to each of its blocks.
+    /// Drops `seq`'s reference to each of its blocks, and returns its state slot.
     pub(crate) fn release(&mut self, seq: &mut Sequence) {
         // A live sequence's table holds one reference to each of its blocks, all from this pool.
         self.pool
             .release(&mut seq.table)
             .expect("a live sequence holds its blocks");
         seq.published = 0;
+        if let Some(slot) = seq.slot.take() {
+            self.states
+                .as_mut()
+                .expect("a slot comes from the state pool")
+                .release(slot)
+                .expect("a running sequence holds its slot");
+        }
     }
 
     /// Preemption by recompute: releases every block of a running sequence and puts it at the

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use metrale_cache::{BlockHash, BlockTable};
+use metrale_cache::{BlockHash, BlockTable, StateSlot};
 
 use crate::request::SeqId;
 
@@ -25,7 +25,8 @@ pub(crate) enum Phase {
 /// `tokens[prompt_len..]` have each been emitted exactly once; a waiting sequence has an empty
 /// table, `num_computed == 0` and `published == 0`; the table's first `published` blocks are
 /// full, written, and were offered to the prefix cache (taken from it, or registered unless a
-/// copy was there first); no position below `published * block_size` is ever written again.
+/// copy was there first); no position below `published * block_size` is ever written again;
+/// with state slots, a running sequence holds exactly one and a waiting one none.
 #[derive(Debug)]
 pub(crate) struct Sequence {
     pub(crate) id: SeqId,
@@ -54,6 +55,8 @@ pub(crate) struct Sequence {
     /// Which admission this is (the scheduler's count at the time): a step's writes are
     /// registered only for the admission that planned them.
     pub(crate) admission: u64,
+    /// Its recurrent-state slot, held from admission to release (hybrid models only).
+    pub(crate) slot: Option<StateSlot>,
 }
 
 impl Sequence {

@@ -6,9 +6,10 @@
 //! steps and while a step is in flight, preemptions, and a random clock. The harness checks every
 //! invariant on every step (budget, batch size, block reference counts against the tables, no
 //! write into a shared or cached block, exact reservation, a hit's table holding its prefix's KV,
-//! positions, logits, no duplicate or lost token, solo-run outputs, priority by admission); this
-//! file checks the refusals and that everything drains with every reference count zero and every
-//! block free or cached.
+//! positions, logits, no duplicate or lost token, solo-run outputs, priority by admission, one
+//! recurrent-state slot per running sequence and none shared or leaked); this file checks the
+//! refusals and that everything drains with every reference count zero, every block free or
+//! cached and every state slot free.
 
 mod common;
 
@@ -35,6 +36,8 @@ fn random_config(rng: &mut Rng) -> SchedulerConfig {
             }
         },
         prefix_cache: (!rng.one_in(4)).then(key),
+        // A hybrid model's state slots in a third of the workloads, down to one slot.
+        state_slots: rng.one_in(3).then(|| rng.range(1, max_running + 1)),
     }
 }
 
@@ -118,8 +121,12 @@ fn run_seed(seed: u64) -> (u64, u32) {
     assert_eq!(h.finished.len(), accepted, "seed {seed}");
     let stats = h.sched.stats();
     assert_eq!(stats.blocks_used, 0);
-    if cfg.prefix_cache.is_none() {
+    assert_eq!(stats.state_slots_used, 0, "seed {seed}: state slots leaked");
+    assert_eq!(stats.state_slots_total, cfg.state_slots.unwrap_or(0));
+    if cfg.prefix_cache.is_none() || cfg.state_slots.is_some() {
         assert_eq!(stats.prefix_hit_tokens, 0);
+    }
+    if cfg.prefix_cache.is_none() {
         assert_eq!(stats.blocks_cached, 0);
     }
     (stats.prefix_hit_tokens, h.most_sharers)

@@ -39,6 +39,7 @@ pub fn config(policy: Policy) -> SchedulerConfig {
         num_blocks: 256,
         policy,
         prefix_cache: None,
+        state_slots: None,
     }
 }
 
@@ -231,6 +232,7 @@ impl Harness {
         assert!(self.live.is_empty());
         let stats = self.sched.stats();
         assert_eq!(stats.blocks_free, stats.blocks_total, "blocks leaked");
+        assert_eq!(stats.state_slots_used, 0, "state slots leaked");
         let pool = self.sched.pool();
         for b in 0..pool.total() as u32 {
             assert_eq!(
@@ -306,8 +308,14 @@ impl Harness {
             assert!(self.sched.block_table(*p).unwrap().blocks.is_empty());
         }
         let mut seen = HashSet::new();
+        let mut slots = HashSet::new();
         for (item, table) in plan.items.iter().zip(&plan.block_tables) {
             assert!(seen.insert(item.seq), "{} planned twice", item.seq);
+            assert_eq!(item.state_slot, self.sched.state_slot(item.seq));
+            assert_eq!(item.state_slot.is_some(), cfg.state_slots.is_some());
+            if let Some(slot) = item.state_slot {
+                assert!(slots.insert(slot), "{slot:?} in two items of a step");
+            }
             assert!(!plan.preempted.contains(&item.seq));
             assert!(!item.tokens.is_empty());
             assert_eq!(Some(table), self.sched.block_table(item.seq));
@@ -332,7 +340,7 @@ impl Harness {
                     "{}: nothing left to compute",
                     item.seq
                 );
-                if cfg.prefix_cache.is_none() {
+                if cfg.prefix_cache.is_none() || cfg.state_slots.is_some() {
                     assert_eq!(start, 0, "{} admitted mid-prompt", item.seq);
                 }
                 self.kv.check_prefix(item.seq, table, &history, start);
@@ -391,6 +399,27 @@ impl Harness {
         assert_eq!(stats.blocks_total, cfg.num_blocks);
         assert_eq!(stats.running + stats.waiting, self.live.len());
         assert!(stats.running <= cfg.max_running);
+        // State slots: one per running sequence, none per waiting one, never two alike.
+        let mut slots = HashSet::new();
+        for &seq in self.live.keys() {
+            if let Some(slot) = self.sched.state_slot(seq) {
+                assert!(slots.insert(slot), "{slot:?} held by two sequences");
+                assert!((slot.0 as usize) < cfg.state_slots.unwrap_or(0));
+            }
+        }
+        match cfg.state_slots {
+            Some(total) => {
+                assert_eq!(
+                    slots.len(),
+                    stats.running,
+                    "a running sequence without a slot"
+                );
+                assert_eq!(stats.state_slots_used, stats.running);
+                assert_eq!(stats.state_slots_total, total);
+                assert!(stats.running <= total);
+            }
+            None => assert_eq!((stats.state_slots_used, slots.len()), (0, 0)),
+        }
         assert!(stats.prefilling <= stats.running);
         assert!(self.live.len() <= cfg.max_num_seqs);
         for seq in self.finished.keys() {

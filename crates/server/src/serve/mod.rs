@@ -523,6 +523,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         num_blocks,
         policy,
         prefix_cache,
+        // No hybrid model loads yet (`Model::load` refuses recurrent layers), so no state slots.
+        state_slots: None,
     })
     .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
     let grammar_engine = match grammar_build.join() {
