@@ -36,7 +36,7 @@ use crate::blocks::moe::{self, Moe};
 use crate::blocks::{Arena, Block, Step};
 use crate::launch::Launcher;
 use crate::linear::{Linear, LinearKernels};
-use crate::plan::{BlockKind, LayerPlan, MlpKind, NormKind};
+use crate::plan::{BlockKind, LayerPlan, MlpKind};
 use crate::profile::Profiler;
 use crate::residual::{Residual, RmsNorm};
 use crate::tuning::Tuning;
@@ -226,6 +226,7 @@ impl Model {
         progress: LoadProgress,
     ) -> Result<Self, ModelError> {
         let plan = LayerPlan::from_config(&config)?;
+        plan.check_runnable()?;
         let g = gpu.as_ref();
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
@@ -254,7 +255,7 @@ impl Model {
             }
         };
         g.synchronize(g.default_stream())?;
-        let NormKind::Rms { eps } = plan.final_norm;
+        let eps = plan.final_norm.rms_eps()?;
         let (h, vocab) = (config.hidden_size as u32, config.vocab_size as u32);
         Ok(Model {
             final_norm: RmsNorm {
@@ -348,7 +349,7 @@ impl Model {
         let mut blocks: Vec<Box<dyn Block>> = Vec::new();
         for (l, spec) in plan.blocks() {
             let w = &weights.layers[l];
-            let NormKind::Rms { eps } = spec.norm;
+            let eps = spec.norm.rms_eps()?;
             match spec.kind {
                 BlockKind::Attention(a) => {
                     let norm = RmsNorm {
@@ -404,6 +405,15 @@ impl Model {
                     let weights = w.moe.as_ref().expect("a sparse layer's weights");
                     let hidden = c.hidden_size as u32;
                     blocks.push(Box::new(Moe::new(norm, weights, hidden, linear, shared)));
+                }
+                // `LayerPlan::check_runnable` refuses these first, naming what is missing.
+                BlockKind::Mlp(MlpKind::DenseRelu2 { .. })
+                | BlockKind::GatedDeltaNet(_)
+                | BlockKind::Mamba2(_) => {
+                    return Err(ModelError::Unsupported(format!(
+                        "layer {l}: no block implements {:?} yet",
+                        spec.kind
+                    )));
                 }
             }
         }

@@ -9,7 +9,10 @@
 //! DeltaNet, Mamba-2, sliding-window or MLA attention) is a new variant here and a new block
 //! module, with nothing else changed.
 
-use metrale_config::{ModelConfig, QkNorm, RouterKind};
+use metrale_config::{
+    Ffn, GatedDeltaNetConfig, HybridLayer, Mamba2Config, Mixer, MlpActivation, ModelConfig, QkNorm,
+    RouterKind,
+};
 
 /// How a block's input is normalised.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -19,6 +22,25 @@ pub enum NormKind {
         /// Added to the mean square.
         eps: f32,
     },
+    /// RMSNorm scaling by `1 + weight`, its weight stored centred on zero (Qwen3-Next, Qwen3.5).
+    RmsUnitOffset {
+        /// Added to the mean square.
+        eps: f32,
+    },
+}
+
+impl NormKind {
+    /// The epsilon of a plain RMSNorm, the only norm the blocks implement so far.
+    pub fn rms_eps(self) -> Result<f32, crate::ModelError> {
+        match self {
+            NormKind::Rms { eps } => Ok(eps),
+            NormKind::RmsUnitOffset { .. } => Err(crate::ModelError::Unsupported(
+                "RMSNorm scaling by 1 + weight (qwen3_next, qwen3_5_moe): the norm kernels take a \
+                 plain weight"
+                    .into(),
+            )),
+        }
+    }
 }
 
 /// How a block's output joins the residual stream.
@@ -43,8 +65,15 @@ pub struct AttentionSpec {
     /// (MiniMax-M2).
     pub qk_norm: QkNorm,
     /// The leading elements of each head that RoPE rotates (`head_dim`, or fewer for partial
-    /// rotary: MiniMax-M2's 64 of 128).
+    /// rotary: MiniMax-M2's 64 of 128, Qwen3-Next's 64 of 256); 0 for no position encoding
+    /// (Nemotron-H's attention layers).
     pub rotary_dim: usize,
+    /// The q/k norms scale by `1 + weight` (Qwen3-Next).
+    pub qk_norm_unit_offset: bool,
+    /// The q projection is `2 * heads * head_dim` wide, each head's q followed by its gate; the
+    /// attention output is multiplied by `sigmoid(gate)` per element before `o_proj`
+    /// (Qwen3-Next, Qwen3.5).
+    pub output_gate: bool,
 }
 
 impl AttentionSpec {
@@ -52,6 +81,40 @@ impl AttentionSpec {
     pub fn partial_rotary(&self) -> bool {
         self.rotary_dim != self.head_dim
     }
+
+    /// Whether q and k are rotated at all.
+    pub fn rope(&self) -> bool {
+        self.rotary_dim != 0
+    }
+}
+
+/// A Gated DeltaNet token mixer (Qwen3-Next, Qwen3.5): projections to q, k, v, the output gate
+/// z, and per value head the write strength b and the decay a; a causal depthwise conv (with
+/// its state) and silu over q, k and v; per value head the gated delta rule over a
+/// `key_head_dim x value_head_dim` f32 state, q and k L2-normalised and q scaled by
+/// `key_head_dim^-1/2`; an RMSNorm of each head's output times `silu(z)`; the out projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GatedDeltaNetSpec {
+    /// The shape and the projection layout.
+    pub shape: GatedDeltaNetConfig,
+    /// Epsilon of the gated RMSNorm (plain weight, normalised before the gate).
+    pub norm_eps: f32,
+    /// Which of a state slot's recurrent layers this is (`0..LayerPlan::recurrent_layers()`).
+    pub state_index: usize,
+}
+
+/// A Mamba-2 token mixer (Nemotron-H): one projection to z, x, B, C and dt; a causal depthwise
+/// conv (with its state) and silu over x, B and C; per head the SSD recurrence over a
+/// `head_dim x state_size` f32 state with decay `exp(dt * A)` and the skip `D`; an RMSNorm over
+/// `groups` groups of `y * silu(z)`; the out projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mamba2Spec {
+    /// The shape.
+    pub shape: Mamba2Config,
+    /// Epsilon of the grouped gated RMSNorm (gated before it is normalised).
+    pub norm_eps: f32,
+    /// Which of a state slot's recurrent layers this is (`0..LayerPlan::recurrent_layers()`).
+    pub state_index: usize,
 }
 
 /// A sparse MLP: a router picks `top_k` of `experts` SwiGLU MLPs per token, whose outputs are
@@ -72,6 +135,9 @@ pub struct MoeSpec {
     pub routed_scaling: f32,
     /// The shared expert's width, if any.
     pub shared_intermediate: Option<usize>,
+    /// The experts' (and shared expert's) form: SwiGLU, or squared ReLU with no gate product
+    /// and the shared expert added ungated (Nemotron-H).
+    pub activation: MlpActivation,
 }
 
 /// The feed-forward block.
@@ -80,6 +146,11 @@ pub enum MlpKind {
     /// `down(silu(x Wgate) * x Wup)`.
     DenseSwiglu {
         /// The gate and up products' width.
+        intermediate: usize,
+    },
+    /// `down(relu(x Wup)^2)` (Nemotron-H).
+    DenseRelu2 {
+        /// The up product's width.
         intermediate: usize,
     },
     /// Mixture of experts.
@@ -93,6 +164,17 @@ pub enum BlockKind {
     Attention(AttentionSpec),
     /// Channel mixing.
     Mlp(MlpKind),
+    /// Token mixing by the gated delta rule, with recurrent state.
+    GatedDeltaNet(GatedDeltaNetSpec),
+    /// Token mixing by the Mamba-2 SSD recurrence, with recurrent state.
+    Mamba2(Mamba2Spec),
+}
+
+impl BlockKind {
+    /// Whether the block keeps per-sequence recurrent state between steps.
+    pub fn recurrent(&self) -> bool {
+        matches!(self, BlockKind::GatedDeltaNet(_) | BlockKind::Mamba2(_))
+    }
 }
 
 /// One block and the norm in front of it.
@@ -123,11 +205,14 @@ pub struct LayerPlan {
 }
 
 impl LayerPlan {
-    /// The plan of a config: every family the config crate accepts is pre-norm attention then
-    /// an MLP in every layer, dense (Llama, Qwen2, Qwen3) or, in a MoE model's sparse layers,
-    /// a mixture of experts; they differ in the attention's parameters.
+    /// The plan of a config. The non-hybrid families are pre-norm attention then an MLP in every
+    /// layer, dense (Llama, Qwen2, Qwen3) or, in a MoE model's sparse layers, a mixture of
+    /// experts; they differ in the attention's parameters. A hybrid family's layers follow its
+    /// pattern ([`metrale_config::HybridConfig::layers`]): Qwen3-Next's two blocks a layer with
+    /// Gated DeltaNet or gated attention as the mixer, Nemotron-H's one block a layer.
     ///
-    /// A layer kind the engine has no block for is refused here, before any weight loads.
+    /// The plan describes every kind the config crate accepts; [`LayerPlan::check_runnable`]
+    /// says which of them the engine cannot run yet.
     pub fn from_config(c: &ModelConfig) -> Result<LayerPlan, crate::ModelError> {
         if !matches!(c.head_dim, 64 | 128 | 256) {
             return Err(crate::ModelError::Unsupported(format!(
@@ -135,8 +220,14 @@ impl LayerPlan {
                 c.head_dim
             )));
         }
-        let norm = NormKind::Rms {
-            eps: c.rms_norm_eps,
+        let hybrid = c.hybrid.as_ref();
+        let norm = match hybrid {
+            Some(h) if h.norm_unit_offset => NormKind::RmsUnitOffset {
+                eps: c.rms_norm_eps,
+            },
+            _ => NormKind::Rms {
+                eps: c.rms_norm_eps,
+            },
         };
         let block = |kind| BlockSpec {
             norm,
@@ -149,13 +240,24 @@ impl LayerPlan {
             head_dim: c.head_dim,
             qkv_bias: c.attention_bias,
             qk_norm: c.qk_norm,
-            rotary_dim: c.rotary_dim,
+            rotary_dim: match hybrid {
+                Some(h) if !h.attention_rope => 0,
+                _ => c.rotary_dim,
+            },
+            qk_norm_unit_offset: hybrid.is_some_and(|h| h.norm_unit_offset) && c.qk_norm.any(),
+            output_gate: hybrid.is_some_and(|h| h.attention_output_gate),
         };
-        let dense = MlpKind::DenseSwiglu {
-            intermediate: c.intermediate_size,
+        let activation = hybrid.map_or(MlpActivation::SwiGlu, |h| h.mlp_activation);
+        let dense = match activation {
+            MlpActivation::SwiGlu => MlpKind::DenseSwiglu {
+                intermediate: c.intermediate_size,
+            },
+            MlpActivation::Relu2 => MlpKind::DenseRelu2 {
+                intermediate: c.intermediate_size,
+            },
         };
-        let mlp = |l: usize| match &c.moe {
-            Some(m) if m.is_sparse(l) => MlpKind::Moe(MoeSpec {
+        let sparse = c.moe.as_ref().map(|m| {
+            MlpKind::Moe(MoeSpec {
                 experts: m.num_experts,
                 top_k: m.top_k,
                 intermediate: m.expert_intermediate,
@@ -163,21 +265,134 @@ impl LayerPlan {
                 norm_topk_prob: m.norm_topk_prob,
                 routed_scaling: m.routed_scaling,
                 shared_intermediate: m.shared_expert_intermediate,
-            }),
-            _ => dense,
-        };
-        let layers = (0..c.num_layers)
-            .map(|l| LayerSpec {
-                blocks: vec![
-                    block(BlockKind::Attention(attention)),
-                    block(BlockKind::Mlp(mlp(l))),
-                ],
+                activation,
             })
-            .collect();
+        });
+        let Some(h) = hybrid else {
+            let layers = (0..c.num_layers)
+                .map(|l| {
+                    let mlp = match (&c.moe, sparse) {
+                        (Some(m), Some(s)) if m.is_sparse(l) => s,
+                        _ => dense,
+                    };
+                    LayerSpec {
+                        blocks: vec![
+                            block(BlockKind::Attention(attention)),
+                            block(BlockKind::Mlp(mlp)),
+                        ],
+                    }
+                })
+                .collect();
+            return Ok(LayerPlan {
+                layers,
+                final_norm: norm,
+            });
+        };
+        let mut state_index = 0;
+        let mut layers = Vec::with_capacity(h.layers.len());
+        for (l, &HybridLayer { mixer, ffn }) in h.layers.iter().enumerate() {
+            let mut blocks = Vec::with_capacity(2);
+            let missing = |what: &str| {
+                crate::ModelError::Unsupported(format!(
+                    "layer {l} has a {what} but the config gives no shape for it"
+                ))
+            };
+            match mixer {
+                Some(Mixer::Attention) => blocks.push(block(BlockKind::Attention(attention))),
+                Some(Mixer::GatedDeltaNet) => {
+                    let shape = h.gated_delta_net.ok_or_else(|| missing("Gated DeltaNet"))?;
+                    blocks.push(block(BlockKind::GatedDeltaNet(GatedDeltaNetSpec {
+                        shape,
+                        norm_eps: c.rms_norm_eps,
+                        state_index,
+                    })));
+                    state_index += 1;
+                }
+                Some(Mixer::Mamba2) => {
+                    let shape = h.mamba2.ok_or_else(|| missing("Mamba-2 mixer"))?;
+                    blocks.push(block(BlockKind::Mamba2(Mamba2Spec {
+                        shape,
+                        norm_eps: c.rms_norm_eps,
+                        state_index,
+                    })));
+                    state_index += 1;
+                }
+                None => {}
+            }
+            match ffn {
+                Some(Ffn::Dense) => blocks.push(block(BlockKind::Mlp(dense))),
+                Some(Ffn::Sparse) => {
+                    let moe = sparse.ok_or_else(|| missing("mixture of experts"))?;
+                    blocks.push(block(BlockKind::Mlp(moe)));
+                }
+                None => {}
+            }
+            layers.push(LayerSpec { blocks });
+        }
         Ok(LayerPlan {
             layers,
             final_norm: norm,
         })
+    }
+
+    /// Refuses a plan with a block the engine has no kernels for yet, naming the missing piece
+    /// (the hybrid families parse and plan, but do not run, until issue 30's kernels land).
+    pub fn check_runnable(&self) -> Result<(), crate::ModelError> {
+        let refuse = |why: &str| Err(crate::ModelError::Unsupported(why.to_string()));
+        self.final_norm.rms_eps()?;
+        for (l, b) in self.blocks() {
+            b.norm.rms_eps()?;
+            match b.kind {
+                BlockKind::GatedDeltaNet(_) => {
+                    return refuse(&format!(
+                        "layer {l} is Gated DeltaNet: its kernels (causal conv with state, the \
+                         gated delta rule for prefill and decode, the gated RMSNorm) and the \
+                         engine's recurrent state slots are not written yet (issue 30)"
+                    ));
+                }
+                BlockKind::Mamba2(_) => {
+                    return refuse(&format!(
+                        "layer {l} is Mamba-2: its kernels (causal conv with state, the SSD scan \
+                         for prefill and decode, the grouped gated RMSNorm) and the engine's \
+                         recurrent state slots are not written yet (issue 30)"
+                    ));
+                }
+                BlockKind::Attention(a) if a.output_gate => {
+                    return refuse(&format!(
+                        "layer {l}'s attention has an output gate (sigmoid of a second q half), \
+                         which the attention block does not apply yet"
+                    ));
+                }
+                BlockKind::Attention(a) if !a.rope() => {
+                    return refuse(&format!(
+                        "layer {l}'s attention has no RoPE, which the attention kernels always \
+                         apply"
+                    ));
+                }
+                BlockKind::Attention(a) if a.qk_norm_unit_offset => {
+                    return refuse("QK-norm scaling by 1 + weight is not implemented");
+                }
+                BlockKind::Mlp(MlpKind::DenseRelu2 { .. }) => {
+                    return refuse(&format!(
+                        "layer {l}'s MLP is squared ReLU without a gate, which no MLP kernel \
+                         computes yet"
+                    ));
+                }
+                BlockKind::Mlp(MlpKind::Moe(m)) if m.activation != MlpActivation::SwiGlu => {
+                    return refuse(&format!(
+                        "layer {l}'s experts are squared ReLU without a gate, which the expert \
+                         kernels do not compute yet"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Layers with recurrent state: how many per-layer states a sequence's state slot holds.
+    pub fn recurrent_layers(&self) -> usize {
+        self.blocks().filter(|(_, b)| b.kind.recurrent()).count()
     }
 
     /// Every block of every layer, in step order, with its layer index.
@@ -216,6 +431,8 @@ mod tests {
                     qkv_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rotary_dim: 64,
+                    qk_norm_unit_offset: false,
+                    output_gate: false,
                 }),
                 BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 }),
             ]
@@ -244,6 +461,7 @@ mod tests {
             norm_topk_prob: false,
             routed_scaling: 1.0,
             shared_intermediate: Some(128),
+            activation: MlpActivation::SwiGlu,
         }));
         let dense = BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 });
         assert_eq!(mlps, [dense, moe, dense, moe]);
@@ -267,6 +485,8 @@ mod tests {
             qkv_bias: false,
             qk_norm: QkNorm::Whole,
             rotary_dim: 64,
+            qk_norm_unit_offset: false,
+            output_gate: false,
         };
         assert!(attention.partial_rotary());
         let moe = MoeSpec {
@@ -277,6 +497,7 @@ mod tests {
             norm_topk_prob: true,
             routed_scaling: 1.0,
             shared_intermediate: None,
+            activation: MlpActivation::SwiGlu,
         };
         for layer in &plan.layers {
             let kinds: Vec<_> = layer.blocks.iter().map(|b| b.kind).collect();
@@ -288,5 +509,167 @@ mod tests {
                 ]
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod hybrid_tests {
+    use super::*;
+    use metrale_config::GdnProjection;
+
+    /// Qwen3-Next-80B-A3B's config.json, the keys the plan reads.
+    const QWEN3_NEXT_80B: &str = r#"{"model_type":"qwen3_next","hidden_size":2048,
+      "intermediate_size":5120,"num_hidden_layers":48,"num_attention_heads":16,
+      "num_key_value_heads":2,"head_dim":256,"partial_rotary_factor":0.25,"rms_norm_eps":1e-06,
+      "rope_theta":5000000,"max_position_embeddings":262144,"vocab_size":151936,
+      "full_attention_interval":4,"linear_conv_kernel_dim":4,"linear_key_head_dim":128,
+      "linear_num_key_heads":16,"linear_num_value_heads":32,"linear_value_head_dim":128,
+      "decoder_sparse_step":1,"mlp_only_layers":[],"moe_intermediate_size":512,
+      "norm_topk_prob":true,"num_experts":512,"num_experts_per_tok":10,
+      "shared_expert_intermediate_size":512,"tie_word_embeddings":false}"#;
+
+    /// NVIDIA-Nemotron-3-Nano-30B-A3B's config.json, the keys the plan reads.
+    const NEMOTRON_3_NANO: &str = r#"{"model_type":"nemotron_h","hidden_size":2688,
+      "hybrid_override_pattern":"MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+      "intermediate_size":1856,"layer_norm_epsilon":1e-05,"mamba_head_dim":64,
+      "mamba_num_heads":64,"n_groups":8,"ssm_state_size":128,"conv_kernel":4,"chunk_size":128,
+      "use_conv_bias":true,"max_position_embeddings":262144,"mlp_hidden_act":"relu2",
+      "moe_intermediate_size":1856,"moe_shared_expert_intermediate_size":3712,
+      "n_routed_experts":128,"n_shared_experts":1,"norm_topk_prob":true,"num_attention_heads":32,
+      "num_experts_per_tok":6,"num_hidden_layers":52,"num_key_value_heads":2,"head_dim":128,
+      "routed_scaling_factor":2.5,"rope_theta":10000,"vocab_size":131072}"#;
+
+    fn plan(text: &str) -> LayerPlan {
+        LayerPlan::from_config(&metrale_config::from_config_json(text).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn qwen3_next_80b_is_gated_deltanet_three_layers_in_four_then_gated_attention() {
+        let plan = plan(QWEN3_NEXT_80B);
+        assert_eq!(plan.layers.len(), 48);
+        assert_eq!(plan.recurrent_layers(), 36);
+        let norm = NormKind::RmsUnitOffset { eps: 1e-6 };
+        assert_eq!(plan.final_norm, norm);
+        let attention = AttentionSpec {
+            heads: 16,
+            kv_heads: 2,
+            head_dim: 256,
+            qkv_bias: false,
+            qk_norm: QkNorm::PerHead,
+            rotary_dim: 64,
+            qk_norm_unit_offset: true,
+            output_gate: true,
+        };
+        let moe = MlpKind::Moe(MoeSpec {
+            experts: 512,
+            top_k: 10,
+            intermediate: 512,
+            router: RouterKind::Softmax,
+            norm_topk_prob: true,
+            routed_scaling: 1.0,
+            shared_intermediate: Some(512),
+            activation: MlpActivation::SwiGlu,
+        });
+        let mut state_index = 0;
+        for (l, layer) in plan.layers.iter().enumerate() {
+            assert!(layer.blocks.iter().all(|b| b.norm == norm));
+            let kinds: Vec<_> = layer.blocks.iter().map(|b| b.kind).collect();
+            let mixer = if l % 4 == 3 {
+                BlockKind::Attention(attention)
+            } else {
+                let spec = GatedDeltaNetSpec {
+                    shape: GatedDeltaNetConfig {
+                        key_heads: 16,
+                        value_heads: 32,
+                        key_head_dim: 128,
+                        value_head_dim: 128,
+                        conv_kernel: 4,
+                        projection: GdnProjection::GroupedQkvzBa,
+                    },
+                    norm_eps: 1e-6,
+                    state_index,
+                };
+                state_index += 1;
+                BlockKind::GatedDeltaNet(spec)
+            };
+            assert_eq!(kinds, [mixer, BlockKind::Mlp(moe)], "layer {l}");
+        }
+        assert_eq!(state_index, 36);
+    }
+
+    #[test]
+    fn nemotron_3_nano_is_one_block_a_layer_in_its_patterns_order() {
+        let plan = plan(NEMOTRON_3_NANO);
+        assert_eq!(plan.layers.len(), 52);
+        assert!(plan.layers.iter().all(|l| l.blocks.len() == 1));
+        let letters: String = plan
+            .layers
+            .iter()
+            .map(|l| match l.blocks[0].kind {
+                BlockKind::Mamba2(_) => 'M',
+                BlockKind::Attention(_) => '*',
+                BlockKind::Mlp(MlpKind::Moe(_)) => 'E',
+                BlockKind::Mlp(_) => '-',
+                BlockKind::GatedDeltaNet(_) => '?',
+            })
+            .collect();
+        assert_eq!(
+            letters,
+            "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+        );
+        assert_eq!(plan.final_norm, NormKind::Rms { eps: 1e-5 });
+        let BlockKind::Mamba2(m) = plan.layers[2].blocks[0].kind else {
+            panic!("layer 2 is Mamba-2");
+        };
+        assert_eq!(m.state_index, 1, "the second Mamba-2 layer");
+        assert_eq!(
+            (m.shape.heads, m.shape.head_dim, m.shape.state_size),
+            (64, 64, 128)
+        );
+        let BlockKind::Attention(a) = plan.layers[5].blocks[0].kind else {
+            panic!("layer 5 is attention");
+        };
+        assert!(!a.rope() && !a.output_gate && a.qk_norm == QkNorm::None);
+        let BlockKind::Mlp(MlpKind::Moe(e)) = plan.layers[1].blocks[0].kind else {
+            panic!("layer 1 is experts");
+        };
+        assert_eq!(e.activation, MlpActivation::Relu2);
+        assert_eq!((e.router, e.routed_scaling), (RouterKind::SigmoidBias, 2.5));
+        assert_eq!(plan.recurrent_layers(), 23);
+    }
+
+    #[test]
+    fn hybrid_plans_are_refused_naming_the_missing_kernels() {
+        let err = plan(QWEN3_NEXT_80B)
+            .check_runnable()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1 + weight"), "{err}");
+        let err = plan(NEMOTRON_3_NANO)
+            .check_runnable()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("layer 0 is Mamba-2"), "{err}");
+        // With the norms it names first out of the way, Qwen3-Next's next missing piece is the
+        // Gated DeltaNet of layer 0.
+        let mut p = plan(QWEN3_NEXT_80B);
+        p.final_norm = NormKind::Rms { eps: 1e-6 };
+        for layer in &mut p.layers {
+            for b in &mut layer.blocks {
+                b.norm = NormKind::Rms { eps: 1e-6 };
+            }
+        }
+        let err = p.check_runnable().unwrap_err().to_string();
+        assert!(err.contains("layer 0 is Gated DeltaNet"), "{err}");
+        // And a non-hybrid plan passes.
+        let qwen3 = metrale_config::from_config_json(
+            r#"{"model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                "num_hidden_layers": 2, "vocab_size": 512}"#,
+        )
+        .unwrap();
+        let p = LayerPlan::from_config(&qwen3).unwrap();
+        assert!(p.check_runnable().is_ok());
+        assert_eq!(p.recurrent_layers(), 0);
     }
 }
