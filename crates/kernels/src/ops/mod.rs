@@ -8,6 +8,7 @@ mod argmax;
 mod attention;
 mod elementwise;
 mod embedding;
+pub mod gated_delta;
 mod gemm;
 mod grid_barrier;
 pub mod moe;
