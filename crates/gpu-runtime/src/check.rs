@@ -23,6 +23,7 @@ use metrale_kernels::{HostError, HostMemory, Kernel, KernelAbi};
 use crate::{GemmOp, GpuBackend, GpuError};
 
 mod attention_variants;
+mod gemv_fp8;
 mod moe;
 
 /// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
@@ -1730,6 +1731,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(attention_variants::attention_variant_cases(&mut rng));
     // After those, for the same reason.
     out.extend(moe::grouped_mma_cases(&mut rng));
+    // The FP8-weight products, after every other case for the same reason.
+    out.extend(gemv_fp8::gemv_fp8_cases(&mut rng));
     out
 }
 

@@ -265,6 +265,9 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (MoeGroupedMmaSwiglu::NAME, run::<MoeGroupedMmaSwiglu>),
         (MoeGroupedMmaDown::NAME, run::<MoeGroupedMmaDown>),
         (MoeCombine::NAME, run::<MoeCombine>),
+        (GemvFp8::NAME, run::<GemvFp8>),
+        (GemvFp8Swiglu::NAME, run::<GemvFp8Swiglu>),
+        (Fp8DequantBf16::NAME, run::<Fp8DequantBf16>),
     ]
 };
 

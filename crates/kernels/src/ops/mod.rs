@@ -10,6 +10,7 @@ mod elementwise;
 mod embedding;
 pub mod gated_delta;
 mod gemm;
+mod gemv_fp8;
 mod grid_barrier;
 pub mod moe;
 mod qkv_post;
@@ -35,6 +36,9 @@ pub use gemm::{
     GemvSwigluStream, GemvSwigluStreamNorm, gemv_balanced_grid, gemv_capped_grid,
     gemv_columns_per_block, gemv_grid_columns, gemv_launch_grid, gemv_norm_fits, gemv_stages,
     gemv_stream_fits,
+};
+pub use gemv_fp8::{
+    FP8_SCALE_COLS, Fp8DequantBf16, GEMV_FP8_MAX_ROWS, GemvFp8, GemvFp8Swiglu, fp8_weight_f32,
 };
 pub use grid_barrier::GridBarrier;
 pub use moe::{
