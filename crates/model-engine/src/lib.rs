@@ -29,4 +29,4 @@ pub mod weights;
 pub use model::{Model, ModelError, ModelOptions, StepInput};
 pub use plan::LayerPlan;
 pub use tuning::{Tuning, TuningError};
-pub use weights::{LoadProgress, TensorRole, expected_shape, expected_tensors};
+pub use weights::{LinearFormat, LoadProgress, TensorRole, expected_shape, expected_tensors};

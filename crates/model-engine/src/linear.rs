@@ -14,16 +14,24 @@
 //! ([`Linear::run_normed`]: the normalising stream or GEMV), and the gate|up product may run
 //! SiLU x up in its epilogue ([`SwigluLinear`]). Every form of a path computes the plain form's
 //! bits except the streams (other partial sums), so a path choice changes speed, not results,
-//! beyond that. Weights are BF16 (`[n, k]` row-major); another dtype is another `Path` here, not a
-//! branch in the blocks.
+//! beyond that.
+//!
+//! The weight's dtype is the linear's own ([`LinearWeight`]): BF16 `[n, k]` row-major, or FP8
+//! E4M3 with f32 scales per 128 columns and 128 (or 1) rows, from an FP8 checkpoint or quantized
+//! at load. An FP8 product takes the FP8 GEMV ([`GemvFp8`], [`GemvFp8Swiglu`]: the weight
+//! dequantised in registers) for up to `gemv_max_rows` rows (at most [`GEMV_FP8_MAX_ROWS`]),
+//! else the weight dequantised to BF16 into a shared scratch ([`Fp8DequantBf16`]) and the
+//! library GEMM (part 1; the e4m3 tensor-core GEMM replaces it). It folds no norm and takes no
+//! stream or stage. The blocks never see the difference.
 
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    GEMV_FMA_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out, GemvNorm, GemvStaged, GemvStream,
-    GemvStreamF32Out, GemvStreamNorm, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
-    GemvSwigluStream, GemvSwigluStreamNorm, SiluMul, gemv_norm_fits, gemv_stages, gemv_stream_fits,
+    Fp8DequantBf16, GEMV_FMA_MAX_ROWS, GEMV_FP8_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
+    GemvFp8, GemvFp8Swiglu, GemvNorm, GemvStaged, GemvStream, GemvStreamF32Out, GemvStreamNorm,
+    GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, GemvSwigluStream, GemvSwigluStreamNorm, SiluMul,
+    gemv_norm_fits, gemv_stages, gemv_stream_fits,
 };
 
 use crate::ModelError;
@@ -91,6 +99,12 @@ pub(crate) struct LinearKernels {
     gemv_swiglu_norm: KernelHandle,
     gemv_swiglu_stream_norm: KernelHandle,
     silu_mul: KernelHandle,
+    gemv_fp8: KernelHandle,
+    gemv_fp8_swiglu: KernelHandle,
+    fp8_dequant: KernelHandle,
+    /// bf16 scratch for the largest FP8 weight, which an FP8 product's library path dequantises
+    /// into (one product runs at a time on the step's stream), or NULL without FP8 weights.
+    pub(crate) fp8_scratch: DevicePtr,
 }
 
 impl LinearKernels {
@@ -111,7 +125,33 @@ impl LinearKernels {
             gemv_swiglu_norm: g.kernel(GemvSwigluNorm::NAME)?,
             gemv_swiglu_stream_norm: g.kernel(GemvSwigluStreamNorm::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
+            gemv_fp8: g.kernel(GemvFp8::NAME)?,
+            gemv_fp8_swiglu: g.kernel(GemvFp8Swiglu::NAME)?,
+            fp8_dequant: g.kernel(Fp8DequantBf16::NAME)?,
+            fp8_scratch: DevicePtr::NULL,
         })
+    }
+}
+
+/// A linear's weight on the device: BF16, or FP8 E4M3 with its scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearWeight {
+    /// bf16 or e4m3 `[n, k]`.
+    pub(crate) w: DevicePtr,
+    /// f32 `[ceil(n / 2^row_shift), ceil(k / 128)]` for an FP8 weight, NULL for BF16.
+    pub(crate) scales: DevicePtr,
+    /// log2 of the rows one scale covers (7 or 0).
+    pub(crate) row_shift: u32,
+}
+
+impl LinearWeight {
+    /// A BF16 weight.
+    pub(crate) fn bf16(w: DevicePtr) -> LinearWeight {
+        LinearWeight {
+            w,
+            scales: DevicePtr::NULL,
+            row_shift: 0,
+        }
     }
 }
 
@@ -120,8 +160,10 @@ impl LinearKernels {
 pub(crate) struct Linear {
     /// The launch label (profile rows, tuning sets).
     pub(crate) label: &'static str,
-    /// bf16 `[n, k]`.
+    /// bf16 `[n, k]`, or e4m3 with `fp8`'s scales.
     pub(crate) w: DevicePtr,
+    /// The FP8 weight's scales and their row shift, or NULL and 0 for a BF16 weight.
+    fp8: (DevicePtr, u32),
     /// bf16 `[n]` or null.
     pub(crate) bias: DevicePtr,
     pub(crate) n: u32,
@@ -137,9 +179,21 @@ impl Linear {
         (n, k): (u32, u32),
         kernels: LinearKernels,
     ) -> Linear {
+        Linear::of(label, LinearWeight::bf16(w), bias, (n, k), kernels)
+    }
+
+    /// A product over `weight`, whatever its dtype.
+    pub(crate) fn of(
+        label: &'static str,
+        weight: LinearWeight,
+        bias: DevicePtr,
+        (n, k): (u32, u32),
+        kernels: LinearKernels,
+    ) -> Linear {
         Linear {
             label,
-            w,
+            w: weight.w,
+            fp8: (weight.scales, weight.row_shift),
             bias,
             n,
             k,
@@ -147,9 +201,23 @@ impl Linear {
         }
     }
 
-    /// How the product of `m` rows runs.
+    /// Whether the weight is FP8.
+    fn is_fp8(&self) -> bool {
+        !self.fp8.0.is_null()
+    }
+
+    /// How the product of `m` rows runs. An FP8 weight takes [`Path::Gemv`] (the FP8 GEMV) or
+    /// [`Path::Library`] (dequantised, then the library GEMM).
     pub(crate) fn path(&self, t: &Tuning, m: u32) -> Path {
-        if !t.gemv_rows(m, self.k) {
+        if self.is_fp8() {
+            // Not gemv_rows' wide-K rule: that was measured against cuBLASLt on a BF16 weight; an
+            // FP8 weight's library path first writes it out as BF16 (5 bytes moved a weight).
+            if (1..=t.gemv_max_rows.min(GEMV_FP8_MAX_ROWS)).contains(&m) {
+                Path::Gemv
+            } else {
+                Path::Library
+            }
+        } else if !t.gemv_rows(m, self.k) {
             Path::Library
         } else if self.streams(t, m) {
             Path::Stream
@@ -161,6 +229,9 @@ impl Linear {
     }
 
     fn streams(&self, t: &Tuning, m: u32) -> bool {
+        if self.is_fp8() {
+            return false;
+        }
         let shape = (m, self.n, self.k);
         stream_takes(&t.gemv_stream, t.gemv_stream_min_weights, self.label, shape)
     }
@@ -169,7 +240,8 @@ impl Linear {
     /// launch ([`GemvNorm`], [`GemvSwigluNorm`]): the FMA form, A small enough for shared memory,
     /// as the tuning's `gemv_norm` picks.
     pub(crate) fn folds_norm(&self, t: &Tuning, m: u32) -> bool {
-        t.gemv_rows(m, self.k)
+        !self.is_fp8()
+            && t.gemv_rows(m, self.k)
             && gemv_norm_fits(m, self.n, self.k)
             && t.gemv_norm.takes(m, self.n, self.k)
     }
@@ -195,6 +267,9 @@ impl Linear {
     ) -> Result<(), ModelError> {
         let t = l.tuning;
         let (label, k) = (self.label, &self.kernels);
+        if self.is_fp8() {
+            return self.run_fp8(l, out, a, m, before_fold);
+        }
         let gemv = Gemv {
             c: out,
             a,
@@ -257,6 +332,54 @@ impl Linear {
                 l.launch_gemv(k.gemv_f32out, label, &head, (m, self.n), false)
             }
         }
+    }
+
+    /// The FP8 product: the FP8 GEMV, or the weight dequantised into the shared scratch and the
+    /// library GEMM over it.
+    fn run_fp8(
+        &self,
+        l: &Launcher,
+        out: DevicePtr,
+        a: DevicePtr,
+        m: u32,
+        before_fold: bool,
+    ) -> Result<(), ModelError> {
+        let (label, k) = (self.label, &self.kernels);
+        let (scales, row_shift) = self.fp8;
+        if self.path(l.tuning, m) == Path::Gemv {
+            let gemv = GemvFp8 {
+                c: out,
+                a,
+                w: self.w,
+                scales,
+                bias: self.bias,
+                m,
+                n: self.n,
+                k: self.k,
+                row_shift,
+            };
+            return l.launch_product(k.gemv_fp8, label, &gemv, before_fold);
+        }
+        self.dequantise(l)?;
+        let op = GemmOp {
+            w: k.fp8_scratch,
+            ..self.gemm_op(out, a, m, false)
+        };
+        l.gemm(label, &op, k.gemm)
+    }
+
+    /// The FP8 weight as BF16 in the shared scratch.
+    fn dequantise(&self, l: &Launcher) -> Result<(), ModelError> {
+        let (scales, row_shift) = self.fp8;
+        let args = Fp8DequantBf16 {
+            out: self.kernels.fp8_scratch,
+            w: self.w,
+            scales,
+            n: self.n,
+            k: self.k,
+            row_shift,
+        };
+        l.launch(self.kernels.fp8_dequant, "fp8_dequant", &args)
     }
 
     fn gemm_op(&self, c: DevicePtr, a: DevicePtr, m: u32, f32_out: bool) -> GemmOp {
@@ -328,8 +451,10 @@ pub(crate) struct SwigluLinear {
 
 impl SwigluLinear {
     /// Whether the product runs SiLU x up in its epilogue this step.
+    /// (A GEMV path: for BF16 exactly the rows [`Tuning::gemv_rows`] takes; for FP8 up to
+    /// `gemv_max_rows`, at most [`GEMV_FP8_MAX_ROWS`].)
     fn fused(&self, t: &Tuning, m: u32) -> bool {
-        t.fused_swiglu && t.gemv_rows(m, self.gate_up.k)
+        t.fused_swiglu && self.gate_up.path(t, m) != Path::Library
     }
 
     /// `h += pending; act = silu(norm(h) · Wgateᵀ) * (norm(h) · Wupᵀ)`, bf16 `[m, inter]`.
@@ -409,6 +534,20 @@ impl SwigluLinear {
         if !self.fused(t, m) {
             lin.run(l, self.scratch, x, m, false)?;
             return self.silu_mul(l, act, m);
+        }
+        if lin.is_fp8() {
+            let (scales, row_shift) = lin.fp8;
+            let swiglu = GemvFp8Swiglu {
+                out: act,
+                a: x,
+                w: lin.w,
+                scales,
+                m,
+                inter: self.inter,
+                k: lin.k,
+                row_shift,
+            };
+            return l.launch_product(k.gemv_fp8_swiglu, label, &swiglu, false);
         }
         let swiglu = GemvSwiglu {
             out: act,

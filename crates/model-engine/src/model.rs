@@ -40,6 +40,7 @@ use crate::plan::{BlockKind, LayerPlan, MlpKind};
 use crate::profile::Profiler;
 use crate::residual::{Residual, RmsNorm};
 use crate::tuning::Tuning;
+use crate::weights::LinearFormat;
 use crate::weights::{self, DeviceWeights, LoadProgress};
 
 /// What can go wrong loading or running the model.
@@ -225,6 +226,28 @@ impl Model {
         tuning: Tuning,
         progress: LoadProgress,
     ) -> Result<Self, ModelError> {
+        Self::load_with(
+            config,
+            source,
+            gpu,
+            options,
+            tuning,
+            &LinearFormat::Bf16,
+            progress,
+        )
+    }
+
+    /// [`Model::load`] with the dense linears in `format` (BF16, quantized to FP8 at load, or the
+    /// checkpoint's FP8): a property of each product's weight, the same blocks and plan.
+    pub fn load_with(
+        config: ModelConfig,
+        source: &dyn metrale_model_weights::WeightSource,
+        gpu: Arc<dyn GpuBackend>,
+        options: ModelOptions,
+        tuning: Tuning,
+        format: &LinearFormat,
+        progress: LoadProgress,
+    ) -> Result<Self, ModelError> {
         let plan = LayerPlan::from_config(&config)?;
         plan.check_runnable()?;
         let g = gpu.as_ref();
@@ -234,13 +257,16 @@ impl Model {
             add_rmsnorm: g.kernel(metrale_kernels::ops::AddRmsNorm::NAME)?,
             argmax: g.kernel(ArgmaxF32::NAME)?,
         };
-        let linear = LinearKernels::resolve(g)?;
-        let weights = weights::load(&config, source, g, progress)?;
+        let mut linear = LinearKernels::resolve(g)?;
+        let weights = weights::load_with(&config, source, g, format, progress)?;
         let mut arena = Arena {
             gpu: g,
             owned: Vec::new(),
         };
         let built = Self::buffers(&config, &options, &mut arena).and_then(|(scratch, rope)| {
+            if weights.fp8_max_weights > 0 {
+                linear.fp8_scratch = arena.alloc(weights.fp8_max_weights * 2)?;
+            }
             let blocks =
                 Self::blocks(&config, &options, &plan, &weights, linear, rope, &mut arena)?;
             Ok((scratch, blocks))

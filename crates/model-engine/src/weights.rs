@@ -10,13 +10,40 @@
 //! name a sparse layer `block_sparse_moe` and its experts' products `w1` / `w3` / `w2` (Mixtral's
 //! names): the loader reads them as transformers' names ([`original_names`]). Every shape is
 //! checked against the config before the first byte is uploaded.
+//!
+//! The dense linears (q|k|v, o, gate|up, down) upload in the [`LinearFormat`] asked for: BF16,
+//! quantized at load to FP8 in 128 x 128 blocks, or the checkpoint's own FP8 weights and scales
+//! (its `quantization_config`: [`Fp8Scheme`]), stacked as the products read them
+//! ([`Fp8Tensor::stack`]). The embedding, the LM head, norms, routers and (in part 1) MoE experts
+//! stay BF16: an FP8 checkpoint's other E4M3 tensors are dequantised to BF16 at load.
 
 use metrale_config::{ModelConfig, QkNorm, RouterKind};
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::GpuBackend;
-use metrale_model_weights::{HostTensor, WeightError, WeightSource};
+use metrale_model_weights::{Fp8Scheme, Fp8Tensor, HostTensor, WeightError, WeightSource};
 
 use crate::ModelError;
+use crate::linear::LinearWeight;
+
+/// How the dense linears' weights reach the device.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum LinearFormat {
+    /// BF16, as a BF16 checkpoint stores them.
+    #[default]
+    Bf16,
+    /// Quantized at load from BF16 to E4M3 in 128 x 128 blocks, each block's scale its largest
+    /// magnitude / 448 (`--quantization fp8`).
+    Fp8Quantize,
+    /// The checkpoint's FP8 weights and scales; modules its scheme leaves unconverted stay BF16.
+    Fp8Stored(Fp8Scheme),
+}
+
+impl LinearFormat {
+    /// Whether the linears are FP8.
+    pub fn is_fp8(&self) -> bool {
+        *self != LinearFormat::Bf16
+    }
+}
 
 /// What a tensor is for, independent of how a file names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,17 +295,17 @@ pub struct LayerWeights {
     pub(crate) input_norm: DevicePtr,
     /// q rows, then k rows, then v rows: `[(heads + 2 * kv_heads) * head_dim, hidden]`, so one
     /// product computes all three.
-    pub(crate) qkv: DevicePtr,
+    pub(crate) qkv: LinearWeight,
     /// The three biases in the same order, or NULL.
     pub(crate) qkv_bias: DevicePtr,
     pub(crate) q_norm: DevicePtr,
     pub(crate) k_norm: DevicePtr,
-    pub(crate) o: DevicePtr,
+    pub(crate) o: LinearWeight,
     pub(crate) post_norm: DevicePtr,
     /// gate rows then up rows: `[2 * intermediate, hidden]`, so one GEMM feeds SiLU-and-mul
     /// (NULL in a sparse layer).
-    pub(crate) gate_up: DevicePtr,
-    pub(crate) down: DevicePtr,
+    pub(crate) gate_up: LinearWeight,
+    pub(crate) down: LinearWeight,
     /// A sparse layer's MLP.
     pub(crate) moe: Option<MoeWeights>,
 }
@@ -315,6 +342,9 @@ pub struct DeviceWeights {
     pub(crate) allocations: Vec<DevicePtr>,
     /// Bytes uploaded.
     pub bytes: u64,
+    /// Elements of the largest FP8 linear weight (0 without any): the BF16 scratch its library
+    /// path dequantises into.
+    pub(crate) fp8_max_weights: usize,
 }
 
 /// Progress of a load: tensors done, tensors in all, bytes uploaded so far.
@@ -377,8 +407,83 @@ impl WeightSource for Named<'_> {
         self.0.load_f32(&self.resolve(name))
     }
 
+    fn is_e4m3(&self, name: &str) -> bool {
+        self.0.is_e4m3(&self.resolve(name))
+    }
+
+    fn load_e4m3(&self, name: &str) -> Result<(Vec<usize>, Vec<u8>), WeightError> {
+        self.0.load_e4m3(&self.resolve(name))
+    }
+
     fn describe(&self) -> String {
         self.0.describe()
+    }
+}
+
+/// `source` with its E4M3 tensors readable as BF16 (`e4m3 × scale`, the scale tensor beside each
+/// as the scheme names it), for the tensors that stay BF16 in part 1 (MoE experts, unconverted
+/// stacks' FP8 parts).
+struct Dequantized<'a> {
+    source: &'a dyn WeightSource,
+    scheme: Option<&'a Fp8Scheme>,
+}
+
+/// The FP8 weight `name` (`<module>.weight`) with its scales as `scheme` stores them.
+fn stored_fp8(
+    source: &dyn WeightSource,
+    scheme: &Fp8Scheme,
+    name: &str,
+) -> Result<Fp8Tensor, WeightError> {
+    let (shape, data) = source.load_e4m3(name)?;
+    let module = name.strip_suffix(".weight").unwrap_or(name);
+    let scale_name = format!("{module}.{}", scheme.scale_name);
+    let (scale_shape, scales) = source.load_f32(&scale_name)?;
+    let [n, k] = shape[..] else {
+        return Err(WeightError::Quantization {
+            message: format!("FP8 tensor `{name}` has shape {shape:?}, not a matrix"),
+        });
+    };
+    Fp8Tensor::from_stored((n, k), data, scales, &scale_shape, scheme.scales).map_err(|message| {
+        WeightError::Quantization {
+            message: format!("`{name}` with `{scale_name}`: {message}"),
+        }
+    })
+}
+
+impl WeightSource for Dequantized<'_> {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.source.shape(name)
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        match self.scheme {
+            Some(scheme) if self.source.is_e4m3(name) => {
+                Ok(stored_fp8(self.source, scheme, name)?.dequantize())
+            }
+            _ => self.source.load(name),
+        }
+    }
+
+    fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
+        match self.scheme {
+            Some(_) if self.source.is_e4m3(name) => {
+                let t = self.load(name)?;
+                Ok((t.shape, t.data.into_iter().map(f32::from).collect()))
+            }
+            _ => self.source.load_f32(name),
+        }
+    }
+
+    fn is_e4m3(&self, name: &str) -> bool {
+        self.source.is_e4m3(name)
+    }
+
+    fn load_e4m3(&self, name: &str) -> Result<(Vec<usize>, Vec<u8>), WeightError> {
+        self.source.load_e4m3(name)
+    }
+
+    fn describe(&self) -> String {
+        self.source.describe()
     }
 }
 
@@ -415,17 +520,37 @@ pub fn check_shapes(c: &ModelConfig, source: &dyn WeightSource) -> Result<(), Mo
     Ok(())
 }
 
-/// Uploads the checkpoint. Shapes are checked first; on error, whatever was uploaded is freed.
+/// Uploads the checkpoint, its linears in BF16.
 pub fn load(
     c: &ModelConfig,
     source: &dyn WeightSource,
     gpu: &dyn GpuBackend,
     progress: LoadProgress,
 ) -> Result<DeviceWeights, ModelError> {
+    load_with(c, source, gpu, &LinearFormat::Bf16, progress)
+}
+
+/// Uploads the checkpoint, its linears in `format`. Shapes are checked first; on error, whatever
+/// was uploaded is freed.
+pub fn load_with(
+    c: &ModelConfig,
+    source: &dyn WeightSource,
+    gpu: &dyn GpuBackend,
+    format: &LinearFormat,
+    progress: LoadProgress,
+) -> Result<DeviceWeights, ModelError> {
     check_shapes(c, source)?;
-    let source = &Named(source);
+    let scheme = match format {
+        LinearFormat::Fp8Stored(scheme) => {
+            scheme.check_patterns()?;
+            Some(scheme)
+        }
+        _ => None,
+    };
+    let dequantized = Dequantized { source, scheme };
+    let source = &Named(&dequantized);
     let mut allocations = Vec::new();
-    let result = load_inner(c, source, gpu, progress, &mut allocations);
+    let result = load_inner(c, source, gpu, format, progress, &mut allocations);
     if result.is_err() {
         for p in allocations {
             let _ = gpu.free(p);
@@ -437,6 +562,8 @@ pub fn load(
 /// Uploads tensors one by one, counting progress.
 struct Uploader<'a> {
     source: &'a dyn WeightSource,
+    format: &'a LinearFormat,
+    fp8_max_weights: usize,
     gpu: &'a dyn GpuBackend,
     progress: LoadProgress<'a>,
     allocations: &'a mut Vec<DevicePtr>,
@@ -458,6 +585,63 @@ impl Uploader<'_> {
         self.bytes += bytes.len() as u64;
         (self.progress)(self.done, self.total, self.bytes);
         Ok(ptr)
+    }
+
+    /// A dense linear: `roles` stacked along their rows, in the uploader's format.
+    fn linear(&mut self, roles: &[TensorRole]) -> Result<LinearWeight, ModelError> {
+        let names: Vec<String> = roles.iter().map(|r| r.hf_name()).collect();
+        let fp8 = match self.format {
+            LinearFormat::Bf16 => None,
+            LinearFormat::Fp8Quantize => {
+                let mut shape = Vec::new();
+                let mut data = Vec::new();
+                for name in &names {
+                    let t = self.source.load(name)?;
+                    if shape.is_empty() {
+                        shape = t.shape.clone();
+                    } else {
+                        shape[0] += t.shape[0];
+                    }
+                    data.extend_from_slice(&t.data);
+                }
+                let quantized = Fp8Tensor::quantize(&HostTensor { shape, data }).map_err(|e| {
+                    WeightError::Quantization {
+                        message: format!("quantizing {}: {e}", names.join(" | ")),
+                    }
+                })?;
+                Some(quantized)
+            }
+            LinearFormat::Fp8Stored(scheme) => {
+                // FP8 when every part is stored FP8 and converted; a stack with a BF16 part
+                // stays BF16 (its FP8 parts dequantised).
+                let all = names.iter().all(|n| {
+                    self.source.is_e4m3(n)
+                        && scheme.converts(n.strip_suffix(".weight").unwrap_or(n))
+                });
+                if all {
+                    let parts = names
+                        .iter()
+                        .map(|n| stored_fp8(self.source, scheme, n))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Some(Fp8Tensor::stack(parts))
+                } else {
+                    None
+                }
+            }
+        };
+        match fp8 {
+            Some(t) => {
+                self.fp8_max_weights = self.fp8_max_weights.max(t.n * t.k);
+                let w = self.put_bytes(&t.data, 0)?;
+                let scales = self.put_bytes(bytemuck::cast_slice(&t.scales), roles.len())?;
+                Ok(LinearWeight {
+                    w,
+                    scales,
+                    row_shift: t.row_shift(),
+                })
+            }
+            None => Ok(LinearWeight::bf16(self.get_stacked(roles)?)),
+        }
     }
 
     /// `role` uploaded as f32, its values exactly as the file holds them.
@@ -551,12 +735,15 @@ fn load_inner(
     c: &ModelConfig,
     source: &dyn WeightSource,
     gpu: &dyn GpuBackend,
+    format: &LinearFormat,
     progress: LoadProgress,
     allocations: &mut Vec<DevicePtr>,
 ) -> Result<DeviceWeights, ModelError> {
     let total = source_tensors(c, source).len();
     let mut u = Uploader {
         source,
+        format,
+        fp8_max_weights: 0,
         gpu,
         progress,
         allocations,
@@ -571,7 +758,7 @@ fn load_inner(
         layers.push(LayerWeights {
             input_norm: u.get(TensorRole::InputNorm(l))?,
             // q, k and v fused row-wise: one [(H + 2 KV) D, hidden] weight, one product.
-            qkv: u.get_stacked(&[TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)])?,
+            qkv: u.linear(&[TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)])?,
             qkv_bias: if c.attention_bias {
                 u.get_stacked(&[
                     TensorRole::QBias(l),
@@ -583,11 +770,19 @@ fn load_inner(
             },
             q_norm: u.get_if(c.qk_norm.any(), TensorRole::QNorm(l))?,
             k_norm: u.get_if(c.qk_norm.any(), TensorRole::KNorm(l))?,
-            o: u.get(TensorRole::O(l))?,
+            o: u.linear(&[TensorRole::O(l)])?,
             post_norm: u.get(TensorRole::PostNorm(l))?,
             // gate and up fused row-wise: one [2I, H] weight, one GEMM.
-            gate_up: u.get_if_stacked(dense, &[TensorRole::Gate(l), TensorRole::Up(l)])?,
-            down: u.get_if(dense, TensorRole::Down(l))?,
+            gate_up: if dense {
+                u.linear(&[TensorRole::Gate(l), TensorRole::Up(l)])?
+            } else {
+                LinearWeight::bf16(DevicePtr::NULL)
+            },
+            down: if dense {
+                u.linear(&[TensorRole::Down(l)])?
+            } else {
+                LinearWeight::bf16(DevicePtr::NULL)
+            },
             moe: match &c.moe {
                 Some(m) if !dense => Some(u.moe(m, l)?),
                 _ => None,
@@ -600,8 +795,9 @@ fn load_inner(
     } else {
         u.get(TensorRole::LmHead)?
     };
-    let bytes = u.bytes;
+    let (bytes, fp8_max_weights) = (u.bytes, u.fp8_max_weights);
     Ok(DeviceWeights {
+        fp8_max_weights,
         embedding,
         final_norm,
         lm_head,

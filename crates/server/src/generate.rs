@@ -145,12 +145,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     };
     let tuning = crate::load::tuning(&placement, &args.tune)?;
-    let mut model = Model::load(
+    let mut model = Model::load_with(
         config.clone(),
         checkpoint.source(),
         placement.gpu.clone(),
         options,
         tuning,
+        &checkpoint.linear_format(&args.model),
         &mut progress,
     )?;
     eprintln!(" in {:.1}s", started.elapsed().as_secs_f64());

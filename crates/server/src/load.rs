@@ -9,8 +9,8 @@ use anyhow::{Context, bail};
 use metrale_config::ModelConfig;
 use metrale_gpu_runtime::{CudaBackend, GpuBackend, HostBackend};
 use metrale_kernels::{ModelQuery, TargetKernels};
-use metrale_model_engine::Tuning;
-use metrale_model_weights::{GgufFile, SafetensorsCheckpoint, WeightSource};
+use metrale_model_engine::{LinearFormat, Tuning};
+use metrale_model_weights::{Fp8Scheme, GgufFile, SafetensorsCheckpoint, WeightSource};
 
 /// Where the checkpoint is and what format it has.
 pub enum Checkpoint {
@@ -20,6 +20,8 @@ pub enum Checkpoint {
     Safetensors {
         dir: PathBuf,
         weights: SafetensorsCheckpoint,
+        /// The FP8 scheme of its `quantization_config`, if it has one.
+        fp8: Option<Fp8Scheme>,
     },
 }
 
@@ -31,6 +33,23 @@ impl Checkpoint {
             Checkpoint::Safetensors { weights, .. } => weights,
         }
     }
+
+    /// How the dense linears load: the checkpoint's FP8, else quantized to FP8 when
+    /// `--quantization fp8` asks, else BF16.
+    pub fn linear_format(&self, args: &ModelArgs) -> LinearFormat {
+        match (self, args.quantization) {
+            (Checkpoint::Safetensors { fp8: Some(s), .. }, _) => LinearFormat::Fp8Stored(s.clone()),
+            (_, Some(Quantization::Fp8)) => LinearFormat::Fp8Quantize,
+            (_, None) => LinearFormat::Bf16,
+        }
+    }
+}
+
+/// Weight quantization at load (`--quantization`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Quantization {
+    /// FP8 E4M3 with an f32 scale per 128x128 block.
+    Fp8,
 }
 
 /// Backend choice on the command line.
@@ -69,6 +88,12 @@ pub struct ModelArgs {
     /// 32768 on CUDA and 4096 on the host backend. It sizes the KV cache and the RoPE tables.
     #[arg(long)]
     pub max_seq_len: Option<usize>,
+    /// Quantize the dense linear weights at load. `fp8`: q|k|v, o, gate|up and down as FP8 E4M3
+    /// with an f32 scale per 128x128 block (each block's largest magnitude / 448), half the bytes
+    /// a decode step reads; the embedding, the LM head, norms, MoE routers and experts stay BF16.
+    /// An FP8 checkpoint (its config.json's quantization_config) runs in FP8 without this flag.
+    #[arg(long, value_enum, value_name = "SCHEME")]
+    pub quantization: Option<Quantization>,
 }
 
 fn hf_cache_dirs() -> Vec<PathBuf> {
@@ -184,9 +209,16 @@ pub fn open_checkpoint(args: &ModelArgs) -> anyhow::Result<(Checkpoint, ModelCon
         .with_context(|| format!("reading {}", config_path.display()))?;
     let config = metrale_config::from_config_json(&text)
         .with_context(|| format!("in {}", config_path.display()))?;
+    // An unknown quantization scheme is refused here, before any weight is read.
+    let fp8 = Fp8Scheme::from_config_json(&text)
+        .with_context(|| format!("in {}", config_path.display()))?;
     let weights = SafetensorsCheckpoint::open(&path)?;
     Ok((
-        Checkpoint::Safetensors { dir: path, weights },
+        Checkpoint::Safetensors {
+            dir: path,
+            weights,
+            fp8,
+        },
         config,
         references,
     ))

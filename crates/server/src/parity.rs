@@ -202,12 +202,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         block_size,
     };
     let tuning = crate::load::tuning(&placement, &args.tune)?;
-    let mut model = Model::load(
+    let mut model = Model::load_with(
         config.clone(),
         checkpoint.source(),
         placement.gpu.clone(),
         options,
         tuning,
+        &checkpoint.linear_format(&args.model),
         &mut |_, _, _| {},
     )?;
     let mut allocator = BlockAllocator::new(options.num_blocks);

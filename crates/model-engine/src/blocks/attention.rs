@@ -195,8 +195,8 @@ impl Attention {
         Ok(Attention {
             spec,
             norm,
-            qkv: Linear::new("qkv", w.qkv, w.qkv_bias, (qd + 2 * kvd, h), linear),
-            o: Linear::new("o", w.o, DevicePtr::NULL, (h, qd), linear),
+            qkv: Linear::of("qkv", w.qkv, w.qkv_bias, (qd + 2 * kvd, h), linear),
+            o: Linear::of("o", w.o, DevicePtr::NULL, (h, qd), linear),
             q_norm: w.q_norm,
             k_norm: w.k_norm,
             k_cache: arena.alloc(cache_bytes)?,

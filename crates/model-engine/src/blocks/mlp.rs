@@ -58,7 +58,7 @@ impl DenseMlp {
         DenseMlp {
             norm,
             gate_up: SwigluLinear {
-                gate_up: Linear::new(
+                gate_up: Linear::of(
                     "gate_up",
                     w.gate_up,
                     DevicePtr::NULL,
@@ -68,7 +68,7 @@ impl DenseMlp {
                 inter,
                 scratch: scratch.gate_up,
             },
-            down: Linear::new("down", w.down, DevicePtr::NULL, (hidden, inter), linear),
+            down: Linear::of("down", w.down, DevicePtr::NULL, (hidden, inter), linear),
             scratch,
         }
     }

@@ -474,12 +474,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             last = pct;
         }
     };
-    let mut model = Model::load(
+    let mut model = Model::load_with(
         config.clone(),
         checkpoint.source(),
         gpu,
         options,
         tuning,
+        &checkpoint.linear_format(&model_args),
         &mut progress,
     )?;
     tracing::info!("weights loaded in {:.1}s", started.elapsed().as_secs_f64());
