@@ -256,7 +256,6 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (MoeRoute::NAME, run::<MoeRoute>),
         (MoeGemvSwiglu::NAME, run::<MoeGemvSwiglu>),
         (MoeGemvDown::NAME, run::<MoeGemvDown>),
-        (MoeGemvDownWide::NAME, run::<MoeGemvDownWide>),
         (MoeGroup::NAME, run::<MoeGroup>),
         (MoeGemmSwiglu::NAME, run::<MoeGemmSwiglu>),
         (MoeGemmDown::NAME, run::<MoeGemmDown>),

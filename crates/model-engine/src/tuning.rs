@@ -108,7 +108,7 @@ pub const LINEAR_LABELS: [&str; 9] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 28] = [
+pub const KEYS: [&str; 27] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -134,7 +134,6 @@ pub const KEYS: [&str; 28] = [
     "moe_grouped_min_rows",
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
-    "moe_gemv_down_wide",
     "carveout",
     "grid_caps",
 ];
@@ -206,9 +205,6 @@ pub struct Tuning {
     /// products on tensor cores, each touched expert's weights read once per 32 of its rows
     /// (off: the CUDA-core weight streams).
     pub moe_grouped_mma: bool,
-    /// The per-assignment down product keeps three times the loads in flight
-    /// (`moe_gemv_down_wide`: a row's 8 slots of 768 in one round trip; the same values).
-    pub moe_gemv_down_wide: bool,
     /// Shared-memory carveouts.
     pub carveout: Carveout,
     /// GEMV launches of these labels take at most this many blocks.
@@ -246,7 +242,6 @@ impl Tuning {
             moe_grouped_min_rows: u32::MAX,
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
-            moe_gemv_down_wide: false,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
         }
@@ -363,7 +358,6 @@ impl Tuning {
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
-            "moe_gemv_down_wide" => self.moe_gemv_down_wide = switch(v)?,
             "carveout" => {
                 self.carveout = match v {
                     "rule" => Carveout::Rule,
@@ -466,7 +460,6 @@ mod tests {
             ("moe_grouped_min_rows", "16"),
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
-            ("moe_gemv_down_wide", "on"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),
         ];

@@ -472,11 +472,6 @@ fn moe_prefill_and_decode_agree(c: &ModelConfig) {
         ("tree, one prefill step", tuned(&[]), false),
         ("tree, one token a step", tuned(&[]), true),
         (
-            "tree with the wide down product, one token a step",
-            tuned(&["moe_gemv_down_wide=on"]),
-            true,
-        ),
-        (
             "grouped experts on tensor cores, one prefill step",
             tuned(&["moe_grouped_min_rows=2", "moe_tensor_core_min_rows=2"]),
             false,

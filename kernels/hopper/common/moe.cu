@@ -314,15 +314,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_swiglu(
 // takes.
 // Launch: grid = (ceil(hidden / 8), rows), block = 256: warp w of block (b, r) computes column
 // 8 b + w of row r. rows <= 65535.
-namespace {
-
-template <int LOADS>
-__device__ __forceinline__ void gemv_down(
+extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ act,
     const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
     const float* __restrict__ weights, const __nv_bfloat16* __restrict__ shared,
     const float* __restrict__ shared_gate, uint32_t rows, uint32_t k, uint32_t experts,
     uint32_t hidden, uint32_t inter) {
+    metrale::grid_dependency_sync();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t r = blockIdx.y, h = blockIdx.x * WARPS + warp;
     // Warp-uniform exits; the kernel has no block barrier.
@@ -343,11 +341,11 @@ __device__ __forceinline__ void gemv_down(
     if (vec) {
         const uint32_t row_chunks = inter / 8, chunks = k * row_chunks;
         const uint4 zero = make_uint4(0, 0, 0, 0);
-        for (uint32_t i = 0; i < chunks; i += 32 * LOADS) {
-            uint4 wv[LOADS];
-            int32_t es[LOADS];
+        for (uint32_t i = 0; i < chunks; i += 32 * BATCH) {
+            uint4 wv[BATCH];
+            int32_t es[BATCH];
 #pragma unroll
-            for (int q = 0; q < LOADS; ++q) {
+            for (int q = 0; q < BATCH; ++q) {
                 const uint32_t c = i + lane + 32 * q;
                 const uint32_t s = min(c / row_chunks, k - 1);
                 // Every lane takes part in the shuffle, in range or not.
@@ -360,7 +358,7 @@ __device__ __forceinline__ void gemv_down(
                             : zero;
             }
 #pragma unroll
-            for (int q = 0; q < LOADS; ++q) {
+            for (int q = 0; q < BATCH; ++q) {
                 const uint32_t c = i + lane + 32 * q;
                 const uint32_t s = min(c / row_chunks, k - 1);
                 const float ws = __shfl_sync(FULL, my_w, s);
@@ -387,33 +385,6 @@ __device__ __forceinline__ void gemv_down(
     if (lane == 0)
         out[(size_t)r * hidden + h] =
             metrale::to_bf16(add_shared(sum, shared, shared_gate, r, h, hidden));
-}
-
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
-    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ act,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
-    const float* __restrict__ weights, const __nv_bfloat16* __restrict__ shared,
-    const float* __restrict__ shared_gate, uint32_t rows, uint32_t k, uint32_t experts,
-    uint32_t hidden, uint32_t inter) {
-    metrale::grid_dependency_sync();
-    gemv_down<BATCH>(out, act, w, ids, weights, shared, shared_gate, rows, k, experts, hidden,
-                     inter);
-}
-
-// moe_gemv_down with 24 16-byte loads a lane in flight instead of 8: a warp's whole row of
-// Qwen3-30B-A3B's 8 slots (8 x 768 elements, 12 KiB) in one round trip rather than three, at the
-// price of occupancy (two blocks an SM). The same values.
-extern "C" __global__ void __launch_bounds__(256, 2) moe_gemv_down_wide(
-    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ act,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
-    const float* __restrict__ weights, const __nv_bfloat16* __restrict__ shared,
-    const float* __restrict__ shared_gate, uint32_t rows, uint32_t k, uint32_t experts,
-    uint32_t hidden, uint32_t inter) {
-    metrale::grid_dependency_sync();
-    gemv_down<3 * BATCH>(out, act, w, ids, weights, shared, shared_gate, rows, k, experts, hidden,
-                         inter);
 }
 
 namespace {

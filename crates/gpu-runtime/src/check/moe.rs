@@ -9,7 +9,7 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvDownWide, MoeGemvSwiglu, MoeGroup,
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
     MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeRoute, MoeScoring, group_by_expert,
 };
 use metrale_kernels::ops::{MoeGroupedMmaDown, MoeGroupedMmaSwiglu};
@@ -196,50 +196,24 @@ fn decode_cases(rng: &mut Rng) -> Vec<Case> {
         });
         let ids = routed_ids(rng, rows, experts, k, empty);
         let weights = routed_weights(rng, n);
-        let shape = format!(
-            "rows={rows} experts={experts} k={k} hidden={hidden} inter={inter} empty={empty}"
-        );
-        let buffers = vec![
-            output(vec![0; rows as usize * h * 2], OutputKind::Bf16),
-            input(bf16_normal(rng, n * i, 1.0)),
-            input(bf16_normal(
-                rng,
-                experts as usize * h * i,
-                1.0 / (inter as f32).sqrt(),
-            )),
-            input(i32_bytes(&ids)),
-            input(f32_bytes(&weights)),
-        ];
-        // The wide form on the same inputs (drawn once).
-        out.push(Case {
-            kernel: MoeGemvDownWide::NAME,
-            gemm: None,
-            allowance: None,
-            shape: shape.clone(),
-            buffers: buffers.clone(),
-            build: Box::new(move |p| {
-                launch_of(MoeGemvDownWide {
-                    out: p[0],
-                    act: p[1],
-                    w: p[2],
-                    ids: p[3],
-                    weights: p[4],
-                    shared: DevicePtr::NULL,
-                    shared_gate: DevicePtr::NULL,
-                    rows,
-                    k,
-                    experts,
-                    hidden,
-                    inter,
-                })
-            }),
-        });
         out.push(Case {
             kernel: MoeGemvDown::NAME,
             gemm: None,
             allowance: None,
-            shape,
-            buffers,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} hidden={hidden} inter={inter} empty={empty}"
+            ),
+            buffers: vec![
+                output(vec![0; rows as usize * h * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, n * i, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * h * i,
+                    1.0 / (inter as f32).sqrt(),
+                )),
+                input(i32_bytes(&ids)),
+                input(f32_bytes(&weights)),
+            ],
             build: Box::new(move |p| {
                 launch_of(MoeGemvDown {
                     out: p[0],
@@ -500,52 +474,27 @@ fn shared_expert_cases(rng: &mut Rng) -> Vec<Case> {
         let ids = routed_ids(rng, rows, experts, k, empty);
         let weights = routed_weights(rng, n);
         let gates = gate_logits(rng, rows);
-        let shape = format!(
-            "rows={rows} experts={experts} k={k} hidden={hidden} inter={inter} empty={empty} \
-             shared gated={gated}"
-        );
-        let buffers = vec![
-            output(vec![0; rows as usize * h * 2], OutputKind::Bf16),
-            input(bf16_normal(rng, n * i, 1.0)),
-            input(bf16_normal(
-                rng,
-                experts as usize * h * i,
-                1.0 / (inter as f32).sqrt(),
-            )),
-            input(i32_bytes(&ids)),
-            input(f32_bytes(&weights)),
-            input(bf16_normal(rng, rows as usize * h, 1.0)),
-            input(f32_bytes(&gates)),
-        ];
-        out.push(Case {
-            kernel: MoeGemvDownWide::NAME,
-            gemm: None,
-            allowance: None,
-            shape: shape.clone(),
-            buffers: buffers.clone(),
-            build: Box::new(move |p| {
-                launch_of(MoeGemvDownWide {
-                    out: p[0],
-                    act: p[1],
-                    w: p[2],
-                    ids: p[3],
-                    weights: p[4],
-                    shared: p[5],
-                    shared_gate: if gated { p[6] } else { DevicePtr::NULL },
-                    rows,
-                    k,
-                    experts,
-                    hidden,
-                    inter,
-                })
-            }),
-        });
         out.push(Case {
             kernel: MoeGemvDown::NAME,
             gemm: None,
             allowance: None,
-            shape,
-            buffers,
+            shape: format!(
+                "rows={rows} experts={experts} k={k} hidden={hidden} inter={inter} empty={empty} \
+                 shared gated={gated}"
+            ),
+            buffers: vec![
+                output(vec![0; rows as usize * h * 2], OutputKind::Bf16),
+                input(bf16_normal(rng, n * i, 1.0)),
+                input(bf16_normal(
+                    rng,
+                    experts as usize * h * i,
+                    1.0 / (inter as f32).sqrt(),
+                )),
+                input(i32_bytes(&ids)),
+                input(f32_bytes(&weights)),
+                input(bf16_normal(rng, rows as usize * h, 1.0)),
+                input(f32_bytes(&gates)),
+            ],
             build: Box::new(move |p| {
                 launch_of(MoeGemvDown {
                     out: p[0],

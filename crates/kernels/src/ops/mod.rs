@@ -43,8 +43,8 @@ pub use gemv_fp8::{
 pub use grid_barrier::GridBarrier;
 pub use moe::{
     MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown,
-    MoeGemvDownWide, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu,
-    MoeGroupedMmaDown, MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert, route_row,
+    MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
+    MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert, route_row,
 };
 pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};
 pub use rmsnorm::{AddRmsNorm, RmsNorm};

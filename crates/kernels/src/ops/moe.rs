@@ -32,7 +32,7 @@ mod grouped;
 mod grouped_mma;
 mod route;
 
-pub use decode::{MoeGemvDown, MoeGemvDownWide, MoeGemvSwiglu};
+pub use decode::{MoeGemvDown, MoeGemvSwiglu};
 pub use grouped::{
     MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu,
     group_by_expert,

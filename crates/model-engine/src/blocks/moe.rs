@@ -25,7 +25,7 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvDownWide, MoeGemvSwiglu, MoeGroup,
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
     MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaSwiglu, MoeRoute,
     MoeScoring,
 };
@@ -44,7 +44,6 @@ struct Kernels {
     route: KernelHandle,
     gate_up: KernelHandle,
     down: KernelHandle,
-    down_wide: KernelHandle,
     group: KernelHandle,
     gemm_gate_up: KernelHandle,
     gemm_down: KernelHandle,
@@ -102,7 +101,6 @@ impl Shared {
             route: gpu.kernel(MoeRoute::NAME)?,
             gate_up: gpu.kernel(MoeGemvSwiglu::NAME)?,
             down: gpu.kernel(MoeGemvDown::NAME)?,
-            down_wide: gpu.kernel(MoeGemvDownWide::NAME)?,
             group: gpu.kernel(MoeGroup::NAME)?,
             gemm_gate_up: gpu.kernel(MoeGemmSwiglu::NAME)?,
             gemm_down: gpu.kernel(MoeGemmDown::NAME)?,
@@ -313,11 +311,7 @@ impl Moe {
             hidden: self.hidden,
             inter,
         };
-        if l.tuning.moe_gemv_down_wide {
-            l.launch(kernels.down_wide, "experts", &MoeGemvDownWide::from(down))
-        } else {
-            l.launch(kernels.down, "experts", &down)
-        }
+        l.launch(kernels.down, "experts", &down)
     }
 
     /// The prefill form: assignments grouped by expert, one tensor-core product per expert's

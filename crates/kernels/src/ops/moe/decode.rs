@@ -10,7 +10,7 @@
 //! token at the H200's 4.19 TB/s.
 
 use half::bf16;
-use metrale_core::{DevicePtr, KernelName, LaunchConfig};
+use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::{add_shared, bad_args, check_experts, expert_down, expert_of, expert_swiglu};
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
@@ -135,151 +135,35 @@ impl Kernel for MoeGemvDown {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        down_reference(Self::NAME, self, mem)
-    }
-}
-
-/// [`MoeGemvDown`]'s reference (also [`MoeGemvDownWide`]'s), errors named `name`.
-fn down_reference(
-    name: KernelName,
-    args: &MoeGemvDown,
-    mem: &mut dyn HostMemory,
-) -> Result<(), HostError> {
-    check_experts(name, args.experts, args.k)?;
-    if args.rows > u32::from(u16::MAX) {
-        return Err(bad_args(
-            name,
-            format!("rows = {} exceeds the grid's 65535", args.rows),
-        ));
-    }
-    let (rows, k, experts) = (args.rows as usize, args.k as usize, args.experts as usize);
-    let (hidden, inter) = (args.hidden as usize, args.inter as usize);
-    let ids = host::load::<i32>(mem, args.ids, rows * k)?;
-    let weights = host::load::<f32>(mem, args.weights, rows * k)?;
-    let act = host::load_bf16(mem, args.act, rows * k * inter)?;
-    let w = host::view::<bf16>(mem, args.w, experts * hidden * inter)?;
-    let mut out = vec![0f32; rows * hidden];
-    for (r, row) in out.chunks_exact_mut(hidden.max(1)).enumerate().take(rows) {
-        for s in 0..k {
-            let a = r * k + s;
-            let Some(e) = expert_of(ids[a], experts) else {
-                continue;
-            };
-            let y = expert_down(&act[a * inter..(a + 1) * inter], &w, e, hidden, inter);
-            for (o, y) in row.iter_mut().zip(y) {
-                *o += weights[a] * y;
+        check_experts(Self::NAME, self.experts, self.k)?;
+        if self.rows > u32::from(u16::MAX) {
+            return Err(bad_args(
+                Self::NAME,
+                format!("rows = {} exceeds the grid's 65535", self.rows),
+            ));
+        }
+        let (rows, k, experts) = (self.rows as usize, self.k as usize, self.experts as usize);
+        let (hidden, inter) = (self.hidden as usize, self.inter as usize);
+        let ids = host::load::<i32>(mem, self.ids, rows * k)?;
+        let weights = host::load::<f32>(mem, self.weights, rows * k)?;
+        let act = host::load_bf16(mem, self.act, rows * k * inter)?;
+        let w = host::view::<bf16>(mem, self.w, experts * hidden * inter)?;
+        let mut out = vec![0f32; rows * hidden];
+        for (r, row) in out.chunks_exact_mut(hidden.max(1)).enumerate().take(rows) {
+            for s in 0..k {
+                let a = r * k + s;
+                let Some(e) = expert_of(ids[a], experts) else {
+                    continue;
+                };
+                let y = expert_down(&act[a * inter..(a + 1) * inter], &w, e, hidden, inter);
+                for (o, y) in row.iter_mut().zip(y) {
+                    *o += weights[a] * y;
+                }
             }
         }
-    }
-    drop(w);
-    add_shared(mem, &mut out, args.shared, args.shared_gate, hidden)?;
-    host::store_bf16(mem, args.out, &out)
-}
-
-kernel_args!(
-    /// [`MoeGemvDown`] with three times the loads a lane keeps in flight (a whole row of 8 slots
-    /// of 768 in one round trip, two blocks an SM): the same values.
-    MoeGemvDownWide => names::moe::MOE_GEMV_DOWN_WIDE {
-        /// bf16 `[rows, hidden]`.
-        out: DevicePtr,
-        /// bf16 `[rows * k, inter]`: [`MoeGemvSwiglu`]'s output.
-        act: DevicePtr,
-        /// bf16 `[experts, hidden, inter]`.
-        w: DevicePtr,
-        /// i32 `[rows, k]`.
-        ids: DevicePtr,
-        /// f32 `[rows, k]`.
-        weights: DevicePtr,
-        /// bf16 `[rows, hidden]`: the shared expert's output, or null.
-        shared: DevicePtr,
-        /// f32 `[rows]`: the shared expert's gate logits, or null.
-        shared_gate: DevicePtr,
-        /// Rows (tokens), at most 65535.
-        rows: u32,
-        /// Slots a row.
-        k: u32,
-        /// Experts in `w`.
-        experts: u32,
-        /// The model's width.
-        hidden: u32,
-        /// Each expert's width.
-        inter: u32,
-    }
-);
-
-impl From<MoeGemvDown> for MoeGemvDownWide {
-    fn from(a: MoeGemvDown) -> Self {
-        let MoeGemvDown {
-            out,
-            act,
-            w,
-            ids,
-            weights,
-            shared,
-            shared_gate,
-            rows,
-            k,
-            experts,
-            hidden,
-            inter,
-        } = a;
-        MoeGemvDownWide {
-            out,
-            act,
-            w,
-            ids,
-            weights,
-            shared,
-            shared_gate,
-            rows,
-            k,
-            experts,
-            hidden,
-            inter,
-        }
-    }
-}
-
-impl From<MoeGemvDownWide> for MoeGemvDown {
-    fn from(a: MoeGemvDownWide) -> Self {
-        let MoeGemvDownWide {
-            out,
-            act,
-            w,
-            ids,
-            weights,
-            shared,
-            shared_gate,
-            rows,
-            k,
-            experts,
-            hidden,
-            inter,
-        } = a;
-        MoeGemvDown {
-            out,
-            act,
-            w,
-            ids,
-            weights,
-            shared,
-            shared_gate,
-            rows,
-            k,
-            experts,
-            hidden,
-            inter,
-        }
-    }
-}
-
-impl Kernel for MoeGemvDownWide {
-    /// [`MoeGemvDown`]'s geometry.
-    fn launch_config(&self) -> LaunchConfig {
-        MoeGemvDown::from(*self).launch_config()
-    }
-    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        down_reference(Self::NAME, &MoeGemvDown::from(*self), mem)
+        drop(w);
+        add_shared(mem, &mut out, self.shared, self.shared_gate, hidden)?;
+        host::store_bf16(mem, self.out, &out)
     }
 }
 
