@@ -12,6 +12,7 @@ pub mod gated_delta;
 mod gemm;
 mod gemv_fp8;
 mod grid_barrier;
+pub mod mamba2;
 pub mod moe;
 mod qkv_post;
 mod rmsnorm;
