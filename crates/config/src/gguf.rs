@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{ConfigError, ModelConfig, ModelFamily, RopeScaling};
+use crate::{ConfigError, ModelConfig, ModelFamily, MoeConfig, RopeScaling, RouterKind};
 
 /// A GGUF metadata value, widened: every integer type to `U64`/`I64`, every float to `F64`.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +40,13 @@ impl MetaValue {
             _ => None,
         }
     }
+    /// The value as a bool.
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            MetaValue::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
     /// The value as a string.
     pub fn as_str(&self) -> Option<&str> {
         match self {
@@ -66,7 +73,12 @@ pub fn from_gguf_metadata(
         .get("general.architecture")
         .and_then(MetaValue::as_str)
         .ok_or(ConfigError::Missing("general.architecture"))?;
-    let family = ModelFamily::parse(arch)?;
+    // llama.cpp names the MoE architectures without the underscore.
+    let family = match arch {
+        "qwen3moe" => ModelFamily::Qwen3Moe,
+        "qwen2moe" => ModelFamily::Qwen2Moe,
+        other => ModelFamily::parse(other)?,
+    };
     let key = |k: &str| format!("{arch}.{k}");
     let uint = |k: &'static str| -> Result<usize, ConfigError> {
         meta.get(&key(k))
@@ -119,10 +131,36 @@ pub fn from_gguf_metadata(
         .ok_or(ConfigError::Missing("vocab_size"))?;
     let token = |k: &str| meta.get(k).and_then(MetaValue::as_u64).map(|v| v as u32);
     let head_dim = opt_uint("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
+    let moe = match family {
+        ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe => Some(MoeConfig {
+            num_experts: uint("expert_count")?,
+            top_k: uint("expert_used_count")?,
+            expert_intermediate: uint("expert_feed_forward_length")?,
+            // llama.cpp's graphs renormalise Qwen3-MoE's top k and not Qwen2-MoE's, as
+            // transformers' defaults do; a file that says otherwise is followed.
+            norm_topk_prob: meta
+                .get(&key("expert_weights_norm"))
+                .and_then(MetaValue::as_bool)
+                .unwrap_or(family == ModelFamily::Qwen3Moe),
+            router: RouterKind::Softmax,
+            routed_scaling: float("expert_weights_scale", 1.0),
+            shared_expert_intermediate: opt_uint("expert_shared_feed_forward_length"),
+            // Every layer sparse: a converted file's layers hold `ffn_gate_inp` each (a layer
+            // without it fails at load, naming the tensor).
+            sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+        }),
+        _ => None,
+    };
     let config = ModelConfig {
         family,
         hidden_size,
-        intermediate_size: uint("feed_forward_length")?,
+        // A MoE file may carry only the experts' width.
+        intermediate_size: match (&moe, opt_uint("feed_forward_length")) {
+            (_, Some(n)) => n,
+            (Some(m), None) => m.expert_intermediate,
+            (None, None) => uint("feed_forward_length")?,
+        },
         num_layers: uint("block_count")?,
         num_heads,
         num_kv_heads: opt_uint("attention.head_count_kv").unwrap_or(num_heads),
@@ -138,7 +176,7 @@ pub fn from_gguf_metadata(
         rotary_dim: opt_uint("rope.dimension_count").unwrap_or(head_dim),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
-        moe: None,
+        moe,
         hybrid: None,
     };
     config.validate()?;
@@ -187,6 +225,84 @@ mod tests {
         assert!(c.tie_word_embeddings);
         assert_eq!(c.eos_token_ids, vec![2]);
         assert_eq!(c.rope_theta, 100000.0);
+    }
+
+    /// Qwen3-30B-A3B's metadata as llama.cpp's converter writes it (`qwen3moe`).
+    fn qwen3_30b_a3b() -> BTreeMap<String, MetaValue> {
+        let mut m = BTreeMap::new();
+        for (k, v) in [
+            ("embedding_length", 2048),
+            ("feed_forward_length", 6144),
+            ("block_count", 48),
+            ("attention.head_count", 32),
+            ("attention.head_count_kv", 4),
+            ("attention.key_length", 128),
+            ("context_length", 40960),
+            ("expert_count", 128),
+            ("expert_used_count", 8),
+            ("expert_feed_forward_length", 768),
+            ("vocab_size", 151936),
+        ] {
+            m.insert(format!("qwen3moe.{k}"), MetaValue::U64(v));
+        }
+        m.insert(
+            "general.architecture".into(),
+            MetaValue::Str("qwen3moe".into()),
+        );
+        m.insert("qwen3moe.rope.freq_base".into(), MetaValue::F64(1e6));
+        m
+    }
+
+    #[test]
+    fn qwen3moe_and_qwen2moe_from_metadata() {
+        let c = from_gguf_metadata(&qwen3_30b_a3b(), true).unwrap();
+        assert_eq!(c.family, ModelFamily::Qwen3Moe);
+        assert_eq!(c.qk_norm, crate::QkNorm::PerHead);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (128, 8, 768)
+        );
+        assert!(m.norm_topk_prob, "Qwen3-MoE renormalises its top k");
+        assert_eq!(
+            (m.shared_expert_intermediate, m.routed_scaling),
+            (None, 1.0)
+        );
+        assert!((0..48).all(|l| m.is_sparse(l)));
+        // Qwen1.5-MoE-A2.7B as qwen2moe: a shared expert, no renormalisation, qkv biases.
+        let mut q2: BTreeMap<String, MetaValue> = qwen3_30b_a3b()
+            .into_iter()
+            .map(|(k, v)| (k.replace("qwen3moe.", "qwen2moe."), v))
+            .collect();
+        q2.insert(
+            "general.architecture".into(),
+            MetaValue::Str("qwen2moe".into()),
+        );
+        q2.insert(
+            "qwen2moe.expert_shared_feed_forward_length".into(),
+            MetaValue::U64(5632),
+        );
+        q2.remove("qwen2moe.feed_forward_length");
+        let c = from_gguf_metadata(&q2, true).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(c.family, ModelFamily::Qwen2Moe);
+        assert!(c.attention_bias && !m.norm_topk_prob);
+        assert_eq!(m.shared_expert_intermediate, Some(5632));
+        assert_eq!(c.intermediate_size, 768, "no dense width: the experts'");
+        // A file that says how it weights the experts is followed.
+        q2.insert("qwen2moe.expert_weights_norm".into(), MetaValue::Bool(true));
+        assert!(
+            from_gguf_metadata(&q2, true)
+                .unwrap()
+                .moe
+                .unwrap()
+                .norm_topk_prob
+        );
+        // The experts' keys are required.
+        let mut m = qwen3_30b_a3b();
+        m.remove("qwen3moe.expert_used_count");
+        let err = from_gguf_metadata(&m, true).unwrap_err().to_string();
+        assert!(err.contains("expert_used_count"), "{err}");
     }
 
     #[test]

@@ -97,8 +97,14 @@ pub enum TensorRole {
     /// Every expert's gate rows then up rows `[experts, 2 * expert_intermediate, hidden]` (the
     /// fused layout).
     ExpertsGateUp(usize),
-    /// Every expert's down `[experts, hidden, expert_intermediate]` (the fused layout).
+    /// Every expert's down `[experts, hidden, expert_intermediate]` (the fused and the split
+    /// layouts).
     ExpertsDown(usize),
+    /// Every expert's gate `[experts, expert_intermediate, hidden]` (the split layout: GGUF's
+    /// `ffn_gate_exps`).
+    ExpertsGate(usize),
+    /// Every expert's up `[experts, expert_intermediate, hidden]` (GGUF's `ffn_up_exps`).
+    ExpertsUp(usize),
     /// The shared expert's gate `[shared_intermediate, hidden]` (Qwen2-MoE).
     SharedGate(usize),
     /// The shared expert's up `[shared_intermediate, hidden]`.
@@ -138,6 +144,8 @@ impl TensorRole {
             TensorRole::ExpertDown(i, e) => layer(i, &format!("mlp.experts.{e}.down_proj.weight")),
             TensorRole::ExpertsGateUp(i) => layer(i, "mlp.experts.gate_up_proj"),
             TensorRole::ExpertsDown(i) => layer(i, "mlp.experts.down_proj"),
+            TensorRole::ExpertsGate(i) => layer(i, "mlp.experts.gate_proj"),
+            TensorRole::ExpertsUp(i) => layer(i, "mlp.experts.up_proj"),
             TensorRole::SharedGate(i) => layer(i, "mlp.shared_expert.gate_proj.weight"),
             TensorRole::SharedUp(i) => layer(i, "mlp.shared_expert.up_proj.weight"),
             TensorRole::SharedDown(i) => layer(i, "mlp.shared_expert.down_proj.weight"),
@@ -183,6 +191,7 @@ fn moe_shape(role: TensorRole, c: &ModelConfig) -> Vec<usize> {
         TensorRole::ExpertDown(..) => vec![h, i],
         TensorRole::ExpertsGateUp(_) => vec![e, 2 * i, h],
         TensorRole::ExpertsDown(_) => vec![e, h, i],
+        TensorRole::ExpertsGate(_) | TensorRole::ExpertsUp(_) => vec![e, i, h],
         TensorRole::SharedGate(_) | TensorRole::SharedUp(_) => vec![s, h],
         TensorRole::SharedDown(_) => vec![h, s],
         TensorRole::SharedExpertGate(_) => vec![1, h],
@@ -197,14 +206,21 @@ pub enum ExpertLayout {
     PerExpert,
     /// The stacks transformers 5 writes (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).
     Fused,
+    /// One stack per projection (`mlp.experts.gate_proj`, `up_proj`, `down_proj`: what a GGUF
+    /// file's `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps` are read as).
+    Split,
 }
 
 impl ExpertLayout {
     /// The layout of layer `l`'s experts in `source`: fused where it has the fused stack.
     pub fn of(source: &dyn WeightSource, l: usize) -> ExpertLayout {
-        match source.shape(&TensorRole::ExpertsGateUp(l).hf_name()) {
-            Some(_) => ExpertLayout::Fused,
-            None => ExpertLayout::PerExpert,
+        let has = |role: TensorRole| source.shape(&role.hf_name()).is_some();
+        if has(TensorRole::ExpertsGateUp(l)) {
+            ExpertLayout::Fused
+        } else if has(TensorRole::ExpertsGate(l)) {
+            ExpertLayout::Split
+        } else {
+            ExpertLayout::PerExpert
         }
     }
 }
@@ -223,6 +239,11 @@ fn mlp_roles(c: &ModelConfig, l: usize, layout: ExpertLayout) -> Vec<TensorRole>
         ExpertLayout::Fused => {
             roles.extend([TensorRole::ExpertsGateUp(l), TensorRole::ExpertsDown(l)])
         }
+        ExpertLayout::Split => roles.extend([
+            TensorRole::ExpertsGate(l),
+            TensorRole::ExpertsUp(l),
+            TensorRole::ExpertsDown(l),
+        ]),
         ExpertLayout::PerExpert => {
             for e in 0..m.num_experts {
                 roles.extend([
@@ -688,6 +709,10 @@ impl Uploader<'_> {
                 self.get(TensorRole::ExpertsGateUp(l))?,
                 self.get(TensorRole::ExpertsDown(l))?,
             ),
+            ExpertLayout::Split => (
+                self.get_interleaved(TensorRole::ExpertsGate(l), TensorRole::ExpertsUp(l))?,
+                self.get(TensorRole::ExpertsDown(l))?,
+            ),
             ExpertLayout::PerExpert => {
                 let gate_up: Vec<TensorRole> = (0..m.num_experts)
                     .flat_map(|e| [TensorRole::ExpertGate(l, e), TensorRole::ExpertUp(l, e)])
@@ -711,6 +736,34 @@ impl Uploader<'_> {
             shared_gate: self.get_if(shared, TensorRole::SharedExpertGate(l))?,
             correction_bias,
         })
+    }
+
+    /// Two stacks `[n, rows, cols]` interleaved along their first axis into `[n, 2 rows, cols]`:
+    /// entry `j`'s rows of `a`, then its rows of `b` (the split layout's gate and up stacks as
+    /// the kernels read every expert's gate|up).
+    fn get_interleaved(&mut self, a: TensorRole, b: TensorRole) -> Result<DevicePtr, ModelError> {
+        let (ta, tb) = (
+            self.source.load(&a.hf_name())?,
+            self.source.load(&b.hf_name())?,
+        );
+        let n = ta.shape.first().copied().unwrap_or(0);
+        if ta.shape != tb.shape || n == 0 {
+            return Err(ModelError::ShapeMismatch {
+                name: b.hf_name(),
+                expected: ta.shape.clone(),
+                found: tb.shape.clone(),
+                checkpoint: self.source.describe(),
+            });
+        }
+        let each = ta.data.len() / n;
+        let mut data = Vec::with_capacity(2 * ta.data.len());
+        for (x, y) in ta.data.chunks_exact(each).zip(tb.data.chunks_exact(each)) {
+            data.extend_from_slice(x);
+            data.extend_from_slice(y);
+        }
+        let mut shape = ta.shape.clone();
+        shape[1] *= 2;
+        self.put(&HostTensor { shape, data }, 2)
     }
 
     /// Tensors with the same trailing shape, stacked along their first axis into one device

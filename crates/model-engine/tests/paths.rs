@@ -691,3 +691,95 @@ fn routing_capture_reports_every_sparse_layers_choices() {
         "more rows than a step holds"
     );
 }
+
+/// [`Random`]'s weights with each sparse layer's experts as one stack per projection (the split
+/// layout a GGUF file's `ffn_{gate,up,down}_exps` are read in) instead of one tensor per expert.
+struct SplitExperts(Random);
+
+impl SplitExperts {
+    /// The layer and projection of a stack name, `model.layers.{l}.mlp.experts.{proj}`.
+    fn stack(name: &str) -> Option<(usize, &str)> {
+        let rest = name.strip_prefix("model.layers.")?;
+        let (l, proj) = rest.split_once(".mlp.experts.")?;
+        if !matches!(proj, "gate_proj" | "up_proj" | "down_proj") {
+            return None;
+        }
+        Some((l.parse().ok()?, proj))
+    }
+    fn experts(&self) -> usize {
+        self.0.0.moe.as_ref().map_or(0, |m| m.num_experts)
+    }
+}
+
+impl WeightSource for SplitExperts {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        if let Some((l, proj)) = Self::stack(name) {
+            let one = self
+                .0
+                .shape(&format!("model.layers.{l}.mlp.experts.0.{proj}.weight"))?;
+            return Some([vec![self.experts()], one].concat());
+        }
+        if name.contains(".mlp.experts.") {
+            return None; // no per-expert tensors
+        }
+        self.0.shape(name)
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        let Some((l, proj)) = Self::stack(name) else {
+            return self.0.load(name);
+        };
+        let mut data = Vec::new();
+        for e in 0..self.experts() {
+            data.extend(
+                self.0
+                    .load(&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight"))?
+                    .data,
+            );
+        }
+        Ok(HostTensor {
+            shape: self.shape(name).expect("a stack"),
+            data,
+        })
+    }
+
+    fn describe(&self) -> String {
+        "random, experts split by projection".into()
+    }
+}
+
+/// The split expert layout (GGUF's stacks) loads to the same model as the per-expert one: the
+/// same logits, bit for bit, for qwen3_moe and for qwen2_moe with its shared expert.
+#[test]
+fn split_expert_stacks_load_as_the_per_expert_tensors() {
+    for json in [
+        r#"{"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512,
+            "moe_intermediate_size": 96, "num_experts": 16, "num_experts_per_tok": 4,
+            "norm_topk_prob": true, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 320, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 256,
+            "tie_word_embeddings": false}"#,
+        r#"{"model_type": "qwen2_moe", "hidden_size": 256, "intermediate_size": 512,
+            "moe_intermediate_size": 64, "num_experts": 6, "num_experts_per_tok": 2,
+            "shared_expert_intermediate_size": 128, "norm_topk_prob": false,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+            "vocab_size": 320, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+            "max_position_embeddings": 256, "tie_word_embeddings": false}"#,
+    ] {
+        let c = metrale_config::from_config_json(json).expect("a valid config");
+        let prompt: Vec<u32> = (0..21).map(|i| (i * 37 + 11) % 320).collect();
+        let plain = Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER);
+        let want = moe_prompt_logits(&c, &prompt, plain.clone(), false);
+        let split = SplitExperts(Random(c.clone()));
+        assert_eq!(
+            split.shape("model.layers.1.mlp.experts.gate_proj"),
+            Some(vec![
+                c.moe.as_ref().unwrap().num_experts,
+                c.moe.as_ref().unwrap().expert_intermediate,
+                256
+            ])
+        );
+        let got = moe_prompt_logits_of(&split, &c, &prompt, plain, false);
+        assert_eq!(got, want, "{:?}", c.family);
+    }
+}

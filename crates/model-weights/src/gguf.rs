@@ -294,6 +294,16 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     layer.parse::<u32>().ok()?;
+    // A sparse layer's experts, one stack per projection ([experts, rows, cols] in HF order).
+    let stack = match rest {
+        "mlp.experts.gate_proj" => Some("ffn_gate_exps"),
+        "mlp.experts.up_proj" => Some("ffn_up_exps"),
+        "mlp.experts.down_proj" => Some("ffn_down_exps"),
+        _ => None,
+    };
+    if let Some(s) = stack {
+        return Some(format!("blk.{layer}.{s}.weight"));
+    }
     let (module, suffix) = rest.rsplit_once('.')?;
     let gguf = match module {
         "input_layernorm" => "attn_norm",
@@ -307,9 +317,24 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
+        "mlp.gate" => "ffn_gate_inp",
+        "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" => "ffn_down_shexp",
+        "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
         _ => return None,
     };
     Some(format!("blk.{layer}.{gguf}.{suffix}"))
+}
+
+/// The HF shape of a tensor GGUF stores with another rank: the shared expert's gate, HF's
+/// `[1, hidden]` (a linear to one output), is a vector `[hidden]` in llama.cpp's files.
+fn shape_as_hf(hf: &str, shape: Vec<usize>) -> Vec<usize> {
+    if hf.ends_with("mlp.shared_expert_gate.weight") && shape.len() == 1 {
+        vec![1, shape[0]]
+    } else {
+        shape
+    }
 }
 
 /// Undoes llama.cpp's converter permutation of Q/K rows: within each head, GGUF row `2i + j`
@@ -334,7 +359,8 @@ fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
 
 impl WeightSource for GgufFile {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.tensor(&gguf_name(name)?).map(GgufTensor::hf_shape)
+        self.tensor(&gguf_name(name)?)
+            .map(|t| shape_as_hf(name, t.hf_shape()))
     }
 
     fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
@@ -347,7 +373,7 @@ impl WeightSource for GgufFile {
         let range = self.extent(t)?;
         let mut values = Vec::with_capacity(t.elements() as usize);
         dequantize(t.ggml_type, &self.map[range], &mut values);
-        let shape = t.hf_shape();
+        let shape = shape_as_hf(name, t.hf_shape());
         if self.family() == Some(ModelFamily::Llama) {
             let (heads, kv_heads) = self.head_counts();
             let cols = if shape.len() == 2 { shape[1] } else { 1 };

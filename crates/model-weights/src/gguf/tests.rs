@@ -144,6 +144,44 @@ fn reads_metadata_config_and_tensors() {
     ));
 }
 
+/// A one-layer `qwen3moe` file as llama.cpp's converter lays it out: the config's expert keys,
+/// the experts as stacks `[hidden, inter, experts]` (innermost first), a vector shared-expert
+/// gate. Read back: the MoE config, the stacks in HF order `[experts, inter, hidden]` with the
+/// file's values in place, the shared gate as HF's `[1, hidden]`.
+#[test]
+fn reads_a_moe_files_experts_as_stacks() {
+    let mut w = Writer::new();
+    w.meta_str("general.architecture", "qwen3moe")
+        .meta_u32("qwen3moe.embedding_length", 4)
+        .meta_u32("qwen3moe.feed_forward_length", 6)
+        .meta_u32("qwen3moe.block_count", 1)
+        .meta_u32("qwen3moe.attention.head_count", 2)
+        .meta_u32("qwen3moe.attention.head_count_kv", 1)
+        .meta_u32("qwen3moe.expert_count", 2)
+        .meta_u32("qwen3moe.expert_used_count", 1)
+        .meta_u32("qwen3moe.expert_feed_forward_length", 3)
+        .meta_u32("qwen3moe.vocab_size", 4);
+    let gate: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    w.tensor_f32("blk.0.ffn_gate_exps.weight", &[4, 3, 2], &gate);
+    w.tensor_f32(
+        "blk.0.ffn_gate_inp_shexp.weight",
+        &[4],
+        &[1.0, 2.0, 3.0, 4.0],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let g = GgufFile::open(&write(&dir, "moe.gguf", &w.bytes())).unwrap();
+    let m = g.config().unwrap().moe.expect("a MoE config");
+    assert_eq!((m.num_experts, m.top_k, m.expert_intermediate), (2, 1, 3));
+    let name = "model.layers.0.mlp.experts.gate_proj";
+    assert_eq!(g.shape(name), Some(vec![2, 3, 4]));
+    let t = g.load(name).unwrap();
+    // Expert 1, row 2, column 3 is element ((1 * 3) + 2) * 4 + 3 = 23.
+    assert_eq!(f32::from(t.data[23]), 23.0);
+    let shared = "model.layers.0.mlp.shared_expert_gate.weight";
+    assert_eq!(g.shape(shared), Some(vec![1, 4]));
+    assert_eq!(g.load(shared).unwrap().shape, vec![1, 4]);
+}
+
 #[test]
 fn truncated_file_names_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
@@ -196,6 +234,36 @@ fn hf_names_map_to_llama_cpp_names() {
         "blk.3.attn_q.bias"
     );
     assert_eq!(gguf_name("lm_head.weight").unwrap(), "output.weight");
+    // A sparse layer: router, the experts' stacks, the shared expert and its gate.
+    for (hf, gguf) in [
+        (
+            "model.layers.5.mlp.gate.weight",
+            "blk.5.ffn_gate_inp.weight",
+        ),
+        (
+            "model.layers.5.mlp.experts.gate_proj",
+            "blk.5.ffn_gate_exps.weight",
+        ),
+        (
+            "model.layers.5.mlp.experts.up_proj",
+            "blk.5.ffn_up_exps.weight",
+        ),
+        (
+            "model.layers.5.mlp.experts.down_proj",
+            "blk.5.ffn_down_exps.weight",
+        ),
+        (
+            "model.layers.5.mlp.shared_expert.up_proj.weight",
+            "blk.5.ffn_up_shexp.weight",
+        ),
+        (
+            "model.layers.5.mlp.shared_expert_gate.weight",
+            "blk.5.ffn_gate_inp_shexp.weight",
+        ),
+    ] {
+        assert_eq!(gguf_name(hf).unwrap(), gguf, "{hf}");
+    }
+    assert!(gguf_name("model.layers.5.mlp.experts.0.gate_proj.weight").is_none());
     assert!(gguf_name("model.layers.x.mlp.up_proj.weight").is_none());
     assert!(gguf_name("vision_tower.weight").is_none());
 }
