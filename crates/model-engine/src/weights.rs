@@ -9,7 +9,9 @@
 //! stacks (transformers 5); both upload as the same stacks. MiniMax-M2's original checkpoints
 //! name a sparse layer `block_sparse_moe` and its experts' products `w1` / `w3` / `w2` (Mixtral's
 //! names): the loader reads them as transformers' names ([`original_names`]). Every shape is
-//! checked against the config before the first byte is uploaded.
+//! checked against the config before the first byte is uploaded. The hybrid families' tensors
+//! (Gated DeltaNet and Mamba-2 mixers, Nemotron-H's one-block layers) are listed by `hybrid`;
+//! `Model::load` refuses those models before reading any (`LayerPlan::check_runnable`).
 //!
 //! The dense linears (q|k|v, o, gate|up, down) upload in the [`LinearFormat`] asked for: BF16,
 //! quantized at load to FP8 in 128 x 128 blocks, or the checkpoint's own FP8 weights and scales
@@ -24,6 +26,9 @@ use metrale_model_weights::{Fp8Scheme, Fp8Tensor, HostTensor, WeightError, Weigh
 
 use crate::ModelError;
 use crate::linear::LinearWeight;
+
+mod hybrid;
+pub use hybrid::{GdnTensor, MambaTensor, NemotronTensor};
 
 /// How the dense linears' weights reach the device.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -113,6 +118,10 @@ pub enum TensorRole {
     SharedDown(usize),
     /// The shared expert's sigmoid gate `[1, hidden]`.
     SharedExpertGate(usize),
+    /// A Gated DeltaNet layer's tensor (Qwen3-Next, Qwen3.5).
+    GatedDeltaNet(usize, GdnTensor),
+    /// A Nemotron-H tensor: its layers name their one block `mixer` whatever it is.
+    NemotronH(NemotronTensor),
 }
 
 impl TensorRole {
@@ -150,6 +159,8 @@ impl TensorRole {
             TensorRole::SharedUp(i) => layer(i, "mlp.shared_expert.up_proj.weight"),
             TensorRole::SharedDown(i) => layer(i, "mlp.shared_expert.down_proj.weight"),
             TensorRole::SharedExpertGate(i) => layer(i, "mlp.shared_expert_gate.weight"),
+            TensorRole::GatedDeltaNet(i, t) => hybrid::gdn_name(i, t),
+            TensorRole::NemotronH(t) => t.hf_name(),
         }
     }
 
@@ -157,12 +168,18 @@ impl TensorRole {
     pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
         let (h, i, v, hd) = (c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim);
         let (q, kv) = (c.num_heads * hd, c.num_kv_heads * hd);
+        // A gated attention's q projection also computes the output gate: per head, head_dim
+        // query rows then head_dim gate rows.
+        let q_rows = match &c.hybrid {
+            Some(hybrid) if hybrid.attention_output_gate => 2 * q,
+            _ => q,
+        };
         match self {
             TensorRole::Embedding | TensorRole::LmHead => vec![v, h],
             TensorRole::FinalNorm | TensorRole::InputNorm(_) | TensorRole::PostNorm(_) => vec![h],
-            TensorRole::Q(_) => vec![q, h],
+            TensorRole::Q(_) => vec![q_rows, h],
             TensorRole::K(_) | TensorRole::V(_) => vec![kv, h],
-            TensorRole::QBias(_) => vec![q],
+            TensorRole::QBias(_) => vec![q_rows],
             TensorRole::KBias(_) | TensorRole::VBias(_) => vec![kv],
             TensorRole::QNorm(_) | TensorRole::KNorm(_) if c.qk_norm == QkNorm::PerHead => {
                 vec![hd]
@@ -172,6 +189,8 @@ impl TensorRole {
             TensorRole::O(_) => vec![h, q],
             TensorRole::Gate(_) | TensorRole::Up(_) => vec![i, h],
             TensorRole::Down(_) => vec![h, i],
+            TensorRole::GatedDeltaNet(_, t) => hybrid::gdn_shape(t, c),
+            TensorRole::NemotronH(t) => t.shape(c),
             _ => moe_shape(self, c),
         }
     }
@@ -212,10 +231,13 @@ pub enum ExpertLayout {
 }
 
 impl ExpertLayout {
-    /// The layout of layer `l`'s experts in `source`: fused where it has the fused stack.
+    /// The layout of layer `l`'s experts in `source`: fused where it has the fused stack
+    /// (Nemotron-H's: its up stack).
     pub fn of(source: &dyn WeightSource, l: usize) -> ExpertLayout {
         let has = |role: TensorRole| source.shape(&role.hf_name()).is_some();
-        if has(TensorRole::ExpertsGateUp(l)) {
+        if has(TensorRole::ExpertsGateUp(l))
+            || has(TensorRole::NemotronH(NemotronTensor::ExpertsUp(l)))
+        {
             ExpertLayout::Fused
         } else if has(TensorRole::ExpertsGate(l)) {
             ExpertLayout::Split
@@ -282,6 +304,9 @@ pub fn expected_shape(c: &ModelConfig, name: &str) -> Option<Vec<usize>> {
 
 /// Every tensor the config implies, each sparse layer's experts in the layout `layout` gives.
 fn tensors_in(c: &ModelConfig, layout: &dyn Fn(usize) -> ExpertLayout) -> Vec<TensorRole> {
+    if let Some(h) = &c.hybrid {
+        return hybrid::tensors(c, h, layout);
+    }
     let mut roles = vec![TensorRole::Embedding];
     for l in 0..c.num_layers {
         roles.extend([
@@ -374,10 +399,10 @@ pub type LoadProgress<'a> = &'a mut dyn FnMut(usize, usize, u64);
 /// The names MiniMax-M2's original checkpoints (and Mixtral's) may give the tensor transformers
 /// names `name`, in the order tried: a sparse layer's `mlp.` as `block_sparse_moe.` and its
 /// experts' `gate_proj` / `up_proj` / `down_proj` as `w1` / `w3` / `w2`; then the `w` names under
-/// `mlp.`. Empty for a name outside a layer's MLP.
+/// `mlp.`. Nemotron-H's hub checkpoints: `backbone.` for `model.`. Empty for any other name.
 pub fn original_names(name: &str) -> Vec<String> {
     let Some((layer, rest)) = name.split_once(".mlp.") else {
-        return Vec::new();
+        return hybrid::nemotron_original_names(name);
     };
     let w_names = rest.strip_prefix("experts.").and_then(|expert| {
         let (e, proj) = expert.split_once('.')?;
