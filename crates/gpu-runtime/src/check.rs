@@ -23,6 +23,7 @@ use metrale_kernels::{HostError, HostMemory, Kernel, KernelAbi};
 use crate::{GemmOp, GpuBackend, GpuError};
 
 mod attention_variants;
+mod gated_delta;
 mod gemv_fp8;
 mod moe;
 
@@ -1733,6 +1734,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(moe::grouped_mma_cases(&mut rng));
     // The FP8-weight products, after every other case for the same reason.
     out.extend(gemv_fp8::gemv_fp8_cases(&mut rng));
+    // The Gated DeltaNet kernels, after every other case for the same reason.
+    out.extend(gated_delta::gated_delta_cases(&mut rng));
     out
 }
 

@@ -267,6 +267,9 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
         (GemvFp8::NAME, run::<GemvFp8>),
         (GemvFp8Swiglu::NAME, run::<GemvFp8Swiglu>),
         (Fp8DequantBf16::NAME, run::<Fp8DequantBf16>),
+        (GdnConv1dStep::NAME, run::<GdnConv1dStep>),
+        (GdnConv1d::NAME, run::<GdnConv1d>),
+        (GdnRecurrent::NAME, run::<GdnRecurrent>),
     ]
 };
 

@@ -17,6 +17,13 @@
 //!
 //! Everything is f32 here; the kernels read bf16 activations and keep the state in f32.
 
+mod kernels;
+
+pub use kernels::{
+    GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
+    GdnRecurrent,
+};
+
 /// Epsilon of the L2 normalisation of q and k (as the reference implementation's `l2norm`).
 pub const L2NORM_EPS: f32 = 1e-6;
 

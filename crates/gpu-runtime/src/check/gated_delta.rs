@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Parity cases of the Gated DeltaNet kernels (`gated_delta.cu`): the short conv at
+//! Qwen3-Next-80B-A3B's 8192 q|k|v channels and width 4 (a decode row, a decode batch on shuffled
+//! slots, a 40-token prefill run), ragged channel counts, widths 2 and 8, runs shorter than the
+//! conv's taps (the new state reaching back into the old) and of several chunks with a partial
+//! last; the gated delta rule at Qwen3-Next's widths (32 value heads over 16 key heads,
+//! dk = dv = 128: one decode row, a decode batch of 8, a 40-token prefill run, two sequences of
+//! different lengths in different slots) and at ragged small widths (dk not a multiple of the
+//! lanes, dv not a multiple of a block's 16 columns, an empty run, one key head for all).
+//!
+//! Every state buffer holds more slots than the case touches, so a write to the wrong slot shows
+//! as a difference; the recurrent state is compared with the f32 metric, outputs with bf16's.
+
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::{GdnConv1d, GdnConv1dStep, GdnRecurrent};
+
+use super::{Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of};
+
+fn output(init: Init, kind: OutputKind) -> Buffer {
+    Buffer {
+        init,
+        output: Some(kind),
+    }
+}
+
+fn input(init: Init) -> Buffer {
+    Buffer { init, output: None }
+}
+
+/// `n` f32 values of N(0, scale²), drawn on first read (as [`bf16_normal`]).
+fn f32_normal(rng: &mut Rng, n: usize, scale: f32) -> Init {
+    let mut from = rng.clone();
+    rng.skip(2 * n as u64);
+    Init::new(move || {
+        let v: Vec<f32> = (0..n).map(|_| from.normal() * scale).collect();
+        f32_bytes(&v)
+    })
+}
+
+fn bias_or_null(bias: bool, p: metrale_core::DevicePtr) -> metrale_core::DevicePtr {
+    if bias {
+        p
+    } else {
+        metrale_core::DevicePtr::NULL
+    }
+}
+
+fn conv_step_case(
+    rng: &mut Rng,
+    rows: u32,
+    channels: u32,
+    kernel: u32,
+    slots: u32,
+    bias: bool,
+) -> Case {
+    let taps = (kernel - 1) as usize;
+    let n = (rows * channels) as usize;
+    let row_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..rows as usize].to_vec();
+    Case {
+        kernel: GdnConv1dStep::NAME,
+        shape: format!(
+            "rows={rows} channels={channels} kernel={kernel} slots={slots} bias={bias} at {row_slots:?}"
+        ),
+        buffers: vec![
+            output(vec![0u8; n * 2].into(), OutputKind::Bf16),
+            input(bf16_normal(rng, n, 1.0)),
+            output(
+                bf16_normal(rng, slots as usize * taps * channels as usize, 1.0),
+                OutputKind::Bf16,
+            ),
+            input(bf16_normal(rng, (channels * kernel) as usize, 0.5)),
+            input(bf16_normal(rng, channels as usize, 0.5)),
+            input(i32_bytes(&row_slots).into()),
+        ],
+        build: Box::new(move |p| {
+            launch_of(GdnConv1dStep {
+                out: p[0],
+                x: p[1],
+                conv_state: p[2],
+                weight: p[3],
+                bias: bias_or_null(bias, p[4]),
+                slots: p[5],
+                rows,
+                channels,
+                kernel,
+            })
+        }),
+        gemm: None,
+        allowance: None,
+    }
+}
+
+fn conv_run_case(
+    rng: &mut Rng,
+    len: u32,
+    channels: u32,
+    kernel: u32,
+    slots: u32,
+    slot: u32,
+    bias: bool,
+) -> Case {
+    let taps = (kernel - 1) as usize;
+    let n = (len * channels) as usize;
+    Case {
+        kernel: GdnConv1d::NAME,
+        shape: format!(
+            "len={len} channels={channels} kernel={kernel} slot={slot} of {slots} bias={bias}"
+        ),
+        buffers: vec![
+            output(vec![0u8; n * 2].into(), OutputKind::Bf16),
+            input(bf16_normal(rng, n, 1.0)),
+            output(
+                bf16_normal(rng, slots as usize * taps * channels as usize, 1.0),
+                OutputKind::Bf16,
+            ),
+            input(bf16_normal(rng, (channels * kernel) as usize, 0.5)),
+            input(bf16_normal(rng, channels as usize, 0.5)),
+        ],
+        build: Box::new(move |p| {
+            launch_of(GdnConv1d {
+                out: p[0],
+                x: p[1],
+                conv_state: p[2],
+                weight: p[3],
+                bias: bias_or_null(bias, p[4]),
+                slot,
+                len,
+                channels,
+                kernel,
+            })
+        }),
+        gemm: None,
+        allowance: None,
+    }
+}
+
+/// The widths of one recurrent case.
+#[derive(Clone, Copy)]
+struct Heads {
+    hv: u32,
+    hk: u32,
+    dk: u32,
+    dv: u32,
+}
+
+/// Sequences of `lens` tokens in shuffled slots of `slots`; q | k | v in one row a token, as
+/// the conv writes them.
+fn recurrent_case(rng: &mut Rng, lens: &[u32], heads: Heads, slots: u32) -> Case {
+    let Heads { hv, hk, dk, dv } = heads;
+    let seqs = lens.len() as u32;
+    let tokens: u32 = lens.iter().sum();
+    let stride = 2 * hk * dk + hv * dv;
+    let mut starts = vec![0i32];
+    for len in lens {
+        starts.push(starts.last().unwrap() + *len as i32);
+    }
+    let seq_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..lens.len()].to_vec();
+    // Decays from exp(-2) to exp(-0.01), write strengths in (0, 1), as the model's gates land.
+    let gates = (tokens * hv) as usize;
+    let g: Vec<f32> = (0..gates).map(|_| -0.01 - 2.0 * rng.uniform()).collect();
+    let beta: Vec<f32> = (0..gates).map(|_| rng.uniform()).collect();
+    let state = (slots * hv * dk * dv) as usize;
+    Case {
+        kernel: GdnRecurrent::NAME,
+        shape: format!(
+            "lens={lens:?} hv={hv} hk={hk} dk={dk} dv={dv} slots {seq_slots:?} of {slots}"
+        ),
+        buffers: vec![
+            output(
+                vec![0u8; (tokens * hv * dv) as usize * 2].into(),
+                OutputKind::Bf16,
+            ),
+            output(f32_normal(rng, state, 0.5), OutputKind::F32),
+            input(bf16_normal(rng, (tokens * stride) as usize, 1.0)),
+            input(f32_bytes(&g).into()),
+            input(f32_bytes(&beta).into()),
+            input(i32_bytes(&starts).into()),
+            input(i32_bytes(&seq_slots).into()),
+        ],
+        build: Box::new(move |p| {
+            let bf16_at = |elements: u32| p[2].offset(elements as usize * 2);
+            launch_of(GdnRecurrent {
+                o: p[0],
+                state: p[1],
+                q: p[2],
+                k: bf16_at(hk * dk),
+                v: bf16_at(2 * hk * dk),
+                g: p[3],
+                beta: p[4],
+                seq_starts: p[5],
+                slots: p[6],
+                seqs,
+                hv,
+                hk,
+                dk,
+                dv,
+                qkv_stride: stride,
+            })
+        }),
+        gemm: None,
+        allowance: None,
+    }
+}
+
+/// Every Gated DeltaNet case, in a fixed order.
+pub(super) fn gated_delta_cases(rng: &mut Rng) -> Vec<Case> {
+    // Qwen3-Next-80B-A3B: 16 key heads and 32 value heads of 128, so 8192 q|k|v channels.
+    const QWEN3_NEXT: Heads = Heads {
+        hv: 32,
+        hk: 16,
+        dk: 128,
+        dv: 128,
+    };
+    let mut out = Vec::new();
+    for (rows, channels, kernel, slots, bias) in [
+        (1u32, 8192u32, 4u32, 4u32, false),
+        (8, 8192, 4, 16, false),
+        (3, 100, 4, 5, true),
+        (2, 37, 2, 3, true),
+        (1, 300, 8, 2, false),
+    ] {
+        out.push(conv_step_case(rng, rows, channels, kernel, slots, bias));
+    }
+    for (len, channels, kernel, slots, slot, bias) in [
+        (40u32, 8192u32, 4u32, 4u32, 2u32, false),
+        (1, 8192, 4, 2, 1, false),
+        (2, 100, 4, 3, 0, true),
+        (17, 70, 4, 2, 1, true),
+        (33, 300, 8, 1, 0, false),
+        (5, 37, 2, 2, 1, true),
+    ] {
+        out.push(conv_run_case(rng, len, channels, kernel, slots, slot, bias));
+    }
+    for (lens, heads, slots) in [
+        (&[1u32][..], QWEN3_NEXT, 2u32),
+        (&[1; 8][..], QWEN3_NEXT, 10),
+        (&[40][..], QWEN3_NEXT, 2),
+        (&[23, 17][..], QWEN3_NEXT, 3),
+        (
+            &[3, 0, 5][..],
+            Heads {
+                hv: 6,
+                hk: 2,
+                dk: 40,
+                dv: 24,
+            },
+            4,
+        ),
+        (
+            &[7][..],
+            Heads {
+                hv: 2,
+                hk: 2,
+                dk: 100,
+                dv: 50,
+            },
+            1,
+        ),
+        (
+            &[5, 2][..],
+            Heads {
+                hv: 4,
+                hk: 1,
+                dk: 16,
+                dv: 8,
+            },
+            3,
+        ),
+    ] {
+        out.push(recurrent_case(rng, lens, heads, slots));
+    }
+    out
+}

@@ -1,0 +1,441 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The Gated DeltaNet entry points (`gated_delta.cu`): their arguments, launch geometry and host
+//! references, which read the device layouts and run the f32 references of the parent module.
+//!
+//! Layouts (elements): the conv state is bf16 `[slots, kernel - 1, channels]`, oldest input first;
+//! the recurrent state `S` is f32 `[slots, hv, dk, dv]`; q, k and v are bf16 rows of
+//! `qkv_stride` elements a token (the conv's output, q | k | v), key head `kh` at `kh * dk`, value
+//! head `h` at `h * dv` of `v`; `g` and `beta` are f32 `[tokens, hv]`; the output is bf16
+//! `[tokens, hv, dv]`. Value head `h` reads key head `h / (hv / hk)`.
+
+use half::bf16;
+use metrale_core::{DevicePtr, KernelName, LaunchConfig};
+
+use super::{GatedDeltaInputs, causal_conv1d_silu, gated_delta_recurrent};
+use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
+use crate::names;
+use crate::ops::blocks_for;
+
+/// Widest conv the kernels take (`CONV_MAX_KERNEL` in `gated_delta.cu`).
+pub const GDN_CONV_MAX_KERNEL: u32 = 8;
+/// Tokens one thread of [`GdnConv1d`] walks (`CONV_CHUNK`).
+pub const GDN_CONV_CHUNK: u32 = 16;
+/// Widest key head [`GdnRecurrent`] takes (`GDN_MAX_DK`): a column of `S` in two lanes'
+/// registers.
+pub const GDN_MAX_DK: u32 = 128;
+/// Columns of `S` one block (one warp) of [`GdnRecurrent`] owns (`GDN_COLS`).
+pub const GDN_RECURRENT_COLS: u32 = 16;
+
+const CONV_THREADS: u32 = 256;
+
+kernel_args!(
+    /// One decode token a row, each row its own sequence: `out[r] = silu(bias + conv over the
+    /// state in slot slots[r] then x[r])`, and that state shifted by one input. Rows' slots are
+    /// distinct.
+    GdnConv1dStep => names::gated_delta::GDN_CONV1D_STEP {
+        /// bf16 `[rows, channels]`.
+        out: DevicePtr,
+        /// bf16 `[rows, channels]`: the q|k|v projection.
+        x: DevicePtr,
+        /// bf16 `[slots, kernel - 1, channels]`, updated.
+        conv_state: DevicePtr,
+        /// bf16 `[channels, kernel]`.
+        weight: DevicePtr,
+        /// bf16 `[channels]`, or null for none.
+        bias: DevicePtr,
+        /// i32 `[rows]`: each row's state slot.
+        slots: DevicePtr,
+        /// Rows (sequences).
+        rows: u32,
+        /// Channels (`2 * hk * dk + hv * dv`).
+        channels: u32,
+        /// Conv width, 2 to [`GDN_CONV_MAX_KERNEL`].
+        kernel: u32,
+    }
+);
+
+kernel_args!(
+    /// A run of `len` tokens of one sequence (a prefill chunk) through the conv, from and back
+    /// into the state in slot `slot`.
+    GdnConv1d => names::gated_delta::GDN_CONV1D {
+        /// bf16 `[len, channels]`.
+        out: DevicePtr,
+        /// bf16 `[len, channels]`.
+        x: DevicePtr,
+        /// bf16 `[slots, kernel - 1, channels]`, updated.
+        conv_state: DevicePtr,
+        /// bf16 `[channels, kernel]`.
+        weight: DevicePtr,
+        /// bf16 `[channels]`, or null for none.
+        bias: DevicePtr,
+        /// The sequence's state slot.
+        slot: u32,
+        /// Tokens.
+        len: u32,
+        /// Channels.
+        channels: u32,
+        /// Conv width, 2 to [`GDN_CONV_MAX_KERNEL`].
+        kernel: u32,
+    }
+);
+
+kernel_args!(
+    /// The gated delta rule over each sequence's tokens in order (q and k L2-normalised, q scaled
+    /// by `dk^-1/2`), from and back into the f32 state in the sequence's slot: sequence `s` owns
+    /// tokens `seq_starts[s] .. seq_starts[s + 1]` and slot `slots[s]` (distinct). A decode batch
+    /// is runs of one token; a prefill chunk one run, walked token by token.
+    GdnRecurrent => names::gated_delta::GDN_RECURRENT {
+        /// bf16 `[tokens, hv, dv]`.
+        o: DevicePtr,
+        /// f32 `[slots, hv, dk, dv]`, updated.
+        state: DevicePtr,
+        /// bf16 queries, token `t`'s key head `kh` at `t * qkv_stride + kh * dk`.
+        q: DevicePtr,
+        /// bf16 keys, as `q`.
+        k: DevicePtr,
+        /// bf16 values, token `t`'s head `h` at `t * qkv_stride + h * dv`.
+        v: DevicePtr,
+        /// f32 `[tokens, hv]`: log-decays, `<= 0`.
+        g: DevicePtr,
+        /// f32 `[tokens, hv]`: write strengths.
+        beta: DevicePtr,
+        /// i32 `[seqs + 1]`: each sequence's first token, then the total.
+        seq_starts: DevicePtr,
+        /// i32 `[seqs]`: each sequence's state slot.
+        slots: DevicePtr,
+        /// Sequences.
+        seqs: u32,
+        /// Value heads.
+        hv: u32,
+        /// Key heads (dividing `hv`).
+        hk: u32,
+        /// Key width, at most [`GDN_MAX_DK`].
+        dk: u32,
+        /// Value width.
+        dv: u32,
+        /// Elements from one token's q (k, v) row to the next.
+        qkv_stride: u32,
+    }
+);
+
+fn bad_args(kernel: KernelName, message: String) -> HostError {
+    HostError::BadArgs { kernel, message }
+}
+
+fn check_kernel(name: KernelName, kernel: u32) -> Result<(), HostError> {
+    if !(2..=GDN_CONV_MAX_KERNEL).contains(&kernel) {
+        return Err(bad_args(
+            name,
+            format!("conv width {kernel} outside 2..={GDN_CONV_MAX_KERNEL}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A bf16 tensor at `ptr + offset` elements.
+fn at_bf16(ptr: DevicePtr, offset: usize) -> DevicePtr {
+    ptr.offset(offset * std::mem::size_of::<bf16>())
+}
+
+/// The conv of one run of tokens over the state in `slot` (f32 inputs, the state rounded back to
+/// bf16, which is exact: it holds bf16 inputs).
+#[allow(clippy::too_many_arguments)]
+fn conv_run(
+    mem: &mut dyn HostMemory,
+    out: DevicePtr,
+    x: DevicePtr,
+    conv_state: DevicePtr,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    slot: usize,
+    len: usize,
+    channels: usize,
+) -> Result<(), HostError> {
+    let taps = weight.len() / channels.max(1) - 1;
+    let state_at = at_bf16(conv_state, slot * taps * channels);
+    let mut state = host::load_bf16(mem, state_at, taps * channels)?;
+    let xs = host::load_bf16(mem, x, len * channels)?;
+    let y = causal_conv1d_silu(&xs, channels, weight, bias, &mut state);
+    host::store_bf16(mem, out, &y)?;
+    host::store_bf16(mem, state_at, &state)
+}
+
+fn conv_weights(
+    mem: &dyn HostMemory,
+    weight: DevicePtr,
+    bias: DevicePtr,
+    channels: usize,
+    kernel: usize,
+) -> Result<(Vec<f32>, Option<Vec<f32>>), HostError> {
+    let w = host::load_bf16(mem, weight, channels * kernel)?;
+    let b = if bias.is_null() {
+        None
+    } else {
+        Some(host::load_bf16(mem, bias, channels)?)
+    };
+    Ok((w, b))
+}
+
+impl Kernel for GdnConv1dStep {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.channels.into(), CONV_THREADS).max(1),
+                self.rows.max(1),
+                1,
+            ],
+            block: [CONV_THREADS, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_kernel(Self::NAME, self.kernel)?;
+        let (rows, channels) = (self.rows as usize, self.channels as usize);
+        let (w, b) = conv_weights(mem, self.weight, self.bias, channels, self.kernel as usize)?;
+        let slots = host::load::<i32>(mem, self.slots, rows)?;
+        for (r, &slot) in slots.iter().enumerate() {
+            let slot = usize::try_from(slot)
+                .map_err(|_| bad_args(Self::NAME, format!("row {r}: slot {slot} < 0")))?;
+            conv_run(
+                mem,
+                at_bf16(self.out, r * channels),
+                at_bf16(self.x, r * channels),
+                self.conv_state,
+                &w,
+                b.as_deref(),
+                slot,
+                1,
+                channels,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Kernel for GdnConv1d {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.channels.into(), CONV_THREADS).max(1),
+                self.len.div_ceil(GDN_CONV_CHUNK).max(1),
+                1,
+            ],
+            block: [CONV_THREADS, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        check_kernel(Self::NAME, self.kernel)?;
+        let channels = self.channels as usize;
+        let (w, b) = conv_weights(mem, self.weight, self.bias, channels, self.kernel as usize)?;
+        conv_run(
+            mem,
+            self.out,
+            self.x,
+            self.conv_state,
+            &w,
+            b.as_deref(),
+            self.slot as usize,
+            self.len as usize,
+            channels,
+        )
+    }
+}
+
+impl Kernel for GdnRecurrent {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.dv.into(), GDN_RECURRENT_COLS).max(1),
+                self.hv.max(1),
+                self.seqs.max(1),
+            ],
+            block: [32, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (hv, hk, dk, dv) = (
+            self.hv as usize,
+            self.hk as usize,
+            self.dk as usize,
+            self.dv as usize,
+        );
+        if dk == 0 || self.dk > GDN_MAX_DK || hk == 0 || hv % hk != 0 {
+            return Err(bad_args(
+                Self::NAME,
+                format!("dk = {dk} (1..={GDN_MAX_DK}), hv = {hv} a multiple of hk = {hk}"),
+            ));
+        }
+        let seqs = self.seqs as usize;
+        let stride = self.qkv_stride as usize;
+        let starts = host::load::<i32>(mem, self.seq_starts, seqs + 1)?;
+        let slots = host::load::<i32>(mem, self.slots, seqs)?;
+        let tokens = usize::try_from(starts[seqs]).unwrap_or(0);
+        let g = host::load::<f32>(mem, self.g, tokens * hv)?;
+        let beta = host::load::<f32>(mem, self.beta, tokens * hv)?;
+        let head_bytes = dk * dv * std::mem::size_of::<f32>();
+        for s in 0..seqs {
+            let (begin, end) = (starts[s], starts[s + 1]);
+            let (Ok(begin), Ok(end), Ok(slot)) = (
+                usize::try_from(begin),
+                usize::try_from(end),
+                usize::try_from(slots[s]),
+            ) else {
+                return Err(bad_args(
+                    Self::NAME,
+                    format!("sequence {s}: tokens {begin}..{end}, slot {}", slots[s]),
+                ));
+            };
+            if begin > end || end > tokens {
+                return Err(bad_args(
+                    Self::NAME,
+                    format!("sequence {s}: tokens {begin}..{end} of {tokens}"),
+                ));
+            }
+            let len = end - begin;
+            for h in 0..hv {
+                let kh = h / (hv / hk);
+                let (mut q, mut k, mut v) = (
+                    Vec::with_capacity(len * dk),
+                    Vec::with_capacity(len * dk),
+                    Vec::with_capacity(len * dv),
+                );
+                for t in begin..end {
+                    q.extend(host::load_bf16(
+                        mem,
+                        at_bf16(self.q, t * stride + kh * dk),
+                        dk,
+                    )?);
+                    k.extend(host::load_bf16(
+                        mem,
+                        at_bf16(self.k, t * stride + kh * dk),
+                        dk,
+                    )?);
+                    v.extend(host::load_bf16(
+                        mem,
+                        at_bf16(self.v, t * stride + h * dv),
+                        dv,
+                    )?);
+                }
+                let gs: Vec<f32> = (begin..end).map(|t| g[t * hv + h]).collect();
+                let betas: Vec<f32> = (begin..end).map(|t| beta[t * hv + h]).collect();
+                let state_at = self.state.offset((slot * hv + h) * head_bytes);
+                let mut state = host::load::<f32>(mem, state_at, dk * dv)?;
+                let inputs = GatedDeltaInputs {
+                    dk,
+                    dv,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &gs,
+                    beta: &betas,
+                };
+                let out = gated_delta_recurrent(&inputs, &mut state);
+                host::store(mem, state_at, &state)?;
+                for (i, t) in (begin..end).enumerate() {
+                    host::store_bf16(
+                        mem,
+                        at_bf16(self.o, (t * hv + h) * dv),
+                        &out[i * dv..(i + 1) * dv],
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::round_bf16;
+    use crate::ops::testing::*;
+
+    #[test]
+    fn the_step_conv_reads_and_shifts_its_rows_slot() {
+        // Two channels, width 3 (2 taps), two slots; the row takes slot 1.
+        let mut m = FlatMemory::new();
+        let x = m.put(&bf16s(&[1.0, -2.0]));
+        let out = m.put(&bf16s(&[0.0; 2]));
+        // slot 0 then slot 1, each [taps, channels], oldest first.
+        let state = m.put(&bf16s(&[9.0, 9.0, 9.0, 9.0, 0.5, 0.25, 2.0, 1.0]));
+        let weight = m.put(&bf16s(&[1.0, 2.0, 3.0, -1.0, 0.5, 1.0]));
+        let slots = m.put(&[1i32]);
+        GdnConv1dStep {
+            out,
+            x,
+            conv_state: state,
+            weight,
+            bias: DevicePtr::NULL,
+            slots,
+            rows: 1,
+            channels: 2,
+            kernel: 3,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let silu = |z: f32| z / (1.0 + (-z).exp());
+        let want = [
+            round_bf16(silu(0.5 + 2.0 * 2.0 + 3.0 * 1.0)),
+            round_bf16(silu(-0.25 + 0.5 * 1.0 - 2.0)),
+        ];
+        assert_eq!(f32s(&m.get(out, 2)), want);
+        assert_eq!(
+            f32s(&m.get(state, 8)),
+            [9.0, 9.0, 9.0, 9.0, 2.0, 1.0, 1.0, -2.0]
+        );
+    }
+
+    #[test]
+    fn the_recurrent_kernel_maps_value_heads_onto_key_heads() {
+        // hv = 4 over hk = 2: value heads 0 and 1 read key head 0, heads 2 and 3 key head 1 (the
+        // reference's repeat_interleave). From a zero state the output is
+        // beta (q.k) v / sqrt(dk) per head, q and k normalised.
+        let mut m = FlatMemory::new();
+        let (dk, dv) = (2usize, 1usize);
+        // One token's row: q (2 key heads x dk), k (2 x dk), v (4 value heads x dv).
+        let row = m.put(&bf16s(&[
+            3.0, 4.0, 1.0, 0.0, // q
+            0.0, 2.0, 5.0, 0.0, // k
+            1.0, -2.0, 0.5, 4.0, // v
+        ]));
+        let o = m.put(&bf16s(&[0.0; 4]));
+        let state = m.put(&[0f32; 4]);
+        let g = m.put(&[-0.5f32, -1.0, -0.1, -2.0]);
+        let beta = m.put(&[0.25f32, 0.5, 0.75, 1.0]);
+        let starts = m.put(&[0i32, 1]);
+        let slots = m.put(&[0i32]);
+        GdnRecurrent {
+            o,
+            state,
+            q: row,
+            k: row.offset(2 * 2 * dk),
+            v: row.offset(2 * 4 * dk),
+            g,
+            beta,
+            seq_starts: starts,
+            slots,
+            seqs: 1,
+            hv: 4,
+            hk: 2,
+            dk: dk as u32,
+            dv: dv as u32,
+            qkv_stride: 12,
+        }
+        .reference(&mut m)
+        .unwrap();
+        // Key head 0: q/|q| = (0.6, 0.8), k/|k| = (0, 1); key head 1: both (1, 0).
+        let qk = [0.8 / 2f32.sqrt(), 1.0 / 2f32.sqrt()];
+        let want = [
+            round_bf16(0.25 * qk[0]),
+            round_bf16(0.5 * qk[0] * -2.0),
+            round_bf16(0.75 * qk[1] * 0.5),
+            round_bf16(qk[1] * 4.0),
+        ];
+        let got = f32s(&m.get(o, 4));
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-2 * w.abs(), "{got:?} vs {want:?}");
+        }
+    }
+}
