@@ -399,10 +399,10 @@ pub type LoadProgress<'a> = &'a mut dyn FnMut(usize, usize, u64);
 /// The names MiniMax-M2's original checkpoints (and Mixtral's) may give the tensor transformers
 /// names `name`, in the order tried: a sparse layer's `mlp.` as `block_sparse_moe.` and its
 /// experts' `gate_proj` / `up_proj` / `down_proj` as `w1` / `w3` / `w2`; then the `w` names under
-/// `mlp.`. Nemotron-H's hub checkpoints: `backbone.` for `model.`. Empty for any other name.
+/// `mlp.`. Empty for a name outside a layer's MLP.
 pub fn original_names(name: &str) -> Vec<String> {
     let Some((layer, rest)) = name.split_once(".mlp.") else {
-        return hybrid::nemotron_original_names(name);
+        return Vec::new();
     };
     let w_names = rest.strip_prefix("experts.").and_then(|expert| {
         let (e, proj) = expert.split_once('.')?;
@@ -424,7 +424,8 @@ pub fn original_names(name: &str) -> Vec<String> {
 }
 
 /// `source` with every tensor also under transformers' name where the file has it under an
-/// original name ([`original_names`]); a name the file has wins.
+/// original name ([`original_names`], then the hybrid families' prefixes: Nemotron-H's
+/// `backbone.`, Qwen3.5's `model.language_model.`); a name the file has wins.
 struct Named<'a>(&'a dyn WeightSource);
 
 impl Named<'_> {
@@ -434,6 +435,7 @@ impl Named<'_> {
             Some(_) => name.to_string(),
             None => original_names(name)
                 .into_iter()
+                .chain(hybrid::prefixed_names(name))
                 .find(|n| self.0.shape(n).is_some())
                 .unwrap_or_else(|| name.to_string()),
         }

@@ -9,6 +9,9 @@
 //! `model.embeddings` and `model.norm_f` ([`NemotronTensor`]); the hub's checkpoints (NVIDIA's
 //! own modeling code) say `backbone.` for `model.` and hold one tensor per expert, which
 //! transformers' conversion stacks into `mixer.experts.up_proj` / `down_proj`; both are read.
+//! Qwen3.5 is Qwen3-Next with the Gated DeltaNet's projections split (`in_proj_qkv`, `_z`, `_b`,
+//! `_a`); its hub checkpoints, written by the multimodal model, hold the text model under
+//! `model.language_model.` (the vision tower and MTP weights are not read).
 
 use metrale_config::{GdnProjection, HybridConfig, Mixer, ModelConfig, ModelFamily};
 
@@ -243,27 +246,20 @@ fn mamba_shape(t: MambaTensor, c: &ModelConfig) -> Vec<usize> {
     }
 }
 
-/// The names the hub's Nemotron-H checkpoints give the tensor transformers names `name`:
-/// `backbone.` for `model.` (and `backbone.embedding.weight` for the embedding). Empty for a
-/// name no Nemotron-H tensor has.
-pub(super) fn nemotron_original_names(name: &str) -> Vec<String> {
+/// The names hub checkpoints of the hybrid families give the tensor transformers names `name`:
+/// Nemotron-H's (NVIDIA's modeling code) `backbone.` for `model.` (and
+/// `backbone.embedding.weight` for the embedding); Qwen3.5's, written by its multimodal model,
+/// the text model under `model.language_model.`. Empty for a name outside `model.`.
+pub(super) fn prefixed_names(name: &str) -> Vec<String> {
     let Some(rest) = name.strip_prefix("model.") else {
         return Vec::new();
     };
+    let mut names = vec![format!("backbone.{rest}")];
     if rest == "embeddings.weight" {
-        return vec![
-            "backbone.embeddings.weight".into(),
-            "backbone.embedding.weight".into(),
-        ];
+        names.push("backbone.embedding.weight".into());
     }
-    let nemotron = rest == "norm_f.weight"
-        || rest.starts_with("layers.")
-            && (rest.contains(".mixer.") || rest.ends_with(".norm.weight"));
-    if nemotron {
-        vec![format!("backbone.{rest}")]
-    } else {
-        Vec::new()
-    }
+    names.push(format!("model.language_model.{rest}"));
+    names
 }
 
 /// Every tensor of a hybrid model, in load order, sparse layers' experts in `layout`.
@@ -444,6 +440,20 @@ mod tests {
       "routed_scaling_factor":2.5,"rope_theta":10000,"vocab_size":131072,
       "tie_word_embeddings":false}"#;
 
+    /// Qwen3.5-35B-A3B's config.json: the text model under `text_config` (the vision tower cut).
+    const QWEN35_35B_A3B: &str = r#"{"architectures":["Qwen3_5MoeForConditionalGeneration"],
+      "model_type":"qwen3_5_moe","tie_word_embeddings":false,
+      "text_config":{"attention_bias":false,"attn_output_gate":true,"full_attention_interval":4,
+        "head_dim":256,"hidden_act":"silu","hidden_size":2048,"linear_conv_kernel_dim":4,
+        "linear_key_head_dim":128,"linear_num_key_heads":16,"linear_num_value_heads":32,
+        "linear_value_head_dim":128,"max_position_embeddings":262144,
+        "model_type":"qwen3_5_moe_text","moe_intermediate_size":512,"num_attention_heads":16,
+        "num_experts":256,"num_experts_per_tok":8,"num_hidden_layers":40,"num_key_value_heads":2,
+        "rms_norm_eps":1e-06,"rope_parameters":{"mrope_interleaved":true,
+        "mrope_section":[11,11,10],"partial_rotary_factor":0.25,"rope_theta":10000000,
+        "rope_type":"default"},"shared_expert_intermediate_size":512,"vocab_size":248320},
+      "vision_config":{"depth":27,"model_type":"qwen3_5_moe"}}"#;
+
     type Table = BTreeMap<String, Vec<usize>>;
 
     /// The tensors `Qwen3NextForCausalLM` holds at Qwen3-Next-80B-A3B's config, written out from
@@ -584,6 +594,73 @@ mod tests {
         t
     }
 
+    /// The text model of `Qwen3_5MoeForConditionalGeneration` at Qwen3.5-35B-A3B's config,
+    /// written out from transformers' module definitions (modeling_qwen3_5_moe.py): the Gated
+    /// DeltaNet's `in_proj_qkv` (2 key_dim + value_dim), `in_proj_z` (value_dim), `in_proj_b` and
+    /// `in_proj_a` (value heads), the rest as Qwen3-Next with every layer sparse. `prefix`: the
+    /// text model's (`model.`) or the multimodal checkpoint's (`model.language_model.`).
+    fn qwen35_as_written(prefix: &str, fused: bool) -> Table {
+        let (hidden, vocab, layers, experts, moe_i, shared_i) = (2048, 248320, 40, 256, 512, 512);
+        let (key_dim, value_dim, value_heads) = (16 * 128, 32 * 128, 32);
+        let (q, kv, head_dim) = (16 * 256, 2 * 256, 256);
+        let mut t = Table::new();
+        let mut put = |name: String, shape: &[usize]| {
+            assert!(t.insert(name, shape.to_vec()).is_none());
+        };
+        put(format!("{prefix}embed_tokens.weight"), &[vocab, hidden]);
+        for l in 0..layers {
+            let p = |rest: &str| format!("{prefix}layers.{l}.{rest}");
+            put(p("input_layernorm.weight"), &[hidden]);
+            put(p("post_attention_layernorm.weight"), &[hidden]);
+            if (l + 1) % 4 == 0 {
+                put(p("self_attn.q_proj.weight"), &[q * 2, hidden]);
+                put(p("self_attn.k_proj.weight"), &[kv, hidden]);
+                put(p("self_attn.v_proj.weight"), &[kv, hidden]);
+                put(p("self_attn.o_proj.weight"), &[hidden, q]);
+                put(p("self_attn.q_norm.weight"), &[head_dim]);
+                put(p("self_attn.k_norm.weight"), &[head_dim]);
+            } else {
+                let a = |rest: &str| p(&format!("linear_attn.{rest}"));
+                put(a("in_proj_qkv.weight"), &[key_dim * 2 + value_dim, hidden]);
+                put(a("in_proj_z.weight"), &[value_dim, hidden]);
+                put(a("in_proj_b.weight"), &[value_heads, hidden]);
+                put(a("in_proj_a.weight"), &[value_heads, hidden]);
+                put(a("conv1d.weight"), &[key_dim * 2 + value_dim, 1, 4]);
+                put(a("dt_bias"), &[value_heads]);
+                put(a("A_log"), &[value_heads]);
+                put(a("norm.weight"), &[128]);
+                put(a("out_proj.weight"), &[hidden, value_dim]);
+            }
+            put(p("mlp.gate.weight"), &[experts, hidden]);
+            if fused {
+                put(p("mlp.experts.gate_up_proj"), &[experts, 2 * moe_i, hidden]);
+                put(p("mlp.experts.down_proj"), &[experts, hidden, moe_i]);
+            } else {
+                for e in 0..experts {
+                    put(
+                        p(&format!("mlp.experts.{e}.gate_proj.weight")),
+                        &[moe_i, hidden],
+                    );
+                    put(
+                        p(&format!("mlp.experts.{e}.up_proj.weight")),
+                        &[moe_i, hidden],
+                    );
+                    put(
+                        p(&format!("mlp.experts.{e}.down_proj.weight")),
+                        &[hidden, moe_i],
+                    );
+                }
+            }
+            put(p("mlp.shared_expert.gate_proj.weight"), &[shared_i, hidden]);
+            put(p("mlp.shared_expert.up_proj.weight"), &[shared_i, hidden]);
+            put(p("mlp.shared_expert.down_proj.weight"), &[hidden, shared_i]);
+            put(p("mlp.shared_expert_gate.weight"), &[1, hidden]);
+        }
+        put(format!("{prefix}norm.weight"), &[hidden]);
+        put("lm_head.weight".into(), &[vocab, hidden]);
+        t
+    }
+
     /// A checkpoint that has the table's tensors (their shapes only).
     struct Checkpoint(Table);
 
@@ -673,6 +750,24 @@ mod tests {
         let e = old_embedding.remove("backbone.embeddings.weight").unwrap();
         old_embedding.insert("backbone.embedding.weight".into(), e);
         check_shapes(&c, &Checkpoint(old_embedding)).unwrap();
+    }
+
+    #[test]
+    fn qwen35_35b_a3b_expects_the_text_model_transformers_writes() {
+        let c = metrale_config::from_config_json(QWEN35_35B_A3B).unwrap();
+        let per_expert = qwen35_as_written("model.", false);
+        let engine = engine_table(&c);
+        assert!(
+            engine == per_expert,
+            "{:?}",
+            differences(&engine, &per_expert)
+        );
+        assert_eq!(elements(&per_expert), c.parameter_count());
+        // The hub's multimodal checkpoint nests the text model, in either expert layout.
+        for fused in [true, false] {
+            let hub = qwen35_as_written("model.language_model.", fused);
+            check_shapes(&c, &Checkpoint(hub)).unwrap();
+        }
     }
 
     #[test]
