@@ -72,19 +72,28 @@ extern "C" __global__ void gdn_conv1d_step(__nv_bfloat16* out, const __nv_bfloat
     }
 }
 
-// A run of len tokens of one sequence (a prefill chunk), its conv state in slot `slot`. Each
-// thread takes one channel over CONV_CHUNK tokens; only the run's first chunk reads the state,
-// and the same thread writes the new state after its reads, so no block reads what another
-// writes.
-// Launch: grid = (ceil(channels / 256), ceil(len / CONV_CHUNK)), block = 256.
+// Runs of tokens, each of one sequence (prefill chunks, or a whole step's runs with its decode
+// rows as runs of one): run s is rows seq_starts[s] .. seq_starts[s + 1] of x and out, its conv
+// state in slot slots[s] (distinct). Each thread takes one channel over CONV_CHUNK tokens of a
+// run; only the run's first chunk reads the state, and the same thread writes the new state
+// after its reads, so no block reads what another writes.
+// Launch: grid = (ceil(channels / 256), ceil(max_len / CONV_CHUNK), seqs), block = 256.
 extern "C" __global__ void gdn_conv1d(__nv_bfloat16* out, const __nv_bfloat16* x,
                                       __nv_bfloat16* conv_state, const __nv_bfloat16* weight,
-                                      const __nv_bfloat16* bias, uint32_t slot, uint32_t len,
+                                      const __nv_bfloat16* bias, const int32_t* seq_starts,
+                                      const int32_t* slots, uint32_t seqs, uint32_t max_len,
                                       uint32_t channels, uint32_t kernel) {
     metrale::grid_dependency_sync();
     const uint32_t ch = blockIdx.x * blockDim.x + threadIdx.x;
     const uint32_t t0 = blockIdx.y * CONV_CHUNK;
+    // max_len sizes the grid (a run longer than it is cut short there).
+    if (blockIdx.z >= seqs || t0 >= max_len) return;
+    const int32_t begin = seq_starts[blockIdx.z];
+    const uint32_t len = (uint32_t)(seq_starts[blockIdx.z + 1] - begin);
     if (ch >= channels || t0 >= len) return;
+    x += (size_t)begin * channels;
+    out += (size_t)begin * channels;
+    const uint32_t slot = (uint32_t)slots[blockIdx.z];
     const uint32_t t1 = min(t0 + CONV_CHUNK, len);
     const uint32_t taps = kernel - 1;
     __nv_bfloat16* st = conv_state + (size_t)slot * taps * channels + ch;

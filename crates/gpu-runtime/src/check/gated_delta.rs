@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Parity cases of the Gated DeltaNet kernels (`gated_delta.cu`): the short conv at
 //! Qwen3-Next-80B-A3B's 8192 q|k|v channels and width 4 (a decode row, a decode batch on shuffled
-//! slots, a 40-token prefill run), ragged channel counts, widths 2 and 8, runs shorter than the
-//! conv's taps (the new state reaching back into the old) and of several chunks with a partial
-//! last; the gated delta rule at Qwen3-Next's widths (32 value heads over 16 key heads,
+//! slots, a 40-token prefill run, a mixed step of runs of 23, 1, 1 and 17 tokens), ragged channel
+//! counts, widths 2 and 8, runs shorter than the conv's taps (the new state reaching back into the
+//! old), empty and of several chunks with a partial last; the gated delta rule at Qwen3-Next's widths (32 value heads over 16 key heads,
 //! dk = dv = 128: one decode row, a decode batch of 8, a 40-token prefill run, two sequences of
 //! different lengths in different slots) and at ragged small widths (dk not a multiple of the
 //! lanes, dv not a multiple of a block's 16 columns, an empty run, one key head for all).
@@ -90,21 +90,25 @@ fn conv_step_case(
     }
 }
 
+/// Runs of `lens` tokens in shuffled slots of `slots`.
 fn conv_run_case(
     rng: &mut Rng,
-    len: u32,
+    lens: &[u32],
     channels: u32,
     kernel: u32,
     slots: u32,
-    slot: u32,
     bias: bool,
 ) -> Case {
     let taps = (kernel - 1) as usize;
-    let n = (len * channels) as usize;
+    let seqs = lens.len() as u32;
+    let max_len = lens.iter().copied().max().unwrap_or(0);
+    let starts = run_starts(lens);
+    let n = *starts.last().unwrap() as usize * channels as usize;
+    let run_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..lens.len()].to_vec();
     Case {
         kernel: GdnConv1d::NAME,
         shape: format!(
-            "len={len} channels={channels} kernel={kernel} slot={slot} of {slots} bias={bias}"
+            "lens={lens:?} channels={channels} kernel={kernel} slots {run_slots:?} of {slots} bias={bias}"
         ),
         buffers: vec![
             output(vec![0u8; n * 2].into(), OutputKind::Bf16),
@@ -115,6 +119,8 @@ fn conv_run_case(
             ),
             input(bf16_normal(rng, (channels * kernel) as usize, 0.5)),
             input(bf16_normal(rng, channels as usize, 0.5)),
+            input(i32_bytes(&starts).into()),
+            input(i32_bytes(&run_slots).into()),
         ],
         build: Box::new(move |p| {
             launch_of(GdnConv1d {
@@ -123,8 +129,10 @@ fn conv_run_case(
                 conv_state: p[2],
                 weight: p[3],
                 bias: bias_or_null(bias, p[4]),
-                slot,
-                len,
+                seq_starts: p[5],
+                slots: p[6],
+                seqs,
+                max_len,
                 channels,
                 kernel,
             })
@@ -132,6 +140,15 @@ fn conv_run_case(
         gemm: None,
         allowance: None,
     }
+}
+
+/// Each run's first token, then the total.
+fn run_starts(lens: &[u32]) -> Vec<i32> {
+    let mut starts = vec![0i32];
+    for len in lens {
+        starts.push(starts.last().unwrap() + *len as i32);
+    }
+    starts
 }
 
 /// The widths of one recurrent case.
@@ -150,10 +167,7 @@ fn recurrent_case(rng: &mut Rng, lens: &[u32], heads: Heads, slots: u32) -> Case
     let seqs = lens.len() as u32;
     let tokens: u32 = lens.iter().sum();
     let stride = 2 * hk * dk + hv * dv;
-    let mut starts = vec![0i32];
-    for len in lens {
-        starts.push(starts.last().unwrap() + *len as i32);
-    }
+    let starts = run_starts(lens);
     let seq_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..lens.len()].to_vec();
     // Decays from exp(-2) to exp(-0.01), write strengths in (0, 1), as the model's gates land.
     let gates = (tokens * hv) as usize;
@@ -221,15 +235,16 @@ pub(super) fn gated_delta_cases(rng: &mut Rng) -> Vec<Case> {
     ] {
         out.push(conv_step_case(rng, rows, channels, kernel, slots, bias));
     }
-    for (len, channels, kernel, slots, slot, bias) in [
-        (40u32, 8192u32, 4u32, 4u32, 2u32, false),
-        (1, 8192, 4, 2, 1, false),
-        (2, 100, 4, 3, 0, true),
-        (17, 70, 4, 2, 1, true),
-        (33, 300, 8, 1, 0, false),
-        (5, 37, 2, 2, 1, true),
+    for (lens, channels, kernel, slots, bias) in [
+        (&[40u32][..], 8192u32, 4u32, 4u32, false),
+        (&[1][..], 8192, 4, 2, false),
+        (&[23, 1, 1, 17][..], 8192, 4, 6, false),
+        (&[2][..], 100, 4, 3, true),
+        (&[17, 0, 2][..], 70, 4, 4, true),
+        (&[33][..], 300, 8, 1, false),
+        (&[5, 1][..], 37, 2, 2, true),
     ] {
-        out.push(conv_run_case(rng, len, channels, kernel, slots, slot, bias));
+        out.push(conv_run_case(rng, lens, channels, kernel, slots, bias));
     }
     for (lens, heads, slots) in [
         (&[1u32][..], QWEN3_NEXT, 2u32),

@@ -55,12 +55,14 @@ kernel_args!(
 );
 
 kernel_args!(
-    /// A run of `len` tokens of one sequence (a prefill chunk) through the conv, from and back
-    /// into the state in slot `slot`.
+    /// Runs of tokens, each of one sequence, through the conv, from and back into each run's
+    /// state: run `s` is rows `seq_starts[s] .. seq_starts[s + 1]` of `x` and `out`, its state in
+    /// slot `slots[s]` (distinct). Prefill chunks, or a whole step with its decode rows as runs of
+    /// one (the addressing of [`GdnRecurrent`]).
     GdnConv1d => names::gated_delta::GDN_CONV1D {
-        /// bf16 `[len, channels]`.
+        /// bf16 `[tokens, channels]`.
         out: DevicePtr,
-        /// bf16 `[len, channels]`.
+        /// bf16 `[tokens, channels]`.
         x: DevicePtr,
         /// bf16 `[slots, kernel - 1, channels]`, updated.
         conv_state: DevicePtr,
@@ -68,10 +70,14 @@ kernel_args!(
         weight: DevicePtr,
         /// bf16 `[channels]`, or null for none.
         bias: DevicePtr,
-        /// The sequence's state slot.
-        slot: u32,
-        /// Tokens.
-        len: u32,
+        /// i32 `[seqs + 1]`: each run's first row, then the total.
+        seq_starts: DevicePtr,
+        /// i32 `[seqs]`: each run's state slot.
+        slots: DevicePtr,
+        /// Runs.
+        seqs: u32,
+        /// The longest run (sizes the grid; a longer run is cut short).
+        max_len: u32,
         /// Channels.
         channels: u32,
         /// Conv width, 2 to [`GDN_CONV_MAX_KERNEL`].
@@ -217,8 +223,8 @@ impl Kernel for GdnConv1d {
         LaunchConfig {
             grid: [
                 blocks_for(self.channels.into(), CONV_THREADS).max(1),
-                self.len.div_ceil(GDN_CONV_CHUNK).max(1),
-                1,
+                self.max_len.div_ceil(GDN_CONV_CHUNK).max(1),
+                self.seqs.max(1),
             ],
             block: [CONV_THREADS, 1, 1],
             shared_mem_bytes: 0,
@@ -226,19 +232,41 @@ impl Kernel for GdnConv1d {
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         check_kernel(Self::NAME, self.kernel)?;
-        let channels = self.channels as usize;
+        let (seqs, channels) = (self.seqs as usize, self.channels as usize);
         let (w, b) = conv_weights(mem, self.weight, self.bias, channels, self.kernel as usize)?;
-        conv_run(
-            mem,
-            self.out,
-            self.x,
-            self.conv_state,
-            &w,
-            b.as_deref(),
-            self.slot as usize,
-            self.len as usize,
-            channels,
-        )
+        let starts = host::load::<i32>(mem, self.seq_starts, seqs + 1)?;
+        let slots = host::load::<i32>(mem, self.slots, seqs)?;
+        for s in 0..seqs {
+            let (begin, end, slot) = (starts[s], starts[s + 1], slots[s]);
+            let (Ok(b0), Ok(e0), Ok(slot)) = (
+                usize::try_from(begin),
+                usize::try_from(end),
+                usize::try_from(slot),
+            ) else {
+                return Err(bad_args(
+                    Self::NAME,
+                    format!("run {s}: rows {begin}..{end}, slot {slot}"),
+                ));
+            };
+            if b0 > e0 || e0 - b0 > self.max_len as usize {
+                return Err(bad_args(
+                    Self::NAME,
+                    format!("run {s}: rows {begin}..{end}, max_len {}", self.max_len),
+                ));
+            }
+            conv_run(
+                mem,
+                at_bf16(self.out, b0 * channels),
+                at_bf16(self.x, b0 * channels),
+                self.conv_state,
+                &w,
+                b.as_deref(),
+                slot,
+                e0 - b0,
+                channels,
+            )?;
+        }
+        Ok(())
     }
 }
 
