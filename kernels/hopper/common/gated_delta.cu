@@ -166,8 +166,10 @@ extern "C" __global__ void __launch_bounds__(32)
     gdn_recurrent(__nv_bfloat16* o, float* state, const __nv_bfloat16* q,
                   const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
                   const float* beta, const int32_t* seq_starts, const int32_t* slots,
-                  uint32_t hv, uint32_t hk, uint32_t dk, uint32_t dv, uint32_t qkv_stride) {
+                  uint32_t seqs, uint32_t hv, uint32_t hk, uint32_t dk, uint32_t dv,
+                  uint32_t qkv_stride) {
     metrale::grid_dependency_sync();
+    if (blockIdx.z >= seqs) return;
     constexpr uint32_t PER_LANE = GDN_MAX_DK / 32;
     __shared__ float qs[GDN_MAX_DK];
     __shared__ float ks[GDN_MAX_DK];

@@ -466,4 +466,85 @@ mod tests {
             assert!((g - w).abs() <= 1e-2 * w.abs(), "{got:?} vs {want:?}");
         }
     }
+
+    /// The C parameters of `function` in `gated_delta.cu`, by kind ("pointer", "u32").
+    fn c_parameter_kinds(function: &str) -> Vec<&'static str> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../kernels/hopper/common/gated_delta.cu"
+        );
+        let source = std::fs::read_to_string(path).unwrap();
+        let at = source
+            .find(&format!("{function}("))
+            .unwrap_or_else(|| panic!("{function} not in {path}"));
+        let open = at + function.len() + 1;
+        let close = open + source[open..].find(')').unwrap();
+        source[open..close]
+            .split(',')
+            .map(|p| match p.trim() {
+                p if p.contains('*') => "pointer",
+                p if p.starts_with("uint32_t ") => "u32",
+                p => panic!("{function}: unexpected parameter `{p}`"),
+            })
+            .collect()
+    }
+
+    fn kinds(args: &[metrale_core::KernelArg]) -> Vec<&'static str> {
+        args.iter().map(|a| a.kind()).collect()
+    }
+
+    /// The argument structs mirror the C signatures (the ABI nothing else checks before a GPU
+    /// run): shown failing when `gdn_recurrent` lacked the `seqs` parameter its struct has.
+    #[test]
+    fn the_argument_structs_match_the_c_signatures() {
+        let p = DevicePtr::NULL;
+        let step = GdnConv1dStep {
+            out: p,
+            x: p,
+            conv_state: p,
+            weight: p,
+            bias: p,
+            slots: p,
+            rows: 0,
+            channels: 0,
+            kernel: 0,
+        };
+        let run = GdnConv1d {
+            out: p,
+            x: p,
+            conv_state: p,
+            weight: p,
+            bias: p,
+            seq_starts: p,
+            slots: p,
+            seqs: 0,
+            max_len: 0,
+            channels: 0,
+            kernel: 0,
+        };
+        let recurrent = GdnRecurrent {
+            o: p,
+            state: p,
+            q: p,
+            k: p,
+            v: p,
+            g: p,
+            beta: p,
+            seq_starts: p,
+            slots: p,
+            seqs: 0,
+            hv: 0,
+            hk: 0,
+            dk: 0,
+            dv: 0,
+            qkv_stride: 0,
+        };
+        for (name, args) in [
+            (GdnConv1dStep::NAME, step.args()),
+            (GdnConv1d::NAME, run.args()),
+            (GdnRecurrent::NAME, recurrent.args()),
+        ] {
+            assert_eq!(kinds(&args), c_parameter_kinds(name.function), "{name}");
+        }
+    }
 }
