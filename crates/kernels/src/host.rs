@@ -94,6 +94,9 @@ pub fn round_bf16(v: f32) -> f32 {
 pub trait KernelAbi: Sized {
     /// The entry point (a generated constant from [`crate::names`]).
     const NAME: KernelName;
+    /// The kinds of the arguments in C order ([`KernelArg::kind`]'s names): what the entry
+    /// point's C signature must declare, checked against the CUDA sources by a test.
+    const KINDS: &'static [&'static str];
     /// The arguments in the order of the C signature.
     fn args(&self) -> Vec<KernelArg>;
     /// Rebuilds the struct from an argument list (the inverse of [`KernelAbi::args`]).
@@ -123,6 +126,8 @@ fn run<K: Kernel>(
 
 /// A Rust type that maps to one [`KernelArg`] variant.
 pub trait ArgType: Sized {
+    /// [`KernelArg::kind`] of the variant.
+    const KIND: &'static str;
     /// Wraps the value.
     fn into_arg(self) -> KernelArg;
     /// Unwraps the value, or names the mismatch.
@@ -130,8 +135,9 @@ pub trait ArgType: Sized {
 }
 
 macro_rules! arg_type {
-    ($t:ty, $variant:ident) => {
+    ($t:ty, $variant:ident, $kind:literal) => {
         impl ArgType for $t {
+            const KIND: &'static str = $kind;
             fn into_arg(self) -> KernelArg {
                 KernelArg::$variant(self)
             }
@@ -144,11 +150,11 @@ macro_rules! arg_type {
         }
     };
 }
-arg_type!(DevicePtr, Ptr);
-arg_type!(i32, I32);
-arg_type!(u32, U32);
-arg_type!(u64, U64);
-arg_type!(f32, F32);
+arg_type!(DevicePtr, Ptr, "pointer");
+arg_type!(i32, I32, "i32");
+arg_type!(u32, U32, "u32");
+arg_type!(u64, U64, "u64");
+arg_type!(f32, F32, "f32");
 
 /// Takes the next argument of the expected type, or says which one is wrong.
 pub fn take_arg<T: ArgType>(
@@ -185,6 +191,7 @@ macro_rules! kernel_args {
 
         impl $crate::host::KernelAbi for $name {
             const NAME: metrale_core::KernelName = $entry;
+            const KINDS: &'static [&'static str] = &[$(<$ty as $crate::host::ArgType>::KIND),*];
 
             fn args(&self) -> Vec<metrale_core::KernelArg> {
                 vec![$($crate::host::ArgType::into_arg(self.$field)),*]
@@ -213,63 +220,152 @@ macro_rules! kernel_args {
 pub(crate) use kernel_args;
 
 /// Every host reference, by entry point.
-static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
+static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
     use crate::ops::*;
     &[
-        (Embedding::NAME, run::<Embedding>),
-        (Embedding::VEC_NAME, run::<Embedding>),
-        (RmsNorm::NAME, run::<RmsNorm>),
-        (AddRmsNorm::NAME, run::<AddRmsNorm>),
-        (RopeNeox::NAME, run::<RopeNeox>),
-        (SiluMul::NAME, run::<SiluMul>),
-        (Add::NAME, run::<Add>),
-        (ArgmaxBf16::NAME, run::<ArgmaxBf16>),
-        (ArgmaxF32::NAME, run::<ArgmaxF32>),
-        (Gemm::NAME, run::<Gemm>),
-        (GemmF32Out::NAME, run::<GemmF32Out>),
-        (Gemv::NAME, run::<Gemv>),
-        (GemvF32Out::NAME, run::<GemvF32Out>),
-        (GemvSwiglu::NAME, run::<GemvSwiglu>),
-        (GemvStaged::NAME, run::<GemvStaged>),
-        (GemvStream::NAME, run::<GemvStream>),
-        (GemvStreamF32Out::NAME, run::<GemvStreamF32Out>),
-        (GemvSwigluStream::NAME, run::<GemvSwigluStream>),
-        (GemvStreamNorm::NAME, run::<GemvStreamNorm>),
-        (GemvSwigluStreamNorm::NAME, run::<GemvSwigluStreamNorm>),
-        (GemvSwigluStaged::NAME, run::<GemvSwigluStaged>),
-        (GemvNorm::NAME, run::<GemvNorm>),
-        (GemvSwigluNorm::NAME, run::<GemvSwigluNorm>),
-        (PagedAttention::NAME, run::<PagedAttention>),
-        (PagedAttentionQkv::NAME, run::<PagedAttentionQkv>),
+        (Embedding::NAME, run::<Embedding>, Embedding::KINDS),
+        (Embedding::VEC_NAME, run::<Embedding>, Embedding::KINDS),
+        (RmsNorm::NAME, run::<RmsNorm>, RmsNorm::KINDS),
+        (AddRmsNorm::NAME, run::<AddRmsNorm>, AddRmsNorm::KINDS),
+        (RopeNeox::NAME, run::<RopeNeox>, RopeNeox::KINDS),
+        (SiluMul::NAME, run::<SiluMul>, SiluMul::KINDS),
+        (Add::NAME, run::<Add>, Add::KINDS),
+        (ArgmaxBf16::NAME, run::<ArgmaxBf16>, ArgmaxBf16::KINDS),
+        (ArgmaxF32::NAME, run::<ArgmaxF32>, ArgmaxF32::KINDS),
+        (Gemm::NAME, run::<Gemm>, Gemm::KINDS),
+        (GemmF32Out::NAME, run::<GemmF32Out>, GemmF32Out::KINDS),
+        (Gemv::NAME, run::<Gemv>, Gemv::KINDS),
+        (GemvF32Out::NAME, run::<GemvF32Out>, GemvF32Out::KINDS),
+        (GemvSwiglu::NAME, run::<GemvSwiglu>, GemvSwiglu::KINDS),
+        (GemvStaged::NAME, run::<GemvStaged>, GemvStaged::KINDS),
+        (GemvStream::NAME, run::<GemvStream>, GemvStream::KINDS),
+        (
+            GemvStreamF32Out::NAME,
+            run::<GemvStreamF32Out>,
+            GemvStreamF32Out::KINDS,
+        ),
+        (
+            GemvSwigluStream::NAME,
+            run::<GemvSwigluStream>,
+            GemvSwigluStream::KINDS,
+        ),
+        (
+            GemvStreamNorm::NAME,
+            run::<GemvStreamNorm>,
+            GemvStreamNorm::KINDS,
+        ),
+        (
+            GemvSwigluStreamNorm::NAME,
+            run::<GemvSwigluStreamNorm>,
+            GemvSwigluStreamNorm::KINDS,
+        ),
+        (
+            GemvSwigluStaged::NAME,
+            run::<GemvSwigluStaged>,
+            GemvSwigluStaged::KINDS,
+        ),
+        (GemvNorm::NAME, run::<GemvNorm>, GemvNorm::KINDS),
+        (
+            GemvSwigluNorm::NAME,
+            run::<GemvSwigluNorm>,
+            GemvSwigluNorm::KINDS,
+        ),
+        (
+            PagedAttention::NAME,
+            run::<PagedAttention>,
+            PagedAttention::KINDS,
+        ),
+        (
+            PagedAttentionQkv::NAME,
+            run::<PagedAttentionQkv>,
+            PagedAttentionQkv::KINDS,
+        ),
         (
             PagedAttentionQkv::WIDE_NAME,
             super::ops::paged_attention_qkv_wide_reference,
+            PagedAttentionQkv::KINDS,
         ),
-        (AttentionCombine::NAME, run::<AttentionCombine>),
-        (PrefillAttention::NAME, run::<PrefillAttention>),
-        (PrefillAttentionV2::NAME, run::<PrefillAttentionV2>),
-        (PrefillAttentionV3::NAME, run::<PrefillAttentionV3>),
-        (KvCacheWrite::NAME, run::<KvCacheWrite>),
-        (QkvRopeKvWrite::NAME, run::<QkvRopeKvWrite>),
-        (QkNormWhole::NAME, run::<QkNormWhole>),
-        (GridBarrier::NAME, run::<GridBarrier>),
-        (MoeRoute::NAME, run::<MoeRoute>),
-        (MoeGemvSwiglu::NAME, run::<MoeGemvSwiglu>),
-        (MoeGemvDown::NAME, run::<MoeGemvDown>),
-        (MoeGroup::NAME, run::<MoeGroup>),
-        (MoeGemmSwiglu::NAME, run::<MoeGemmSwiglu>),
-        (MoeGemmDown::NAME, run::<MoeGemmDown>),
-        (MoeGroupedGemvSwiglu::NAME, run::<MoeGroupedGemvSwiglu>),
-        (MoeGroupedGemvDown::NAME, run::<MoeGroupedGemvDown>),
-        (MoeGroupedMmaSwiglu::NAME, run::<MoeGroupedMmaSwiglu>),
-        (MoeGroupedMmaDown::NAME, run::<MoeGroupedMmaDown>),
-        (MoeCombine::NAME, run::<MoeCombine>),
-        (GemvFp8::NAME, run::<GemvFp8>),
-        (GemvFp8Swiglu::NAME, run::<GemvFp8Swiglu>),
-        (Fp8DequantBf16::NAME, run::<Fp8DequantBf16>),
-        (GdnConv1dStep::NAME, run::<GdnConv1dStep>),
-        (GdnConv1d::NAME, run::<GdnConv1d>),
-        (GdnRecurrent::NAME, run::<GdnRecurrent>),
+        (
+            AttentionCombine::NAME,
+            run::<AttentionCombine>,
+            AttentionCombine::KINDS,
+        ),
+        (
+            PrefillAttention::NAME,
+            run::<PrefillAttention>,
+            PrefillAttention::KINDS,
+        ),
+        (
+            PrefillAttentionV2::NAME,
+            run::<PrefillAttentionV2>,
+            PrefillAttentionV2::KINDS,
+        ),
+        (
+            PrefillAttentionV3::NAME,
+            run::<PrefillAttentionV3>,
+            PrefillAttentionV3::KINDS,
+        ),
+        (KvCacheWrite::NAME, run::<KvCacheWrite>, KvCacheWrite::KINDS),
+        (
+            QkvRopeKvWrite::NAME,
+            run::<QkvRopeKvWrite>,
+            QkvRopeKvWrite::KINDS,
+        ),
+        (QkNormWhole::NAME, run::<QkNormWhole>, QkNormWhole::KINDS),
+        (GridBarrier::NAME, run::<GridBarrier>, GridBarrier::KINDS),
+        (MoeRoute::NAME, run::<MoeRoute>, MoeRoute::KINDS),
+        (
+            MoeGemvSwiglu::NAME,
+            run::<MoeGemvSwiglu>,
+            MoeGemvSwiglu::KINDS,
+        ),
+        (MoeGemvDown::NAME, run::<MoeGemvDown>, MoeGemvDown::KINDS),
+        (MoeGroup::NAME, run::<MoeGroup>, MoeGroup::KINDS),
+        (
+            MoeGemmSwiglu::NAME,
+            run::<MoeGemmSwiglu>,
+            MoeGemmSwiglu::KINDS,
+        ),
+        (MoeGemmDown::NAME, run::<MoeGemmDown>, MoeGemmDown::KINDS),
+        (
+            MoeGroupedGemvSwiglu::NAME,
+            run::<MoeGroupedGemvSwiglu>,
+            MoeGroupedGemvSwiglu::KINDS,
+        ),
+        (
+            MoeGroupedGemvDown::NAME,
+            run::<MoeGroupedGemvDown>,
+            MoeGroupedGemvDown::KINDS,
+        ),
+        (
+            MoeGroupedMmaSwiglu::NAME,
+            run::<MoeGroupedMmaSwiglu>,
+            MoeGroupedMmaSwiglu::KINDS,
+        ),
+        (
+            MoeGroupedMmaDown::NAME,
+            run::<MoeGroupedMmaDown>,
+            MoeGroupedMmaDown::KINDS,
+        ),
+        (MoeCombine::NAME, run::<MoeCombine>, MoeCombine::KINDS),
+        (GemvFp8::NAME, run::<GemvFp8>, GemvFp8::KINDS),
+        (
+            GemvFp8Swiglu::NAME,
+            run::<GemvFp8Swiglu>,
+            GemvFp8Swiglu::KINDS,
+        ),
+        (
+            Fp8DequantBf16::NAME,
+            run::<Fp8DequantBf16>,
+            Fp8DequantBf16::KINDS,
+        ),
+        (
+            GdnConv1dStep::NAME,
+            run::<GdnConv1dStep>,
+            GdnConv1dStep::KINDS,
+        ),
+        (GdnConv1d::NAME, run::<GdnConv1d>, GdnConv1d::KINDS),
+        (GdnRecurrent::NAME, run::<GdnRecurrent>, GdnRecurrent::KINDS),
     ]
 };
 
@@ -277,13 +373,137 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn)] = {
 pub fn host_reference(name: KernelName) -> Option<HostKernelFn> {
     HOST_KERNELS
         .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, f)| *f)
+        .find(|(n, ..)| *n == name)
+        .map(|(_, f, _)| *f)
+}
+
+/// The argument kinds an entry point's host reference decodes, in C order, if it has one.
+pub fn abi_kinds(name: KernelName) -> Option<&'static [&'static str]> {
+    HOST_KERNELS
+        .iter()
+        .find(|(n, ..)| *n == name)
+        .map(|(.., kinds)| *kinds)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `extern "C" __global__` function of the CUDA sources under `kernels/`: its name and
+    /// its parameters' kinds (`pointer`, `u32`, `i32`, `u64`, `f32`), by source file.
+    fn c_signatures() -> Vec<(String, String, Vec<&'static str>)> {
+        fn cu_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    cu_files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "cu" || e == "cuh") {
+                    out.push(path);
+                }
+            }
+        }
+        /// The text from an opening parenthesis at `open` to its match, exclusive.
+        fn parenthesised(text: &str, open: usize) -> &str {
+            let mut depth = 0;
+            for (i, c) in text[open..].char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return &text[open + 1..open + i];
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            panic!("unbalanced parentheses")
+        }
+        fn kind(param: &str) -> &'static str {
+            let p = param.split_whitespace().collect::<Vec<_>>().join(" ");
+            let base = p.trim_start_matches("const ");
+            match () {
+                _ if p.contains('*') => "pointer",
+                _ if base.starts_with("uint32_t ") || base.starts_with("unsigned ") => "u32",
+                _ if base.starts_with("int32_t ") || base.starts_with("int ") => "i32",
+                _ if base.starts_with("uint64_t ") || base.starts_with("size_t ") => "u64",
+                _ if base.starts_with("float ") => "f32",
+                _ => panic!("a parameter of unknown kind: `{p}`"),
+            }
+        }
+        let mut files = Vec::new();
+        cu_files(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels"),
+            &mut files,
+        );
+        let mut out = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (at, _) in text.match_indices("extern \"C\" __global__") {
+                let mut rest = at + "extern \"C\" __global__".len();
+                // `void`, then `__launch_bounds__(...)` if any, then the name.
+                let head = &text[rest..];
+                let void = head.find("void").expect("a kernel returns void");
+                rest += void + "void".len();
+                let tail = text[rest..].trim_start();
+                rest = text.len() - tail.len();
+                if tail.starts_with("__launch_bounds__") {
+                    let open = rest + tail.find('(').unwrap();
+                    rest = open + parenthesised(&text, open).len() + 2;
+                }
+                let tail = text[rest..].trim_start();
+                let open = text.len() - tail.len() + tail.find('(').unwrap();
+                let name = text[text.len() - tail.len()..open].trim().to_string();
+                let params = parenthesised(&text, open);
+                let kinds = params
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(kind)
+                    .collect();
+                out.push((file.display().to_string(), name, kinds));
+            }
+        }
+        out
+    }
+
+    /// Every entry point's argument struct declares the kinds its C signature takes, in order:
+    /// a struct and a signature that disagree pass every host test and read wrong arguments on
+    /// the GPU (found this way once: gdn_recurrent lacked a parameter its struct passes).
+    #[test]
+    fn every_argument_struct_matches_its_c_signature() {
+        let signatures = c_signatures();
+        let mut wrong = Vec::new();
+        for &(name, _, kinds) in HOST_KERNELS {
+            let found: Vec<_> = signatures
+                .iter()
+                .filter(|(_, n, _)| n == name.function)
+                .collect();
+            if found.is_empty() {
+                wrong.push(format!(
+                    "{name}: no `extern \"C\" __global__` definition found"
+                ));
+            }
+            for (file, _, c) in found {
+                if c.as_slice() != kinds {
+                    wrong.push(format!("{name} ({file}): struct {kinds:?}, C {c:?}"));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn arg_type_kinds_name_their_variants() {
+        assert_eq!(
+            <DevicePtr as ArgType>::KIND,
+            DevicePtr::NULL.into_arg().kind()
+        );
+        assert_eq!(<i32 as ArgType>::KIND, 0i32.into_arg().kind());
+        assert_eq!(<u32 as ArgType>::KIND, 0u32.into_arg().kind());
+        assert_eq!(<u64 as ArgType>::KIND, 0u64.into_arg().kind());
+        assert_eq!(<f32 as ArgType>::KIND, 0f32.into_arg().kind());
+    }
 
     #[test]
     fn every_entry_point_has_a_host_reference() {

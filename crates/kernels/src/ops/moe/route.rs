@@ -28,6 +28,7 @@ impl MoeScoring {
 }
 
 impl ArgType for MoeScoring {
+    const KIND: &'static str = "u32";
     fn into_arg(self) -> KernelArg {
         KernelArg::U32(self.code())
     }
