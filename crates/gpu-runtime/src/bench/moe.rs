@@ -9,8 +9,8 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup, MoeRoute,
-    MoeScoring, group_by_expert,
+    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
+    MoeGroupedMmaDown, MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert,
 };
 
 use super::{BenchCase, i32_bytes, launch_of};
@@ -160,9 +160,18 @@ fn gemv_down_case(s: &MoeShape, rows: u32) -> BenchCase {
     }
 }
 
-/// The prefill path at `tokens` rows: the grouping, both grouped products (over a grouping made
-/// on the host and uploaded) and the combine.
-fn prefill_cases(s: &MoeShape, tokens: u32) -> Vec<BenchCase> {
+/// Which kernels a grouped step's two products take.
+#[derive(Clone, Copy, PartialEq)]
+enum Grouped {
+    /// The WMMA tiles (`moe_gemm_*`): prefill, from `moe_tensor_core_min_rows` tokens.
+    Tiles,
+    /// The mma.sync weight streams (`moe_grouped_mma_*`): decode batches below that.
+    Mma,
+}
+
+/// A grouped step at `tokens` rows: the grouping, both grouped products (over a grouping made on
+/// the host and uploaded) in `form`, and the combine.
+fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
     let (h, i, e, k) = (s.hidden, s.inter, s.experts, s.k);
     let n = tokens * k;
     let n64 = u64::from(n);
@@ -191,7 +200,11 @@ fn prefill_cases(s: &MoeShape, tokens: u32) -> Vec<BenchCase> {
         },
         BenchCase {
             kernel: MoeGemmSwiglu::NAME,
-            label: format!("{} moe grouped gate_up+silu*mul tokens={tokens}", s.name),
+            label: format!(
+                "{} moe grouped{} gate_up+silu*mul tokens={tokens}",
+                s.name,
+                if form == Grouped::Mma { " mma" } else { "" }
+            ),
             bytes: 2 * expert_bytes + u64::from(tokens) * u64::from(h) * 2 + n64 * u64::from(i) * 2,
             flops: 2 * n64 * 2 * u64::from(i) * u64::from(h),
             buffers: vec![
@@ -202,7 +215,7 @@ fn prefill_cases(s: &MoeShape, tokens: u32) -> Vec<BenchCase> {
             uploads: vec![offsets_up.clone(), sorted_up.clone()],
             library_gemm: None,
             build: Box::new(move |p| {
-                launch_of(MoeGemmSwiglu {
+                let args = MoeGemmSwiglu {
                     act: p[0],
                     x: p[1],
                     w: p[2],
@@ -212,12 +225,20 @@ fn prefill_cases(s: &MoeShape, tokens: u32) -> Vec<BenchCase> {
                     experts: e,
                     inter: i,
                     hidden: h,
-                })
+                };
+                match form {
+                    Grouped::Tiles => launch_of(args),
+                    Grouped::Mma => launch_of(MoeGroupedMmaSwiglu::from(args)),
+                }
             }),
         },
         BenchCase {
             kernel: MoeGemmDown::NAME,
-            label: format!("{} moe grouped down tokens={tokens}", s.name),
+            label: format!(
+                "{} moe grouped{} down tokens={tokens}",
+                s.name,
+                if form == Grouped::Mma { " mma" } else { "" }
+            ),
             bytes: expert_bytes + n64 * (u64::from(i) + u64::from(h)) * 2,
             flops: 2 * n64 * u64::from(h) * u64::from(i),
             buffers: vec![
@@ -228,7 +249,7 @@ fn prefill_cases(s: &MoeShape, tokens: u32) -> Vec<BenchCase> {
             uploads: vec![offsets_up, sorted_up],
             library_gemm: None,
             build: Box::new(move |p| {
-                launch_of(MoeGemmDown {
+                let args = MoeGemmDown {
                     y: p[0],
                     act: p[1],
                     w: p[2],
@@ -237,7 +258,11 @@ fn prefill_cases(s: &MoeShape, tokens: u32) -> Vec<BenchCase> {
                     experts: e,
                     hidden: h,
                     inter: i,
-                })
+                };
+                match form {
+                    Grouped::Tiles => launch_of(args),
+                    Grouped::Mma => launch_of(MoeGroupedMmaDown::from(args)),
+                }
             }),
         },
         BenchCase {
@@ -279,9 +304,14 @@ pub fn moe_cases(s: &MoeShape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(gemv_swiglu_case(s, rows));
         out.push(gemv_down_case(s, rows));
     }
+    // Decode batches from moe_grouped_min_rows: the mma weight streams.
+    for t in [16u32, 32, 64, 128] {
+        out.push(route_case(s, t));
+        out.extend(grouped_cases(s, t, Grouped::Mma));
+    }
     for &t in prefill_tokens {
         out.push(route_case(s, t));
-        out.extend(prefill_cases(s, t));
+        out.extend(grouped_cases(s, t, Grouped::Tiles));
     }
     out
 }
