@@ -16,6 +16,14 @@ What "the same thing" means per row (bf16 tensors, as transformers runs the mode
   prefill attention  the same, causal, over [1, heads, tokens, head_dim]
   argmax             logits.argmax(-1) over f32 logits
   embedding          F.embedding(ids, table).float(): the gather widened to the f32 residual
+  moe (--shape qwen3-30b-a3b: bench-kernels' expert rows, the same routing: row r's slot s takes
+  expert (r k + s) % E) what transformers' routed MLP runs in bf16 (its eager experts loop, as
+                     Qwen3MoeSparseMoeBlock): route = F.linear logits' softmax in f32, topk,
+                     renormalised; gate_up+silu*mul and grouped gate_up = per touched expert
+                     F.linear(x[its rows], w_gate_up[e]) then F.silu(g) * u; down (+combine) = per
+                     expert F.linear(act, w_down[e]) * weight, index_add_ into the output;
+                     group = one_hot(ids).permute + nonzero (the loop's bookkeeping); combine is
+                     inside transformers' down (index_add_), so its row times index_add_ alone
 """
 
 import argparse
@@ -25,6 +33,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+MOE_SHAPES = {
+    "qwen3-30b-a3b": dict(hidden=2048, inter=768, experts=128, k=8),
+}
 
 SHAPES = {
     "qwen3-8b": dict(hidden=4096, inter=12288, q_heads=32, kv_heads=8, head_dim=128, vocab=151936),
@@ -204,16 +216,114 @@ def rows_for(name, s, prefill):
     return out
 
 
+def moe_rows(name, s, prefill):
+    """The routed MLP's pieces at bench-kernels' MoE labels (bench/moe.rs)."""
+    h, i, e, k = s["hidden"], s["inter"], s["experts"], s["k"]
+    bf, dev = torch.bfloat16, "cuda"
+    w_gate_up = torch.randn(e, 2 * i, h, device=dev, dtype=bf) * 0.02
+    w_down = torch.randn(e, h, i, device=dev, dtype=bf) * 0.02
+    router = torch.randn(e, h, device=dev, dtype=bf) * 0.02
+    out = []
+
+    def routing(rows):
+        ids = (torch.arange(rows * k, device=dev) % e).reshape(rows, k)
+        weights = torch.full((rows, k), 1.0 / k, device=dev, dtype=torch.float32)
+        return ids, weights
+
+    def per_expert(ids):
+        """transformers' loop bookkeeping: for each hit expert, its (slot, row) pairs."""
+        mask = F.one_hot(ids, num_classes=e).permute(2, 1, 0)
+        hit = (mask.sum(dim=(-1, -2)) > 0).nonzero()
+        return [(int(x), *torch.where(mask[int(x)])) for x in hit]
+
+    def gate_up_fn(x, groups, acts):
+        def f():
+            for j, (ex, _slot, tok) in enumerate(groups):
+                g, u = F.linear(x[tok], w_gate_up[ex]).chunk(2, dim=-1)
+                acts[j] = F.silu(g) * u
+        return f
+
+    def down_fn(x, groups, acts, weights):
+        final = torch.zeros_like(x)
+
+        def f():
+            final.zero_()
+            for j, (ex, slot, tok) in enumerate(groups):
+                y = F.linear(acts[j], w_down[ex]) * weights[tok, slot, None]
+                final.index_add_(0, tok, y.to(final.dtype))
+        return f
+
+    def route_row(rows):
+        x = torch.randn(rows, h, device=dev, dtype=bf)
+
+        def f():
+            logits = F.linear(x, router)
+            p = torch.softmax(logits.float(), dim=-1)
+            w, idx = torch.topk(p, k, dim=-1)
+            return w / w.sum(-1, keepdim=True), idx
+        out.append({"label": f"{name} moe route rows={rows} experts={e} k={k}",
+                    "op": "router F.linear, softmax, topk, renormalise", "us": timed(f),
+                    "bytes": rows * (e * 4 + k * 8), "flops": rows * e * (4 + k)})
+
+    def touched(rows):
+        return min(rows * k, e)
+
+    def expert_rows(rows, gate_label, down_label):
+        x = torch.randn(rows, h, device=dev, dtype=bf)
+        ids, weights = routing(rows)
+        groups = per_expert(ids)
+        acts = [None] * len(groups)
+        up = gate_up_fn(x, groups, acts)
+        up()
+        n = rows * k
+        out.append({"label": gate_label, "op": "per expert F.linear + F.silu(g) * u", "us": timed(up),
+                    "bytes": touched(rows) * 2 * i * h * 2 + rows * h * 2 + n * i * 2,
+                    "flops": 2 * n * 2 * i * h})
+        down = down_fn(x, groups, acts, weights)
+        out.append({"label": down_label, "op": "per expert F.linear * w, index_add_", "us": timed(down),
+                    "bytes": touched(rows) * h * i * 2 + n * i * 2 + n * 8 + rows * h * 2,
+                    "flops": 2 * n * h * i})
+        return x, ids, weights, groups
+
+    for rows in (1, 8, 32, 64):
+        route_row(rows)
+        expert_rows(rows, f"{name} moe gate_up+silu*mul m={rows} k={k} inter={i} hidden={h}",
+                    f"{name} moe down+combine m={rows} k={k} hidden={h} inter={i}")
+    for tokens, form in [(t, " mma") for t in (16, 32, 64, 128)] + [(t, "") for t in prefill]:
+        route_row(tokens)
+        ids, _ = routing(tokens)
+        n = tokens * k
+        out.append({"label": f"{name} moe group tokens={tokens} k={k} experts={e}",
+                    "op": "one_hot + permute + nonzero (transformers' loop)", "us": timed(lambda: per_expert(ids)),
+                    "bytes": n * 8 + (e + 1) * 4, "flops": n})
+        x, ids, weights, groups = expert_rows(
+            tokens, f"{name} moe grouped{form} gate_up+silu*mul tokens={tokens}",
+            f"{name} moe grouped{form} down tokens={tokens}")
+        y = torch.randn(n, h, device=dev, dtype=bf)
+        final = torch.zeros(tokens, h, device=dev, dtype=bf)
+        tok = torch.arange(n, device=dev) // k
+        out.append({"label": f"{name} moe combine tokens={tokens}", "op": "index_add_ (inside transformers' down)",
+                    "us": timed(lambda: final.index_add_(0, tok, y)),
+                    "bytes": n * (h * 2 + 8) + tokens * h * 2, "flops": 2 * n * h})
+    for r in out:
+        r["gb_s"] = r["bytes"] / r["us"] / 1e3
+        r["tflop_s"] = r["flops"] / r["us"] / 1e6
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    ap.add_argument("--shape", choices=sorted(SHAPES) + sorted(MOE_SHAPES), default="qwen3-8b")
     ap.add_argument("--prefill", default="128,1024,8192")
     ap.add_argument("--json", required=True, type=Path)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     prefill = [int(x) for x in args.prefill.split(",") if x]
     with torch.inference_mode():
-        rows = rows_for(args.shape, SHAPES[args.shape], prefill)
+        if args.shape in MOE_SHAPES:
+            rows = moe_rows(args.shape, MOE_SHAPES[args.shape], prefill)
+        else:
+            rows = rows_for(args.shape, SHAPES[args.shape], prefill)
     report = {"producer": "scripts/gpu/torch_kernels.py", "shape": args.shape, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "rows": rows}
