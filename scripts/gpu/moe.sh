@@ -18,6 +18,10 @@
 #   serve    met serve on the 4-layer qwen3_moe checkpoint (SERVE_MODEL: another), a concurrency
 #            sweep (SERVE_CONCURRENCY, default 1 8 32 64) of distinct 288-token prompts, 128 tokens
 #            each, through scripts/gpu/prefix_cache_bench.py's throughput workload
+#   table    the MoE rows of the kernel table: met bench-kernels --shape qwen3-30b-a3b beside
+#            scripts/gpu/torch_kernels.py --shape qwen3-30b-a3b, merged by kernel_table.py
+#   newkernels  met check-kernels on the kernels not yet run on a GPU (gemv_fp8, gated_delta) at
+#            SEEDS (default 1 2 3)
 #   fixtures the tiny MoE fixtures of crates/model-engine/tests/fixtures (tiny_moe_fixtures.py)
 #
 # Everything worth keeping collects in $RES, packed into $OUT/moe-results.tgz at the end (the
@@ -139,6 +143,25 @@ PY
     curl -s "http://127.0.0.1:$port/metrics" >"$RES/serve-metrics.txt"
     kill -INT $pid; wait $pid
     grep -ci "error" "$log" | sed 's/^/serve log lines with "error": /'
+}
+
+table() {
+    # The MoE rows of the kernel table: met bench-kernels at Qwen3-30B-A3B's expert shapes beside
+    # transformers' routed MLP at the same labels.
+    "$MET" bench-kernels --shape qwen3-30b-a3b --prefill 1024,8192 --json "$RES/bench-kernels-moe.json" \
+        >"$RES/bench-kernels-moe.md" 2>&1
+    python3 scripts/gpu/torch_kernels.py --shape qwen3-30b-a3b --prefill 1024,8192 \
+        --json "$RES/torch-kernels-moe.json" >"$RES/torch-kernels-moe.txt" 2>&1 || tail -5 "$RES/torch-kernels-moe.txt"
+    python3 scripts/gpu/kernel_table.py --met "$RES/bench-kernels-moe.json" --torch "$RES/torch-kernels-moe.json" \
+        --json "$RES/kernel-table-moe.json" | tee "$RES/kernel-table-moe.md" | tail -40
+}
+
+newkernels() {
+    # Kernels written without a GPU (FP8 GEMV, Gated DeltaNet): check-kernels at a few seeds.
+    for seed in ${SEEDS:-1 2 3}; do
+        "$MET" check-kernels --kernel gemv_fp8 --seed "$seed" 2>&1 | tail -2
+        "$MET" check-kernels --kernel gated_delta --seed "$seed" 2>&1 | tail -2
+    done | tee "$RES/newkernels.txt"
 }
 
 fixtures() {
