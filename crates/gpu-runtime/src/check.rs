@@ -1736,6 +1736,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gemv_fp8::gemv_fp8_cases(&mut rng));
     // The Gated DeltaNet kernels, after every other case for the same reason.
     out.extend(gated_delta::gated_delta_cases(&mut rng));
+    // The Gated DeltaNet gating, after every other case for the same reason.
+    out.extend(gated_delta::gating_cases(&mut rng));
     out
 }
 

@@ -246,3 +246,26 @@ extern "C" __global__ void __launch_bounds__(32)
         if (live && row0 + i < dk) s_col[(size_t)i * dv] = s[i];
     }
 }
+
+// The decay and the write strength of every (token, value head), as Qwen3-Next's gated delta rule
+// takes them: g = -exp(a_log[h]) * softplus(a + dt_bias[h]) (softplus(x) = x above 20, as
+// PyTorch's), beta = sigmoid(b), f32. b and a of value head h come from the ba product's row as
+// the checkpoint groups them: per key head kh, its hv / hk b values then its hv / hk a values;
+// h = kh * (hv / hk) + j reads b at kh * 2 (hv / hk) + j and a at that + hv / hk.
+// Launch: grid = ceil(tokens * hv / 256), block = 256, one (token, head) a thread.
+extern "C" __global__ void __launch_bounds__(256) gdn_gating(
+    float* __restrict__ g, float* __restrict__ beta, const __nv_bfloat16* __restrict__ ba,
+    const float* __restrict__ a_log, const float* __restrict__ dt_bias, uint32_t tokens,
+    uint32_t hv, uint32_t hk) {
+    metrale::grid_dependency_sync();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (hk == 0 || hv % hk != 0 || i >= (size_t)tokens * hv) return;
+    const uint32_t per = hv / hk;
+    const size_t t = i / hv;
+    const uint32_t h = (uint32_t)(i % hv), kh = h / per, j = h % per;
+    const __nv_bfloat16* row = ba + t * 2 * hv + (size_t)kh * 2 * per;
+    const float b = metrale::to_f32(row[j]), x = metrale::to_f32(row[per + j]) + dt_bias[h];
+    const float softplus = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = -expf(a_log[h]) * softplus;
+    beta[i] = 1.0f / (1.0f + expf(-b));
+}

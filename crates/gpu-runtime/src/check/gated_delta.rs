@@ -12,7 +12,7 @@
 //! as a difference; the recurrent state is compared with the f32 metric, outputs with bf16's.
 
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{GdnConv1d, GdnConv1dStep, GdnRecurrent};
+use metrale_kernels::ops::{GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent};
 
 use super::{Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of};
 
@@ -283,6 +283,48 @@ pub(super) fn gated_delta_cases(rng: &mut Rng) -> Vec<Case> {
         ),
     ] {
         out.push(recurrent_case(rng, lens, heads, slots));
+    }
+    out
+}
+
+/// The gating at Qwen3-Next's heads (32 value over 16 key) for one decode row and a 40-token run,
+/// and ragged head groupings; `a` spread so that softplus meets its linear branch (above 20).
+pub(super) fn gating_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for (tokens, hv, hk) in [
+        (1u32, 32u32, 16u32),
+        (40, 32, 16),
+        (7, 6, 2),
+        (3, 4, 4),
+        (5, 3, 1),
+    ] {
+        let (t, h) = (tokens as usize, hv as usize);
+        let a_log: Vec<f32> = (0..h).map(|i| (1.0 + i as f32 % 16.0).ln()).collect();
+        out.push(Case {
+            kernel: GdnGating::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!("tokens={tokens} hv={hv} hk={hk}"),
+            buffers: vec![
+                output(vec![0u8; t * h * 4].into(), OutputKind::F32),
+                output(vec![0u8; t * h * 4].into(), OutputKind::F32),
+                input(bf16_normal(rng, t * 2 * h, 8.0)),
+                input(f32_bytes(&a_log).into()),
+                input(f32_normal(rng, h, 1.0)),
+            ],
+            build: Box::new(move |p| {
+                launch_of(GdnGating {
+                    g: p[0],
+                    beta: p[1],
+                    ba: p[2],
+                    a_log: p[3],
+                    dt_bias: p[4],
+                    tokens,
+                    hv,
+                    hk,
+                })
+            }),
+        });
     }
     out
 }

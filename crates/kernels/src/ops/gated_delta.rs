@@ -21,7 +21,7 @@ mod kernels;
 
 pub use kernels::{
     GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
-    GdnRecurrent,
+    GdnGating, GdnRecurrent,
 };
 
 /// Epsilon of the L2 normalisation of q and k (as the reference implementation's `l2norm`).

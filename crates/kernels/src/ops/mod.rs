@@ -30,7 +30,7 @@ pub use attention::{
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
-pub use gated_delta::{GdnConv1d, GdnConv1dStep, GdnRecurrent};
+pub use gated_delta::{GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent};
 pub use gemm::{
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, GEMV_STREAM_BLOCKS, GEMV_STREAM_STAGES,
     Gemm, GemmF32Out, Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream,

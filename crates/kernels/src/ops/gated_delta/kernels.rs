@@ -374,6 +374,69 @@ impl Kernel for GdnRecurrent {
     }
 }
 
+kernel_args!(
+    /// The gated delta rule's decay and write strength of every (token, value head), as
+    /// Qwen3-Next computes them from its `ba` product: `g = -exp(a_log[h]) * softplus(a +
+    /// dt_bias[h])`, `beta = sigmoid(b)`, f32; `b` and `a` of head `h = kh * (hv / hk) + j` at
+    /// `kh * 2 (hv / hk) + j` and that `+ hv / hk` of the token's row (the checkpoint's grouping
+    /// per key head).
+    GdnGating => names::gated_delta::GDN_GATING {
+        /// f32 `[tokens, hv]`.
+        g: DevicePtr,
+        /// f32 `[tokens, hv]`.
+        beta: DevicePtr,
+        /// bf16 `[tokens, 2 hv]`.
+        ba: DevicePtr,
+        /// f32 `[hv]`.
+        a_log: DevicePtr,
+        /// f32 `[hv]`.
+        dt_bias: DevicePtr,
+        /// Tokens.
+        tokens: u32,
+        /// Value heads.
+        hv: u32,
+        /// Key heads (divides `hv`).
+        hk: u32,
+    }
+);
+
+/// PyTorch's softplus (beta 1, threshold 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+impl Kernel for GdnGating {
+    fn launch_config(&self) -> LaunchConfig {
+        let n = u64::from(self.tokens) * u64::from(self.hv);
+        LaunchConfig::linear(blocks_for(n.max(1), 256), 256)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let (tokens, hv, hk) = (self.tokens as usize, self.hv as usize, self.hk as usize);
+        if hk == 0 || hv % hk != 0 {
+            return Err(bad_args(
+                Self::NAME,
+                format!("hv = {hv} must be a multiple of hk = {hk}"),
+            ));
+        }
+        let per = hv / hk;
+        let ba = host::load_bf16(mem, self.ba, tokens * 2 * hv)?;
+        let a_log = host::load::<f32>(mem, self.a_log, hv)?;
+        let dt_bias = host::load::<f32>(mem, self.dt_bias, hv)?;
+        let (mut g, mut beta) = (vec![0f32; tokens * hv], vec![0f32; tokens * hv]);
+        for t in 0..tokens {
+            let row = &ba[t * 2 * hv..(t + 1) * 2 * hv];
+            for h in 0..hv {
+                let (kh, j) = (h / per, h % per);
+                let (b, a) = (row[kh * 2 * per + j], row[kh * 2 * per + per + j]);
+                g[t * hv + h] = -a_log[h].exp() * softplus(a + dt_bias[h]);
+                beta[t * hv + h] = 1.0 / (1.0 + (-b).exp());
+            }
+        }
+        host::store(mem, self.g, &g)?;
+        host::store(mem, self.beta, &beta)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,6 +527,45 @@ mod tests {
         let got = f32s(&m.get(o, 4));
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() <= 1e-2 * w.abs(), "{got:?} vs {want:?}");
+        }
+    }
+
+    /// The gating reads each value head's b and a where the checkpoint groups them (per key
+    /// head: its b values, then its a values), and takes softplus's linear branch above 20.
+    #[test]
+    fn gating_reads_b_and_a_per_key_head() {
+        let mut m = FlatMemory::new();
+        // hv = 4 over hk = 2: key head 0 holds b0 b1 a0 a1, key head 1 b2 b3 a2 a3.
+        let ba = m.put(&bf16s(&[0.0, 1.0, 0.5, 30.0, -1.0, 2.0, -0.5, 0.0]));
+        let (g, beta) = (m.put(&[0f32; 4]), m.put(&[0f32; 4]));
+        let a_log = m.put(&[0f32, 0.0, (2f32).ln(), 0.0]);
+        let dt_bias = m.put(&[0f32; 4]);
+        GdnGating {
+            g,
+            beta,
+            ba,
+            a_log,
+            dt_bias,
+            tokens: 1,
+            hv: 4,
+            hk: 2,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let softplus = |x: f32| (1.0 + x.exp()).ln();
+        let want_beta = [sigmoid(0.0), sigmoid(1.0), sigmoid(-1.0), sigmoid(2.0)];
+        let want_g = [-softplus(0.5), -30.0, -2.0 * softplus(-0.5), -softplus(0.0)];
+        let (got_g, got_beta) = (m.get::<f32>(g, 4), m.get::<f32>(beta, 4));
+        for h in 0..4 {
+            assert!(
+                (got_beta[h] - want_beta[h]).abs() < 1e-6,
+                "beta {got_beta:?}"
+            );
+            assert!(
+                (got_g[h] - want_g[h]).abs() < 1e-5,
+                "g {got_g:?} vs {want_g:?}"
+            );
         }
     }
 }
