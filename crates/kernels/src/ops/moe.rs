@@ -27,6 +27,25 @@
 //! The MoE block's output is bf16 `[m, hidden]`, as the dense MLP's down product gives it: the
 //! residual add + norm that follows takes it unchanged.
 
+/// The three forms of each grouped product take the same arguments: one conversion each way
+/// between the tensor-core tile form `$gemm` and `$twin`.
+macro_rules! same_args {
+    ($gemm:ident <-> $twin:ident { $($field:ident),* }) => {
+        impl From<$twin> for $gemm {
+            fn from(a: $twin) -> Self {
+                let $twin { $($field),* } = a;
+                $gemm { $($field),* }
+            }
+        }
+        impl From<$gemm> for $twin {
+            fn from(a: $gemm) -> Self {
+                let $gemm { $($field),* } = a;
+                $twin { $($field),* }
+            }
+        }
+    };
+}
+
 mod decode;
 mod grouped;
 mod grouped_mma;

@@ -135,109 +135,12 @@ kernel_args!(
     }
 );
 
-impl From<MoeGroupedGemvSwiglu> for MoeGemmSwiglu {
-    fn from(a: MoeGroupedGemvSwiglu) -> Self {
-        let MoeGroupedGemvSwiglu {
-            act,
-            x,
-            w,
-            offsets,
-            sorted,
-            k,
-            experts,
-            inter,
-            hidden,
-        } = a;
-        MoeGemmSwiglu {
-            act,
-            x,
-            w,
-            offsets,
-            sorted,
-            k,
-            experts,
-            inter,
-            hidden,
-        }
-    }
-}
-
-impl From<MoeGroupedGemvDown> for MoeGemmDown {
-    fn from(a: MoeGroupedGemvDown) -> Self {
-        let MoeGroupedGemvDown {
-            y,
-            act,
-            w,
-            offsets,
-            sorted,
-            experts,
-            hidden,
-            inter,
-        } = a;
-        MoeGemmDown {
-            y,
-            act,
-            w,
-            offsets,
-            sorted,
-            experts,
-            hidden,
-            inter,
-        }
-    }
-}
-
-impl From<MoeGemmSwiglu> for MoeGroupedGemvSwiglu {
-    fn from(a: MoeGemmSwiglu) -> Self {
-        let MoeGemmSwiglu {
-            act,
-            x,
-            w,
-            offsets,
-            sorted,
-            k,
-            experts,
-            inter,
-            hidden,
-        } = a;
-        MoeGroupedGemvSwiglu {
-            act,
-            x,
-            w,
-            offsets,
-            sorted,
-            k,
-            experts,
-            inter,
-            hidden,
-        }
-    }
-}
-
-impl From<MoeGemmDown> for MoeGroupedGemvDown {
-    fn from(a: MoeGemmDown) -> Self {
-        let MoeGemmDown {
-            y,
-            act,
-            w,
-            offsets,
-            sorted,
-            experts,
-            hidden,
-            inter,
-        } = a;
-        MoeGroupedGemvDown {
-            y,
-            act,
-            w,
-            offsets,
-            sorted,
-            experts,
-            hidden,
-            inter,
-        }
-    }
-}
+same_args!(MoeGemmSwiglu <-> MoeGroupedGemvSwiglu {
+    act, x, w, offsets, sorted, k, experts, inter, hidden
+});
+same_args!(MoeGemmDown <-> MoeGroupedGemvDown {
+    y, act, w, offsets, sorted, experts, hidden, inter
+});
 
 /// Output columns of a grouped weight-stream block (8 warps, a column each: `WARPS` in moe.cu).
 const STREAM_COLUMNS: u32 = 8;

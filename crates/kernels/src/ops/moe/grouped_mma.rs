@@ -68,25 +68,6 @@ kernel_args!(
     }
 );
 
-/// The three forms of each product take the same arguments: one conversion each way between the
-/// prefill form and `$twin`.
-macro_rules! same_args {
-    ($gemm:ident <-> $twin:ident { $($field:ident),* }) => {
-        impl From<$twin> for $gemm {
-            fn from(a: $twin) -> Self {
-                let $twin { $($field),* } = a;
-                $gemm { $($field),* }
-            }
-        }
-        impl From<$gemm> for $twin {
-            fn from(a: $gemm) -> Self {
-                let $gemm { $($field),* } = a;
-                $twin { $($field),* }
-            }
-        }
-    };
-}
-
 same_args!(MoeGemmSwiglu <-> MoeGroupedMmaSwiglu {
     act, x, w, offsets, sorted, k, experts, inter, hidden
 });
