@@ -22,6 +22,9 @@
 #            scripts/gpu/torch_kernels.py --shape qwen3-30b-a3b, merged by kernel_table.py
 #   newkernels  met check-kernels on the kernels not yet run on a GPU (gemv_fp8, gated_delta) at
 #            SEEDS (default 1 2 3)
+#   fp8      FP8 weights (--quantization fp8) on FP8_MODELS (default qwen3-0.6b qwen3-8b, random
+#            weights): met parity in BF16 and in FP8 against transformers' float32 logits, then
+#            met bench-model in both (TTFT 1024/8192, decode batch 1/64 at 1024 keys)
 #   fixtures the tiny MoE fixtures of crates/model-engine/tests/fixtures (tiny_moe_fixtures.py)
 #
 # Everything worth keeping collects in $RES, packed into $OUT/moe-results.tgz at the end (the
@@ -162,6 +165,26 @@ newkernels() {
         "$MET" check-kernels --kernel gemv_fp8 --seed "$seed" 2>&1 | tail -2
         "$MET" check-kernels --kernel gated_delta --seed "$seed" 2>&1 | tail -2
     done | tee "$RES/newkernels.txt"
+}
+
+fp8() {
+    for m in ${FP8_MODELS:-qwen3-0.6b qwen3-8b}; do
+        log "fp8 $m"
+        checkpoint "$m"
+        python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
+            --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
+            --dtype float32 --also-bf16 2>&1 | tail -2
+        for q in bf16 fp8; do
+            local qa=()
+            [ "$q" = fp8 ] && qa=(--quantization fp8)
+            "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
+                "${qa[@]}" --json "$RES/fp8-parity-$m-$q.json" 2>&1 | tee "$RES/fp8-parity-$m-$q.txt" | tail -6
+            "$MET" bench-model --model-from-path "$CKPT/$m" "${qa[@]}" --prefill 1024,8192 --batches 1,64 \
+                --context 1024 >"$RES/fp8-bench-$m-$q.md" 2>&1
+            grep "^| " "$RES/fp8-bench-$m-$q.md" | head -10
+        done
+        rm -rf "${CKPT:?}/$m" "$REF/$m.safetensors"
+    done
 }
 
 fixtures() {
