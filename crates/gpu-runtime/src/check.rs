@@ -24,6 +24,7 @@ use crate::{GemmOp, GpuBackend, GpuError};
 
 mod attention_variants;
 mod gated_delta;
+mod gated_norm;
 mod gemv_fp8;
 mod moe;
 
@@ -1738,6 +1739,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gated_delta::gated_delta_cases(&mut rng));
     // The Gated DeltaNet gating, after every other case for the same reason.
     out.extend(gated_delta::gating_cases(&mut rng));
+    // The gated RMSNorm and the sigmoid output gate, after every other case for the same reason.
+    out.extend(gated_norm::gated_norm_cases(&mut rng));
     out
 }
 

@@ -367,6 +367,12 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         (GdnConv1d::NAME, run::<GdnConv1d>, GdnConv1d::KINDS),
         (GdnRecurrent::NAME, run::<GdnRecurrent>, GdnRecurrent::KINDS),
         (GdnGating::NAME, run::<GdnGating>, GdnGating::KINDS),
+        (GatedRmsNorm::NAME, run::<GatedRmsNorm>, GatedRmsNorm::KINDS),
+        (
+            SigmoidGateMul::NAME,
+            run::<SigmoidGateMul>,
+            SigmoidGateMul::KINDS,
+        ),
     ]
 };
 

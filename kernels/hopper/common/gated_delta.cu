@@ -4,6 +4,8 @@
 // Host references: crates/kernels/src/ops/gated_delta.rs.
 //
 // Buffers:
+//   conv input  bf16, token t's channels at x + t * x_stride (channels <= x_stride: the conv may
+//               read its columns out of a wider projection row); conv output bf16 [tokens][channels]
 //   conv state  bf16 [slots][kernel - 1][channels], oldest input first (the last kernel - 1 inputs)
 //   conv weight bf16 [channels][kernel], the last tap on the current token; bias bf16 [channels]
 //               or null
@@ -12,8 +14,11 @@
 //   v           bf16, token t's value head h at v + t * qkv_stride + h * dv
 //   g, beta     f32  [tokens][hv]: log-decay (<= 0) and write strength
 //   o           bf16 [tokens][hv][dv]
+//   positions   i32 [tokens]: each token's position in its sequence
 //
-// Value head h reads key head h / (hv / hk) (the reference's repeat_interleave).
+// Value head h reads key head h / (hv / hk) (the reference's repeat_interleave). A run whose first
+// token is at position 0 starts a sequence: its conv and recurrent states start at zero, whatever
+// its slot holds (a slot is reused without being cleared), and are written back as always.
 #include "common.cuh"
 
 namespace {
@@ -33,24 +38,27 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x));
 }  // namespace
 
 // One decode token per row, each its own sequence: out[r] = silu(conv(state[slots[r]], x[r])),
-// and the state shifted by one input.
+// and the state shifted by one input. A row at position 0 reads its old state as zeros.
 // Launch: grid = (ceil(channels / 256), rows), block = 256.
 extern "C" __global__ void gdn_conv1d_step(__nv_bfloat16* out, const __nv_bfloat16* x,
                                            __nv_bfloat16* conv_state,
                                            const __nv_bfloat16* weight,
                                            const __nv_bfloat16* bias, const int32_t* slots,
-                                           uint32_t rows, uint32_t channels, uint32_t kernel) {
+                                           const int32_t* positions, uint32_t rows,
+                                           uint32_t channels, uint32_t x_stride,
+                                           uint32_t kernel) {
     metrale::grid_dependency_sync();
     const uint32_t ch = blockIdx.x * blockDim.x + threadIdx.x;
     const uint32_t row = blockIdx.y;
     if (ch >= channels || row >= rows) return;
     __nv_bfloat16* st = conv_state + (size_t)slots[row] * (kernel - 1) * channels + ch;
-    const __nv_bfloat16 xin = x[(size_t)row * channels + ch];
+    const bool fresh = positions[row] == 0;
+    const __nv_bfloat16 xin = x[(size_t)row * x_stride + ch];
     float acc = bias ? metrale::to_f32(bias[ch]) : 0.0f;
     __nv_bfloat16 window[CONV_MAX_KERNEL];
 #pragma unroll
     for (uint32_t j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
-        if (j + 1 < kernel) window[j] = st[(size_t)j * channels];
+        if (j + 1 < kernel) window[j] = fresh ? metrale::to_bf16(0.0f) : st[(size_t)j * channels];
     }
 #pragma unroll
     for (uint32_t j = 0; j < CONV_MAX_KERNEL; ++j) {
@@ -74,15 +82,17 @@ extern "C" __global__ void gdn_conv1d_step(__nv_bfloat16* out, const __nv_bfloat
 
 // Runs of tokens, each of one sequence (prefill chunks, or a whole step's runs with its decode
 // rows as runs of one): run s is rows seq_starts[s] .. seq_starts[s + 1] of x and out, its conv
-// state in slot slots[s] (distinct). Each thread takes one channel over CONV_CHUNK tokens of a
-// run; only the run's first chunk reads the state, and the same thread writes the new state
-// after its reads, so no block reads what another writes.
+// state in slot slots[s] (distinct), read as zeros when the run's first token is at position 0.
+// Each thread takes one channel over CONV_CHUNK tokens of a run; only the run's first chunk reads
+// the state, and the same thread writes the new state after its reads, so no block reads what
+// another writes. An empty run leaves its state as it is.
 // Launch: grid = (ceil(channels / 256), ceil(max_len / CONV_CHUNK), seqs), block = 256.
 extern "C" __global__ void gdn_conv1d(__nv_bfloat16* out, const __nv_bfloat16* x,
                                       __nv_bfloat16* conv_state, const __nv_bfloat16* weight,
                                       const __nv_bfloat16* bias, const int32_t* seq_starts,
-                                      const int32_t* slots, uint32_t seqs, uint32_t max_len,
-                                      uint32_t channels, uint32_t kernel) {
+                                      const int32_t* slots, const int32_t* positions,
+                                      uint32_t seqs, uint32_t max_len, uint32_t channels,
+                                      uint32_t x_stride, uint32_t kernel) {
     metrale::grid_dependency_sync();
     const uint32_t ch = blockIdx.x * blockDim.x + threadIdx.x;
     const uint32_t t0 = blockIdx.y * CONV_CHUNK;
@@ -91,9 +101,10 @@ extern "C" __global__ void gdn_conv1d(__nv_bfloat16* out, const __nv_bfloat16* x
     const int32_t begin = seq_starts[blockIdx.z];
     const uint32_t len = (uint32_t)(seq_starts[blockIdx.z + 1] - begin);
     if (ch >= channels || t0 >= len) return;
-    x += (size_t)begin * channels;
+    x += (size_t)begin * x_stride;
     out += (size_t)begin * channels;
     const uint32_t slot = (uint32_t)slots[blockIdx.z];
+    const bool fresh = positions[begin] == 0;
     const uint32_t t1 = min(t0 + CONV_CHUNK, len);
     const uint32_t taps = kernel - 1;
     __nv_bfloat16* st = conv_state + (size_t)slot * taps * channels + ch;
@@ -106,15 +117,15 @@ extern "C" __global__ void gdn_conv1d(__nv_bfloat16* out, const __nv_bfloat16* x
         window[j] = 0.0f;
         if (j < taps) {
             if (t0 == 0) {
-                window[j] = metrale::to_f32(st[(size_t)j * channels]);
+                window[j] = fresh ? 0.0f : metrale::to_f32(st[(size_t)j * channels]);
             } else {
-                window[j] = metrale::to_f32(x[(size_t)(t0 - taps + j) * channels + ch]);
+                window[j] = metrale::to_f32(x[(size_t)(t0 - taps + j) * x_stride + ch]);
             }
         }
     }
     const float b = bias ? metrale::to_f32(bias[ch]) : 0.0f;
     for (uint32_t t = t0; t < t1; ++t) {
-        const float xt = metrale::to_f32(x[(size_t)t * channels + ch]);
+        const float xt = metrale::to_f32(x[(size_t)t * x_stride + ch]);
         float acc = b;
 #pragma unroll
         for (uint32_t j = 0; j < CONV_MAX_KERNEL; ++j) {
@@ -130,14 +141,14 @@ extern "C" __global__ void gdn_conv1d(__nv_bfloat16* out, const __nv_bfloat16* x
     }
     if (t0 == 0) {
         // The new state is the run's last `taps` inputs: this thread's final window when the run
-        // is one chunk (reaching back into the old state when the run is shorter than `taps`),
-        // else inputs of the run alone (len > CONV_CHUNK >= taps).
+        // is one chunk (reaching back into the old state, or zeros for a fresh run, when the run
+        // is shorter than `taps`), else inputs of the run alone (len > CONV_CHUNK >= taps).
 #pragma unroll
         for (uint32_t j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
             if (j < taps) {
                 st[(size_t)j * channels] = t1 == len
                                                ? metrale::to_bf16(window[j])
-                                               : x[(size_t)(len - taps + j) * channels + ch];
+                                               : x[(size_t)(len - taps + j) * x_stride + ch];
             }
         }
     }
@@ -146,11 +157,12 @@ extern "C" __global__ void gdn_conv1d(__nv_bfloat16* out, const __nv_bfloat16* x
 // The gated delta rule over each sequence's tokens in order, per (sequence, value head), from and
 // back into the state in the sequence's slot. Sequence s owns tokens seq_starts[s] ..
 // seq_starts[s + 1] and slot slots[s]: a decode batch is runs of one token, a prefill chunk one
-// run (sequential over its tokens; the tensor-core chunked form is separate).
+// run (sequential over its tokens; the tensor-core chunked form is separate). A sequence whose
+// first token is at position 0 starts from S = 0 (its slot is not read; it is still written).
 //
 // Each column of S evolves on its own given the token's q, k, g, beta and that column's v, so a
 // block is one warp owning GDN_COLS columns of one head's S: lane l holds rows
-// (l / GDN_COLS) * 64 .. + 64 of column l % GDN_COLS in registers (165 registers, no spill,
+// (l / GDN_COLS) * 64 .. + 64 of column l % GDN_COLS in registers (167 registers, no spill,
 // with nvcc 13.0; a whole column a lane spilled at 255). S is read once and written once per
 // launch, 64 B a half-warp a row;
 // the only exchanges between lanes are the L2 norms of q and k and the two halves of each
@@ -166,8 +178,8 @@ extern "C" __global__ void __launch_bounds__(32)
     gdn_recurrent(__nv_bfloat16* o, float* state, const __nv_bfloat16* q,
                   const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
                   const float* beta, const int32_t* seq_starts, const int32_t* slots,
-                  uint32_t seqs, uint32_t hv, uint32_t hk, uint32_t dk, uint32_t dv,
-                  uint32_t qkv_stride) {
+                  const int32_t* positions, uint32_t seqs, uint32_t hv, uint32_t hk, uint32_t dk,
+                  uint32_t dv, uint32_t qkv_stride) {
     metrale::grid_dependency_sync();
     if (blockIdx.z >= seqs) return;
     constexpr uint32_t PER_LANE = GDN_MAX_DK / 32;
@@ -183,11 +195,13 @@ extern "C" __global__ void __launch_bounds__(32)
     const int32_t begin = seq_starts[seq];
     const int32_t end = seq_starts[seq + 1];
     float* s_col = state + ((size_t)slots[seq] * hv + h) * dk * dv + (size_t)row0 * dv + col;
+    // An empty run has no first position: its state is read and written back unchanged.
+    const bool fresh = begin < end && positions[begin] == 0;
 
     float s[GDN_ROWS_PER_LANE];
 #pragma unroll
     for (uint32_t i = 0; i < GDN_ROWS_PER_LANE; ++i) {
-        s[i] = (live && row0 + i < dk) ? s_col[(size_t)i * dv] : 0.0f;
+        s[i] = (live && !fresh && row0 + i < dk) ? s_col[(size_t)i * dv] : 0.0f;
     }
     const float q_scale = rsqrtf((float)dk);
     // Token t's inputs, loaded one token ahead so that the next token's loads are in flight
@@ -251,19 +265,21 @@ extern "C" __global__ void __launch_bounds__(32)
 // takes them: g = -exp(a_log[h]) * softplus(a + dt_bias[h]) (softplus(x) = x above 20, as
 // PyTorch's), beta = sigmoid(b), f32. b and a of value head h come from the ba product's row as
 // the checkpoint groups them: per key head kh, its hv / hk b values then its hv / hk a values;
-// h = kh * (hv / hk) + j reads b at kh * 2 (hv / hk) + j and a at that + hv / hk.
+// h = kh * (hv / hk) + j reads b at kh * 2 (hv / hk) + j and a at that + hv / hk. Token t's row
+// starts at ba + t * ba_stride (2 hv when ba is a product of its own; more when b and a are
+// columns of a wider projection's row).
 // Launch: grid = ceil(tokens * hv / 256), block = 256, one (token, head) a thread.
 extern "C" __global__ void __launch_bounds__(256) gdn_gating(
     float* __restrict__ g, float* __restrict__ beta, const __nv_bfloat16* __restrict__ ba,
     const float* __restrict__ a_log, const float* __restrict__ dt_bias, uint32_t tokens,
-    uint32_t hv, uint32_t hk) {
+    uint32_t hv, uint32_t hk, uint32_t ba_stride) {
     metrale::grid_dependency_sync();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (hk == 0 || hv % hk != 0 || i >= (size_t)tokens * hv) return;
     const uint32_t per = hv / hk;
     const size_t t = i / hv;
     const uint32_t h = (uint32_t)(i % hv), kh = h / per, j = h % per;
-    const __nv_bfloat16* row = ba + t * 2 * hv + (size_t)kh * 2 * per;
+    const __nv_bfloat16* row = ba + t * ba_stride + (size_t)kh * 2 * per;
     const float b = metrale::to_f32(row[j]), x = metrale::to_f32(row[per + j]) + dt_bias[h];
     const float softplus = x > 20.0f ? x : log1pf(expf(x));
     g[i] = -expf(a_log[h]) * softplus;

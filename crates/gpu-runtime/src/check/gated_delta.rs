@@ -1,29 +1,35 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Parity cases of the Gated DeltaNet kernels (`gated_delta.cu`): the short conv at
 //! Qwen3-Next-80B-A3B's 8192 q|k|v channels and width 4 (a decode row, a decode batch on shuffled
-//! slots, a 40-token prefill run, a mixed step of runs of 23, 1, 1 and 17 tokens), ragged channel
-//! counts, widths 2 and 8, runs shorter than the conv's taps (the new state reaching back into the
-//! old), empty and of several chunks with a partial last; the gated delta rule at Qwen3-Next's widths (32 value heads over 16 key heads,
-//! dk = dv = 128: one decode row, a decode batch of 8, a 40-token prefill run, two sequences of
-//! different lengths in different slots) and at ragged small widths (dk not a multiple of the
-//! lanes, dv not a multiple of a block's 16 columns, an empty run, one key head for all).
+//! slots, a 40-token prefill run, a mixed step of runs of 23, 1, 1 and 17 tokens), its input read
+//! out of the 12352-element row of the merged qkvz|ba projection as well as packed, ragged
+//! channel counts and strides, widths 2 and 8, runs shorter than the conv's taps (the new state
+//! reaching back into the old, or into zeros), empty and of several chunks with a partial last;
+//! the gated delta rule at Qwen3-Next's widths (32 value heads over 16 key heads, dk = dv = 128:
+//! one decode row, a decode batch of 8, a 40-token prefill run, two sequences of different lengths
+//! in different slots) and at ragged small widths (dk not a multiple of the lanes, dv not a
+//! multiple of a block's 16 columns, an empty run, one key head for all); the gating with its rows
+//! packed and spread.
 //!
-//! Every state buffer holds more slots than the case touches, so a write to the wrong slot shows
-//! as a difference; the recurrent state is compared with the f32 metric, outputs with bf16's.
+//! Each conv and recurrent case says which of its runs start a sequence ([`Start`]): a fresh run
+//! (position 0) must ignore its slot's old state, which is random and nonzero in every case, and
+//! a continuing one must read it. Every state buffer holds more slots than the case touches, so a
+//! write to the wrong slot shows as a difference; the recurrent state is compared with the f32
+//! metric, outputs with bf16's.
 
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent};
 
 use super::{Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of};
 
-fn output(init: Init, kind: OutputKind) -> Buffer {
+pub(super) fn output(init: Init, kind: OutputKind) -> Buffer {
     Buffer {
         init,
         output: Some(kind),
     }
 }
 
-fn input(init: Init) -> Buffer {
+pub(super) fn input(init: Init) -> Buffer {
     Buffer { init, output: None }
 }
 
@@ -45,25 +51,99 @@ fn bias_or_null(bias: bool, p: metrale_core::DevicePtr) -> metrale_core::DeviceP
     }
 }
 
+/// Which runs of a case start their sequence: a fresh run's first token is at position 0 (its
+/// states read as zeros, its slot's old contents ignored), a continuing run's at a later one.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// Every run continues its sequence.
+    Continuing,
+    /// Every run starts its sequence.
+    Fresh,
+    /// Even-numbered runs start their sequence, odd-numbered ones continue theirs.
+    Mixed,
+}
+
+impl Start {
+    fn is_fresh(self, run: usize) -> bool {
+        match self {
+            Start::Continuing => false,
+            Start::Fresh => true,
+            Start::Mixed => run.is_multiple_of(2),
+        }
+    }
+}
+
+/// Each token's position for runs of `lens`: a fresh run counts from 0, continuing run `s` from
+/// `7 + 13 s`.
+fn run_positions(lens: &[u32], start: Start) -> Vec<i32> {
+    let mut out = Vec::new();
+    for (s, &len) in lens.iter().enumerate() {
+        let first = if start.is_fresh(s) {
+            0
+        } else {
+            7 + 13 * s as i32
+        };
+        out.extend((0..len as i32).map(|t| first + t));
+    }
+    out
+}
+
+/// The widths of one conv case: `x_stride` elements from one token's input row to the next.
+#[derive(Clone, Copy)]
+struct Conv {
+    channels: u32,
+    x_stride: u32,
+    kernel: u32,
+}
+
+/// Qwen3-Next-80B-A3B's conv (8192 q|k|v channels, width 4) reading the q|k|v columns out of the
+/// merged qkvz|ba projection's row (12288 + 64 elements).
+const QWEN3_NEXT_CONV_MERGED: Conv = Conv {
+    channels: 8192,
+    x_stride: 12352,
+    kernel: 4,
+};
+/// The same conv on a packed input.
+const QWEN3_NEXT_CONV: Conv = Conv {
+    channels: 8192,
+    x_stride: 8192,
+    kernel: 4,
+};
+
+const fn conv(channels: u32, x_stride: u32, kernel: u32) -> Conv {
+    Conv {
+        channels,
+        x_stride,
+        kernel,
+    }
+}
+
 fn conv_step_case(
     rng: &mut Rng,
     rows: u32,
-    channels: u32,
-    kernel: u32,
+    shape: Conv,
     slots: u32,
     bias: bool,
+    start: Start,
 ) -> Case {
+    let Conv {
+        channels,
+        x_stride,
+        kernel,
+    } = shape;
     let taps = (kernel - 1) as usize;
     let n = (rows * channels) as usize;
     let row_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..rows as usize].to_vec();
+    let positions = run_positions(&vec![1; rows as usize], start);
     Case {
         kernel: GdnConv1dStep::NAME,
         shape: format!(
-            "rows={rows} channels={channels} kernel={kernel} slots={slots} bias={bias} at {row_slots:?}"
+            "rows={rows} channels={channels} x_stride={x_stride} kernel={kernel} slots={slots} \
+             bias={bias} at {row_slots:?} start={start:?}"
         ),
         buffers: vec![
             output(vec![0u8; n * 2].into(), OutputKind::Bf16),
-            input(bf16_normal(rng, n, 1.0)),
+            input(bf16_normal(rng, (rows * x_stride) as usize, 1.0)),
             output(
                 bf16_normal(rng, slots as usize * taps * channels as usize, 1.0),
                 OutputKind::Bf16,
@@ -71,6 +151,7 @@ fn conv_step_case(
             input(bf16_normal(rng, (channels * kernel) as usize, 0.5)),
             input(bf16_normal(rng, channels as usize, 0.5)),
             input(i32_bytes(&row_slots).into()),
+            input(i32_bytes(&positions).into()),
         ],
         build: Box::new(move |p| {
             launch_of(GdnConv1dStep {
@@ -80,8 +161,10 @@ fn conv_step_case(
                 weight: p[3],
                 bias: bias_or_null(bias, p[4]),
                 slots: p[5],
+                positions: p[6],
                 rows,
                 channels,
+                x_stride,
                 kernel,
             })
         }),
@@ -94,25 +177,33 @@ fn conv_step_case(
 fn conv_run_case(
     rng: &mut Rng,
     lens: &[u32],
-    channels: u32,
-    kernel: u32,
+    shape: Conv,
     slots: u32,
     bias: bool,
+    start: Start,
 ) -> Case {
+    let Conv {
+        channels,
+        x_stride,
+        kernel,
+    } = shape;
     let taps = (kernel - 1) as usize;
     let seqs = lens.len() as u32;
     let max_len = lens.iter().copied().max().unwrap_or(0);
     let starts = run_starts(lens);
-    let n = *starts.last().unwrap() as usize * channels as usize;
+    let tokens = *starts.last().unwrap() as usize;
+    let n = tokens * channels as usize;
     let run_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..lens.len()].to_vec();
+    let positions = run_positions(lens, start);
     Case {
         kernel: GdnConv1d::NAME,
         shape: format!(
-            "lens={lens:?} channels={channels} kernel={kernel} slots {run_slots:?} of {slots} bias={bias}"
+            "lens={lens:?} channels={channels} x_stride={x_stride} kernel={kernel} \
+             slots {run_slots:?} of {slots} bias={bias} start={start:?}"
         ),
         buffers: vec![
             output(vec![0u8; n * 2].into(), OutputKind::Bf16),
-            input(bf16_normal(rng, n, 1.0)),
+            input(bf16_normal(rng, tokens * x_stride as usize, 1.0)),
             output(
                 bf16_normal(rng, slots as usize * taps * channels as usize, 1.0),
                 OutputKind::Bf16,
@@ -121,6 +212,7 @@ fn conv_run_case(
             input(bf16_normal(rng, channels as usize, 0.5)),
             input(i32_bytes(&starts).into()),
             input(i32_bytes(&run_slots).into()),
+            input(i32_bytes(&positions).into()),
         ],
         build: Box::new(move |p| {
             launch_of(GdnConv1d {
@@ -131,9 +223,11 @@ fn conv_run_case(
                 bias: bias_or_null(bias, p[4]),
                 seq_starts: p[5],
                 slots: p[6],
+                positions: p[7],
                 seqs,
                 max_len,
                 channels,
+                x_stride,
                 kernel,
             })
         }),
@@ -162,13 +256,14 @@ struct Heads {
 
 /// Sequences of `lens` tokens in shuffled slots of `slots`; q | k | v in one row a token, as
 /// the conv writes them.
-fn recurrent_case(rng: &mut Rng, lens: &[u32], heads: Heads, slots: u32) -> Case {
+fn recurrent_case(rng: &mut Rng, lens: &[u32], heads: Heads, slots: u32, start: Start) -> Case {
     let Heads { hv, hk, dk, dv } = heads;
     let seqs = lens.len() as u32;
     let tokens: u32 = lens.iter().sum();
     let stride = 2 * hk * dk + hv * dv;
     let starts = run_starts(lens);
     let seq_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..lens.len()].to_vec();
+    let positions = run_positions(lens, start);
     // Decays from exp(-2) to exp(-0.01), write strengths in (0, 1), as the model's gates land.
     let gates = (tokens * hv) as usize;
     let g: Vec<f32> = (0..gates).map(|_| -0.01 - 2.0 * rng.uniform()).collect();
@@ -177,7 +272,8 @@ fn recurrent_case(rng: &mut Rng, lens: &[u32], heads: Heads, slots: u32) -> Case
     Case {
         kernel: GdnRecurrent::NAME,
         shape: format!(
-            "lens={lens:?} hv={hv} hk={hk} dk={dk} dv={dv} slots {seq_slots:?} of {slots}"
+            "lens={lens:?} hv={hv} hk={hk} dk={dk} dv={dv} slots {seq_slots:?} of {slots} \
+             start={start:?}"
         ),
         buffers: vec![
             output(
@@ -190,6 +286,7 @@ fn recurrent_case(rng: &mut Rng, lens: &[u32], heads: Heads, slots: u32) -> Case
             input(f32_bytes(&beta).into()),
             input(i32_bytes(&starts).into()),
             input(i32_bytes(&seq_slots).into()),
+            input(i32_bytes(&positions).into()),
         ],
         build: Box::new(move |p| {
             let bf16_at = |elements: u32| p[2].offset(elements as usize * 2);
@@ -203,6 +300,7 @@ fn recurrent_case(rng: &mut Rng, lens: &[u32], heads: Heads, slots: u32) -> Case
                 beta: p[4],
                 seq_starts: p[5],
                 slots: p[6],
+                positions: p[7],
                 seqs,
                 hv,
                 hk,
@@ -225,32 +323,37 @@ pub(super) fn gated_delta_cases(rng: &mut Rng) -> Vec<Case> {
         dk: 128,
         dv: 128,
     };
+    use Start::{Continuing, Fresh, Mixed};
     let mut out = Vec::new();
-    for (rows, channels, kernel, slots, bias) in [
-        (1u32, 8192u32, 4u32, 4u32, false),
-        (8, 8192, 4, 16, false),
-        (3, 100, 4, 5, true),
-        (2, 37, 2, 3, true),
-        (1, 300, 8, 2, false),
+    for (rows, shape, slots, bias, start) in [
+        (1u32, QWEN3_NEXT_CONV_MERGED, 4u32, false, Continuing),
+        (1, QWEN3_NEXT_CONV, 4, false, Fresh),
+        (8, QWEN3_NEXT_CONV_MERGED, 16, false, Mixed),
+        (3, conv(100, 131, 4), 5, true, Mixed),
+        (2, conv(37, 37, 2), 3, true, Fresh),
+        (1, conv(300, 300, 8), 2, false, Continuing),
     ] {
-        out.push(conv_step_case(rng, rows, channels, kernel, slots, bias));
+        out.push(conv_step_case(rng, rows, shape, slots, bias, start));
     }
-    for (lens, channels, kernel, slots, bias) in [
-        (&[40u32][..], 8192u32, 4u32, 4u32, false),
-        (&[1][..], 8192, 4, 2, false),
-        (&[23, 1, 1, 17][..], 8192, 4, 6, false),
-        (&[2][..], 100, 4, 3, true),
-        (&[17, 0, 2][..], 70, 4, 4, true),
-        (&[33][..], 300, 8, 1, false),
-        (&[5, 1][..], 37, 2, 2, true),
+    for (lens, shape, slots, bias, start) in [
+        (&[40u32][..], QWEN3_NEXT_CONV_MERGED, 4u32, false, Fresh),
+        (&[40][..], QWEN3_NEXT_CONV, 4, false, Continuing),
+        (&[1][..], QWEN3_NEXT_CONV_MERGED, 2, false, Continuing),
+        (&[23, 1, 1, 17][..], QWEN3_NEXT_CONV_MERGED, 6, false, Mixed),
+        (&[2][..], conv(100, 100, 4), 3, true, Fresh),
+        (&[2][..], conv(100, 131, 4), 3, true, Continuing),
+        (&[17, 0, 2][..], conv(70, 70, 4), 4, true, Mixed),
+        (&[33][..], conv(300, 301, 8), 1, false, Fresh),
+        (&[5, 1][..], conv(37, 40, 2), 2, true, Mixed),
     ] {
-        out.push(conv_run_case(rng, lens, channels, kernel, slots, bias));
+        out.push(conv_run_case(rng, lens, shape, slots, bias, start));
     }
-    for (lens, heads, slots) in [
-        (&[1u32][..], QWEN3_NEXT, 2u32),
-        (&[1; 8][..], QWEN3_NEXT, 10),
-        (&[40][..], QWEN3_NEXT, 2),
-        (&[23, 17][..], QWEN3_NEXT, 3),
+    for (lens, heads, slots, start) in [
+        (&[1u32][..], QWEN3_NEXT, 2u32, Continuing),
+        (&[1][..], QWEN3_NEXT, 2, Fresh),
+        (&[1; 8][..], QWEN3_NEXT, 10, Mixed),
+        (&[40][..], QWEN3_NEXT, 2, Fresh),
+        (&[23, 17][..], QWEN3_NEXT, 3, Mixed),
         (
             &[3, 0, 5][..],
             Heads {
@@ -260,6 +363,7 @@ pub(super) fn gated_delta_cases(rng: &mut Rng) -> Vec<Case> {
                 dv: 24,
             },
             4,
+            Mixed,
         ),
         (
             &[7][..],
@@ -270,6 +374,7 @@ pub(super) fn gated_delta_cases(rng: &mut Rng) -> Vec<Case> {
                 dv: 50,
             },
             1,
+            Continuing,
         ),
         (
             &[5, 2][..],
@@ -280,23 +385,27 @@ pub(super) fn gated_delta_cases(rng: &mut Rng) -> Vec<Case> {
                 dv: 8,
             },
             3,
+            Mixed,
         ),
     ] {
-        out.push(recurrent_case(rng, lens, heads, slots));
+        out.push(recurrent_case(rng, lens, heads, slots, start));
     }
     out
 }
 
 /// The gating at Qwen3-Next's heads (32 value over 16 key) for one decode row and a 40-token run,
-/// and ragged head groupings; `a` spread so that softplus meets its linear branch (above 20).
+/// its `ba` rows packed (`2 hv` apart) and as the merged qkvz|ba projection spreads them (12352
+/// apart), and ragged head groupings and strides; `a` spread so that softplus meets its linear
+/// branch (above 20).
 pub(super) fn gating_cases(rng: &mut Rng) -> Vec<Case> {
     let mut out = Vec::new();
-    for (tokens, hv, hk) in [
-        (1u32, 32u32, 16u32),
-        (40, 32, 16),
-        (7, 6, 2),
-        (3, 4, 4),
-        (5, 3, 1),
+    for (tokens, hv, hk, ba_stride) in [
+        (1u32, 32u32, 16u32, 64u32),
+        (1, 32, 16, 12352),
+        (40, 32, 16, 12352),
+        (7, 6, 2, 12),
+        (3, 4, 4, 13),
+        (5, 3, 1, 6),
     ] {
         let (t, h) = (tokens as usize, hv as usize);
         let a_log: Vec<f32> = (0..h).map(|i| (1.0 + i as f32 % 16.0).ln()).collect();
@@ -304,11 +413,11 @@ pub(super) fn gating_cases(rng: &mut Rng) -> Vec<Case> {
             kernel: GdnGating::NAME,
             gemm: None,
             allowance: None,
-            shape: format!("tokens={tokens} hv={hv} hk={hk}"),
+            shape: format!("tokens={tokens} hv={hv} hk={hk} ba_stride={ba_stride}"),
             buffers: vec![
                 output(vec![0u8; t * h * 4].into(), OutputKind::F32),
                 output(vec![0u8; t * h * 4].into(), OutputKind::F32),
-                input(bf16_normal(rng, t * 2 * h, 8.0)),
+                input(bf16_normal(rng, t * ba_stride as usize, 8.0)),
                 input(f32_bytes(&a_log).into()),
                 input(f32_normal(rng, h, 1.0)),
             ],
@@ -322,6 +431,7 @@ pub(super) fn gating_cases(rng: &mut Rng) -> Vec<Case> {
                     tokens,
                     hv,
                     hk,
+                    ba_stride,
                 })
             }),
         });

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Host references for the Gated DeltaNet token mixer (Qwen3-Next, Qwen3.5): the causal short
 //! conv with its state, and the gated delta rule, step by step (the decode form) and chunk by
-//! chunk (the prefill form the tensor-core kernel will take). No CUDA entry point exists yet;
-//! these are the references the kernels will be checked against, and they are checked here
-//! against each other.
+//! chunk (the prefill form a tensor-core kernel will take), checked here against each other.
+//! The entry points of `gated_delta.cu` (the conv's decode and run forms, the recurrent rule, the
+//! gating) are in `kernels`: their arguments read the device layouts and run these references,
+//! a run at position 0 starting from zero states. The gated output norm is `ops::gated_norm`.
 //!
 //! The rule, per value head, over a state `S` of `dk x dv` f32 (`dk` the key width, `dv` the
 //! value width), for each token with query `q`, key `k` (both L2-normalised, `q` then scaled by

@@ -9,6 +9,7 @@ mod attention;
 mod elementwise;
 mod embedding;
 pub mod gated_delta;
+pub mod gated_norm;
 mod gemm;
 mod gemv_fp8;
 mod grid_barrier;
@@ -30,7 +31,11 @@ pub use attention::{
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
-pub use gated_delta::{GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent};
+pub use gated_delta::{
+    GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
+    GdnGating, GdnRecurrent,
+};
+pub use gated_norm::{GATED_NORM_THREADS, GateOrder, GatedRmsNorm, SigmoidGateMul};
 pub use gemm::{
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, GEMV_STREAM_BLOCKS, GEMV_STREAM_STAGES,
     Gemm, GemmF32Out, Gemv, GemvF32Out, GemvGridMode, GemvNorm, GemvStaged, GemvStream,

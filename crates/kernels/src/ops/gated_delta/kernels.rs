@@ -2,11 +2,18 @@
 //! The Gated DeltaNet entry points (`gated_delta.cu`): their arguments, launch geometry and host
 //! references, which read the device layouts and run the f32 references of the parent module.
 //!
-//! Layouts (elements): the conv state is bf16 `[slots, kernel - 1, channels]`, oldest input first;
-//! the recurrent state `S` is f32 `[slots, hv, dk, dv]`; q, k and v are bf16 rows of
+//! Layouts (elements): the conv's input is bf16 rows of `x_stride` elements a token, its `channels`
+//! first (so it can read q | k | v out of a wider projection row), its output bf16
+//! `[tokens, channels]`; the conv state is bf16 `[slots, kernel - 1, channels]`, oldest input
+//! first; the recurrent state `S` is f32 `[slots, hv, dk, dv]`; q, k and v are bf16 rows of
 //! `qkv_stride` elements a token (the conv's output, q | k | v), key head `kh` at `kh * dk`, value
 //! head `h` at `h * dv` of `v`; `g` and `beta` are f32 `[tokens, hv]`; the output is bf16
 //! `[tokens, hv, dv]`. Value head `h` reads key head `h / (hv / hk)`.
+//!
+//! Fresh sequences: each launch takes the tokens' positions, and a run (a decode row, a prefill
+//! chunk) whose first token is at position 0 starts from zero conv and recurrent states whatever
+//! its slot holds, so that a slot freed by one sequence is taken by the next without a clear. The
+//! state is written back as for any other run.
 
 use half::bf16;
 use metrale_core::{DevicePtr, KernelName, LaunchConfig};
@@ -31,11 +38,11 @@ const CONV_THREADS: u32 = 256;
 kernel_args!(
     /// One decode token a row, each row its own sequence: `out[r] = silu(bias + conv over the
     /// state in slot slots[r] then x[r])`, and that state shifted by one input. Rows' slots are
-    /// distinct.
+    /// distinct; a row at position 0 reads its old state as zeros.
     GdnConv1dStep => names::gated_delta::GDN_CONV1D_STEP {
         /// bf16 `[rows, channels]`.
         out: DevicePtr,
-        /// bf16 `[rows, channels]`: the q|k|v projection.
+        /// bf16, row `r` at `r * x_stride`: the q|k|v projection.
         x: DevicePtr,
         /// bf16 `[slots, kernel - 1, channels]`, updated.
         conv_state: DevicePtr,
@@ -45,10 +52,14 @@ kernel_args!(
         bias: DevicePtr,
         /// i32 `[rows]`: each row's state slot.
         slots: DevicePtr,
+        /// i32 `[rows]`: each row's token position; 0 starts from a zero state.
+        positions: DevicePtr,
         /// Rows (sequences).
         rows: u32,
         /// Channels (`2 * hk * dk + hv * dv`).
         channels: u32,
+        /// Elements from one row of `x` to the next, at least `channels`.
+        x_stride: u32,
         /// Conv width, 2 to [`GDN_CONV_MAX_KERNEL`].
         kernel: u32,
     }
@@ -57,12 +68,13 @@ kernel_args!(
 kernel_args!(
     /// Runs of tokens, each of one sequence, through the conv, from and back into each run's
     /// state: run `s` is rows `seq_starts[s] .. seq_starts[s + 1]` of `x` and `out`, its state in
-    /// slot `slots[s]` (distinct). Prefill chunks, or a whole step with its decode rows as runs of
-    /// one (the addressing of [`GdnRecurrent`]).
+    /// slot `slots[s]` (distinct), read as zeros when `positions[seq_starts[s]] == 0`. Prefill
+    /// chunks, or a whole step with its decode rows as runs of one (the addressing of
+    /// [`GdnRecurrent`]). An empty run leaves its state as it is.
     GdnConv1d => names::gated_delta::GDN_CONV1D {
         /// bf16 `[tokens, channels]`.
         out: DevicePtr,
-        /// bf16 `[tokens, channels]`.
+        /// bf16, token `t` at `t * x_stride`.
         x: DevicePtr,
         /// bf16 `[slots, kernel - 1, channels]`, updated.
         conv_state: DevicePtr,
@@ -74,12 +86,16 @@ kernel_args!(
         seq_starts: DevicePtr,
         /// i32 `[seqs]`: each run's state slot.
         slots: DevicePtr,
+        /// i32 `[tokens]`: each token's position (only each run's first is read).
+        positions: DevicePtr,
         /// Runs.
         seqs: u32,
         /// The longest run (sizes the grid; a longer run is cut short).
         max_len: u32,
         /// Channels.
         channels: u32,
+        /// Elements from one token's row of `x` to the next, at least `channels`.
+        x_stride: u32,
         /// Conv width, 2 to [`GDN_CONV_MAX_KERNEL`].
         kernel: u32,
     }
@@ -88,8 +104,9 @@ kernel_args!(
 kernel_args!(
     /// The gated delta rule over each sequence's tokens in order (q and k L2-normalised, q scaled
     /// by `dk^-1/2`), from and back into the f32 state in the sequence's slot: sequence `s` owns
-    /// tokens `seq_starts[s] .. seq_starts[s + 1]` and slot `slots[s]` (distinct). A decode batch
-    /// is runs of one token; a prefill chunk one run, walked token by token.
+    /// tokens `seq_starts[s] .. seq_starts[s + 1]` and slot `slots[s]` (distinct), and starts
+    /// from `S = 0` instead of its slot when `positions[seq_starts[s]] == 0`. A decode batch is
+    /// runs of one token; a prefill chunk one run, walked token by token.
     GdnRecurrent => names::gated_delta::GDN_RECURRENT {
         /// bf16 `[tokens, hv, dv]`.
         o: DevicePtr,
@@ -109,6 +126,8 @@ kernel_args!(
         seq_starts: DevicePtr,
         /// i32 `[seqs]`: each sequence's state slot.
         slots: DevicePtr,
+        /// i32 `[tokens]`: each token's position (only each sequence's first is read).
+        positions: DevicePtr,
         /// Sequences.
         seqs: u32,
         /// Value heads.
@@ -143,43 +162,93 @@ fn at_bf16(ptr: DevicePtr, offset: usize) -> DevicePtr {
     ptr.offset(offset * std::mem::size_of::<bf16>())
 }
 
-/// The conv of one run of tokens over the state in `slot` (f32 inputs, the state rounded back to
-/// bf16, which is exact: it holds bf16 inputs).
-#[allow(clippy::too_many_arguments)]
-fn conv_run(
-    mem: &mut dyn HostMemory,
-    out: DevicePtr,
-    x: DevicePtr,
-    conv_state: DevicePtr,
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    slot: usize,
-    len: usize,
-    channels: usize,
-) -> Result<(), HostError> {
-    let taps = weight.len() / channels.max(1) - 1;
-    let state_at = at_bf16(conv_state, slot * taps * channels);
-    let mut state = host::load_bf16(mem, state_at, taps * channels)?;
-    let xs = host::load_bf16(mem, x, len * channels)?;
-    let y = causal_conv1d_silu(&xs, channels, weight, bias, &mut state);
-    host::store_bf16(mem, out, &y)?;
-    host::store_bf16(mem, state_at, &state)
+/// The position of token `index` (a run's first): 0 starts a sequence.
+fn position_at(mem: &dyn HostMemory, positions: DevicePtr, index: usize) -> Result<i32, HostError> {
+    Ok(host::load::<i32>(mem, positions.offset(index * std::mem::size_of::<i32>()), 1)?[0])
 }
 
-fn conv_weights(
-    mem: &dyn HostMemory,
-    weight: DevicePtr,
-    bias: DevicePtr,
+/// What every run of one conv launch shares: the state buffer, the weights (f32) and the widths.
+struct ConvLaunch {
+    conv_state: DevicePtr,
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
     channels: usize,
-    kernel: usize,
-) -> Result<(Vec<f32>, Option<Vec<f32>>), HostError> {
-    let w = host::load_bf16(mem, weight, channels * kernel)?;
-    let b = if bias.is_null() {
-        None
-    } else {
-        Some(host::load_bf16(mem, bias, channels)?)
-    };
-    Ok((w, b))
+    x_stride: usize,
+}
+
+impl ConvLaunch {
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        name: KernelName,
+        mem: &dyn HostMemory,
+        conv_state: DevicePtr,
+        weight: DevicePtr,
+        bias: DevicePtr,
+        channels: u32,
+        x_stride: u32,
+        kernel: u32,
+    ) -> Result<ConvLaunch, HostError> {
+        check_kernel(name, kernel)?;
+        if x_stride < channels {
+            return Err(bad_args(
+                name,
+                format!("x_stride {x_stride} < channels {channels}"),
+            ));
+        }
+        let (channels, kernel) = (channels as usize, kernel as usize);
+        let weight_f32 = host::load_bf16(mem, weight, channels * kernel)?;
+        let bias = if bias.is_null() {
+            None
+        } else {
+            Some(host::load_bf16(mem, bias, channels)?)
+        };
+        Ok(ConvLaunch {
+            conv_state,
+            weight: weight_f32,
+            bias,
+            channels,
+            x_stride: x_stride as usize,
+        })
+    }
+
+    /// The conv of one run of `len` tokens (`x` rows `x_stride` apart, `out` contiguous) over the
+    /// state in `slot`, read as zeros when `fresh` (f32 inputs, the state rounded back to bf16,
+    /// which is exact: it holds bf16 inputs or zeros).
+    fn run(
+        &self,
+        mem: &mut dyn HostMemory,
+        out: DevicePtr,
+        x: DevicePtr,
+        slot: usize,
+        len: usize,
+        fresh: bool,
+    ) -> Result<(), HostError> {
+        let channels = self.channels;
+        let taps = self.weight.len() / channels.max(1) - 1;
+        let state_at = at_bf16(self.conv_state, slot * taps * channels);
+        let mut state = if fresh {
+            vec![0.0; taps * channels]
+        } else {
+            host::load_bf16(mem, state_at, taps * channels)?
+        };
+        let mut xs = Vec::with_capacity(len * channels);
+        for t in 0..len {
+            xs.extend(host::load_bf16(
+                mem,
+                at_bf16(x, t * self.x_stride),
+                channels,
+            )?);
+        }
+        let y = causal_conv1d_silu(
+            &xs,
+            channels,
+            &self.weight,
+            self.bias.as_deref(),
+            &mut state,
+        );
+        host::store_bf16(mem, out, &y)?;
+        host::store_bf16(mem, state_at, &state)
+    }
 }
 
 impl Kernel for GdnConv1dStep {
@@ -195,23 +264,29 @@ impl Kernel for GdnConv1dStep {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        check_kernel(Self::NAME, self.kernel)?;
-        let (rows, channels) = (self.rows as usize, self.channels as usize);
-        let (w, b) = conv_weights(mem, self.weight, self.bias, channels, self.kernel as usize)?;
+        let conv = ConvLaunch::load(
+            Self::NAME,
+            mem,
+            self.conv_state,
+            self.weight,
+            self.bias,
+            self.channels,
+            self.x_stride,
+            self.kernel,
+        )?;
+        let rows = self.rows as usize;
         let slots = host::load::<i32>(mem, self.slots, rows)?;
+        let positions = host::load::<i32>(mem, self.positions, rows)?;
         for (r, &slot) in slots.iter().enumerate() {
             let slot = usize::try_from(slot)
                 .map_err(|_| bad_args(Self::NAME, format!("row {r}: slot {slot} < 0")))?;
-            conv_run(
+            conv.run(
                 mem,
-                at_bf16(self.out, r * channels),
-                at_bf16(self.x, r * channels),
-                self.conv_state,
-                &w,
-                b.as_deref(),
+                at_bf16(self.out, r * conv.channels),
+                at_bf16(self.x, r * conv.x_stride),
                 slot,
                 1,
-                channels,
+                positions[r] == 0,
             )?;
         }
         Ok(())
@@ -231,9 +306,17 @@ impl Kernel for GdnConv1d {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        check_kernel(Self::NAME, self.kernel)?;
-        let (seqs, channels) = (self.seqs as usize, self.channels as usize);
-        let (w, b) = conv_weights(mem, self.weight, self.bias, channels, self.kernel as usize)?;
+        let conv = ConvLaunch::load(
+            Self::NAME,
+            mem,
+            self.conv_state,
+            self.weight,
+            self.bias,
+            self.channels,
+            self.x_stride,
+            self.kernel,
+        )?;
+        let seqs = self.seqs as usize;
         let starts = host::load::<i32>(mem, self.seq_starts, seqs + 1)?;
         let slots = host::load::<i32>(mem, self.slots, seqs)?;
         for s in 0..seqs {
@@ -254,16 +337,18 @@ impl Kernel for GdnConv1d {
                     format!("run {s}: rows {begin}..{end}, max_len {}", self.max_len),
                 ));
             }
-            conv_run(
+            if e0 == b0 {
+                // No first token, so no position: the state stays as it is (as on the GPU).
+                continue;
+            }
+            let fresh = position_at(mem, self.positions, b0)? == 0;
+            conv.run(
                 mem,
-                at_bf16(self.out, b0 * channels),
-                at_bf16(self.x, b0 * channels),
-                self.conv_state,
-                &w,
-                b.as_deref(),
+                at_bf16(self.out, b0 * conv.channels),
+                at_bf16(self.x, b0 * conv.x_stride),
                 slot,
                 e0 - b0,
-                channels,
+                fresh,
             )?;
         }
         Ok(())
@@ -322,6 +407,7 @@ impl Kernel for GdnRecurrent {
                 ));
             }
             let len = end - begin;
+            let fresh = len > 0 && position_at(mem, self.positions, begin)? == 0;
             for h in 0..hv {
                 let kh = h / (hv / hk);
                 let (mut q, mut k, mut v) = (
@@ -349,7 +435,11 @@ impl Kernel for GdnRecurrent {
                 let gs: Vec<f32> = (begin..end).map(|t| g[t * hv + h]).collect();
                 let betas: Vec<f32> = (begin..end).map(|t| beta[t * hv + h]).collect();
                 let state_at = self.state.offset((slot * hv + h) * head_bytes);
-                let mut state = host::load::<f32>(mem, state_at, dk * dv)?;
+                let mut state = if fresh {
+                    vec![0.0; dk * dv]
+                } else {
+                    host::load::<f32>(mem, state_at, dk * dv)?
+                };
                 let inputs = GatedDeltaInputs {
                     dk,
                     dv,
@@ -379,13 +469,13 @@ kernel_args!(
     /// Qwen3-Next computes them from its `ba` product: `g = -exp(a_log[h]) * softplus(a +
     /// dt_bias[h])`, `beta = sigmoid(b)`, f32; `b` and `a` of head `h = kh * (hv / hk) + j` at
     /// `kh * 2 (hv / hk) + j` and that `+ hv / hk` of the token's row (the checkpoint's grouping
-    /// per key head).
+    /// per key head), token `t`'s row at `ba + t * ba_stride`.
     GdnGating => names::gated_delta::GDN_GATING {
         /// f32 `[tokens, hv]`.
         g: DevicePtr,
         /// f32 `[tokens, hv]`.
         beta: DevicePtr,
-        /// bf16 `[tokens, 2 hv]`.
+        /// bf16, token `t`'s `2 hv` values at `t * ba_stride`.
         ba: DevicePtr,
         /// f32 `[hv]`.
         a_log: DevicePtr,
@@ -397,6 +487,9 @@ kernel_args!(
         hv: u32,
         /// Key heads (divides `hv`).
         hk: u32,
+        /// Elements from one token's row of `ba` to the next, at least `2 hv` (`2 hv` when `ba`
+        /// is a product of its own, more when b and a are columns of a wider projection row).
+        ba_stride: u32,
     }
 );
 
@@ -418,13 +511,18 @@ impl Kernel for GdnGating {
                 format!("hv = {hv} must be a multiple of hk = {hk}"),
             ));
         }
-        let per = hv / hk;
-        let ba = host::load_bf16(mem, self.ba, tokens * 2 * hv)?;
+        let (per, stride) = (hv / hk, self.ba_stride as usize);
+        if stride < 2 * hv {
+            return Err(bad_args(
+                Self::NAME,
+                format!("ba_stride {stride} < 2 hv = {}", 2 * hv),
+            ));
+        }
         let a_log = host::load::<f32>(mem, self.a_log, hv)?;
         let dt_bias = host::load::<f32>(mem, self.dt_bias, hv)?;
         let (mut g, mut beta) = (vec![0f32; tokens * hv], vec![0f32; tokens * hv]);
         for t in 0..tokens {
-            let row = &ba[t * 2 * hv..(t + 1) * 2 * hv];
+            let row = host::load_bf16(mem, at_bf16(self.ba, t * stride), 2 * hv)?;
             for h in 0..hv {
                 let (kh, j) = (h / per, h % per);
                 let (b, a) = (row[kh * 2 * per + j], row[kh * 2 * per + per + j]);
@@ -453,6 +551,7 @@ mod tests {
         let state = m.put(&bf16s(&[9.0, 9.0, 9.0, 9.0, 0.5, 0.25, 2.0, 1.0]));
         let weight = m.put(&bf16s(&[1.0, 2.0, 3.0, -1.0, 0.5, 1.0]));
         let slots = m.put(&[1i32]);
+        let positions = m.put(&[7i32]);
         GdnConv1dStep {
             out,
             x,
@@ -460,8 +559,10 @@ mod tests {
             weight,
             bias: DevicePtr::NULL,
             slots,
+            positions,
             rows: 1,
             channels: 2,
+            x_stride: 2,
             kernel: 3,
         }
         .reference(&mut m)
@@ -497,6 +598,7 @@ mod tests {
         let beta = m.put(&[0.25f32, 0.5, 0.75, 1.0]);
         let starts = m.put(&[0i32, 1]);
         let slots = m.put(&[0i32]);
+        let positions = m.put(&[0i32]);
         GdnRecurrent {
             o,
             state,
@@ -507,6 +609,7 @@ mod tests {
             beta,
             seq_starts: starts,
             slots,
+            positions,
             seqs: 1,
             hv: 4,
             hk: 2,
@@ -549,6 +652,7 @@ mod tests {
             tokens: 1,
             hv: 4,
             hk: 2,
+            ba_stride: 8,
         }
         .reference(&mut m)
         .unwrap();
@@ -567,5 +671,204 @@ mod tests {
                 "g {got_g:?} vs {want_g:?}"
             );
         }
+    }
+
+    /// A row at position 0 reads its slot as zeros (the slot still holds the previous
+    /// sequence's inputs) and leaves it holding zeros then its own input; a row at a later
+    /// position reads its slot. Rows of x are `x_stride` apart, the gap never read.
+    #[test]
+    fn the_step_conv_starts_a_fresh_row_from_zeros() {
+        let mut m = FlatMemory::new();
+        // Two rows of two channels, x_stride 3: the third element of each row is junk.
+        let x = m.put(&bf16s(&[1.0, -2.0, 99.0, 0.5, 1.5, 99.0]));
+        let out = m.put(&bf16s(&[0.0; 4]));
+        // Width 3 (2 taps), two slots: row 0 (fresh) takes slot 1, row 1 (continuing) slot 0.
+        let state = m.put(&bf16s(&[0.5, 0.25, 2.0, 1.0, 9.0, 9.0, 9.0, 9.0]));
+        let weight = m.put(&bf16s(&[1.0, 2.0, 3.0, -1.0, 0.5, 1.0]));
+        let bias = m.put(&bf16s(&[0.125, -0.25]));
+        GdnConv1dStep {
+            out,
+            x,
+            conv_state: state,
+            weight,
+            bias,
+            slots: m.put(&[1i32, 0]),
+            positions: m.put(&[0i32, 12]),
+            rows: 2,
+            channels: 2,
+            x_stride: 3,
+            kernel: 3,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let silu = |z: f32| z / (1.0 + (-z).exp());
+        let want = [
+            round_bf16(silu(0.125 + 3.0 * 1.0)),
+            round_bf16(silu(-0.25 + 1.0 * -2.0)),
+            round_bf16(silu(0.125 + 1.0 * 0.5 + 2.0 * 2.0 + 3.0 * 0.5)),
+            round_bf16(silu(-0.25 - 0.25 + 0.5 * 1.0 + 1.0 * 1.5)),
+        ];
+        assert_eq!(f32s(&m.get(out, 4)), want);
+        assert_eq!(
+            f32s(&m.get(state, 8)),
+            [2.0, 1.0, 0.5, 1.5, 0.0, 0.0, 1.0, -2.0]
+        );
+    }
+
+    /// The run conv on two runs in one launch: a fresh one (position 0) shorter than the taps,
+    /// whose new state reaches back into zeros, not its slot's old inputs; a continuing one that
+    /// reads its slot. Each against the f32 conv over the state it should start from.
+    #[test]
+    fn the_run_conv_starts_a_fresh_run_from_zeros() {
+        let (channels, kernel, stride) = (3usize, 4usize, 5usize);
+        let taps = kernel - 1;
+        let lens = [2usize, 4];
+        let tokens: usize = lens.iter().sum();
+        let x_rows = uniform(1, tokens * stride, 1.0);
+        let weight = uniform(2, channels * kernel, 0.5);
+        let old = uniform(3, 2 * taps * channels, 1.0);
+        let round = |v: &[f32]| v.iter().map(|&x| round_bf16(x)).collect::<Vec<_>>();
+        let (x_rows, weight, old) = (round(&x_rows), round(&weight), round(&old));
+        let mut m = FlatMemory::new();
+        let x = m.put(&bf16s(&x_rows));
+        let out = m.put(&bf16s(&vec![0.0; tokens * channels]));
+        let state = m.put(&bf16s(&old));
+        // Run 0 (fresh) in slot 1, run 1 (continuing, at position 2) in slot 0.
+        GdnConv1d {
+            out,
+            x,
+            conv_state: state,
+            weight: m.put(&bf16s(&weight)),
+            bias: DevicePtr::NULL,
+            seq_starts: m.put(&[0i32, 2, 6]),
+            slots: m.put(&[1i32, 0]),
+            positions: m.put(&[0i32, 1, 2, 3, 4, 5]),
+            seqs: 2,
+            max_len: 4,
+            channels: channels as u32,
+            x_stride: stride as u32,
+            kernel: kernel as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let dense = |rows: std::ops::Range<usize>| -> Vec<f32> {
+            rows.flat_map(|t| x_rows[t * stride..t * stride + channels].to_vec())
+                .collect()
+        };
+        let n = taps * channels;
+        let mut fresh_state = vec![0.0; n];
+        let fresh_out = causal_conv1d_silu(&dense(0..2), channels, &weight, None, &mut fresh_state);
+        let mut cont_state = old[..n].to_vec();
+        let cont_out = causal_conv1d_silu(&dense(2..6), channels, &weight, None, &mut cont_state);
+        let want: Vec<f32> = round(&[fresh_out, cont_out].concat());
+        assert_eq!(f32s(&m.get(out, tokens * channels)), want);
+        // The fresh run's new state: one zero input, then its two inputs.
+        assert_eq!(fresh_state[..channels], [0.0; 3]);
+        assert_eq!(
+            f32s(&m.get(state, 2 * n)),
+            [cont_state, fresh_state].concat()
+        );
+    }
+
+    /// A sequence at position 0 starts from `S = 0` whatever its slot holds, and writes its
+    /// state back; one at a later position starts from its slot.
+    #[test]
+    fn the_recurrent_kernel_starts_a_fresh_sequence_from_zero() {
+        let (dk, dv, hv) = (4usize, 3usize, 1usize);
+        let stride = 2 * dk + hv * dv;
+        let rows = uniform(11, 3 * stride, 1.0)
+            .iter()
+            .map(|&x| round_bf16(x))
+            .collect::<Vec<_>>();
+        let old = uniform(12, 2 * dk * dv, 1.0);
+        let (g, beta) = ([-0.3f32, -0.7, -0.1], [0.6f32, 0.3, 0.9]);
+        let mut m = FlatMemory::new();
+        let row = m.put(&bf16s(&rows));
+        let o = m.put(&bf16s(&[0.0; 9]));
+        let state = m.put(&old);
+        // Sequence 0: tokens 0..2 in slot 0, fresh; sequence 1: token 2 in slot 1, continuing.
+        GdnRecurrent {
+            o,
+            state,
+            q: row,
+            k: row.offset(2 * dk),
+            v: row.offset(2 * 2 * dk),
+            g: m.put(&g),
+            beta: m.put(&beta),
+            seq_starts: m.put(&[0i32, 2, 3]),
+            slots: m.put(&[0i32, 1]),
+            positions: m.put(&[0i32, 1, 9]),
+            seqs: 2,
+            hv: hv as u32,
+            hk: 1,
+            dk: dk as u32,
+            dv: dv as u32,
+            qkv_stride: stride as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let part = |t: std::ops::Range<usize>, at: usize, width: usize| -> Vec<f32> {
+            t.flat_map(|t| rows[t * stride + at..t * stride + at + width].to_vec())
+                .collect()
+        };
+        let run = |t: std::ops::Range<usize>, state: &mut Vec<f32>| {
+            let (q, k, v) = (
+                part(t.clone(), 0, dk),
+                part(t.clone(), dk, dk),
+                part(t.clone(), 2 * dk, dv),
+            );
+            let x = GatedDeltaInputs {
+                dk,
+                dv,
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g[t.clone()],
+                beta: &beta[t],
+            };
+            gated_delta_recurrent(&x, state)
+        };
+        let mut fresh = vec![0.0; dk * dv];
+        let mut cont = old[dk * dv..].to_vec();
+        let want = [run(0..2, &mut fresh), run(2..3, &mut cont)].concat();
+        let got = f32s(&m.get(o, 9));
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(*g, round_bf16(*w), "{got:?} vs {want:?}");
+        }
+        assert_eq!(m.get::<f32>(state, 2 * dk * dv), [fresh, cont].concat());
+    }
+
+    /// The gating reads token t's row at `t * ba_stride`: a stride wider than `2 hv` (b and a
+    /// columns of a wider row) gives what the packed rows give.
+    #[test]
+    fn gating_reads_rows_ba_stride_apart() {
+        let (tokens, hv, hk, stride) = (3usize, 4usize, 2usize, 11usize);
+        let wide = uniform(5, tokens * stride, 4.0);
+        let packed: Vec<f32> = (0..tokens)
+            .flat_map(|t| wide[t * stride..t * stride + 2 * hv].to_vec())
+            .collect();
+        let mut m = FlatMemory::new();
+        let a_log = m.put(&[0.1f32, 0.2, 0.3, 0.4]);
+        let dt_bias = m.put(&[0.5f32, -0.5, 1.0, 0.0]);
+        let mut run = |ba: &[f32], ba_stride: usize| {
+            let (g, beta) = (m.put(&[0f32; 12]), m.put(&[0f32; 12]));
+            let ba = m.put(&bf16s(ba));
+            GdnGating {
+                g,
+                beta,
+                ba,
+                a_log,
+                dt_bias,
+                tokens: tokens as u32,
+                hv: hv as u32,
+                hk: hk as u32,
+                ba_stride: ba_stride as u32,
+            }
+            .reference(&mut m)
+            .unwrap();
+            (m.get::<f32>(g, 12), m.get::<f32>(beta, 12))
+        };
+        let want = run(&packed, 2 * hv);
+        assert_eq!(run(&wide, stride), want);
     }
 }
