@@ -54,6 +54,7 @@ impl Model {
                 token_seq: &[0],
                 block_tables: &[table],
                 logit_rows: &[0],
+                state_slots: self.solo_state_slot(),
             };
             self.validate(&step)?;
             let (packed, places) = self.pack(&step, i == 0);
@@ -65,7 +66,8 @@ impl Model {
             plan.extend(packed);
         }
         let first_len = plan.len() - (steps - 1) * HEAD;
-        debug_assert_eq!(first_len, HEAD + self.options.max_blocks_per_seq());
+        // The table row, the sequence's run (start, end) and its state slot follow the head.
+        debug_assert_eq!(first_len, HEAD + self.options.max_blocks_per_seq() + 3);
         let g = self.gpu.clone();
         let g = g.as_ref();
         let s = g.default_stream();
@@ -109,6 +111,7 @@ impl Model {
                     token_seq: &[0],
                     block_tables: &[table],
                     logit_rows: &[0],
+                    state_slots: self.solo_state_slot(),
                 };
                 self.run_with(&step, buffers)?;
                 let argmax = ArgmaxF32 {

@@ -138,6 +138,7 @@ fn run(
             token_seq: &seq,
             block_tables: &[table],
             logit_rows: rows,
+            state_slots: model.solo_state_slot(),
         };
         if rows.is_empty() {
             model.forward(&input)?;
@@ -194,6 +195,7 @@ fn run(
                 token_seq: &[0],
                 block_tables: &[table],
                 logit_rows: &[0],
+                state_slots: model.solo_state_slot(),
             };
             next = pick(model, &input, &mut request.sampler)?;
             if let Some(finish) = accept(&mut tokens, next) {

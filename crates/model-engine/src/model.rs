@@ -31,6 +31,7 @@ use metrale_kernels::ops::{
 use crate::blocks::attention::{
     self, ATTENTION_PARTIALS, Attention, prefill_tile, prefill_version,
 };
+use crate::blocks::gated_delta::{self, GatedDeltaNet};
 use crate::blocks::mlp::{self, DenseMlp};
 use crate::blocks::moe::{self, Moe};
 use crate::blocks::{Arena, Block, Step};
@@ -99,12 +100,27 @@ pub struct ModelOptions {
     pub num_blocks: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// Recurrent-state slots (a hybrid model's Gated DeltaNet or Mamba-2 layers keep one state
+    /// per running sequence in a slot; at most this many sequences run at once). 0 for a model
+    /// without recurrent layers.
+    pub state_slots: usize,
 }
 
 impl ModelOptions {
-    /// KV cache bytes per block, all layers, K and V.
+    /// KV cache bytes per block, every attention layer (a hybrid model's recurrent layers keep
+    /// no KV), K and V.
     pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> u64 {
-        (2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * 2) as u64
+        let layers = config.num_layers - config.hybrid.as_ref().map_or(0, |h| h.recurrent_layers());
+        (2 * layers * block_size * config.num_kv_heads * config.head_dim * 2) as u64
+    }
+
+    /// Recurrent-state bytes of one state slot (every recurrent layer's conv inputs in bf16 and
+    /// its f32 matrix state); 0 for a model without recurrent layers.
+    pub fn state_bytes_per_slot(config: &ModelConfig) -> u64 {
+        config
+            .hybrid
+            .as_ref()
+            .map_or(0, |h| h.state_bytes_per_sequence(2) as u64)
     }
 
     /// Block-table width: blocks of the longest sequence.
@@ -126,6 +142,13 @@ pub struct StepInput<'a> {
     pub block_tables: &'a [&'a BlockTable],
     /// Token indices whose next-token logits are wanted (e.g. the last token of each sequence).
     pub logit_rows: &'a [usize],
+    /// The recurrent-state slot of every sequence, in `block_tables`' order (models with
+    /// recurrent layers; empty otherwise). A sequence whose first token in the step is at
+    /// position 0 starts from a zero state; any other continues the state its slot holds, which
+    /// must be the state after its previous tokens. A model with recurrent layers also needs
+    /// each sequence's tokens contiguous, in position order, and the sequences in
+    /// `token_seq` order.
+    pub state_slots: &'a [u32],
 }
 
 /// Where a step's uploaded integer inputs landed on the device.
@@ -144,6 +167,10 @@ pub(crate) struct StepBuffers {
     /// decode-only step, and the prefill attention takes the tiles after them.
     pub(crate) decode_rows: u32,
     pub(crate) tables: DevicePtr,
+    /// i32 `[seqs + 1]`: each sequence's first token, then the step's tokens (after the tables).
+    pub(crate) seq_starts: DevicePtr,
+    /// i32 `[seqs]`: each sequence's recurrent-state slot.
+    pub(crate) state_slots: DevicePtr,
 }
 
 /// Device buffers of the step itself (the blocks own theirs), sized once for
@@ -165,7 +192,8 @@ pub(crate) struct Buffers {
     pub(crate) argmax_scratch: DevicePtr,
     /// The per-step integer inputs, packed so a step uploads them in one copy: for a step of n
     /// tokens, ids, positions, token_seq and slots (n entries each), the prefill attention's
-    /// query tiles (room for n tiles of 4), then the block tables.
+    /// query tiles (room for n tiles of 4), then the block tables, then each sequence's first
+    /// token (and the total) and its recurrent-state slot.
     pub(crate) step_inputs: DevicePtr,
 }
 
@@ -329,7 +357,8 @@ impl Model {
         let rows = options.max_seqs.max(1);
         let logit_rows = options.max_logit_rows.max(1);
         let scratch = Buffers {
-            step_inputs: arena.alloc((8 * t + rows * options.max_blocks_per_seq()) * 4)?,
+            step_inputs: arena
+                .alloc((8 * t + rows * (options.max_blocks_per_seq() + 2) + 1) * 4)?,
             hidden: [
                 arena.alloc(t * h * 4)?,
                 arena.alloc(t.min(GEMV_FMA_MAX_ROWS as usize) * h * 4)?,
@@ -372,6 +401,7 @@ impl Model {
         let mut attention_shared = None;
         let mut mlp_scratch = None;
         let mut moe_shared: Option<moe::Shared> = None;
+        let mut gdn_shared: Option<(gated_delta::Shared, crate::plan::GatedDeltaNetSpec)> = None;
         let mut blocks: Vec<Box<dyn Block>> = Vec::new();
         for (l, spec) in plan.blocks() {
             let w = &weights.layers[l];
@@ -432,10 +462,35 @@ impl Model {
                     let hidden = c.hidden_size as u32;
                     blocks.push(Box::new(Moe::new(norm, weights, hidden, linear, shared)));
                 }
+                BlockKind::GatedDeltaNet(g) => {
+                    let norm = RmsNorm {
+                        weight: w.input_norm,
+                        eps,
+                    };
+                    let shared = match gdn_shared {
+                        Some((s, first)) if gated_delta::Shared::fits(&g, &first) => s,
+                        Some(_) => {
+                            return Err(ModelError::Unsupported(format!(
+                                "layer {l}'s Gated DeltaNet differs in shape from the first one's"
+                            )));
+                        }
+                        None => {
+                            let s = gated_delta::Shared::new(
+                                arena,
+                                &g,
+                                options.max_tokens_per_step,
+                                c.hidden_size,
+                            )?;
+                            gdn_shared.insert((s, g)).0
+                        }
+                    };
+                    let weights = w.gdn.as_ref().expect("a Gated DeltaNet layer's weights");
+                    let sizes = (c.hidden_size, options.state_slots.max(1));
+                    let block = GatedDeltaNet::new(arena, g, norm, weights, sizes, linear, shared)?;
+                    blocks.push(Box::new(block));
+                }
                 // `LayerPlan::check_runnable` refuses these first, naming what is missing.
-                BlockKind::Mlp(MlpKind::DenseRelu2 { .. })
-                | BlockKind::GatedDeltaNet(_)
-                | BlockKind::Mamba2(_) => {
+                BlockKind::Mlp(MlpKind::DenseRelu2 { .. }) | BlockKind::Mamba2(_) => {
                     return Err(ModelError::Unsupported(format!(
                         "layer {l}: no block implements {:?} yet",
                         spec.kind
@@ -457,6 +512,16 @@ impl Model {
     pub fn set_tuning(&mut self, tuning: Tuning) {
         self.tuning = tuning;
         self.graphs.clear();
+    }
+
+    /// The state slots of a step of one sequence (`met generate`, `met parity`, warm-up): slot 0
+    /// for a model with recurrent layers, none otherwise.
+    pub fn solo_state_slot(&self) -> &'static [u32] {
+        if self.plan.recurrent_layers() > 0 {
+            &[0]
+        } else {
+            &[]
+        }
     }
 
     /// The layer plan the model was built from.
@@ -599,6 +664,56 @@ impl Model {
                 ));
             }
         }
+        if self.plan.recurrent_layers() > 0 {
+            self.validate_recurrent(step)?;
+        }
+        Ok(())
+    }
+
+    /// What a model with recurrent state needs of a step: one distinct slot per sequence, and
+    /// each sequence's tokens one contiguous run in position order, the runs in sequence order.
+    fn validate_recurrent(&self, step: &StepInput) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::InvalidStep(m));
+        let seqs = step.block_tables.len();
+        if step.state_slots.len() != seqs {
+            return bad(format!(
+                "{} state slots for {seqs} sequences: a model with recurrent layers needs one \
+                 per sequence",
+                step.state_slots.len()
+            ));
+        }
+        let mut seen = vec![false; self.options.state_slots];
+        for &slot in step.state_slots {
+            match seen.get_mut(slot as usize) {
+                None => {
+                    return bad(format!(
+                        "state slot {slot} is outside the {} the model holds",
+                        self.options.state_slots
+                    ));
+                }
+                Some(true) => return bad(format!("state slot {slot} is named twice")),
+                Some(s) => *s = true,
+            }
+        }
+        for t in 1..step.tokens.len() {
+            let (a, b) = (step.token_seq[t - 1], step.token_seq[t]);
+            let next = step.positions[t - 1] + 1;
+            if b < a || (b == a && step.positions[t] != next) || b > a + 1 {
+                return bad(format!(
+                    "token {t} (sequence {b}, position {}) does not continue the runs: a model \
+                     with recurrent layers takes each sequence's tokens contiguous and in \
+                     position order, sequences in order",
+                    step.positions[t]
+                ));
+            }
+        }
+        if step.token_seq.first() != Some(&0)
+            || step.token_seq.last().map(|&s| s as usize + 1) != Some(seqs)
+        {
+            return bad(format!(
+                "the step's tokens do not cover its {seqs} sequences in order"
+            ));
+        }
         Ok(())
     }
 
@@ -639,6 +754,7 @@ impl Model {
             token_seq: &seq,
             block_tables: &[&table],
             logit_rows: &[n - 1],
+            state_slots: self.solo_state_slot(),
         })?;
         self.forward_argmax(&StepInput {
             tokens: &tokens[..1],
@@ -646,6 +762,7 @@ impl Model {
             token_seq: &seq[..1],
             block_tables: &[&table],
             logit_rows: &[0],
+            state_slots: self.solo_state_slot(),
         })?;
         Ok(())
     }
@@ -769,15 +886,26 @@ impl Model {
         let tiles = tiles.concat();
         let mut packed = [ids, positions, token_seq, slots, tiles].concat();
         packed.resize(8 * n, 0);
+        let width = o.max_blocks_per_seq();
+        let seqs = step.block_tables.len();
         if tables {
-            let width = o.max_blocks_per_seq();
             packed.extend(
                 step.block_tables
                     .iter()
                     .flat_map(|t| t.padded_row(width, 0)),
             );
+            // Each sequence's first token (runs in sequence order: validated for a model that
+            // reads them), then the total; then the state slots.
+            let mut starts = vec![n as i32; seqs + 1];
+            for (t, &q) in step.token_seq.iter().enumerate().rev() {
+                starts[q as usize] = t as i32;
+            }
+            packed.extend(starts);
+            packed.extend(step.state_slots.iter().map(|&s| s as i32));
+            packed.resize(8 * n + seqs * (width + 2) + 1, 0);
         }
         let region = |i: usize| sc.step_inputs.offset(i * n * 4);
+        let after_tables = sc.step_inputs.offset((8 * n + seqs * width) * 4);
         let buffers = StepBuffers {
             ids: region(0),
             positions: region(1),
@@ -787,6 +915,8 @@ impl Model {
             num_tiles,
             decode_rows,
             tables: region(8),
+            seq_starts: after_tables,
+            state_slots: after_tables.offset((seqs + 1) * 4),
         };
         (packed, buffers)
     }
@@ -854,7 +984,19 @@ impl Model {
         if let Some(r) = l.routing {
             r.begin();
         }
+        // The longest run of one sequence's tokens (1 in a decode step).
+        let mut max_run = 0u32;
+        let mut run = 0u32;
+        for (t, &q) in step.token_seq.iter().enumerate() {
+            run = if t > 0 && step.token_seq[t - 1] == q {
+                run + 1
+            } else {
+                1
+            };
+            max_run = max_run.max(run);
+        }
         let shape = Step {
+            max_run,
             tokens: step.tokens.len() as u32,
             seqs: step.block_tables.len() as u32,
             inputs,

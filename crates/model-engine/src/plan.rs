@@ -13,6 +13,7 @@ use metrale_config::{
     Ffn, GatedDeltaNetConfig, HybridLayer, Mamba2Config, Mixer, MlpActivation, ModelConfig, QkNorm,
     RouterKind,
 };
+use metrale_kernels::ops::{GDN_CONV_MAX_KERNEL, GDN_MAX_DK};
 
 /// How a block's input is normalised.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,15 +31,11 @@ pub enum NormKind {
 }
 
 impl NormKind {
-    /// The epsilon of a plain RMSNorm, the only norm the blocks implement so far.
+    /// The epsilon. Both kinds run on the same kernels: a unit-offset norm's weight is uploaded
+    /// as `1 + weight` ([`crate::weights`]).
     pub fn rms_eps(self) -> Result<f32, crate::ModelError> {
         match self {
-            NormKind::Rms { eps } => Ok(eps),
-            NormKind::RmsUnitOffset { .. } => Err(crate::ModelError::Unsupported(
-                "RMSNorm scaling by 1 + weight (qwen3_next, qwen3_5_moe): the norm kernels take a \
-                 plain weight"
-                    .into(),
-            )),
+            NormKind::Rms { eps } | NormKind::RmsUnitOffset { eps } => Ok(eps),
         }
     }
 }
@@ -343,12 +340,22 @@ impl LayerPlan {
         for (l, b) in self.blocks() {
             b.norm.rms_eps()?;
             match b.kind {
-                BlockKind::GatedDeltaNet(_) => {
-                    return refuse(&format!(
-                        "layer {l} is Gated DeltaNet: its kernels (causal conv with state, the \
-                         gated delta rule for prefill and decode, the gated RMSNorm) and the \
-                         engine's recurrent state slots are not written yet (issue 30)"
-                    ));
+                BlockKind::GatedDeltaNet(g) => {
+                    let s = g.shape;
+                    if s.key_head_dim > GDN_MAX_DK as usize
+                        || s.conv_kernel < 2
+                        || s.conv_kernel > GDN_CONV_MAX_KERNEL as usize
+                        || s.key_heads == 0
+                        || s.value_heads % s.key_heads != 0
+                    {
+                        return refuse(&format!(
+                            "layer {l} is Gated DeltaNet with key heads of {} (the kernels take \
+                             up to {GDN_MAX_DK}), a conv of {} taps (2 to \
+                             {GDN_CONV_MAX_KERNEL}) and {} value heads over {} key heads (a \
+                             whole multiple)",
+                            s.key_head_dim, s.conv_kernel, s.value_heads, s.key_heads
+                        ));
+                    }
                 }
                 BlockKind::Mamba2(_) => {
                     return refuse(&format!(
@@ -357,20 +364,11 @@ impl LayerPlan {
                          recurrent state slots are not written yet (issue 30)"
                     ));
                 }
-                BlockKind::Attention(a) if a.output_gate => {
-                    return refuse(&format!(
-                        "layer {l}'s attention has an output gate (sigmoid of a second q half), \
-                         which the attention block does not apply yet"
-                    ));
-                }
                 BlockKind::Attention(a) if !a.rope() => {
                     return refuse(&format!(
                         "layer {l}'s attention has no RoPE, which the attention kernels always \
                          apply"
                     ));
-                }
-                BlockKind::Attention(a) if a.qk_norm_unit_offset => {
-                    return refuse("QK-norm scaling by 1 + weight is not implemented");
                 }
                 BlockKind::Mlp(MlpKind::DenseRelu2 { .. }) => {
                     return refuse(&format!(
@@ -639,28 +637,27 @@ mod hybrid_tests {
     }
 
     #[test]
-    fn hybrid_plans_are_refused_naming_the_missing_kernels() {
-        let err = plan(QWEN3_NEXT_80B)
+    fn plans_without_kernels_are_refused_naming_the_missing_piece() {
+        // Qwen3-Next runs (Gated DeltaNet, gated attention, unit-offset norms); Nemotron-H's
+        // Mamba-2 does not yet.
+        plan(QWEN3_NEXT_80B)
             .check_runnable()
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("1 + weight"), "{err}");
+            .expect("qwen3_next runs");
         let err = plan(NEMOTRON_3_NANO)
             .check_runnable()
             .unwrap_err()
             .to_string();
         assert!(err.contains("layer 0 is Mamba-2"), "{err}");
-        // With the norms it names first out of the way, Qwen3-Next's next missing piece is the
-        // Gated DeltaNet of layer 0.
+        // A Gated DeltaNet wider than the kernels' registers is refused with its shape.
         let mut p = plan(QWEN3_NEXT_80B);
-        p.final_norm = NormKind::Rms { eps: 1e-6 };
-        for layer in &mut p.layers {
-            for b in &mut layer.blocks {
-                b.norm = NormKind::Rms { eps: 1e-6 };
-            }
+        if let BlockKind::GatedDeltaNet(g) = &mut p.layers[0].blocks[0].kind {
+            g.shape.key_head_dim = 256;
         }
         let err = p.check_runnable().unwrap_err().to_string();
-        assert!(err.contains("layer 0 is Gated DeltaNet"), "{err}");
+        assert!(
+            err.contains("layer 0 is Gated DeltaNet with key heads of 256"),
+            "{err}"
+        );
         // And a non-hybrid plan passes.
         let qwen3 = metrale_config::from_config_json(
             r#"{"model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,

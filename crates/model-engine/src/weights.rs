@@ -19,7 +19,10 @@
 //! ([`Fp8Tensor::stack`]). The embedding, the LM head, norms, routers and (in part 1) MoE experts
 //! stay BF16: an FP8 checkpoint's other E4M3 tensors are dequantised to BF16 at load.
 
-use metrale_config::{ModelConfig, QkNorm, RouterKind};
+use half::bf16;
+use metrale_config::{
+    Ffn, GatedDeltaNetConfig, GdnProjection, Mixer, ModelConfig, QkNorm, RouterKind,
+};
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::GpuBackend;
 use metrale_model_weights::{Fp8Scheme, Fp8Tensor, HostTensor, WeightError, WeightSource};
@@ -354,6 +357,33 @@ pub struct LayerWeights {
     pub(crate) down: LinearWeight,
     /// A sparse layer's MLP.
     pub(crate) moe: Option<MoeWeights>,
+    /// A Gated DeltaNet layer's mixer (its attention tensors are then NULL).
+    pub(crate) gdn: Option<GdnWeights>,
+    /// A gated attention's output-gate rows of `q_proj`, `[heads * head_dim, hidden]` (each
+    /// head's second half, Qwen3-Next), or NULL.
+    pub(crate) attn_gate: LinearWeight,
+}
+
+/// A Gated DeltaNet mixer's tensors on the device, in the layout its kernels read.
+#[derive(Clone, Debug)]
+pub struct GdnWeights {
+    /// One product for every input of the mixer, `[conv + value_dim + 2 * value_heads, hidden]`:
+    /// every key head's q rows, then every key head's k rows, then every value head's v rows
+    /// (the conv's channels, in the conv weight's order), the z rows, then b and a grouped per key
+    /// head (its `value_heads / key_heads` b rows, then as many a rows) as `gdn_gating` reads
+    /// them. Both checkpoint layouts (Qwen3-Next's `in_proj_qkvz` / `in_proj_ba` grouped per key
+    /// head, Qwen3.5's four products) are rearranged into it at load.
+    pub(crate) in_proj: LinearWeight,
+    /// bf16 `[conv channels, conv_kernel]`.
+    pub(crate) conv: DevicePtr,
+    /// f32 `[value_heads]`.
+    pub(crate) dt_bias: DevicePtr,
+    /// f32 `[value_heads]`.
+    pub(crate) a_log: DevicePtr,
+    /// bf16 `[value_head_dim]`: the gated RMSNorm's weight, shared by every head.
+    pub(crate) norm: DevicePtr,
+    /// `[hidden, value_dim]`.
+    pub(crate) out: LinearWeight,
 }
 
 /// A sparse layer's MLP tensors on the device.
@@ -692,6 +722,138 @@ impl Uploader<'_> {
         }
     }
 
+    /// A dense linear from rows already assembled on the host (`tensors` of the checkpoint's
+    /// went into it), in the uploader's format.
+    fn linear_host(&mut self, t: HostTensor, tensors: usize) -> Result<LinearWeight, ModelError> {
+        if matches!(self.format, LinearFormat::Fp8Quantize) {
+            let q = Fp8Tensor::quantize(&t).map_err(|e| WeightError::Quantization {
+                message: format!("quantizing a stacked product of {:?}: {e}", t.shape),
+            })?;
+            self.fp8_max_weights = self.fp8_max_weights.max(q.n * q.k);
+            let w = self.put_bytes(&q.data, 0)?;
+            let scales = self.put_bytes(bytemuck::cast_slice(&q.scales), tensors)?;
+            return Ok(LinearWeight {
+                w,
+                scales,
+                row_shift: q.row_shift(),
+            });
+        }
+        Ok(LinearWeight::bf16(self.put(&t, tensors)?))
+    }
+
+    /// A norm's weight; with `unit_offset` (Qwen3-Next's norms scale by `1 + weight`) uploaded
+    /// as `1 + weight`, summed in f32 and rounded once to bf16, so every norm kernel reads a
+    /// plain scale.
+    fn get_norm(&mut self, role: TensorRole, unit_offset: bool) -> Result<DevicePtr, ModelError> {
+        let mut t = self.source.load(&role.hf_name())?;
+        if unit_offset {
+            for x in &mut t.data {
+                *x = bf16::from_f32(1.0 + x.to_f32());
+            }
+        }
+        self.put(&t, 1)
+    }
+
+    /// A gated attention's q|k|v product and its output-gate product, from `q_proj`'s per-head
+    /// query and gate halves.
+    fn gated_qkv(
+        &mut self,
+        c: &ModelConfig,
+        l: usize,
+    ) -> Result<(LinearWeight, LinearWeight), ModelError> {
+        let q = self.source.load(&TensorRole::Q(l).hf_name())?;
+        let k = self.source.load(&TensorRole::K(l).hf_name())?;
+        let v = self.source.load(&TensorRole::V(l).hf_name())?;
+        let hidden = c.hidden_size;
+        let half = c.head_dim * hidden;
+        let (mut qkv, mut gate) = (Vec::new(), Vec::new());
+        for head in q.data.chunks_exact(2 * half) {
+            qkv.extend_from_slice(&head[..half]);
+            gate.extend_from_slice(&head[half..]);
+        }
+        qkv.extend_from_slice(&k.data);
+        qkv.extend_from_slice(&v.data);
+        let rows = |d: &Vec<bf16>| d.len() / hidden;
+        let qkv = HostTensor {
+            shape: vec![rows(&qkv), hidden],
+            data: qkv,
+        };
+        let gate = HostTensor {
+            shape: vec![rows(&gate), hidden],
+            data: gate,
+        };
+        Ok((self.linear_host(qkv, 3)?, self.linear_host(gate, 0)?))
+    }
+
+    /// Layer `l`'s Gated DeltaNet mixer, its input products rearranged into one
+    /// ([`GdnWeights::in_proj`]).
+    fn gdn(&mut self, g: &GatedDeltaNetConfig, l: usize) -> Result<GdnWeights, ModelError> {
+        let name = |t: GdnTensor| TensorRole::GatedDeltaNet(l, t).hf_name();
+        let load = |u: &Self, t: GdnTensor| u.source.load(&name(t));
+        let (nk, nv, dk, dv) = (g.key_heads, g.value_heads, g.key_head_dim, g.value_head_dim);
+        let per = nv / nk;
+        let (q, k, v, z, ba, tensors);
+        match g.projection {
+            GdnProjection::SplitQkvZBA => {
+                let qkv = load(self, GdnTensor::InProjQkv)?;
+                let hidden = qkv.shape[1];
+                let (kd, vd) = (nk * dk * hidden, nv * dv * hidden);
+                q = qkv.data[..kd].to_vec();
+                k = qkv.data[kd..2 * kd].to_vec();
+                v = qkv.data[2 * kd..2 * kd + vd].to_vec();
+                z = load(self, GdnTensor::InProjZ)?.data;
+                let (b, a) = (
+                    load(self, GdnTensor::InProjB)?.data,
+                    load(self, GdnTensor::InProjA)?.data,
+                );
+                let group = per * hidden;
+                let mut grouped = Vec::with_capacity(b.len() + a.len());
+                for (bg, ag) in b.chunks_exact(group).zip(a.chunks_exact(group)) {
+                    grouped.extend_from_slice(bg);
+                    grouped.extend_from_slice(ag);
+                }
+                ba = grouped;
+                tensors = 4;
+            }
+            _ => {
+                let qkvz = load(self, GdnTensor::InProjQkvz)?;
+                let hidden = qkvz.shape[1];
+                let (kh, vh) = (dk * hidden, per * dv * hidden);
+                let (mut qs, mut ks, mut vs, mut zs) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for group in qkvz.data.chunks_exact(2 * kh + 2 * vh) {
+                    qs.extend_from_slice(&group[..kh]);
+                    ks.extend_from_slice(&group[kh..2 * kh]);
+                    vs.extend_from_slice(&group[2 * kh..2 * kh + vh]);
+                    zs.extend_from_slice(&group[2 * kh + vh..]);
+                }
+                (q, k, v, z) = (qs, ks, vs, zs);
+                ba = load(self, GdnTensor::InProjBa)?.data;
+                tensors = 2;
+            }
+        }
+        let hidden = (q.len() / (nk * dk)).max(1);
+        let data = [q, k, v, z, ba].concat();
+        let in_proj = HostTensor {
+            shape: vec![data.len() / hidden, hidden],
+            data,
+        };
+        let in_proj = self.linear_host(in_proj, tensors)?;
+        let conv = self.get(TensorRole::GatedDeltaNet(l, GdnTensor::Conv))?;
+        let dt_bias = self.get_f32(TensorRole::GatedDeltaNet(l, GdnTensor::DtBias))?;
+        let a_log = self.get_f32(TensorRole::GatedDeltaNet(l, GdnTensor::ALog))?;
+        let norm = self.get(TensorRole::GatedDeltaNet(l, GdnTensor::Norm))?;
+        let out = self.linear(&[TensorRole::GatedDeltaNet(l, GdnTensor::OutProj)])?;
+        Ok(GdnWeights {
+            in_proj,
+            conv,
+            dt_bias,
+            a_log,
+            norm,
+            out,
+        })
+    }
+
     /// `role` uploaded as f32, its values exactly as the file holds them.
     fn get_f32(&mut self, role: TensorRole) -> Result<DevicePtr, ModelError> {
         let (_, values) = self.source.load_f32(&role.hf_name())?;
@@ -832,44 +994,78 @@ fn load_inner(
         bytes: 0,
     };
     let embedding = u.get(TensorRole::Embedding)?;
+    let unit_offset = c.hybrid.as_ref().is_some_and(|h| h.norm_unit_offset);
+    let gate = c.hybrid.as_ref().is_some_and(|h| h.attention_output_gate);
     let mut layers = Vec::with_capacity(c.num_layers);
     for l in 0..c.num_layers {
         let dense = !c.moe.as_ref().is_some_and(|m| m.is_sparse(l));
-        layers.push(LayerWeights {
-            input_norm: u.get(TensorRole::InputNorm(l))?,
+        let dense = match c.hybrid.as_ref().and_then(|h| h.layers[l].ffn) {
+            Some(Ffn::Sparse) => false,
+            Some(Ffn::Dense) => true,
+            None => dense,
+        };
+        let gdn_mixer = c
+            .hybrid
+            .as_ref()
+            .is_some_and(|h| h.layers[l].mixer == Some(Mixer::GatedDeltaNet));
+        let input_norm = u.get_norm(TensorRole::InputNorm(l), unit_offset)?;
+        let null = LinearWeight::bf16(DevicePtr::NULL);
+        let mut layer = LayerWeights {
+            input_norm,
+            qkv: null,
+            qkv_bias: DevicePtr::NULL,
+            q_norm: DevicePtr::NULL,
+            k_norm: DevicePtr::NULL,
+            o: null,
+            post_norm: DevicePtr::NULL,
+            gate_up: null,
+            down: null,
+            moe: None,
+            gdn: None,
+            attn_gate: null,
+        };
+        if gdn_mixer {
+            let g = c
+                .hybrid
+                .as_ref()
+                .and_then(|h| h.gated_delta_net)
+                .expect("a Gated DeltaNet layer has its shape");
+            layer.gdn = Some(u.gdn(&g, l)?);
+        } else if gate {
+            // q_proj holds, per head, head_dim query rows then head_dim gate rows: the query
+            // rows stack with k and v into one product, the gate rows make their own.
+            let (qkv, attn_gate) = u.gated_qkv(c, l)?;
+            layer.qkv = qkv;
+            layer.attn_gate = attn_gate;
+        } else {
             // q, k and v fused row-wise: one [(H + 2 KV) D, hidden] weight, one product.
-            qkv: u.linear(&[TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)])?,
-            qkv_bias: if c.attention_bias {
-                u.get_stacked(&[
+            layer.qkv = u.linear(&[TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)])?;
+        }
+        if !gdn_mixer {
+            if c.attention_bias {
+                layer.qkv_bias = u.get_stacked(&[
                     TensorRole::QBias(l),
                     TensorRole::KBias(l),
                     TensorRole::VBias(l),
-                ])?
-            } else {
-                DevicePtr::NULL
-            },
-            q_norm: u.get_if(c.qk_norm.any(), TensorRole::QNorm(l))?,
-            k_norm: u.get_if(c.qk_norm.any(), TensorRole::KNorm(l))?,
-            o: u.linear(&[TensorRole::O(l)])?,
-            post_norm: u.get(TensorRole::PostNorm(l))?,
+                ])?;
+            }
+            if c.qk_norm.any() {
+                layer.q_norm = u.get_norm(TensorRole::QNorm(l), unit_offset)?;
+                layer.k_norm = u.get_norm(TensorRole::KNorm(l), unit_offset)?;
+            }
+            layer.o = u.linear(&[TensorRole::O(l)])?;
+        }
+        layer.post_norm = u.get_norm(TensorRole::PostNorm(l), unit_offset)?;
+        if dense {
             // gate and up fused row-wise: one [2I, H] weight, one GEMM.
-            gate_up: if dense {
-                u.linear(&[TensorRole::Gate(l), TensorRole::Up(l)])?
-            } else {
-                LinearWeight::bf16(DevicePtr::NULL)
-            },
-            down: if dense {
-                u.linear(&[TensorRole::Down(l)])?
-            } else {
-                LinearWeight::bf16(DevicePtr::NULL)
-            },
-            moe: match &c.moe {
-                Some(m) if !dense => Some(u.moe(m, l)?),
-                _ => None,
-            },
-        });
+            layer.gate_up = u.linear(&[TensorRole::Gate(l), TensorRole::Up(l)])?;
+            layer.down = u.linear(&[TensorRole::Down(l)])?;
+        } else if let Some(m) = &c.moe {
+            layer.moe = Some(u.moe(m, l)?);
+        }
+        layers.push(layer);
     }
-    let final_norm = u.get(TensorRole::FinalNorm)?;
+    let final_norm = u.get_norm(TensorRole::FinalNorm, unit_offset)?;
     let lm_head = if c.tie_word_embeddings {
         embedding
     } else {

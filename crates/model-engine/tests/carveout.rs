@@ -62,6 +62,7 @@ fn decode_launches(mock: &Arc<MockBackend>) -> Vec<(String, Option<u8>)> {
         max_seq_len: 64,
         num_blocks: 4,
         block_size: 16,
+        state_slots: 0,
     };
     let mut progress = |_: usize, _: usize, _: u64| {};
     let tuning = Tuning::hopper().expect("the kernel tree's tuning");
@@ -84,6 +85,7 @@ fn decode_launches(mock: &Arc<MockBackend>) -> Vec<(String, Option<u8>)> {
             token_seq: &[0],
             block_tables: &[&table],
             logit_rows: &[0],
+            state_slots: &[],
         })
         .expect("a decode step runs on the mock");
     mock.launches()

@@ -90,6 +90,7 @@ fn logits(source: &dyn WeightSource, format: &LinearFormat) -> Vec<f32> {
         max_seq_len: 64,
         num_blocks: 4,
         block_size: 16,
+        state_slots: 0,
     };
     let tuning = Tuning::hopper().expect("the kernel tree's tuning");
     let mut model = Model::load_with(c, source, gpu, options, tuning, format, &mut |_, _, _| {})
@@ -110,6 +111,7 @@ fn logits(source: &dyn WeightSource, format: &LinearFormat) -> Vec<f32> {
                     token_seq: &vec![0; chunk.len()],
                     block_tables: &[&table],
                     logit_rows: &[chunk.len() - 1],
+                    state_slots: &[],
                 })
                 .expect("the step runs"),
         );
@@ -230,6 +232,7 @@ fn an_fp8_block_scaled_checkpoint_loads_and_runs() {
         max_seq_len: 64,
         num_blocks: 4,
         block_size: 16,
+        state_slots: 0,
     };
     let err = Model::load(
         config(),

@@ -240,6 +240,7 @@ fn greedy(
         max_seq_len: len.next_multiple_of(16),
         num_blocks: len.div_ceil(16),
         block_size: 16,
+        state_slots: 0,
     };
     let tuning = Tuning::hopper().expect("the kernel tree's tuning");
     let mut model = Model::load(config, source, gpu, options, tuning, &mut |_, _, _| {})
@@ -259,6 +260,7 @@ fn greedy(
                 token_seq: &vec![0; tokens.len()],
                 block_tables: &[&table],
                 logit_rows: &[tokens.len() - 1],
+                state_slots: &[],
             })
             .expect("the step runs");
         let next = (0..logits.len())

@@ -76,6 +76,7 @@ fn run(name: &str, tuning: Tuning) -> Run {
         max_seq_len: 64,
         num_blocks: 4,
         block_size: 16,
+        state_slots: 0,
     };
     let mut model = Model::load(config, &source, gpu, options, tuning, &mut |_, _, _| {})
         .expect("the fixture loads");
@@ -96,6 +97,7 @@ fn run(name: &str, tuning: Tuning) -> Run {
                 token_seq: &vec![0; tokens.len()],
                 block_tables: &[&table],
                 logit_rows: &[tokens.len() - 1],
+                state_slots: &[],
             })
             .expect("the step runs");
         let argmax = (0..logits.len())

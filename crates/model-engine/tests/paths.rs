@@ -215,6 +215,7 @@ fn run(tuning: Tuning) -> (Vec<Vec<f32>>, BTreeSet<String>) {
         max_seq_len: BLOCK * BLOCKS_PER_SEQ,
         num_blocks: SEQS * BLOCKS_PER_SEQ,
         block_size: BLOCK,
+        state_slots: 0,
     };
     let backend: Arc<dyn GpuBackend> = gpu.clone();
     let mut model = Model::load(
@@ -269,6 +270,7 @@ fn run(tuning: Tuning) -> (Vec<Vec<f32>>, BTreeSet<String>) {
                 token_seq: &seq_of,
                 block_tables: &step_tables,
                 logit_rows: &rows,
+                state_slots: &[],
             })
             .expect("the step runs");
         outputs.push(logits);
@@ -429,6 +431,7 @@ fn moe_prompt_logits_of(
         max_seq_len: 64,
         num_blocks: 4,
         block_size: 16,
+        state_slots: 0,
     };
     let mut model = Model::load(c.clone(), source, gpu, options, tuning, &mut |_, _, _| {})
         .expect("the MoE model loads on the host");
@@ -450,6 +453,7 @@ fn moe_prompt_logits_of(
                 token_seq: &vec![0; chunk.len()],
                 block_tables: &[&table],
                 logit_rows: &[chunk.len() - 1],
+                state_slots: &[],
             })
             .expect("the step runs");
         at += chunk.len() as u32;
@@ -634,6 +638,7 @@ fn routing_capture_reports_every_sparse_layers_choices() {
         max_seq_len: 64,
         num_blocks: 4,
         block_size: 16,
+        state_slots: 0,
     };
     let mut model = Model::load(
         c.clone(),
@@ -657,6 +662,7 @@ fn routing_capture_reports_every_sparse_layers_choices() {
                 token_seq: &vec![0; tokens.len()],
                 block_tables: &[&table],
                 logit_rows: &[tokens.len() - 1],
+                state_slots: &[],
             })
             .expect("the step runs");
     };

@@ -148,6 +148,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         max_seq_len,
         num_blocks: (max_batch.max(1) + 1) * blocks_per_seq,
         block_size,
+        state_slots: max_batch.max(1),
     };
     if max_seq_len > config.max_position_embeddings {
         bail!(
@@ -188,6 +189,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             token_seq: &seq,
             block_tables: &[&table],
             logit_rows: &[p - 1],
+            state_slots: model.solo_state_slot(),
         };
         model.forward_argmax(&step)?;
         let mut times = Vec::new();
@@ -335,12 +337,19 @@ fn time_decode(
     let positions = vec![args.context as u32; b];
     let seq: Vec<u32> = (0..b as u32).collect();
     let logit_rows: Vec<usize> = (0..b).collect();
+    // A hybrid model's sequences each take a state slot (their state is whatever the slot
+    // holds: the step's cost does not depend on it).
+    let state_slots: Vec<u32> = match model.solo_state_slot() {
+        [] => Vec::new(),
+        _ => (0..b as u32).collect(),
+    };
     let step = StepInput {
         tokens: &tokens,
         positions: &positions,
         token_seq: &seq,
         block_tables: &refs,
         logit_rows: &logit_rows,
+        state_slots: &state_slots,
     };
     model.forward_argmax(&step)?;
     let mut times = Vec::new();

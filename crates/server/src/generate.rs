@@ -131,6 +131,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         max_seq_len,
         num_blocks: max_seq_len.div_ceil(block_size),
         block_size,
+        state_slots: 1,
     };
     let started = Instant::now();
     let mut last_percent = usize::MAX;

@@ -200,6 +200,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         max_seq_len,
         num_blocks: 2 * blocks_per_seq,
         block_size,
+        state_slots: 1,
     };
     let tuning = crate::load::tuning(&placement, &args.tune)?;
     let mut model = Model::load_with(
@@ -239,6 +240,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         token_seq: &seq,
         block_tables: &[&table],
         logit_rows: &all_rows,
+        state_slots: model.solo_state_slot(),
     })?;
     if capture {
         routing.insert("prefill".into(), by_position(&model, prompt.len())?);
@@ -268,6 +270,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             token_seq: &[0],
             block_tables: &[&table],
             logit_rows: &[0],
+            state_slots: model.solo_state_slot(),
         })?;
         if capture {
             decode_routing.push(serde_json::json!(model.captured_routing(1)?));
@@ -301,6 +304,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             token_seq: &seq,
             block_tables: &[&table],
             logit_rows: &long_positions,
+            state_slots: model.solo_state_slot(),
         })?;
         if capture {
             routing.insert("long-prefill".into(), by_position(&model, long.len())?);

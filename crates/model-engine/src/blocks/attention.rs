@@ -21,7 +21,7 @@ use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3,
-    QkNormWhole, QkvRopeKvWrite,
+    QkNormWhole, QkvRopeKvWrite, SigmoidGateMul,
 };
 
 use super::{Arena, Block, Step};
@@ -73,6 +73,7 @@ struct Kernels {
     prefill_v1: KernelHandle,
     prefill_v2: KernelHandle,
     prefill_v3: KernelHandle,
+    output_gate: KernelHandle,
 }
 
 /// Buffers every attention block of a step shares.
@@ -86,6 +87,8 @@ pub(crate) struct Scratch {
     attn: DevicePtr,
     /// bf16 `[tokens, hidden]`: the block's output.
     out: DevicePtr,
+    /// bf16 `[tokens, heads * head_dim]`: the output gate's product, or NULL without one.
+    gate: DevicePtr,
     /// Split-K partials, [`ATTENTION_PARTIALS`] of `head_dim + 2` f32 each.
     partials: DevicePtr,
     /// i32 `[tokens, kv_heads]`, zero between launches: the split attention's count of finished
@@ -137,6 +140,7 @@ impl Shared {
             prefill_v1: gpu.kernel(PrefillAttention::NAME)?,
             prefill_v2: gpu.kernel(PrefillAttentionV2::NAME)?,
             prefill_v3: gpu.kernel(PrefillAttentionV3::NAME)?,
+            output_gate: gpu.kernel(SigmoidGateMul::NAME)?,
         };
         let t = sizes.max_tokens;
         let qd = spec.heads * spec.head_dim;
@@ -146,6 +150,11 @@ impl Shared {
             qkv: arena.alloc(t * (qd + 2 * kvd) * 2)?,
             q: arena.alloc(t * qd * 2)?,
             attn: arena.alloc(t * qd * 2)?,
+            gate: if spec.output_gate {
+                arena.alloc(t * qd * 2)?
+            } else {
+                DevicePtr::NULL
+            },
             out: arena.alloc(t * sizes.hidden * 2)?,
             partials: arena.alloc(ATTENTION_PARTIALS as usize * (spec.head_dim + 2) * 4)?,
             counters: arena.alloc(counters_bytes)?,
@@ -167,6 +176,8 @@ pub(crate) struct Attention {
     spec: AttentionSpec,
     norm: RmsNorm,
     qkv: Linear,
+    /// The output gate's product (`sigmoid` of it multiplies the attention output), if any.
+    gate: Option<Linear>,
     o: Linear,
     /// bf16, or null without QK-norm: `[head_dim]` each per head, `[heads * head_dim]` and
     /// `[kv_heads * head_dim]` over the whole projections.
@@ -196,6 +207,9 @@ impl Attention {
             spec,
             norm,
             qkv: Linear::of("qkv", w.qkv, w.qkv_bias, (qd + 2 * kvd, h), linear),
+            gate: spec
+                .output_gate
+                .then(|| Linear::of("attn_gate", w.attn_gate, DevicePtr::NULL, (qd, h), linear)),
             o: Linear::of("o", w.o, DevicePtr::NULL, (h, qd), linear),
             q_norm: w.q_norm,
             k_norm: w.k_norm,
@@ -373,14 +387,33 @@ impl Block for Attention {
     ) -> Result<(), ModelError> {
         let sc = &self.shared.scratch;
         let n = step.tokens;
-        self.qkv.run_normed(l, residual, self.norm, sc.qkv, n)?;
+        match &self.gate {
+            None => self.qkv.run_normed(l, residual, self.norm, sc.qkv, n)?,
+            Some(gate) => {
+                // Two products read the normalised rows: the norm takes a launch of its own.
+                let x = residual.add_norm(l, self.norm, n)?;
+                self.qkv.run(l, sc.qkv, x, n, false)?;
+                gate.run(l, sc.gate, x, n, false)?;
+            }
+        }
         self.attend(l, step)?;
+        if self.gate.is_some() {
+            let qd = (self.spec.heads * self.spec.head_dim) as u32;
+            let args = SigmoidGateMul {
+                x: sc.attn,
+                gate: sc.gate,
+                rows: n,
+                n: qd,
+                gate_stride: qd,
+            };
+            l.launch(self.shared.kernels.output_gate, "attn_gate_mul", &args)?;
+        }
         self.o.run(l, sc.out, sc.attn, n, before_fold)?;
         residual.set_pending(sc.out);
         Ok(())
     }
 
     fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
-        self.qkv.folds_norm(t, rows)
+        self.gate.is_none() && self.qkv.folds_norm(t, rows)
     }
 }

@@ -9,6 +9,7 @@
 //! belongs to the block of its layer.
 
 pub(crate) mod attention;
+pub(crate) mod gated_delta;
 pub(crate) mod mlp;
 pub(crate) mod moe;
 
@@ -28,6 +29,8 @@ pub(crate) struct Step {
     pub(crate) tokens: u32,
     /// Sequences in the step.
     pub(crate) seqs: u32,
+    /// The most tokens one sequence brings (1 in a decode step).
+    pub(crate) max_run: u32,
     /// Where the step's integer inputs are on the device.
     pub(crate) inputs: StepBuffers,
     /// The split decode attention's (keys per split, splits), the same for every layer.

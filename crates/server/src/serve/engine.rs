@@ -465,12 +465,18 @@ impl Engine {
         }
         let flat = plan.flatten();
         let table_refs: Vec<&BlockTable> = plan.block_tables.iter().collect();
+        let state_slots: Vec<u32> = plan
+            .items
+            .iter()
+            .filter_map(|i| i.state_slot.map(|s| s.0))
+            .collect();
         let input = StepInput {
             tokens: &flat.tokens,
             positions: &flat.positions,
             token_seq: &flat.token_seq,
             block_tables: &table_refs,
             logit_rows: &flat.logit_rows,
+            state_slots: &state_slots,
         };
         // When every row samples greedily with no bias, penalty, grammar or logprobs, the argmax
         // is taken on the device and one id per row comes back instead of the row's logits.

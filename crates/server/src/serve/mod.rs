@@ -386,6 +386,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .max(max_batch);
     let blocks_per_seq = max_seq_len.div_ceil(block_size);
     let kv_block_bytes = ModelOptions::kv_bytes_per_block(&config, block_size);
+    // A hybrid model's recurrent layers keep a fixed-size state per running sequence: one slot
+    // for every sequence the batch may run, taken out of the memory budget before the KV pool.
+    let state_slot_bytes = ModelOptions::state_bytes_per_slot(&config);
+    let state_slots = if state_slot_bytes > 0 { max_batch } else { 0 };
+    let state_bytes = state_slot_bytes as f64 * state_slots as f64;
     // The pool: what the memory budget allows (CUDA) or what the decode batch needs at full length
     // (host, where memory is the machine's own), and never more than all admitted requests need.
     let wanted = args.max_num_seqs.max(1) * blocks_per_seq;
@@ -401,7 +406,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let weights = config.parameter_count() as f64 * 2.0;
         let scratch = (step_tokens * (config.hidden_size * 8 + config.intermediate_size * 3) * 2
             + max_batch * config.vocab_size * 4) as f64;
-        let budget = total * util - weights - scratch - (1u64 << 30) as f64;
+        let budget = total * util - weights - scratch - state_bytes - (1u64 << 30) as f64;
         if budget < kv_block_bytes as f64 * blocks_per_seq as f64 {
             bail!(
                 "the KV cache does not fit: {:.1} GiB of device memory at utilization {util} leaves {:.2} GiB after weights and scratch; raise --gpu-memory-utilization or lower --max-seq-len",
@@ -421,7 +426,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         max_seq_len,
         num_blocks,
         block_size,
+        state_slots,
     };
+    if state_slots > 0 {
+        tracing::info!(
+            "recurrent state: {state_slots} slots of {:.1} MiB ({:.2} GiB), one per running sequence",
+            state_slot_bytes as f64 / (1u64 << 20) as f64,
+            state_bytes / (1u64 << 30) as f64
+        );
+    }
     tracing::info!(
         "KV cache: {num_blocks} blocks of {block_size} tokens = {} tokens ({:.2} GiB); max_seq_len {max_seq_len}, batch {max_batch}, step budget {step_tokens} tokens",
         num_blocks * block_size,
@@ -524,8 +537,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         num_blocks,
         policy,
         prefix_cache,
-        // No hybrid model loads yet (`Model::load` refuses recurrent layers), so no state slots.
-        state_slots: None,
+        state_slots: (state_slots > 0).then_some(state_slots),
     })
     .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
     let grammar_engine = match grammar_build.join() {
