@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
 """Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (and of
-the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2).
+the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2; and of the
+hybrid models: Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B at 4 layers, Qwen3.5-35B-A3B at full depth,
+Nemotron-H-8B at 4 layers).
 
 No machine here can reach a model hub, so the engine's large-model tests and speed runs use models
 with the exact public shapes and random weights (decode speed does not depend on weight values).
@@ -15,10 +17,15 @@ Run on the GPU machine (see scripts/gpu/README.md):
 Every checkpoint is written to `<out>/<name>.partial`, checked (finite, well-scaled logits; a reload
 through `from_pretrained` gives the same logits), and only then renamed to `<out>/<name>`, so a
 directory under its final name is always complete; a second run skips it.
+
+Without a GPU (a smoke test of this script: `--device cpu`, and `--override KEY=JSON` to shrink a
+config, e.g. `--override hidden_size=256 --override num_experts=16`) the checkpoint is written
+under `<name>+smoke` instead, so it is never taken for the real one.
 """
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -263,11 +270,183 @@ MODELS = {
         "use_cache": True,
         "vocab_size": 151936,
     },
+    # Qwen3-Next-80B-A3B-Instruct's public config.json (qwen3_next: hidden 2048; one gated
+    # full-attention layer (16/2 heads of 256, q|gate projection, partial RoPE on 64 of each
+    # head's 256, theta 1e7) after every three Gated DeltaNet layers (16 q/k heads and 32 value
+    # heads of 128, a 4-tap conv); in every layer 512 experts of width 512, top 10 renormalised,
+    # and a shared expert of width 512 behind its sigmoid gate), 4 of its 48 layers: the pattern
+    # comes from full_attention_interval, as the hub's config gives it (no layer_types). Its MTP
+    # layer is not written. The same values as transformers' Qwen3NextConfig defaults (checked in
+    # 5.17) and slime's scripts/models/qwen3-next-80B-A3B.sh.
+    "qwen3-next-80b-a3b-4l": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 151645,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 5120,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_next",
+        "moe_intermediate_size": 512,
+        "norm_topk_prob": True,
+        "num_attention_heads": 16,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "output_router_logits": False,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 10000000,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": 512,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
+    # Qwen3.5-35B-A3B's config.json as the hub ships it (qwen3_5_moe: the multimodal model, the
+    # text model under text_config; its vision_config is left out, which transformers fills with
+    # its defaults and neither side reads): Qwen3-Next's layout with the Gated DeltaNet's
+    # projections split, 40 layers, 256 experts top 8 (always renormalised), vocabulary 248320,
+    # interleaved M-RoPE sections (text-only positions make it plain RoPE on 64 of 256), 4 of its
+    # 40 layers. The values are transformers' Qwen3_5MoeTextConfig defaults (5.17) and slime's
+    # scripts/models/qwen3.5-35B-A3B.sh; eos, the MTP and M-RoPE keys from a published inventory
+    # of the hub config. What is built and saved is the text-only causal LM that
+    # AutoModelForCausalLM makes of this config (Qwen3_5MoeForCausalLM: weights under model.,
+    # one tensor per expert), not the hub's model.language_model. / model.visual. layout; no MTP
+    # weights.
+    "qwen3.5-35b-a3b-4l": {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "image_token_id": 248056,
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "attn_output_gate": True,
+            "eos_token_id": 248044,
+            "full_attention_interval": 4,
+            "head_dim": 256,
+            "hidden_act": "silu",
+            "hidden_size": 2048,
+            "initializer_range": 0.02,
+            "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_value_head_dim": 128,
+            "mamba_ssm_dtype": "float32",
+            "max_position_embeddings": 262144,
+            "model_type": "qwen3_5_moe_text",
+            "moe_intermediate_size": 512,
+            "mtp_num_hidden_layers": 1,
+            "mtp_use_dedicated_embeddings": False,
+            "num_attention_heads": 16,
+            "num_experts": 256,
+            "num_experts_per_tok": 8,
+            "num_hidden_layers": 4,
+            "num_key_value_heads": 2,
+            "output_router_logits": False,
+            "partial_rotary_factor": 0.25,
+            "rms_norm_eps": 1e-06,
+            "rope_parameters": {
+                "mrope_interleaved": True,
+                "mrope_section": [11, 11, 10],
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 10000000,
+                "rope_type": "default",
+            },
+            "router_aux_loss_coef": 0.001,
+            "shared_expert_intermediate_size": 512,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+            "vocab_size": 248320,
+        },
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "video_token_id": 248057,
+        "vision_end_token_id": 248054,
+        "vision_start_token_id": 248053,
+    },
+    # Nemotron-H-8B-Base-8K's public config.json (nemotron_h: hidden 4096; one block a layer from
+    # hybrid_override_pattern: M Mamba-2 (128 heads of 64, 8 groups, state 128, a 4-tap conv with
+    # bias, gated RMSNorm over 8 groups), * attention (32/8 heads of 128, no RoPE), - a squared-ReLU
+    # MLP of width 21504; vocabulary 131072), 4 of its 52 layers ("M*M-" where the hub's is
+    # "M-M-M-M*-M-..."), without its auto_map (NVIDIA's remote code: transformers has its own),
+    # time_step_limit (JSON has no infinity; (0, inf) is the default) and time_step_rank. The hub
+    # says attention_head_dim; transformers 5.17 reads head_dim only (and defaults it to 128), so
+    # both are written.
+    "nemotron-h-4l": {
+        "architectures": ["NemotronHForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attention_head_dim": 128,
+        "bos_token_id": 1,
+        "chunk_size": 128,
+        "conv_kernel": 4,
+        "eos_token_id": 2,
+        "expand": 2,
+        "head_dim": 128,
+        "hidden_dropout": 0.0,
+        "hidden_size": 4096,
+        "hybrid_override_pattern": "M*M-",
+        "initializer_range": 0.02,
+        "intermediate_size": 21504,
+        "layer_norm_epsilon": 1e-05,
+        "mamba_head_dim": 64,
+        "mamba_hidden_act": "silu",
+        "mamba_num_heads": 128,
+        "mamba_proj_bias": False,
+        "max_position_embeddings": 8192,
+        "mlp_bias": False,
+        "mlp_hidden_act": "relu2",
+        "model_type": "nemotron_h",
+        "n_groups": 8,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "num_logits_to_keep": 1,
+        "pad_token_id": 0,
+        "rescale_prenorm_residual": True,
+        "residual_in_fp32": False,
+        "rms_norm_eps": 1e-05,
+        "ssm_state_size": 128,
+        "tie_word_embeddings": False,
+        "time_step_floor": 0.0001,
+        "time_step_max": 0.1,
+        "time_step_min": 0.001,
+        "torch_dtype": "bfloat16",
+        "use_bias": False,
+        "use_cache": True,
+        "use_conv_bias": True,
+        "use_mamba_kernels": True,
+        "vocab_size": 131072,
+    },
 }
 
 # Qwen3-30B-A3B at its full depth (48 layers, 61 GB of bf16): the MoE speed target. Write it to
 # /dev/shm on the GPU machine (128 GiB of memory, 64 GiB of disk).
 MODELS["qwen3-30b-a3b"] = dict(MODELS["qwen3-30b-a3b-4l"], num_hidden_layers=48, max_window_layers=48)
+# Qwen3.5-35B-A3B at its full depth (40 layers, about 70 GB of bf16): the hybrid speed target, too
+# large for transformers' float32 on one H200; /dev/shm as for qwen3-30b-a3b.
+MODELS["qwen3.5-35b-a3b"] = dict(MODELS["qwen3.5-35b-a3b-4l"], text_config=dict(
+    MODELS["qwen3.5-35b-a3b-4l"]["text_config"], num_hidden_layers=40,
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 10))
 
 # Which real tokenizer belongs next to each checkpoint (copied in with --tokenizer FAMILY=DIR).
 TOKENIZER_FAMILY = {
@@ -282,6 +461,13 @@ TOKENIZER_FAMILY = {
     # No MiniMax tokenizer on the GPU machine; Qwen3's 151,669 ids all fit under its 200,064 rows
     # (parity feeds random ids either way).
     "minimax-m2-4l": "qwen3",
+    # Qwen3-Next's tokenizer is Qwen3's.
+    "qwen3-next-80b-a3b-4l": "qwen3",
+    # Qwen3.5's own tokenizer (248,320 rows) is not on the GPU machine; Qwen3's ids fit under it.
+    "qwen3.5-35b-a3b-4l": "qwen3",
+    "qwen3.5-35b-a3b": "qwen3",
+    # Nemotron-H's 131,072 rows hold fewer ids than Qwen3's tokenizer has: none is copied.
+    "nemotron-h-4l": None,
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -295,6 +481,23 @@ NORM_NOISE_STD = 0.1
 # the gaps between neighbouring sigmoid scores of 256 experts at these weights, so that the biased
 # top 8 differ from the unbiased ones and an engine that drops the bias fails parity.
 CORRECTION_BIAS_STD = 0.01
+# The hybrid models' own tensors, at values of the kind a trained model has rather than
+# transformers' constants (names the other models do not have, so their checkpoints are unchanged):
+#   Qwen3-Next / Qwen3.5 RMSNorms (input/post-attention, final, q_norm, k_norm) scale by
+#   (1 + weight): N(0, NORM_NOISE_STD), the same 1 +- 0.1 scale as the other models' norms; their
+#   Gated DeltaNet's gated norm scales by weight: 1 + N(0, 0.1), as do all of Nemotron-H's norms.
+#   Gated DeltaNet: A_log = log A with A log-uniform in GDN_A_RANGE (heads from long memory to
+#   none; transformers draws A uniform in [0.01, 16]), dt_bias 1 + N(0, 0.1) (transformers: 1).
+#   Mamba-2: A_log = log U(1, 16) (Mamba-2's A_init_range), dt_bias = softplus^-1(dt) with dt
+#   log-uniform in MAMBA_DT_RANGE: clear of time_step_min (0.001), the floor transformers
+#   clamps dt to in its chunked prefill scan and not in its one-token decode step; D 1 + N(0, 0.1).
+#   Both: the depthwise conv's taps N(0, CONV_STD) (at 0.02 the conv would shrink q/k/v 25-fold
+#   and leave silu linear), its bias (Nemotron-H) zero like every bias.
+GDN_A_RANGE = (0.01, 16.0)
+MAMBA_A_RANGE = (1.0, 16.0)
+MAMBA_DT_RANGE = (0.3, 1.0)
+CONV_STD = 0.3
+UNIT_OFFSET_NORMS = {"Qwen3NextRMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3_5RMSNorm"}
 
 PROBE_TOKENS = 64
 # Logits of a working random model have a std of order 1 (about 0.02 * sqrt(hidden_size)).
@@ -361,18 +564,73 @@ def random_prompt(n: int, vocab_size: int, specials, seed: int) -> torch.Tensor:
     return allowed[idx]
 
 
+def text_config(cfg: dict) -> dict:
+    """The text model's keys of a hub config: Qwen3.5's nest it under text_config (the top level
+    fills in the rest), the others are flat."""
+    text = cfg.get("text_config")
+    if text is None:
+        return cfg
+    return dict({k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}, **text)
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
 @torch.no_grad()
-def reinit_weights(model, seed: int):
+def reinit_weights(model, seed: int, device: str):
     """Overwrite every parameter from our own generator, so the weights depend only on the seed and
     this function (not on whatever init transformers' version happens to run in from_config)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     counts = {"matrix": 0, "norm": 0, "bias": 0}
+    # The hybrid families' modules, by class: which norms scale by (1 + weight), and which
+    # A_log / dt_bias belong to a Gated DeltaNet or to a Mamba-2 mixer.
+    offset_norms, gdn, mamba = set(), set(), set()
+    for mname, m in model.named_modules():
+        cls = type(m).__name__
+        if cls in UNIT_OFFSET_NORMS:
+            offset_norms.add(f"{mname}.weight")
+        elif cls.endswith("GatedDeltaNet"):
+            gdn.add(mname)
+        elif cls.endswith("Mamba2Mixer"):
+            mamba.add(mname)
+
+    def count(rule):
+        counts[rule] = counts.get(rule, 0) + 1
+
+    def uniform_(p, lo, hi):
+        return p.uniform_(lo, hi, generator=gen)
+
     # named_parameters() lists a tied parameter once, so a tied lm_head is the embedding.
     for name, p in model.named_parameters():
+        owner = name.rsplit(".", 1)[0]
         if name.endswith(".bias"):
             p.zero_()
-            counts["bias"] += 1
-        elif p.ndim == 1:  # RMSNorm weights (input/post-attention, q_norm/k_norm, final norm)
+            count("bias")
+        elif name.endswith(".A_log") and owner in gdn:
+            uniform_(p, math.log(GDN_A_RANGE[0]), math.log(GDN_A_RANGE[1]))
+            count("gdn A_log")
+        elif name.endswith(".dt_bias") and owner in gdn:
+            p.normal_(1.0, NORM_NOISE_STD, generator=gen)
+            count("gdn dt_bias")
+        elif name.endswith(".A_log") and owner in mamba:
+            # Drawn in f32 and rounded once into the parameter's dtype.
+            a = torch.empty(p.shape, device=p.device).uniform_(*MAMBA_A_RANGE, generator=gen)
+            p.copy_(a.log())
+            count("mamba A_log")
+        elif name.endswith(".dt_bias") and owner in mamba:
+            lo, hi = math.log(MAMBA_DT_RANGE[0]), math.log(MAMBA_DT_RANGE[1])
+            dt = torch.empty(p.shape, device=p.device).uniform_(lo, hi, generator=gen).exp()
+            p.copy_(inverse_softplus(dt))
+            count("mamba dt_bias")
+        elif name.endswith(".conv1d.weight"):
+            p.normal_(0.0, CONV_STD, generator=gen)
+            count("conv")
+        elif name in offset_norms:  # Qwen3-Next / Qwen3.5 RMSNorms: x * (1 + weight)
+            p.normal_(0.0, NORM_NOISE_STD, generator=gen)
+            count("norm (1 + w)")
+        elif p.ndim == 1:  # RMSNorm weights (input/post-attention, q_norm/k_norm, final norm; gated
+            # norms), Mamba-2's D
             p.normal_(1.0, NORM_NOISE_STD, generator=gen)
             counts["norm"] += 1
         else:  # embeddings, attention and MLP projections, lm_head
@@ -385,23 +643,55 @@ def reinit_weights(model, seed: int):
     return counts
 
 
-def check_rotary(name: str, model):
+def expected_rotary_dim(hub_cfg: dict):
+    """Elements of each head RoPE rotates by the hub config: rotary_dim (MiniMax-M2), or head_dim
+    times partial_rotary_factor (inside rope_parameters, or at the top level); None when the config
+    says neither (all of each head, or no RoPE at all)."""
+    cfg = text_config(hub_cfg)
+    if cfg.get("rotary_dim") is not None:
+        return cfg["rotary_dim"]
+    factor = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if factor is None or cfg.get("model_type") == "nemotron_h":
+        return None
+    return int(cfg["head_dim"] * factor)
+
+
+def check_rotary(name: str, hub_cfg: dict, model):
     """A partial-rotary config must reach transformers' rotary embedding: it must rotate
     rotary_dim elements of each head (inv_freq of rotary_dim / 2), or the reference is another
     model than the engine's."""
-    rotary_dim = MODELS[name].get("rotary_dim")
+    rotary_dim = expected_rotary_dim(hub_cfg)
     if rotary_dim is None:
         return
     got = model.model.rotary_emb.inv_freq.numel()
     if got != rotary_dim // 2:
         raise SystemExit(f"[{name}] transformers rotates {2 * got} elements of each head, the config says "
-                         f"rotary_dim {rotary_dim}: its rotary fraction was not read")
+                         f"{rotary_dim}: its rotary fraction was not read")
+
+
+def mamba_dt_hooks(model, found: list):
+    """Forward hooks that append the smallest dt = softplus(dt rows of in_proj + dt_bias) of each
+    Mamba-2 mixer to `found`: transformers clamps dt to >= time_step_min in its chunked (prefill)
+    scan and not in its one-token decode step, so a dt near the floor would make its own two paths
+    differ (reported, not refused)."""
+    hooks = []
+    for _, m in model.named_modules():
+        if type(m).__name__.endswith("Mamba2Mixer"):
+            def hook(mod, args, out, mixer=m):
+                dt = out[..., -mixer.num_heads:].float() + mixer.dt_bias.float()
+                found.append(torch.nn.functional.softplus(dt).min().item())
+            hooks.append(m.in_proj.register_forward_hook(hook))
+    return hooks
 
 
 @torch.inference_mode()
-def probe(model, ids: torch.Tensor):
+def probe(model, ids: torch.Tensor, device: str):
     """Logits and per-layer activation scale on a short random prompt."""
-    out = model(input_ids=ids[None].to("cuda"), output_hidden_states=True, use_cache=False)
+    dts = []
+    hooks = mamba_dt_hooks(model, dts)
+    out = model(input_ids=ids[None].to(device), output_hidden_states=True, use_cache=False)
+    for h in hooks:
+        h.remove()
     logits = out.logits[0].float()
     hs = out.hidden_states or ()
     picks = sorted({0, 1, len(hs) // 2, len(hs) - 2, len(hs) - 1}) if len(hs) > 2 else []
@@ -418,6 +708,8 @@ def probe(model, ids: torch.Tensor):
         # exploding nor vanishing, is what we want.
         "hidden_rms": hidden_rms,
     }
+    if dts:
+        stats["mamba_dt_min"] = round(min(dts), 6)
     return logits, stats
 
 
@@ -425,6 +717,11 @@ FINGERPRINT_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings",
     "attention_bias", "rope_parameters", "bos_token_id", "eos_token_id", "hidden_act",
+    # The hybrid families' (None on both sides for the others).
+    "layer_types", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts", "num_experts_per_tok",
+    "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
+    "layer_norm_epsilon", "mlp_hidden_act",
 )
 
 
@@ -434,7 +731,7 @@ def config_fingerprint(cfg):
 
 
 def copy_tokenizer(name: str, dest: Path, tokenizer_dirs: dict):
-    src = tokenizer_dirs.get(TOKENIZER_FAMILY[name])
+    src = tokenizer_dirs.get(TOKENIZER_FAMILY.get(name))
     if src is None:
         return []
     copied = []
@@ -447,15 +744,29 @@ def copy_tokenizer(name: str, dest: Path, tokenizer_dirs: dict):
     return copied
 
 
-def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: bool, tokenizer_dirs: dict):
-    final = out_dir / name
+def with_overrides(hub_cfg: dict, overrides: dict) -> dict:
+    """The hub config with `overrides` set in its text model's keys (a smoke test's shrunk widths)."""
+    cfg = json.loads(json.dumps(hub_cfg))
+    (cfg["text_config"] if "text_config" in cfg else cfg).update(overrides)
+    return cfg
+
+
+def empty_cache(device: str):
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: bool, tokenizer_dirs: dict,
+             device: str = "cuda", overrides: dict | None = None):
+    final = out_dir / (f"{name}+smoke" if overrides or device == "cpu" else name)
     if checkpoint_is_complete(final):
         copied = copy_tokenizer(name, final, tokenizer_dirs)
         print(f"[{name}] complete checkpoint at {final}, skipped" + (f" (tokenizer: {copied})" if copied else ""), flush=True)
         return {"name": name, "path": str(final), "skipped": True}
 
     t0 = time.time()
-    hub_cfg = MODELS[name]
+    hub_cfg = with_overrides(MODELS[name], overrides or {})
+    text_cfg = text_config(hub_cfg)
     # A deep copy: transformers adopts the rope_scaling dict as rope_parameters and adds keys to it,
     # which must not leak into the config.json we write out.
     kwargs = {k: v for k, v in json.loads(json.dumps(hub_cfg)).items() if k != "model_type"}
@@ -464,17 +775,19 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
     config = AutoConfig.for_model(hub_cfg["model_type"], **kwargs)
 
     # Built straight on the GPU in bf16: an 8B model in fp32 on the CPU would take minutes and 32 GB.
-    with torch.device("cuda"):
+    # (Qwen3.5's multimodal config gives the text-only Qwen3_5MoeForCausalLM here, its config the
+    # text config.)
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.eval()
     torch.manual_seed(seed)
-    counts = reinit_weights(model, seed)
-    check_rotary(name, model)
+    counts = reinit_weights(model, seed, device)
+    check_rotary(name, hub_cfg, model)
     n_params = sum(p.numel() for p in model.parameters())
     t_build = time.time() - t0
 
-    probe_ids = random_prompt(PROBE_TOKENS, hub_cfg["vocab_size"], special_token_ids(hub_cfg), seed)
-    logits, stats = probe(model, probe_ids)
+    probe_ids = random_prompt(PROBE_TOKENS, text_cfg["vocab_size"], special_token_ids(text_cfg), seed)
+    logits, stats = probe(model, probe_ids, device)
     print(f"[{name}] {n_params / 1e9:.3f} B params ({counts}), built in {t_build:.1f} s; probe: {json.dumps(stats)}", flush=True)
     lo, hi = LOGITS_STD_RANGE
     if not stats["finite"] or not (lo <= stats["logits_std"] <= hi):
@@ -494,28 +807,32 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
     written_cfg = dict(hub_cfg, transformers_version=transformers.__version__)
     (partial / "config.json").write_text(json.dumps(written_cfg, indent=2, sort_keys=True) + "\n")
     t_save = time.time() - t1
+    # What the reloaded model's config is compared with (for Qwen3.5 the text config the model was
+    # built with, not the multimodal one).
+    built_cfg = model.config
     del model
-    torch.cuda.empty_cache()
+    empty_cache(device)
 
     check = None
     if verify:
         # Reload through the hub-format config.json: catches a config transformers reads differently
         # from the one the weights were made with (e.g. RoPE scaling lost) and tied-weight mistakes.
         t2 = time.time()
+        placement = {} if device == "cpu" else {"device_map": device}
         reloaded = AutoModelForCausalLM.from_pretrained(
-            partial, dtype=torch.bfloat16, attn_implementation="sdpa", device_map="cuda"
+            partial, dtype=torch.bfloat16, attn_implementation="sdpa", **placement
         )
         reloaded.eval()
-        check_rotary(name, reloaded)
-        logits2, _ = probe(reloaded, probe_ids)
+        check_rotary(name, hub_cfg, reloaded)
+        logits2, _ = probe(reloaded, probe_ids, device)
         diff = (logits2 - logits).abs().max().item()
         rel = ((logits2 - logits).norm() / logits.norm()).item()
-        cfg_before, cfg_after = config_fingerprint(config), config_fingerprint(reloaded.config)
+        cfg_before, cfg_after = config_fingerprint(built_cfg), config_fingerprint(reloaded.config)
         check = {"max_abs_diff": diff, "rel_l2": rel, "config_equal": cfg_before == cfg_after,
                  "seconds": round(time.time() - t2, 1)}
         print(f"[{name}] reload check: {json.dumps(check)}", flush=True)
         del reloaded
-        torch.cuda.empty_cache()
+        empty_cache(device)
         # A 64-token probe barely sees RoPE scaling, so the config is compared field by field.
         if cfg_before != cfg_after:
             raise SystemExit(f"[{name}] config.json reads back differently:\n  made with {cfg_before}\n  "
@@ -531,7 +848,14 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
         "seed": seed,
         "init": {"linear_std": LINEAR_STD, "norm": f"1 + N(0, {NORM_NOISE_STD})", "bias": "zeros",
                  "correction_bias": f"N(0, {CORRECTION_BIAS_STD})",
-                 "generator": "torch.Generator('cuda').manual_seed(seed), parameters in named_parameters() order"},
+                 "unit_offset_norms": f"N(0, {NORM_NOISE_STD}) (they scale by 1 + weight)",
+                 "gdn": {"A_log": f"log of log-uniform{GDN_A_RANGE}", "dt_bias": f"1 + N(0, {NORM_NOISE_STD})"},
+                 "mamba2": {"A_log": f"log U{MAMBA_A_RANGE}", "D": f"1 + N(0, {NORM_NOISE_STD})",
+                            "dt_bias": f"softplus^-1(dt), dt log-uniform{MAMBA_DT_RANGE}"},
+                 "conv1d_weight": f"N(0, {CONV_STD})",
+                 "counts": counts,
+                 "generator": f"torch.Generator('{device}').manual_seed(seed), parameters in named_parameters() order"},
+        "overrides": overrides or None,
         "params": n_params,
         "probe": {"tokens": PROBE_TOKENS, "prompt_seed": seed, **stats},
         "reload_check": check,
@@ -539,7 +863,7 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
         "max_shard_size": max_shard_size,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
         "date": utc_now(),
         "seconds": {"build": round(t_build, 1), "save": round(t_save, 1), "total": round(time.time() - t0, 1)},
     }
@@ -561,7 +885,19 @@ def main():
     ap.add_argument("--tokenizer", action="append", default=[], metavar="FAMILY=DIR",
                     help="copy tokenizer.json (+ tokenizer_config.json) from DIR into every checkpoint of "
                          "FAMILY (qwen3 or llama3); repeatable")
+    ap.add_argument("--device", default="cuda",
+                    help="cuda (the checkpoints), or cpu for a smoke test (written as <name>+smoke)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=JSON",
+                    help="set a key of the text model's config (a smoke test at shrunk widths; the "
+                         "checkpoint is written as <name>+smoke); repeatable")
     args = ap.parse_args()
+    overrides = {}
+    for spec in args.override:
+        key, _, value = spec.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except ValueError:
+            raise SystemExit(f"--override {spec!r}: the value must be JSON")
 
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODELS]
@@ -570,15 +906,17 @@ def main():
     tokenizer_dirs = {}
     for spec in args.tokenizer:
         family, _, path = spec.partition("=")
-        if family not in set(TOKENIZER_FAMILY.values()) or not path:
+        if family not in set(TOKENIZER_FAMILY.values()) - {None} or not path:
             raise SystemExit(f"--tokenizer {spec!r}: expected qwen3=DIR or llama3=DIR")
         tokenizer_dirs[family] = path
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: this script builds the models on the GPU")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: this script builds the models on the GPU (--device cpu: a smoke test)")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
-    results = [make_one(n, args.out, args.seed, args.max_shard_size, not args.no_verify, tokenizer_dirs) for n in names]
+    where = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {where}", flush=True)
+    results = [make_one(n, args.out, args.seed, args.max_shard_size, not args.no_verify, tokenizer_dirs,
+                        args.device, overrides) for n in names]
     print(json.dumps({"checkpoints": [{k: r[k] for k in ("name", "path", "skipped")} for r in results]}))
 
 

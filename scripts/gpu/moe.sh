@@ -26,6 +26,11 @@
 #            weights): met parity in BF16 and in FP8 against transformers' float32 logits, then
 #            met bench-model in both (TTFT 1024/8192, decode batch 1/64 at 1024 keys)
 #   fixtures the tiny MoE fixtures of crates/model-engine/tests/fixtures (tiny_moe_fixtures.py)
+#   hybrid   HYBRID_MODELS (default "qwen3-next-80b-a3b-4l"; also qwen3.5-35b-a3b-4l,
+#            nemotron-h-4l): checkpoint, transformers' f32 and bf16 logits (reference_logits.py:
+#            prefill, then one token a step through its hybrid cache), met parity --json
+#   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
+#            tiny-qwen3-5-moe, tiny-nemotron-h; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
 # Everything worth keeping collects in $RES, packed into $OUT/moe-results.tgz at the end (the
 # device tool returns at most 8 files).
@@ -164,6 +169,7 @@ newkernels() {
     for seed in ${SEEDS:-1 2 3}; do
         "$MET" check-kernels --kernel gemv_fp8 --seed "$seed" 2>&1 | tail -2
         "$MET" check-kernels --kernel gated_delta --seed "$seed" 2>&1 | tail -2
+        "$MET" check-kernels --kernel gated_norm --seed "$seed" 2>&1 | tail -2
     done | tee "$RES/newkernels.txt"
 }
 
@@ -189,6 +195,24 @@ fp8() {
 
 fixtures() {
     python3 scripts/gpu/tiny_moe_fixtures.py --out "$RES/fixtures" --only tiny-minimax-m2 2>&1 | tail -8
+}
+
+hybrid() {
+    for m in ${HYBRID_MODELS:-qwen3-next-80b-a3b-4l}; do
+        log "hybrid parity $m"
+        checkpoint "$m"
+        python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
+            --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
+            --dtype float32 --also-bf16 2>&1 | tail -2
+        "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
+            --json "$RES/parity-$m.json" 2>&1 | tee "$RES/parity-$m.txt" | tail -6
+    done
+}
+
+hybridfixtures() {
+    local only=()
+    [ -n "${HYBRID_FIXTURES:-}" ] && only=(--only "$HYBRID_FIXTURES")
+    python3 scripts/gpu/tiny_hybrid_fixtures.py --out "$RES/fixtures" "${only[@]}" 2>&1 | tail -12
 }
 
 for phase in "$@"; do

@@ -47,6 +47,8 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Where the model runs: the GPU, or (--device cpu) the CPU for a check of this script on a small model.
+DEVICE = "cuda"
 
 
 def utc_now():
@@ -102,12 +104,15 @@ def load_model(path: str, dtype, gguf_file=None):
         # A GGUF checkpoint: transformers dequantises it with its own loader (needs `gguf`).
         kwargs["gguf_file"] = gguf_file
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, device_map="cuda", **kwargs)
+        if DEVICE == "cpu":
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, device_map=DEVICE, **kwargs)
     except (ImportError, ValueError) as e:
         # device_map needs `accelerate`; without it, load on the CPU and move (slower, same result).
         if "accelerate" not in str(e):
             raise
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to("cuda")
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(DEVICE)
     # .to() casts buffers as well as weights; a bf16 model keeps RoPE's inv_freq in f32, so only
     # widen (never narrow) after loading.
     return (model if dtype == torch.bfloat16 else model.to(dtype)).eval()
@@ -115,14 +120,18 @@ def load_model(path: str, dtype, gguf_file=None):
 
 @torch.inference_mode()
 def teacher_forced(model, prompt: torch.Tensor, decode_ids: torch.Tensor):
-    """Prompt logits, then the logits after feeding each of `decode_ids` in turn."""
-    out = model(input_ids=prompt[None].to("cuda"), use_cache=True)
+    """Prompt logits, then the logits after feeding each of `decode_ids` in turn. The cache that
+    model() returns is whatever the model keeps: for the hybrid families (qwen3_next, qwen3_5_moe,
+    nemotron_h) transformers' DynamicCache(config=...) holds the attention layers' KV and the
+    recurrent layers' conv and recurrent states, and a one-token step takes their recurrent decode
+    path (the prefill their chunked one)."""
+    out = model(input_ids=prompt[None].to(DEVICE), use_cache=True)
     prompt_logits = out.logits[0].float()
     cache = out.past_key_values
     del out
     steps = []
     for cur in decode_ids.tolist():
-        out = model(input_ids=torch.tensor([[cur]], device="cuda"), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[cur]], device=DEVICE), past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         steps.append(out.logits[0, -1].float())
         del out
@@ -137,7 +146,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor):
 
 @torch.inference_mode()
 def prefill_and_decode(model, prompt: torch.Tensor, steps: int):
-    out = model(input_ids=prompt[None].to("cuda"), use_cache=True)
+    out = model(input_ids=prompt[None].to(DEVICE), use_cache=True)
     prompt_logits = out.logits[0].float()
     cache = out.past_key_values
     del out
@@ -148,7 +157,7 @@ def prefill_and_decode(model, prompt: torch.Tensor, steps: int):
         cur = int(torch.argmax(picked_from).item())
         ids.append(cur)
         margins.append(top2_margin(picked_from))
-        out = model(input_ids=torch.tensor([[cur]], device="cuda"), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[cur]], device=DEVICE), past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         picked_from = out.logits[0, -1].float()
         step_logits.append(picked_from)
@@ -165,7 +174,7 @@ def generate_check(model, prompt: torch.Tensor, decode_ids: torch.Tensor):
     try:
         eos = model.generation_config.eos_token_id
         pad = eos[0] if isinstance(eos, (list, tuple)) else eos
-        ids = prompt[None].to("cuda")
+        ids = prompt[None].to(DEVICE)
         seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(decode_ids.numel()),
                              do_sample=False, pad_token_id=pad)
         new = seq[0, ids.shape[1]:].cpu().to(torch.int32)
@@ -180,8 +189,8 @@ def generate_check(model, prompt: torch.Tensor, decode_ids: torch.Tensor):
 
 @torch.inference_mode()
 def long_prefill(model, ids: torch.Tensor, positions):
-    out = model(input_ids=ids[None].to("cuda"), use_cache=False)
-    logits = out.logits[0, torch.tensor(positions, device="cuda")].float()
+    out = model(input_ids=ids[None].to(DEVICE), use_cache=False)
+    logits = out.logits[0, torch.tensor(positions, device=DEVICE)].float()
     del out
     return logits
 
@@ -200,10 +209,13 @@ def main():
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     ap.add_argument("--also-bf16", action="store_true",
                     help="with --dtype float32: also store transformers' bf16 logits for the same tokens")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu to check this script on a small model")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     if args.prompt_tokens < 1 or args.decode_steps < 0:
         raise SystemExit("--prompt-tokens must be >= 1 and --decode-steps >= 0")
-    if not torch.cuda.is_available():
+    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device")
 
     # A float32 reference must really be float32: keep TF32 out of the matmuls. And a bfloat16
@@ -272,7 +284,7 @@ def main():
         "torch_version": torch.__version__,
         "safetensors_version": getattr(safetensors, "__version__", "unknown"),
         "cuda_version": str(torch.version.cuda),
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": torch.cuda.get_device_name(0) if DEVICE.startswith("cuda") else "cpu",
         "date_utc": utc_now(),
         "config_json": config_json.read_text() if config_json.is_file() else "",
     }
@@ -284,7 +296,8 @@ def main():
         # A fresh bf16 load, not model.to(bfloat16): .to() would also cast the f32 buffers (RoPE's
         # inv_freq) that transformers keeps in f32 in a model loaded in bf16.
         del model
-        torch.cuda.empty_cache()
+        if DEVICE.startswith("cuda"):
+            torch.cuda.empty_cache()
         model = load_model(args.model, torch.bfloat16, args.gguf_file)
         p16, d16 = teacher_forced(model, prompt, decode_ids)
         tensors["prompt_logits_bf16"] = p16.cpu()
