@@ -29,6 +29,9 @@
 #   hybrid   HYBRID_MODELS (default "qwen3-next-80b-a3b-4l"; also qwen3.5-35b-a3b-4l,
 #            nemotron-h-4l): checkpoint, transformers' f32 and bf16 logits (reference_logits.py:
 #            prefill, then one token a step through its hybrid cache), met parity --json
+#   hybridfull  Qwen3.5-35B-A3B at full depth (40 layers, about 70 GB, in /dev/shm when it fits):
+#            met generate batch 1, met bench-model (TTFT 1024/8192; batch 1/8/32/64 at 1024
+#            keys), transformers eager decode at batch 1 (HF_MODES to add others)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -206,6 +209,26 @@ hybrid() {
             --dtype float32 --also-bf16 2>&1 | tail -2
         "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
             --json "$RES/parity-$m.json" 2>&1 | tee "$RES/parity-$m.txt" | tail -6
+    done
+}
+
+hybridfull() {
+    local m=qwen3.5-35b-a3b dir=/dev/shm/ckpt free_gb
+    free_gb=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+    [ "${free_gb:-0}" -ge 74 ] || dir=$CKPT
+    log "checkpoint $m (full depth) in $dir"
+    checkpoint "$m" "$dir"
+    log "met generate"
+    "$MET" generate --backend cuda --model-from-path "$dir/$m" --prompt "hello x31" --max-tokens 256 \
+        --temperature 0 --ignore-eos --max-seq-len 1024 --warm-up 2>&1 | tee "$RES/hybridfull-generate.txt" | tail -4
+    log "met bench-model"
+    "$MET" bench-model --model-from-path "$dir/$m" --prefill 1024,8192 --batches 1,8,32,64 \
+        --context 1024 --profile >"$RES/hybridfull-bench.md" 2>&1
+    grep "^| " "$RES/hybridfull-bench.md" | head -14
+    for mode in ${HF_MODES:-eager}; do
+        timeout "${HF_TIMEOUT:-200}" python3 scripts/gpu/transformers_decode_speed.py --model "$dir/$m" \
+            --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
+            --json "$RES/hybridfull-hf-$mode.json" 2>&1 | tail -3
     done
 }
 
