@@ -32,6 +32,10 @@
 #   hybridfull  Qwen3.5-35B-A3B at full depth (40 layers, about 70 GB, in /dev/shm when it fits):
 #            met generate batch 1, met bench-model (TTFT 1024/8192; batch 1/8/32/64 at 1024
 #            keys), transformers eager decode at batch 1 (HF_MODES to add others)
+#   hybridserve  met serve on qwen3-next-80b-a3b-4l (SERVE_MODEL: another): 64 concurrent greedy
+#            streams with every third cancelled mid-stream, then /metrics must show nothing held
+#            and each uncancelled output is compared with the same request alone
+#            (serve_cancel_check.py)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -230,6 +234,26 @@ hybridfull() {
             --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
             --json "$RES/hybridfull-hf-$mode.json" 2>&1 | tail -3
     done
+}
+
+hybridserve() {
+    local model=${SERVE_MODEL:-$CKPT/qwen3-next-80b-a3b-4l} port=8899 log="$RES/hybridserve.log"
+    [ -f "$model/config.json" ] || checkpoint "$(basename "$model")"
+    "$MET" serve --backend cuda --model-from-path "$model" --port $port --max-seq-len 4096 \
+        --max-num-seqs 256 >"$log" 2>&1 &
+    local pid=$! n=0
+    until grep -q "Listening on" "$log"; do
+        if ! kill -0 $pid 2>/dev/null || [ $n -ge 300 ]; then
+            echo "met serve did not start:"; tail -20 "$log"; kill -INT $pid 2>/dev/null; return 1
+        fi
+        sleep 1; n=$((n + 1))
+    done
+    grep -i "recurrent state\|KV cache" "$log" | head -3
+    python3 scripts/gpu/serve_cancel_check.py --url "http://127.0.0.1:$port" --streams 64 \
+        --max-tokens 64 | tee "$RES/hybridserve.json"
+    curl -s "http://127.0.0.1:$port/metrics" >"$RES/hybridserve-metrics.txt"
+    kill -INT $pid; wait $pid
+    grep -ci "error" "$log" | sed 's/^/serve log lines with "error": /'
 }
 
 hybridfixtures() {
