@@ -616,6 +616,10 @@ impl Engine {
             .sequences_running
             .store(s.running as u64, Ordering::Relaxed);
         let m = &self.metrics;
+        m.state_slots_used
+            .store(s.state_slots_used as u64, Ordering::Relaxed);
+        m.state_slots_total
+            .store(s.state_slots_total as u64, Ordering::Relaxed);
         m.kv_blocks_cached
             .store(s.blocks_cached as u64, Ordering::Relaxed);
         m.prefix_cache_queried_tokens_total

@@ -43,6 +43,10 @@ pub struct Metrics {
     pub prefix_cache_hit_tokens_total: AtomicU64,
     /// Cached KV blocks evicted to make room.
     pub prefix_cache_evicted_blocks_total: AtomicU64,
+    /// Recurrent-state slots held by running sequences (hybrid models; 0 otherwise).
+    pub state_slots_used: AtomicU64,
+    /// Recurrent-state slots in the pool (hybrid models; 0 otherwise).
+    pub state_slots_total: AtomicU64,
     ttft: Mutex<Histogram>,
 }
 
@@ -123,6 +127,18 @@ impl Metrics {
             "KV cache blocks in the pool.",
             "gauge",
             &self.kv_blocks_total,
+        );
+        counter(
+            "metrale_state_slots_used",
+            "Recurrent-state slots held by running sequences (hybrid models).",
+            "gauge",
+            &self.state_slots_used,
+        );
+        counter(
+            "metrale_state_slots_total",
+            "Recurrent-state slots in the pool (hybrid models; 0 without recurrent layers).",
+            "gauge",
+            &self.state_slots_total,
         );
         counter(
             "metrale_sequences_waiting",
