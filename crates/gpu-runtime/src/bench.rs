@@ -748,6 +748,7 @@ fn qkv_post_case(s: &Shape, tokens: u32) -> BenchCase {
                 rotary_dim: hd,
                 max_position,
                 eps: 1e-6,
+                weight_offset: 0.0,
             })
         }),
     }
@@ -809,6 +810,7 @@ fn norm_case(s: &Shape, rows: u32) -> BenchCase {
                 rows,
                 cols: h,
                 eps: 1e-6,
+                weight_offset: 0.0,
             })
         }),
     }

@@ -27,6 +27,7 @@ mod gated_delta;
 mod gated_norm;
 mod gemv_fp8;
 mod moe;
+mod norm_offset;
 
 /// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
 pub const BF16_ELEMENT_RTOL: f32 = 1.0 / 64.0;
@@ -714,6 +715,7 @@ fn qkv_post_cases(rng: &mut Rng) -> Vec<Case> {
                     rotary_dim: head_dim,
                     max_position,
                     eps: 1e-6,
+                    weight_offset: 0.0,
                 })
             }),
         });
@@ -993,6 +995,7 @@ pub fn cases(seed: u64) -> Vec<Case> {
                         rows,
                         cols,
                         eps: 1e-5,
+                        weight_offset: 0.0,
                     })
                 }),
             });
@@ -1741,6 +1744,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gated_delta::gating_cases(&mut rng));
     // The gated RMSNorm and the sigmoid output gate, after every other case for the same reason.
     out.extend(gated_norm::gated_norm_cases(&mut rng));
+    // The norms with a weight offset (Qwen3-Next's), after every other case for the same reason.
+    out.extend(norm_offset::norm_offset_cases(&mut rng));
     out
 }
 

@@ -238,7 +238,8 @@ impl Linear {
 
     /// Whether the product after a residual add + RMSNorm takes the norm into a register GEMV's
     /// launch ([`GemvNorm`], [`GemvSwigluNorm`]): the FMA form, A small enough for shared memory,
-    /// as the tuning's `gemv_norm` picks.
+    /// as the tuning's `gemv_norm` picks, and a norm that folds ([`RmsNorm::folds`]: the caller
+    /// asks that, since the product does not know its norm).
     pub(crate) fn folds_norm(&self, t: &Tuning, m: u32) -> bool {
         !self.is_fp8()
             && t.gemv_rows(m, self.k)
@@ -396,7 +397,8 @@ impl Linear {
     }
 
     /// The residual fold, then the product: `h += pending; out = norm(h) · Wᵀ (+ bias)`, in the
-    /// product's launch where a normalising form takes it, else as two launches.
+    /// product's launch where a normalising form takes it (never a norm with a weight offset:
+    /// [`RmsNorm::folds`]), else as two launches.
     pub(crate) fn run_normed(
         &self,
         l: &Launcher,
@@ -421,7 +423,7 @@ impl Linear {
             eps: norm.eps,
             stage: self.stage(t, m),
         };
-        if self.stream_folds_norm(t, m) {
+        if norm.folds() && self.stream_folds_norm(t, m) {
             let stream = GemvStreamNorm {
                 prewait: t.gemv_stream_prewait,
                 evict_first: t.gemv_stream_evict.into(),
@@ -429,7 +431,7 @@ impl Linear {
             };
             l.launch_product(k.gemv_stream_norm, self.label, &stream, false)?;
             residual.advance(l, self.label);
-        } else if self.folds_norm(t, m) {
+        } else if norm.folds() && self.folds_norm(t, m) {
             l.launch(k.gemv_norm, self.label, &fold)?;
             residual.advance(l, self.label);
         } else {
@@ -457,7 +459,8 @@ impl SwigluLinear {
         t.fused_swiglu && self.gate_up.path(t, m) != Path::Library
     }
 
-    /// `h += pending; act = silu(norm(h) · Wgateᵀ) * (norm(h) · Wupᵀ)`, bf16 `[m, inter]`.
+    /// `h += pending; act = silu(norm(h) · Wgateᵀ) * (norm(h) · Wupᵀ)`, bf16 `[m, inter]`; the
+    /// norm in the product's launch as [`Linear::run_normed`] decides.
     pub(crate) fn run_normed(
         &self,
         l: &Launcher,
@@ -483,7 +486,7 @@ impl SwigluLinear {
             eps: norm.eps,
             stage: lin.stage(t, m),
         };
-        if fused && lin.stream_folds_norm(t, m) {
+        if fused && norm.folds() && lin.stream_folds_norm(t, m) {
             let stream = GemvSwigluStreamNorm {
                 prewait: t.gemv_stream_prewait,
                 evict_first: t.gemv_stream_evict.into(),
@@ -491,7 +494,7 @@ impl SwigluLinear {
             };
             l.launch_product(k.gemv_swiglu_stream_norm, label, &stream, false)?;
             residual.advance(l, label);
-        } else if lin.folds_norm(t, m) {
+        } else if norm.folds() && lin.folds_norm(t, m) {
             if fused {
                 l.launch(k.gemv_swiglu_norm, label, &fold)?;
             } else {

@@ -309,13 +309,10 @@ impl Model {
             }
         };
         g.synchronize(g.default_stream())?;
-        let eps = plan.final_norm.rms_eps()?;
+        let final_norm = RmsNorm::of(weights.final_norm, plan.final_norm)?;
         let (h, vocab) = (config.hidden_size as u32, config.vocab_size as u32);
         Ok(Model {
-            final_norm: RmsNorm {
-                weight: weights.final_norm,
-                eps,
-            },
+            final_norm,
             lm_head: Linear::new(
                 "lm_head",
                 weights.lm_head,
@@ -405,13 +402,9 @@ impl Model {
         let mut blocks: Vec<Box<dyn Block>> = Vec::new();
         for (l, spec) in plan.blocks() {
             let w = &weights.layers[l];
-            let eps = spec.norm.rms_eps()?;
             match spec.kind {
                 BlockKind::Attention(a) => {
-                    let norm = RmsNorm {
-                        weight: w.input_norm,
-                        eps,
-                    };
+                    let norm = RmsNorm::of(w.input_norm, spec.norm)?;
                     let shared = match attention_shared {
                         Some(s) => s,
                         None => *attention_shared
@@ -421,10 +414,7 @@ impl Model {
                     blocks.push(Box::new(block));
                 }
                 BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate }) => {
-                    let norm = RmsNorm {
-                        weight: w.post_norm,
-                        eps,
-                    };
+                    let norm = RmsNorm::of(w.post_norm, spec.norm)?;
                     let t = options.max_tokens_per_step;
                     let scratch = match mlp_scratch {
                         Some(s) => s,
@@ -439,10 +429,7 @@ impl Model {
                     blocks.push(Box::new(DenseMlp::new(norm, w, dims, linear, scratch)));
                 }
                 BlockKind::Mlp(MlpKind::Moe(m)) => {
-                    let norm = RmsNorm {
-                        weight: w.post_norm,
-                        eps,
-                    };
+                    let norm = RmsNorm::of(w.post_norm, spec.norm)?;
                     let shared = match moe_shared {
                         Some(s) if s.fits(&m) => s,
                         Some(_) => {
@@ -463,10 +450,7 @@ impl Model {
                     blocks.push(Box::new(Moe::new(norm, weights, hidden, linear, shared)));
                 }
                 BlockKind::GatedDeltaNet(g) => {
-                    let norm = RmsNorm {
-                        weight: w.input_norm,
-                        eps,
-                    };
+                    let norm = RmsNorm::of(w.input_norm, spec.norm)?;
                     let shared = match gdn_shared {
                         Some((s, first)) if gated_delta::Shared::fits(&g, &first) => s,
                         Some(_) => {

@@ -31,11 +31,19 @@ pub enum NormKind {
 }
 
 impl NormKind {
-    /// The epsilon. Both kinds run on the same kernels: a unit-offset norm's weight is uploaded
-    /// as `1 + weight` ([`crate::weights`]).
+    /// The epsilon.
     pub fn rms_eps(self) -> Result<f32, crate::ModelError> {
         match self {
             NormKind::Rms { eps } | NormKind::RmsUnitOffset { eps } => Ok(eps),
+        }
+    }
+
+    /// What the norm kernel adds to each weight, in f32, before it scales: 1 for a unit-offset
+    /// norm (its weight is uploaded as the checkpoint stores it, centred on zero), else 0.
+    pub fn weight_offset(self) -> f32 {
+        match self {
+            NormKind::Rms { .. } => 0.0,
+            NormKind::RmsUnitOffset { .. } => 1.0,
         }
     }
 }
@@ -65,7 +73,8 @@ pub struct AttentionSpec {
     /// rotary: MiniMax-M2's 64 of 128, Qwen3-Next's 64 of 256); 0 for no position encoding
     /// (Nemotron-H's attention layers).
     pub rotary_dim: usize,
-    /// The q/k norms scale by `1 + weight` (Qwen3-Next).
+    /// The q/k norms scale by `1 + weight` (Qwen3-Next): the per-head norm kernel adds the 1 in
+    /// f32 to the weight as the checkpoint stores it.
     pub qk_norm_unit_offset: bool,
     /// The q projection is `2 * heads * head_dim` wide, each head's q followed by its gate; the
     /// attention output is multiplied by `sigmoid(gate)` per element before `o_proj`

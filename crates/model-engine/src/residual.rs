@@ -15,13 +15,34 @@ use metrale_kernels::ops::AddRmsNorm;
 
 use crate::ModelError;
 use crate::launch::Launcher;
+use crate::plan::NormKind;
 
-/// An RMSNorm's weight and epsilon.
+/// An RMSNorm's weight, epsilon and weight offset.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RmsNorm {
-    /// bf16 `[hidden]`.
+    /// bf16 `[hidden]`, as the checkpoint stores it.
     pub(crate) weight: DevicePtr,
     pub(crate) eps: f32,
+    /// Added to each weight in f32 before it scales ([`NormKind::weight_offset`]): 1 for
+    /// Qwen3-Next's norms (`1 + weight`), else 0.
+    pub(crate) weight_offset: f32,
+}
+
+impl RmsNorm {
+    /// The norm of `kind` over `weight`.
+    pub(crate) fn of(weight: DevicePtr, kind: NormKind) -> Result<RmsNorm, ModelError> {
+        Ok(RmsNorm {
+            weight,
+            eps: kind.rms_eps()?,
+            weight_offset: kind.weight_offset(),
+        })
+    }
+
+    /// Whether a normalising GEMV may take the norm into its launch: those kernels scale by the
+    /// plain weight, so a norm with an offset runs in [`Residual::add_norm`]'s launch.
+    pub(crate) fn folds(&self) -> bool {
+        self.weight_offset == 0.0
+    }
 }
 
 /// The residual stream of one step.
@@ -103,6 +124,7 @@ impl Residual {
             rows,
             cols: self.cols,
             eps: norm.eps,
+            weight_offset: norm.weight_offset,
         };
         launcher.launch(self.add_rmsnorm, "add_rmsnorm", &args)?;
         self.pending = DevicePtr::NULL;

@@ -741,17 +741,12 @@ impl Uploader<'_> {
         Ok(LinearWeight::bf16(self.put(&t, tensors)?))
     }
 
-    /// A norm's weight; with `unit_offset` (Qwen3-Next's norms scale by `1 + weight`) uploaded
-    /// as `1 + weight`, summed in f32 and rounded once to bf16, so every norm kernel reads a
-    /// plain scale.
-    fn get_norm(&mut self, role: TensorRole, unit_offset: bool) -> Result<DevicePtr, ModelError> {
-        let mut t = self.source.load(&role.hf_name())?;
-        if unit_offset {
-            for x in &mut t.data {
-                *x = bf16::from_f32(1.0 + x.to_f32());
-            }
-        }
-        self.put(&t, 1)
+    /// A norm's weight as the checkpoint stores it. A unit-offset norm's (Qwen3-Next's, which
+    /// scale by `1 + weight`) stays centred on zero: its kernel adds the 1 in f32
+    /// ([`crate::plan::NormKind::weight_offset`]), where `1 + weight` rounded to bf16 here would
+    /// move each channel's scale by up to half a bf16 ulp, the same way at every token.
+    fn get_norm(&mut self, role: TensorRole) -> Result<DevicePtr, ModelError> {
+        self.get(role)
     }
 
     /// A gated attention's q|k|v product and its output-gate product, from `q_proj`'s per-head
@@ -994,7 +989,6 @@ fn load_inner(
         bytes: 0,
     };
     let embedding = u.get(TensorRole::Embedding)?;
-    let unit_offset = c.hybrid.as_ref().is_some_and(|h| h.norm_unit_offset);
     let gate = c.hybrid.as_ref().is_some_and(|h| h.attention_output_gate);
     let mut layers = Vec::with_capacity(c.num_layers);
     for l in 0..c.num_layers {
@@ -1008,7 +1002,7 @@ fn load_inner(
             .hybrid
             .as_ref()
             .is_some_and(|h| h.layers[l].mixer == Some(Mixer::GatedDeltaNet));
-        let input_norm = u.get_norm(TensorRole::InputNorm(l), unit_offset)?;
+        let input_norm = u.get_norm(TensorRole::InputNorm(l))?;
         let null = LinearWeight::bf16(DevicePtr::NULL);
         let mut layer = LayerWeights {
             input_norm,
@@ -1050,12 +1044,12 @@ fn load_inner(
                 ])?;
             }
             if c.qk_norm.any() {
-                layer.q_norm = u.get_norm(TensorRole::QNorm(l), unit_offset)?;
-                layer.k_norm = u.get_norm(TensorRole::KNorm(l), unit_offset)?;
+                layer.q_norm = u.get_norm(TensorRole::QNorm(l))?;
+                layer.k_norm = u.get_norm(TensorRole::KNorm(l))?;
             }
             layer.o = u.linear(&[TensorRole::O(l)])?;
         }
-        layer.post_norm = u.get_norm(TensorRole::PostNorm(l), unit_offset)?;
+        layer.post_norm = u.get_norm(TensorRole::PostNorm(l))?;
         if dense {
             // gate and up fused row-wise: one [2I, H] weight, one GEMM.
             layer.gate_up = u.linear(&[TensorRole::Gate(l), TensorRole::Up(l)])?;
@@ -1065,7 +1059,7 @@ fn load_inner(
         }
         layers.push(layer);
     }
-    let final_norm = u.get_norm(TensorRole::FinalNorm, unit_offset)?;
+    let final_norm = u.get_norm(TensorRole::FinalNorm)?;
     let lm_head = if c.tie_word_embeddings {
         embedding
     } else {

@@ -213,7 +213,9 @@ __device__ __forceinline__ void attend(
                               : metrale::qkv_post::load_params(norm, rotate, post_pos,
                                                                post.cos_table, post.sin_table,
                                                                post_e, HALF);
-                metrale::qkv_post::transform(ra, rb, ss, norm != nullptr, rotate, p, HD, post.eps);
+                // No norm offset: a unit-offset QK-norm takes the separate launches.
+                metrale::qkv_post::transform(ra, rb, ss, norm != nullptr, rotate, p, HD, post.eps,
+                                             0.0f);
             }
             __nv_bfloat16* dst = item < G ? post_q + item * HD : post_kv + (item - G) * HD;
             *reinterpret_cast<uint2*>(dst + post_e) = ra;

@@ -27,15 +27,31 @@ __device__ __forceinline__ float add_squares4(float sq, float4 v) {
     return sq + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
 }
 
-// bf16(v * inv * w) of four columns, packed.
-__device__ __forceinline__ uint2 scaled4(float4 v, float inv, uint2 wv) {
-    const float4 w = widen4(wv);
+// The scale a norm weight applies: offset + w in f32 (Qwen3-Next's norms keep their weight
+// centred on zero and scale by 1 + weight). An offset of 0 leaves w as it is, -0.0 included, so a
+// norm without one computes the bits it computed before the offset existed.
+__device__ __forceinline__ float norm_scale(float w, float offset) {
+    return offset == 0.0f ? w : offset + w;
+}
+
+// bf16(v * inv * (offset + w)) of four columns, packed (norm_scale).
+__device__ __forceinline__ uint2 scaled4(float4 v, float inv, uint2 wv, float offset) {
+    float4 w = widen4(wv);
+    w.x = norm_scale(w.x, offset);
+    w.y = norm_scale(w.y, offset);
+    w.z = norm_scale(w.z, offset);
+    w.w = norm_scale(w.w, offset);
     const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * inv * w.x, v.y * inv * w.y);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * inv * w.z, v.w * inv * w.w);
     uint2 o;
     o.x = *reinterpret_cast<const uint32_t*>(&lo);
     o.y = *reinterpret_cast<const uint32_t*>(&hi);
     return o;
+}
+
+// bf16(v * inv * w) of four columns, packed: scaled4 without an offset (the normalising GEMVs).
+__device__ __forceinline__ uint2 scaled4(float4 v, float inv, uint2 wv) {
+    return scaled4(v, inv, wv, 0.0f);
 }
 
 // The row's inverse RMS from the threads' sums of squares (a block-wide reduction).

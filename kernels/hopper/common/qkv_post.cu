@@ -4,7 +4,9 @@
 // k, q into its own buffer, k and v into the paged KV cache.
 //
 // qkv is bf16 [tokens, (q_heads + 2 kv_heads) * head_dim], each row q heads | k heads | v heads.
-// Per head, in f32 from the bf16 input: x * rsqrt(mean(x^2) + eps) * w (rmsnorm_bf16's formula),
+// Per head, in f32 from the bf16 input: x * rsqrt(mean(x^2) + eps) * (weight_offset + w)
+// (rmsnorm_bf16's formula at weight_offset 0, the plain weight bit for bit; Qwen3-Next's q/k norms
+// keep their weight centred on zero and pass 1; the scale is norm.cuh's norm_scale),
 // then the pairs (i, i + rotary_dim / 2), i < rotary_dim / 2, rotated by row positions[t] of the
 // cos/sin tables [max_position, rotary_dim / 2] (rope_neox_bf16's; a position outside
 // [0, max_position) is not rotated; elements from rotary_dim on are not rotated: partial RoPE,
@@ -63,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
     const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
     const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t rotary_dim,
-    uint32_t max_position, float eps) {
+    uint32_t max_position, float eps, float weight_offset) {
     metrale::grid_dependency_sync();
     const uint32_t lanes = lanes_per_head(head_dim);
     const uint32_t per_block = blockDim.x / lanes;
@@ -103,7 +105,8 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
         if (dst == nullptr) return;
         if (!is_v)
             metrale::qkv_post::transform_loading(ra, rb, ss, norm, rotate, pos, cos_table,
-                                                 sin_table, e, half, head_dim, eps);
+                                                 sin_table, e, half, head_dim, eps,
+                                                 weight_offset);
         *reinterpret_cast<uint2*>(dst + e) = ra;
         *reinterpret_cast<uint2*>(dst + half + e) = rb;
     } else {
@@ -126,8 +129,9 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
         for (uint32_t i = j; i < rhalf; i += lanes) {
             float x0 = metrale::to_f32(x[i]), x1 = metrale::to_f32(x[i + rhalf]);
             if (norm != nullptr) {
-                x0 = x0 * inv * metrale::to_f32(norm[i]);
-                x1 = x1 * inv * metrale::to_f32(norm[i + rhalf]);
+                x0 = x0 * inv * metrale::norm_scale(metrale::to_f32(norm[i]), weight_offset);
+                x1 = x1 * inv *
+                     metrale::norm_scale(metrale::to_f32(norm[i + rhalf]), weight_offset);
             }
             if (rotate) {
                 const size_t row = (size_t)pos * rhalf + i;
@@ -141,7 +145,8 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
         }
         for (uint32_t i = rotary_dim + j; i < head_dim; i += lanes) {
             float v = metrale::to_f32(x[i]);
-            if (norm != nullptr) v = v * inv * metrale::to_f32(norm[i]);
+            if (norm != nullptr)
+                v = v * inv * metrale::norm_scale(metrale::to_f32(norm[i]), weight_offset);
             dst[i] = metrale::to_bf16(v);
         }
     }

@@ -6,6 +6,7 @@
 // own heads (attention.cu), so that both round the same f32 values to the same bf16 bits.
 #pragma once
 #include "common.cuh"
+#include "norm.cuh"
 
 namespace metrale {
 namespace qkv_post {
@@ -70,16 +71,17 @@ __device__ __forceinline__ Params load_params(const __nv_bfloat16* norm, bool ro
     return p;
 }
 
-// The norm's scaling of this lane's pieces: x * inv * w (inv = rsqrt(ss / head_dim + eps)).
+// The norm's scaling of this lane's pieces: x * inv * (offset + w) (inv = rsqrt(ss / head_dim +
+// eps); the scale is norm.cuh's norm_scale: an offset of 0 is the plain weight bit for bit).
 __device__ __forceinline__ void apply_norm(float (&a)[4], float (&b)[4], float inv, uint2 wa_bits,
-                                           uint2 wb_bits) {
+                                           uint2 wb_bits, float offset) {
     float wa[4], wb[4];
     unpack4(wa_bits, wa);
     unpack4(wb_bits, wb);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        a[i] = a[i] * inv * wa[i];
-        b[i] = b[i] * inv * wb[i];
+        a[i] = a[i] * inv * norm_scale(wa[i], offset);
+        b[i] = b[i] * inv * norm_scale(wb[i], offset);
     }
 }
 
@@ -95,14 +97,15 @@ __device__ __forceinline__ void apply_rope(float (&a)[4], float (&b)[4], float4 
 }
 
 // This lane's two pieces of a q or k head after the norm (when `norm`: x * rsqrt(ss / head_dim +
-// eps) * w, rmsnorm_bf16's formula) and the rotation (when `rotate`), rounded once to bf16; `p`
-// from load_params with the same norm and rotate.
+// eps) * (offset + w), rmsnorm_bf16's formula at offset 0) and the rotation (when `rotate`),
+// rounded once to bf16; `p` from load_params with the same norm and rotate.
 __device__ __forceinline__ void transform(uint2& ra, uint2& rb, float ss, bool norm, bool rotate,
-                                          const Params& p, uint32_t head_dim, float eps) {
+                                          const Params& p, uint32_t head_dim, float eps,
+                                          float offset) {
     float a[4], b[4];
     unpack4(ra, a);
     unpack4(rb, b);
-    if (norm) apply_norm(a, b, rsqrtf(ss / (float)head_dim + eps), p.wa, p.wb);
+    if (norm) apply_norm(a, b, rsqrtf(ss / (float)head_dim + eps), p.wa, p.wb, offset);
     if (rotate) apply_rope(a, b, p.c, p.s);
     ra = pack4(a);
     rb = pack4(b);
@@ -114,14 +117,15 @@ __device__ __forceinline__ void transform_loading(uint2& ra, uint2& rb, float ss
                                                   const __nv_bfloat16* norm, bool rotate,
                                                   int32_t pos, const float* cos_table,
                                                   const float* sin_table, uint32_t e,
-                                                  uint32_t half, uint32_t head_dim, float eps) {
+                                                  uint32_t half, uint32_t head_dim, float eps,
+                                                  float offset) {
     float a[4], b[4];
     unpack4(ra, a);
     unpack4(rb, b);
     if (norm != nullptr)
         apply_norm(a, b, rsqrtf(ss / (float)head_dim + eps),
                    __ldg(reinterpret_cast<const uint2*>(norm + e)),
-                   __ldg(reinterpret_cast<const uint2*>(norm + half + e)));
+                   __ldg(reinterpret_cast<const uint2*>(norm + half + e)), offset);
     if (rotate) {
         const size_t row = (size_t)pos * half + e;
         apply_rope(a, b, __ldg(reinterpret_cast<const float4*>(cos_table + row)),

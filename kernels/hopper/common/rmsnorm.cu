@@ -40,7 +40,9 @@ using metrale::scaled4;
 }  // namespace
 
 // residual[r, :] += input[r, :] in f32 (skipped when input is null); then
-// out[r, :] = bf16(residual * rsqrt(mean(residual^2) + eps) * weight).
+// out[r, :] = bf16(residual * rsqrt(mean(residual^2) + eps) * (weight_offset + weight)), the scale
+// summed in f32 (norm.cuh's norm_scale): weight_offset 1 for Qwen3-Next's norms, whose weight is
+// stored centred on zero; 0 for every other model, the plain weight bit for bit.
 // `residual` is f32 and updated in place; `out` must not alias it.
 // When cols % 4 == 0 (and the rows are aligned) each thread moves 4 columns per access and keeps
 // UNROLL accesses in flight: a decode row (one block) is otherwise a chain of dependent loads.
@@ -48,7 +50,8 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
                                               float* __restrict__ residual,
                                               const __nv_bfloat16* __restrict__ input,
                                               const __nv_bfloat16* __restrict__ weight,
-                                              uint32_t rows, uint32_t cols, float eps) {
+                                              uint32_t rows, uint32_t cols, float eps,
+                                              float weight_offset) {
     metrale::grid_dependency_sync();
     __shared__ float scratch[32];
     const uint32_t r = blockIdx.x;
@@ -96,7 +99,7 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const uint32_t i = threadIdx.x + u * step;
-                if (i < n4) y4[i] = scaled4(v[u], inv, wv[u]);
+                if (i < n4) y4[i] = scaled4(v[u], inv, wv[u], weight_offset);
             }
             return;
         }
@@ -139,7 +142,7 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const uint32_t i = base + u * step;
-                if (i < n4) y4[i] = scaled4(v[u], inv, wv[u]);
+                if (i < n4) y4[i] = scaled4(v[u], inv, wv[u], weight_offset);
             }
         }
         return;
@@ -155,6 +158,7 @@ extern "C" __global__ void add_rmsnorm_f32res(__nv_bfloat16* __restrict__ out,
     const float inv = inverse_rms(sq, cols, eps, scratch);
     // Each thread re-reads only the elements it wrote itself, so no barrier is needed here.
     for (uint32_t i = threadIdx.x; i < cols; i += blockDim.x) {
-        y[i] = metrale::to_bf16(res[i] * inv * metrale::to_f32(weight[i]));
+        y[i] = metrale::to_bf16(res[i] * inv *
+                                metrale::norm_scale(metrale::to_f32(weight[i]), weight_offset));
     }
 }

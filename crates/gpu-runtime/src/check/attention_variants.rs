@@ -140,6 +140,7 @@ fn partial_rope_cases(rng: &mut Rng) -> Vec<Case> {
                     rotary_dim,
                     max_position,
                     eps: 1e-6,
+                    weight_offset: 0.0,
                 })
             }),
         });

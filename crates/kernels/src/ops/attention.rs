@@ -120,15 +120,20 @@ kernel_args!(
 
 impl PagedAttentionQkv {
     /// The one launch for `post` followed by `attention` (the same tokens over the same caches;
-    /// `post.q_out` and `attention.q` are not needed). The fused kernel rotates whole heads:
-    /// `post` must not be a partial rotation.
+    /// `post.q_out` and `attention.q` are not needed). The fused kernel rotates whole heads and
+    /// scales by the plain norm weights: `post` must not be a partial rotation nor have a norm
+    /// weight offset.
     ///
     /// # Panics
-    /// If `post.rotary_dim` is not its `head_dim`.
+    /// If `post.rotary_dim` is not its `head_dim`, or `post.weight_offset` is not 0.
     pub fn fuse(post: &QkvRopeKvWrite, attention: &PagedAttention) -> Self {
         assert_eq!(
             post.rotary_dim, post.head_dim,
             "the fused decode attention rotates whole heads"
+        );
+        assert_eq!(
+            post.weight_offset, 0.0,
+            "the fused decode attention takes no norm weight offset"
         );
         PagedAttentionQkv {
             out: attention.out,
@@ -180,6 +185,7 @@ impl PagedAttentionQkv {
                 rotary_dim: self.head_dim,
                 max_position: self.max_position,
                 eps: self.eps,
+                weight_offset: 0.0,
             },
             PagedAttention {
                 out: self.out,

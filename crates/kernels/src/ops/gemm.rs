@@ -1744,6 +1744,7 @@ mod tests {
                 rows: m32,
                 cols: k32,
                 eps: 1e-5,
+                weight_offset: 0.0,
             }
             .reference(&mut mem)
             .unwrap();

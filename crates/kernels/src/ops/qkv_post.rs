@@ -14,6 +14,7 @@ use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::blocks_for;
+use super::rmsnorm::norm_scales;
 use super::rope::rotate_half;
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
@@ -25,7 +26,8 @@ kernel_args!(
     /// `[0, max_position)`), rounded once to bf16 into
     /// `q_out`; each k head the same with `k_norm` into row `slots[t]` of `k_cache`; each v head
     /// copied unchanged into row `slots[t]` of `v_cache`. A negative slot skips the cache writes.
-    /// The norm is [`RmsNorm`](super::RmsNorm)'s formula over one head, the rotation
+    /// The norm is [`RmsNorm`](super::RmsNorm)'s formula over one head with the scale
+    /// `weight_offset + w` summed in f32 (the plain weight at 0), the rotation
     /// [`RopeNeox`](super::RopeNeox)'s, both in f32.
     QkvRopeKvWrite => names::qkv_post::QKV_ROPE_KV_WRITE_BF16 {
         /// bf16 `[tokens, q_heads * head_dim]`.
@@ -63,6 +65,10 @@ kernel_args!(
         max_position: u32,
         /// Added to the mean square in the norms.
         eps: f32,
+        /// Added to each norm weight in f32 before it scales: 1 for QK-norms whose weights are
+        /// stored centred on zero (Qwen3-Next's `1 + weight`), 0 for the plain weights (bit for
+        /// bit).
+        weight_offset: f32,
     }
 );
 
@@ -153,7 +159,10 @@ impl QkvRopeKvWrite {
             Ok(if ptr.is_null() {
                 None
             } else {
-                Some(host::load_bf16(mem, ptr, d)?)
+                Some(norm_scales(
+                    &host::load_bf16(mem, ptr, d)?,
+                    self.weight_offset,
+                ))
             })
         };
         let (q_norm, k_norm) = (norm(self.q_norm)?, norm(self.k_norm)?);
@@ -312,6 +321,7 @@ mod tests {
             rotary_dim: d as u32,
             max_position,
             eps: 1e-6,
+            weight_offset: 0.0,
         };
         Setup { op, slots_n }
     }
@@ -441,6 +451,46 @@ mod tests {
             }
         }
         assert!(k_cache[kvh * d..2 * kvh * d].iter().all(|&x| x == 7.0));
+    }
+
+    /// With weight_offset 1 the head norm scales by `1 + w` in f32: the same outputs as offset 0
+    /// over weights holding `1 + w` where that sum is a bf16 value, and the weights' sign and
+    /// size (centred on zero) otherwise not folded into a bf16 scale first.
+    #[test]
+    fn the_weight_offset_adds_to_the_norm_weight_in_f32() {
+        let (t, qh, kvh, d) = (3usize, 4usize, 2usize, 8usize);
+        let run = |offset: f32, q: &[f32], k: &[f32]| -> (Vec<f32>, Vec<f32>) {
+            let mut m = FlatMemory::new();
+            let Setup { op, slots_n } = setup(&mut m, true);
+            let op = QkvRopeKvWrite {
+                q_norm: m.put(&bf16s(q)),
+                k_norm: m.put(&bf16s(k)),
+                weight_offset: offset,
+                ..op
+            };
+            op.reference(&mut m).unwrap();
+            (
+                f32s(&m.get(op.q_out, t * qh * d)),
+                f32s(&m.get(op.k_cache, slots_n * kvh * d)),
+            )
+        };
+        // Multiples of 2^-4 in [-0.5, 0.5): 1 + w is a bf16 value, so both spell one scale.
+        let exact = |seed| -> Vec<f32> {
+            uniform(seed, d, 0.5)
+                .iter()
+                .map(|v| (v * 16.0).round() / 16.0)
+                .collect()
+        };
+        let (q, k) = (exact(21), exact(22));
+        let plus_one = |w: &[f32]| w.iter().map(|w| 1.0 + w).collect::<Vec<_>>();
+        assert_eq!(run(1.0, &q, &k), run(0.0, &plus_one(&q), &plus_one(&k)));
+        // Small weights: 1 + w rounded to bf16 first would lose them.
+        let (q, k) = (
+            f32s(&bf16s(&uniform(23, d, 0.01))),
+            f32s(&bf16s(&uniform(24, d, 0.01))),
+        );
+        let rounded = |w: &[f32]| f32s(&bf16s(&plus_one(w)));
+        assert_ne!(run(1.0, &q, &k), run(0.0, &rounded(&q), &rounded(&k)));
     }
 
     #[test]

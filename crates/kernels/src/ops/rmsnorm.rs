@@ -27,7 +27,8 @@ kernel_args!(
 
 kernel_args!(
     /// `residual += input` in f32, in place (no add when `input` is null), then
-    /// `out = bf16(rmsnorm(residual) * weight)`.
+    /// `out = bf16(rmsnorm(residual) * (weight_offset + weight))`, the scale summed in f32
+    /// ([`norm_scale`]).
     AddRmsNorm => names::rmsnorm::ADD_RMSNORM_F32RES {
         /// bf16 `[rows, cols]`; must not alias `residual`.
         out: DevicePtr,
@@ -43,8 +44,22 @@ kernel_args!(
         cols: u32,
         /// Added to the mean square.
         eps: f32,
+        /// Added to each weight in f32 before it scales: 1 for a norm whose weight is stored
+        /// centred on zero (Qwen3-Next's `1 + weight`), 0 for the plain weight (bit for bit).
+        weight_offset: f32,
     }
 );
+
+/// The scale a norm weight applies, `offset + w` in f32; an offset of 0 leaves `w` as it is
+/// (`-0.0` included), as the kernels' `norm_scale` (norm.cuh) does.
+pub(crate) fn norm_scale(w: f32, offset: f32) -> f32 {
+    if offset == 0.0 { w } else { offset + w }
+}
+
+/// A norm's weights as the scales they apply ([`norm_scale`]).
+pub(crate) fn norm_scales(weight: &[f32], offset: f32) -> Vec<f32> {
+    weight.iter().map(|&w| norm_scale(w, offset)).collect()
+}
 
 /// The reference row normalisation in f32 (the caller rounds once when storing).
 pub(super) fn normalize(x: &[f32], weight: &[f32], cols: usize, eps: f32) -> Vec<f32> {
@@ -76,7 +91,10 @@ impl Kernel for AddRmsNorm {
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
         let mut res = host::load::<f32>(mem, self.residual, rows * cols)?;
-        let w = host::load_bf16(mem, self.weight, cols)?;
+        let w = norm_scales(
+            &host::load_bf16(mem, self.weight, cols)?,
+            self.weight_offset,
+        );
         if !self.input.is_null() {
             let x = host::load_bf16(mem, self.input, rows * cols)?;
             res.iter_mut().zip(&x).for_each(|(r, x)| *r += x);
@@ -132,6 +150,7 @@ mod tests {
             rows: 1,
             cols: 2,
             eps: 0.0,
+            weight_offset: 0.0,
         };
         k.reference(&mut m).unwrap();
         assert_eq!(m.get::<f32>(res, 2), vec![2.0, -2.0 + 1.0 / 4096.0]);
@@ -145,6 +164,52 @@ mod tests {
         .unwrap();
         assert_eq!(m.get::<f32>(res, 2), before);
         assert_eq!(f32s(&m.get(out, 2)), vec![1.0, -1.0]);
+    }
+
+    /// Weights centred on zero with offset 1 scale by `1 + w` summed in f32, not by `1 + w`
+    /// rounded to bf16 first (what the weights' upload did before the offset existed).
+    #[test]
+    fn add_rmsnorm_scales_by_the_offset_weight_in_f32() {
+        let mut m = FlatMemory::new();
+        let (rows, cols) = (3usize, 64usize);
+        let res = uniform(11, rows * cols, 4.0);
+        let w = f32s(&bf16s(&uniform(12, cols, 0.05)));
+        let out = m.put(&bf16s(&vec![0.0; rows * cols]));
+        AddRmsNorm {
+            out,
+            residual: m.put(&res),
+            input: DevicePtr::NULL,
+            weight: m.put(&bf16s(&w)),
+            rows: rows as u32,
+            cols: cols as u32,
+            eps: 1e-6,
+            weight_offset: 1.0,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let got = f32s(&m.get(out, rows * cols));
+        let (mut want, mut folded) = (Vec::new(), Vec::new());
+        for row in res.chunks_exact(cols) {
+            let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / cols as f32 + 1e-6).sqrt();
+            for (x, w) in row.iter().zip(&w) {
+                want.push(round_bf16(x * inv * (1.0 + w)));
+                folded.push(round_bf16(x * inv * round_bf16(1.0 + w)));
+            }
+        }
+        assert_eq!(got, want);
+        assert_ne!(
+            got, folded,
+            "the f32 sum differs from the bf16-rounded one somewhere"
+        );
+    }
+
+    #[test]
+    fn a_zero_offset_keeps_the_weight_bit_for_bit() {
+        for w in [0.0f32, -0.0, 1.5, -3.25, 1e-30] {
+            assert_eq!(norm_scale(w, 0.0).to_bits(), w.to_bits(), "{w}");
+        }
+        assert_eq!(norm_scale(-0.0, 1.0), 1.0);
+        assert_eq!(norm_scale(0.25, 1.0), 1.25);
     }
 
     #[test]

@@ -12,8 +12,9 @@
 //! The variants are the spec's parameters, not branches of their own: a QK-norm over the whole q
 //! and k projections (MiniMax-M2) is one more launch on the QKV product before the post-processing,
 //! which then runs with its per-head norms off; partial RoPE is the post-processing's
-//! `rotary_dim` over tables of `rotary_dim / 2` columns. Neither takes the fused decode attention,
-//! which norms per head and rotates whole heads.
+//! `rotary_dim` over tables of `rotary_dim / 2` columns; a per-head QK-norm scaling by `1 + weight`
+//! (Qwen3-Next) is its `weight_offset`. None takes the fused decode attention, which norms per head
+//! by the plain weights and rotates whole heads.
 
 use metrale_config::QkNorm;
 use metrale_core::DevicePtr;
@@ -203,6 +204,12 @@ impl Attention {
         let (h, hd) = (sizes.hidden as u32, spec.head_dim as u32);
         let (qd, kvd) = (spec.heads as u32 * hd, spec.kv_heads as u32 * hd);
         let cache_bytes = sizes.num_blocks * sizes.block_size * kvd as usize * 2;
+        if spec.qk_norm_unit_offset && spec.qk_norm == QkNorm::Whole {
+            // qk_norm_whole_bf16 takes no weight offset.
+            return Err(ModelError::Unsupported(
+                "a QK-norm over the whole projections scaling by 1 + weight".into(),
+            ));
+        }
         Ok(Attention {
             spec,
             norm,
@@ -288,17 +295,23 @@ impl Attention {
             rotary_dim: self.spec.rotary_dim as u32,
             max_position: s.max_position,
             eps: self.norm.eps,
+            weight_offset: if self.spec.qk_norm_unit_offset {
+                1.0
+            } else {
+                0.0
+            },
         }
     }
 
     /// Whether this step's decode runs QK-norm, RoPE and the cache write inside the decode
     /// attention: one sequence, one token (the token needs no other token's key of the step; at
     /// batches of 8 to 64 the fusion measured slower: each split redoes its query group's norm).
-    /// The fused kernel norms per head and rotates whole heads: the whole-projection norm and
-    /// partial RoPE take the separate launches.
+    /// The fused kernel norms per head by the plain weights and rotates whole heads: the
+    /// whole-projection norm, a unit-offset QK-norm and partial RoPE take the separate launches.
     fn fused_post(&self, t: &Tuning, step: &Step) -> bool {
         t.fused_qkv_attention
             && self.spec.qk_norm != QkNorm::Whole
+            && !self.spec.qk_norm_unit_offset
             && !self.spec.partial_rotary()
             && !step.tensor_core_prefill
             && matches!(self.spec.head_dim, 64 | 128 | 256)
@@ -414,6 +427,6 @@ impl Block for Attention {
     }
 
     fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
-        self.gate.is_none() && self.qkv.folds_norm(t, rows)
+        self.gate.is_none() && self.norm.folds() && self.qkv.folds_norm(t, rows)
     }
 }

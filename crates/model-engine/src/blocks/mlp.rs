@@ -90,6 +90,6 @@ impl Block for DenseMlp {
     }
 
     fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
-        self.gate_up.gate_up.folds_norm(t, rows)
+        self.norm.folds() && self.gate_up.gate_up.folds_norm(t, rows)
     }
 }
