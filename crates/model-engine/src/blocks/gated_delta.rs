@@ -243,6 +243,6 @@ impl Block for GatedDeltaNet {
     }
 
     fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
-        self.in_proj.folds_norm(t, rows)
+        self.norm.folds() && self.in_proj.folds_norm(t, rows)
     }
 }
