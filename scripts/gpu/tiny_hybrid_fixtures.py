@@ -311,6 +311,18 @@ def make(name: str, out: Path, seed: int, device: str):
     dt_min = mamba_dt_min(f32, ids, device)
     if dt_min is not None:
         assert dt_min > 2 * text_cfg.time_step_min, (name, "dt reaches the prefill-only clamp", dt_min)
+    # transformers' own bf16 run on the same tokens (the whole sequence at once, as the engine's
+    # tests feed it): each step's relative L2 error against the float32 logits, the bound the
+    # project's parity criterion holds the engine to.
+    del f32
+    bf16 = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to(device).eval()
+    with torch.no_grad():
+        seq = torch.tensor([PROMPT + [s["id"] for s in steps[:-1]]], device=device)
+        rows = bf16(seq, use_cache=False).logits[0, len(PROMPT) - 1:].float().cpu()
+    bf16_err = ((rows - want).norm(dim=-1) / want.norm(dim=-1)).tolist()
+    for step, e in zip(steps, bf16_err):
+        step["bf16_rel_err"] = round(e, 6)
+    del bf16
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     transcript = {"produced_by": "scripts/gpu/tiny_hybrid_fixtures.py", "seed": seed,
                   "dtype": "float32 on the bf16 weights", "transformers": transformers.__version__,
@@ -318,7 +330,9 @@ def make(name: str, out: Path, seed: int, device: str):
                   "prompt_ids": PROMPT, "steps": steps, "router_min_margin": margin,
                   "cached_decode_max_rel_diff": rel, "mamba_dt_min": dt_min,
                   "decode_rule": "steps[i].logits: the whole sequence (prompt + the ids of steps "
-                                 "before i) recomputed without a cache; steps[i].id its argmax"}
+                                 "before i) recomputed without a cache; steps[i].id its argmax; "
+                                 "steps[i].bf16_rel_err: transformers in bfloat16 on the same "
+                                 "tokens, its relative L2 error against steps[i].logits"}
     (d / "transcript.json").write_text(json.dumps(transcript))
     for f in sorted(d.iterdir()):
         print(name, f.name, f.stat().st_size)
