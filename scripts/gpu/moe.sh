@@ -178,6 +178,10 @@ newkernels() {
         "$MET" check-kernels --kernel gated_delta --seed "$seed" 2>&1 | tail -2
         "$MET" check-kernels --kernel gated_norm --seed "$seed" 2>&1 | tail -2
     done | tee "$RES/newkernels.txt"
+    # The unit-offset norm cases (norm_offset) live among rmsnorm's and qkv_post's.
+    for k in rmsnorm qkv_post mamba2; do
+        "$MET" check-kernels --kernel "$k" 2>&1 | tail -2
+    done | tee -a "$RES/newkernels.txt"
 }
 
 fp8() {
