@@ -133,5 +133,12 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("minimax_m2", 3072)).unwrap().target.path(),
         "hopper/minimax_m2/bf16"
     );
+    // So do the Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5).
+    for model_type in ["qwen3_next", "qwen3_5_moe"] {
+        assert_eq!(
+            pick(TARGETS, &q(model_type, 2048)).unwrap().target.path(),
+            "hopper/qwen3_next/bf16"
+        );
+    }
     assert!(pick(TARGETS, &q("mamba", 768)).is_err());
 }
