@@ -463,9 +463,11 @@ TOKENIZER_FAMILY = {
     "minimax-m2-4l": "qwen3",
     # Qwen3-Next's tokenizer is Qwen3's.
     "qwen3-next-80b-a3b-4l": "qwen3",
-    # Qwen3.5's own tokenizer (248,320 rows) is not on the GPU machine; Qwen3's ids fit under it.
-    "qwen3.5-35b-a3b-4l": "qwen3",
-    "qwen3.5-35b-a3b": "qwen3",
+    # Qwen3.5's own tokenizer (248,320 rows) is not on the GPU machine, and Qwen3's does not hold
+    # its eos ids (248044, 248046): met refuses that pairing, so none is copied (parity and
+    # bench-model feed ids).
+    "qwen3.5-35b-a3b-4l": None,
+    "qwen3.5-35b-a3b": None,
     # Nemotron-H's 131,072 rows hold fewer ids than Qwen3's tokenizer has: none is copied.
     "nemotron-h-4l": None,
 }

@@ -115,7 +115,8 @@ def main():
 
     ref = safetensors.torch.load_file(args.reference)
     config = json.loads(Path(args.model, "config.json").read_text())
-    k = int(config["num_experts_per_tok"])
+    # Qwen3.5's hub config nests the language model's keys under text_config.
+    k = int(config.get("num_experts_per_tok") or config["text_config"]["num_experts_per_tok"])
     prompt, decode = ref["prompt_ids"].long(), ref["decode_ids"].long()
     # Teacher forcing is one prefill of prompt + decode ids: decode row i is position P + i.
     short = torch.cat([prompt, decode])
