@@ -26,6 +26,7 @@ mod attention_variants;
 mod gated_delta;
 mod gated_norm;
 mod gemv_fp8;
+mod mamba2;
 mod moe;
 mod norm_offset;
 
@@ -1746,6 +1747,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gated_norm::gated_norm_cases(&mut rng));
     // The norms with a weight offset (Qwen3-Next's), after every other case for the same reason.
     out.extend(norm_offset::norm_offset_cases(&mut rng));
+    // The Mamba-2 recurrence, after every other case for the same reason.
+    out.extend(mamba2::mamba2_cases(&mut rng));
     out
 }
 

@@ -369,6 +369,11 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         (GdnGating::NAME, run::<GdnGating>, GdnGating::KINDS),
         (GatedRmsNorm::NAME, run::<GatedRmsNorm>, GatedRmsNorm::KINDS),
         (
+            Mamba2Recurrent::NAME,
+            run::<Mamba2Recurrent>,
+            Mamba2Recurrent::KINDS,
+        ),
+        (
             SigmoidGateMul::NAME,
             run::<SigmoidGateMul>,
             SigmoidGateMul::KINDS,

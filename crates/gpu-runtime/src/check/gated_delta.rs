@@ -34,7 +34,7 @@ pub(super) fn input(init: Init) -> Buffer {
 }
 
 /// `n` f32 values of N(0, scale²), drawn on first read (as [`bf16_normal`]).
-fn f32_normal(rng: &mut Rng, n: usize, scale: f32) -> Init {
+pub(super) fn f32_normal(rng: &mut Rng, n: usize, scale: f32) -> Init {
     let mut from = rng.clone();
     rng.skip(2 * n as u64);
     Init::new(move || {
@@ -54,7 +54,7 @@ fn bias_or_null(bias: bool, p: metrale_core::DevicePtr) -> metrale_core::DeviceP
 /// Which runs of a case start their sequence: a fresh run's first token is at position 0 (its
 /// states read as zeros, its slot's old contents ignored), a continuing run's at a later one.
 #[derive(Clone, Copy, Debug)]
-enum Start {
+pub(super) enum Start {
     /// Every run continues its sequence.
     Continuing,
     /// Every run starts its sequence.
@@ -75,7 +75,7 @@ impl Start {
 
 /// Each token's position for runs of `lens`: a fresh run counts from 0, continuing run `s` from
 /// `7 + 13 s`.
-fn run_positions(lens: &[u32], start: Start) -> Vec<i32> {
+pub(super) fn run_positions(lens: &[u32], start: Start) -> Vec<i32> {
     let mut out = Vec::new();
     for (s, &len) in lens.iter().enumerate() {
         let first = if start.is_fresh(s) {
@@ -237,7 +237,7 @@ fn conv_run_case(
 }
 
 /// Each run's first token, then the total.
-fn run_starts(lens: &[u32]) -> Vec<i32> {
+pub(super) fn run_starts(lens: &[u32]) -> Vec<i32> {
     let mut starts = vec![0i32];
     for len in lens {
         starts.push(starts.last().unwrap() + *len as i32);

@@ -2,8 +2,11 @@
 //! Host references for the Mamba-2 token mixer (Nemotron-H): the SSD recurrence step by step (the
 //! decode form) and chunk by chunk (the prefill form a tensor-core scan takes), the gated RMSNorm
 //! over groups, and the whole mixer between its two projections with its conv and SSM state.
-//! No CUDA entry point exists yet; these are the references the kernels will be checked against,
-//! and they are checked here against each other.
+//! The CUDA entry point of the recurrent form (`mamba2.cu`: decode batches and sequential prefill
+//! runs over per-slot state) is in `kernels`; its arguments read the device layouts and run
+//! [`ssd_recurrent`]. The conv in front of it is `gated_delta`'s run conv as it stands, the gated
+//! norm after it `gated_norm`'s with the gate first. These references are checked here against
+//! each other.
 //!
 //! Per head `h` (of `heads`, each `head_dim` channels wide) and token `t`, with the head's group
 //! `g = h / (heads / groups)` supplying `B_t` and `C_t` (`state_size` wide each):
@@ -20,6 +23,12 @@
 //! Everything is f32 here; the kernels read bf16 activations and keep the state in f32.
 
 use super::gated_delta::causal_conv1d_silu;
+
+mod kernels;
+
+pub use kernels::{
+    MAMBA2_CHANNELS, MAMBA2_MAX_STATE, MAMBA2_STATE_LANES, MAMBA2_STATE_MULTIPLE, Mamba2Recurrent,
+};
 
 /// One Mamba-2 layer's widths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -48,6 +48,9 @@ pub use gemv_fp8::{
     FP8_SCALE_COLS, Fp8DequantBf16, GEMV_FP8_MAX_ROWS, GemvFp8, GemvFp8Swiglu, fp8_weight_f32,
 };
 pub use grid_barrier::GridBarrier;
+pub use mamba2::{
+    MAMBA2_CHANNELS, MAMBA2_MAX_STATE, MAMBA2_STATE_LANES, MAMBA2_STATE_MULTIPLE, Mamba2Recurrent,
+};
 pub use moe::{
     MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown,
     MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
