@@ -82,7 +82,7 @@ CONFIGS = {
                             hybrid_override_pattern="M-M*M-", num_hidden_layers=6,
                             # transformers 5.17 reads head_dim only (an older config's
                             # attention_head_dim is ignored and head_dim defaults to 128).
-                            head_dim=32, attention_head_dim=32,
+                            head_dim=64, attention_head_dim=64,
                             mamba_num_heads=16, mamba_head_dim=16, n_groups=2, ssm_state_size=16,
                             conv_kernel=4, expand=2, use_conv_bias=True, mamba_hidden_act="silu",
                             # A chunk of 8 so that transformers' full recomputation crosses chunk

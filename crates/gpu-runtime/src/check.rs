@@ -1749,6 +1749,32 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(norm_offset::norm_offset_cases(&mut rng));
     // The Mamba-2 recurrence, after every other case for the same reason.
     out.extend(mamba2::mamba2_cases(&mut rng));
+    // Nemotron-H's squared ReLU, after every other case for the same reason.
+    for &n in &[1u32, 21504, 4096 * 7 + 3] {
+        out.push(Case {
+            kernel: Relu2::NAME,
+            gemm: None,
+            allowance: None,
+            shape: format!("n={n}"),
+            buffers: vec![
+                Buffer {
+                    init: vec![0; n as usize * 2].into(),
+                    output: Some(OutputKind::Bf16),
+                },
+                Buffer {
+                    init: bf16_normal(&mut rng, n as usize, 2.0),
+                    output: None,
+                },
+            ],
+            build: Box::new(move |p| {
+                launch_of(Relu2 {
+                    out: p[0],
+                    x: p[1],
+                    n,
+                })
+            }),
+        });
+    }
     out
 }
 

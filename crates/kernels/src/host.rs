@@ -229,6 +229,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         (AddRmsNorm::NAME, run::<AddRmsNorm>, AddRmsNorm::KINDS),
         (RopeNeox::NAME, run::<RopeNeox>, RopeNeox::KINDS),
         (SiluMul::NAME, run::<SiluMul>, SiluMul::KINDS),
+        (Relu2::NAME, run::<Relu2>, Relu2::KINDS),
         (Add::NAME, run::<Add>, Add::KINDS),
         (ArgmaxBf16::NAME, run::<ArgmaxBf16>, ArgmaxBf16::KINDS),
         (ArgmaxF32::NAME, run::<ArgmaxF32>, ArgmaxF32::KINDS),

@@ -32,7 +32,8 @@ use crate::blocks::attention::{
     self, ATTENTION_PARTIALS, Attention, prefill_tile, prefill_version,
 };
 use crate::blocks::gated_delta::{self, GatedDeltaNet};
-use crate::blocks::mlp::{self, DenseMlp};
+use crate::blocks::mamba2::{self, Mamba2};
+use crate::blocks::mlp::{self, DenseMlp, DenseRelu2Mlp};
 use crate::blocks::moe::{self, Moe};
 use crate::blocks::{Arena, Block, Step};
 use crate::launch::Launcher;
@@ -399,6 +400,8 @@ impl Model {
         let mut mlp_scratch = None;
         let mut moe_shared: Option<moe::Shared> = None;
         let mut gdn_shared: Option<(gated_delta::Shared, crate::plan::GatedDeltaNetSpec)> = None;
+        let mut mamba_shared: Option<(mamba2::Shared, crate::plan::Mamba2Spec)> = None;
+        let mut relu2_scratch = None;
         let mut blocks: Vec<Box<dyn Block>> = Vec::new();
         for (l, spec) in plan.blocks() {
             let w = &weights.layers[l];
@@ -473,12 +476,45 @@ impl Model {
                     let block = GatedDeltaNet::new(arena, g, norm, weights, sizes, linear, shared)?;
                     blocks.push(Box::new(block));
                 }
-                // `LayerPlan::check_runnable` refuses these first, naming what is missing.
-                BlockKind::Mlp(MlpKind::DenseRelu2 { .. }) | BlockKind::Mamba2(_) => {
-                    return Err(ModelError::Unsupported(format!(
-                        "layer {l}: no block implements {:?} yet",
-                        spec.kind
-                    )));
+                BlockKind::Mamba2(m) => {
+                    let norm = RmsNorm::of(w.input_norm, spec.norm)?;
+                    let shared = match mamba_shared {
+                        Some((s, first)) if mamba2::Shared::fits(&m, &first) => s,
+                        Some(_) => {
+                            return Err(ModelError::Unsupported(format!(
+                                "layer {l}'s Mamba-2 differs in shape from the first one's"
+                            )));
+                        }
+                        None => {
+                            let s = mamba2::Shared::new(
+                                arena,
+                                &m,
+                                options.max_tokens_per_step,
+                                c.hidden_size,
+                            )?;
+                            mamba_shared.insert((s, m)).0
+                        }
+                    };
+                    let weights = w.mamba.as_ref().expect("a Mamba-2 layer's weights");
+                    let sizes = (c.hidden_size, options.state_slots.max(1));
+                    let block = Mamba2::new(arena, m, norm, weights, sizes, linear, shared)?;
+                    blocks.push(Box::new(block));
+                }
+                BlockKind::Mlp(MlpKind::DenseRelu2 { intermediate }) => {
+                    let norm = RmsNorm::of(w.post_norm, spec.norm)?;
+                    let t = options.max_tokens_per_step;
+                    let scratch = match relu2_scratch {
+                        Some(s) => s,
+                        None => *relu2_scratch.insert(mlp::Scratch::new(
+                            arena,
+                            t,
+                            c.hidden_size,
+                            intermediate,
+                        )?),
+                    };
+                    let dims = (c.hidden_size as u32, intermediate as u32);
+                    let block = DenseRelu2Mlp::new(arena.gpu, norm, w, dims, linear, scratch)?;
+                    blocks.push(Box::new(block));
                 }
             }
         }

@@ -13,7 +13,9 @@ use metrale_config::{
     Ffn, GatedDeltaNetConfig, HybridLayer, Mamba2Config, Mixer, MlpActivation, ModelConfig, QkNorm,
     RouterKind,
 };
-use metrale_kernels::ops::{GDN_CONV_MAX_KERNEL, GDN_MAX_DK};
+use metrale_kernels::ops::{
+    GDN_CONV_MAX_KERNEL, GDN_MAX_DK, MAMBA2_MAX_STATE, MAMBA2_STATE_MULTIPLE,
+};
 
 /// How a block's input is normalised.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -341,8 +343,8 @@ impl LayerPlan {
         })
     }
 
-    /// Refuses a plan with a block the engine has no kernels for yet, naming the missing piece
-    /// (the hybrid families parse and plan, but do not run, until issue 30's kernels land).
+    /// Refuses a plan with a block the engine has no kernels for, naming the missing piece: a
+    /// recurrent mixer wider than its kernels, or experts of squared ReLU (Nemotron-H's MoE).
     pub fn check_runnable(&self) -> Result<(), crate::ModelError> {
         let refuse = |why: &str| Err(crate::ModelError::Unsupported(why.to_string()));
         self.final_norm.rms_eps()?;
@@ -366,24 +368,24 @@ impl LayerPlan {
                         ));
                     }
                 }
-                BlockKind::Mamba2(_) => {
-                    return refuse(&format!(
-                        "layer {l} is Mamba-2: its kernels (causal conv with state, the SSD scan \
-                         for prefill and decode, the grouped gated RMSNorm) and the engine's \
-                         recurrent state slots are not written yet (issue 30)"
-                    ));
-                }
-                BlockKind::Attention(a) if !a.rope() => {
-                    return refuse(&format!(
-                        "layer {l}'s attention has no RoPE, which the attention kernels always \
-                         apply"
-                    ));
-                }
-                BlockKind::Mlp(MlpKind::DenseRelu2 { .. }) => {
-                    return refuse(&format!(
-                        "layer {l}'s MLP is squared ReLU without a gate, which no MLP kernel \
-                         computes yet"
-                    ));
+                BlockKind::Mamba2(m) => {
+                    let s = m.shape;
+                    if s.state_size == 0
+                        || s.state_size > MAMBA2_MAX_STATE as usize
+                        || s.state_size % MAMBA2_STATE_MULTIPLE as usize != 0
+                        || s.groups == 0
+                        || s.heads % s.groups != 0
+                        || s.conv_kernel < 2
+                        || s.conv_kernel > GDN_CONV_MAX_KERNEL as usize
+                    {
+                        return refuse(&format!(
+                            "layer {l} is Mamba-2 with a state of {} (the kernel takes a multiple \
+                             of {MAMBA2_STATE_MULTIPLE} up to {MAMBA2_MAX_STATE}), {} heads in {} \
+                             groups (a whole multiple) and a conv of {} taps (2 to \
+                             {GDN_CONV_MAX_KERNEL})",
+                            s.state_size, s.heads, s.groups, s.conv_kernel
+                        ));
+                    }
                 }
                 BlockKind::Mlp(MlpKind::Moe(m)) if m.activation != MlpActivation::SwiGlu => {
                     return refuse(&format!(
@@ -647,8 +649,8 @@ mod hybrid_tests {
 
     #[test]
     fn plans_without_kernels_are_refused_naming_the_missing_piece() {
-        // Qwen3-Next runs (Gated DeltaNet, gated attention, unit-offset norms); Nemotron-H's
-        // Mamba-2 does not yet.
+        // Qwen3-Next runs (Gated DeltaNet, gated attention, unit-offset norms); so do Nemotron-H's
+        // Mamba-2 layers, but not Nemotron-3-Nano's squared-ReLU experts.
         plan(QWEN3_NEXT_80B)
             .check_runnable()
             .expect("qwen3_next runs");
@@ -656,7 +658,16 @@ mod hybrid_tests {
             .check_runnable()
             .unwrap_err()
             .to_string();
-        assert!(err.contains("layer 0 is Mamba-2"), "{err}");
+        assert!(err.contains("experts are squared ReLU"), "{err}");
+        let mut p = plan(NEMOTRON_3_NANO);
+        if let BlockKind::Mamba2(m) = &mut p.layers[0].blocks[0].kind {
+            m.shape.state_size = 256;
+        }
+        let err = p.check_runnable().unwrap_err().to_string();
+        assert!(
+            err.contains("layer 0 is Mamba-2 with a state of 256"),
+            "{err}"
+        );
         // A Gated DeltaNet wider than the kernels' registers is refused with its shape.
         let mut p = plan(QWEN3_NEXT_80B);
         if let BlockKind::GatedDeltaNet(g) = &mut p.layers[0].blocks[0].kind {

@@ -21,7 +21,7 @@
 
 use half::bf16;
 use metrale_config::{
-    Ffn, GatedDeltaNetConfig, GdnProjection, Mixer, ModelConfig, QkNorm, RouterKind,
+    Ffn, GatedDeltaNetConfig, GdnProjection, Mixer, ModelConfig, ModelFamily, QkNorm, RouterKind,
 };
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::GpuBackend;
@@ -359,9 +359,31 @@ pub struct LayerWeights {
     pub(crate) moe: Option<MoeWeights>,
     /// A Gated DeltaNet layer's mixer (its attention tensors are then NULL).
     pub(crate) gdn: Option<GdnWeights>,
+    /// A Mamba-2 layer's mixer (Nemotron-H).
+    pub(crate) mamba: Option<MambaWeights>,
     /// A gated attention's output-gate rows of `q_proj`, `[heads * head_dim, hidden]` (each
     /// head's second half, Qwen3-Next), or NULL.
     pub(crate) attn_gate: LinearWeight,
+}
+
+/// A Mamba-2 mixer's tensors on the device (Nemotron-H).
+#[derive(Clone, Debug)]
+pub struct MambaWeights {
+    /// `[inner + conv channels + heads, hidden]`: z, then x | B | C (the conv's channels), then
+    /// dt, as the checkpoint stores it.
+    pub(crate) in_proj: LinearWeight,
+    /// bf16 `[conv channels, conv_kernel]`.
+    pub(crate) conv: DevicePtr,
+    /// bf16 `[conv channels]`, or NULL without a conv bias.
+    pub(crate) conv_bias: DevicePtr,
+    /// f32 `[heads]` each.
+    pub(crate) dt_bias: DevicePtr,
+    pub(crate) a_log: DevicePtr,
+    pub(crate) d: DevicePtr,
+    /// bf16 `[inner]`: the grouped gated RMSNorm's weight.
+    pub(crate) norm: DevicePtr,
+    /// `[hidden, inner]`.
+    pub(crate) out: LinearWeight,
 }
 
 /// A Gated DeltaNet mixer's tensors on the device, in the layout its kernels read.
@@ -988,6 +1010,9 @@ fn load_inner(
         total,
         bytes: 0,
     };
+    if c.family == ModelFamily::NemotronH {
+        return nemotron(c, u);
+    }
     let embedding = u.get(TensorRole::Embedding)?;
     let gate = c.hybrid.as_ref().is_some_and(|h| h.attention_output_gate);
     let mut layers = Vec::with_capacity(c.num_layers);
@@ -1016,6 +1041,7 @@ fn load_inner(
             down: null,
             moe: None,
             gdn: None,
+            mamba: None,
             attn_gate: null,
         };
         if gdn_mixer {
@@ -1074,6 +1100,85 @@ fn load_inner(
         layers,
         allocations: std::mem::take(allocations),
         bytes,
+    })
+}
+
+/// Nemotron-H: one norm and one mixer a layer (Mamba-2, attention without RoPE, or the squared-ReLU
+/// MLP), under its own names. The layer's one norm serves as both `input_norm` and `post_norm`
+/// (whichever block the layer has reads it); the MLP's up product goes in `gate_up`.
+fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelError> {
+    let n = TensorRole::NemotronH;
+    let hybrid = c.hybrid.as_ref().expect("Nemotron-H has a layer pattern");
+    let embedding = u.get(n(NemotronTensor::Embedding))?;
+    let null = LinearWeight::bf16(DevicePtr::NULL);
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for (l, layer) in hybrid.layers.iter().enumerate() {
+        let norm = u.get(n(NemotronTensor::Norm(l)))?;
+        let mut w = LayerWeights {
+            input_norm: norm,
+            qkv: null,
+            qkv_bias: DevicePtr::NULL,
+            q_norm: DevicePtr::NULL,
+            k_norm: DevicePtr::NULL,
+            o: null,
+            post_norm: norm,
+            gate_up: null,
+            down: null,
+            moe: None,
+            gdn: None,
+            mamba: None,
+            attn_gate: null,
+        };
+        match (layer.mixer, layer.ffn) {
+            (Some(Mixer::Mamba2), _) => {
+                let m = |t: MambaTensor| n(NemotronTensor::Mamba(l, t));
+                let bias = hybrid.mamba2.is_some_and(|s| s.conv_bias);
+                w.mamba = Some(MambaWeights {
+                    in_proj: u.linear(&[m(MambaTensor::InProj)])?,
+                    conv: u.get(m(MambaTensor::Conv))?,
+                    conv_bias: u.get_if(bias, m(MambaTensor::ConvBias))?,
+                    dt_bias: u.get_f32(m(MambaTensor::DtBias))?,
+                    a_log: u.get_f32(m(MambaTensor::ALog))?,
+                    d: u.get_f32(m(MambaTensor::D))?,
+                    norm: u.get(m(MambaTensor::Norm))?,
+                    out: u.linear(&[m(MambaTensor::OutProj)])?,
+                });
+            }
+            (Some(Mixer::Attention), _) => {
+                w.qkv = u.linear(&[
+                    n(NemotronTensor::Q(l)),
+                    n(NemotronTensor::K(l)),
+                    n(NemotronTensor::V(l)),
+                ])?;
+                w.o = u.linear(&[n(NemotronTensor::O(l))])?;
+            }
+            (None, Some(Ffn::Dense)) => {
+                w.gate_up = u.linear(&[n(NemotronTensor::Up(l))])?;
+                w.down = u.linear(&[n(NemotronTensor::Down(l))])?;
+            }
+            _ => {
+                return Err(ModelError::Unsupported(format!(
+                    "Nemotron-H layer {l}: {layer:?} is not loaded (the engine runs Mamba-2, \
+                     attention and dense MLP layers)"
+                )));
+            }
+        }
+        layers.push(w);
+    }
+    let final_norm = u.get(n(NemotronTensor::FinalNorm))?;
+    let lm_head = if c.tie_word_embeddings {
+        embedding
+    } else {
+        u.get(TensorRole::LmHead)?
+    };
+    Ok(DeviceWeights {
+        fp8_max_weights: u.fp8_max_weights,
+        embedding,
+        final_norm,
+        lm_head,
+        layers,
+        allocations: std::mem::take(u.allocations),
+        bytes: u.bytes,
     })
 }
 

@@ -295,3 +295,17 @@ fn a_tiny_minimax_m2_follows_transformers() {
 fn a_tiny_qwen3_next_follows_transformers() {
     check("tiny-qwen3-next");
 }
+
+/// Qwen3.5 (tests/fixtures/tiny-qwen3-5-moe): Qwen3-Next with the Gated DeltaNet's projections
+/// split in four, saved in the hub's multimodal layout (`model.language_model.`).
+#[test]
+fn a_tiny_qwen3_5_moe_follows_transformers() {
+    check("tiny-qwen3-5-moe");
+}
+
+/// Nemotron-H (tests/fixtures/tiny-nemotron-h): Mamba-2, attention without RoPE and squared-ReLU
+/// MLP layers, one block a layer, under Nemotron-H's own names.
+#[test]
+fn a_tiny_nemotron_h_follows_transformers() {
+    check("tiny-nemotron-h");
+}

@@ -43,3 +43,13 @@ extern "C" __global__ void silu_mul_bf16(__nv_bfloat16* __restrict__ out,
         out[idx] = metrale::to_bf16(swiglu(g, u));
     }
 }
+
+// Squared ReLU (Nemotron-H's MLP): out[i] = bf16(max(x[i], 0)^2) in f32. In place is allowed.
+// Launch: grid = ceil(n / 256), block = 256, one element a thread.
+extern "C" __global__ void relu2_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, uint32_t n) {
+    metrale::grid_dependency_sync();
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = fmaxf(metrale::to_f32(x[i]), 0.0f);
+    out[i] = metrale::to_bf16(v * v);
+}

@@ -41,6 +41,8 @@ pub(super) fn norm_offset_cases(rng: &mut Rng) -> Vec<Case> {
         (40, 16, 2, 256, 64),
         (5, 8, 2, 128, 128),
         (3, 16, 2, 256, 256),
+        // No rotation at all (Nemotron-H's attention): the norm alone.
+        (4, 4, 2, 64, 0),
     ] {
         out.push(qkv_post_case(
             rng,
@@ -119,7 +121,8 @@ fn qkv_post_case(
         positions[2] = max_position as i32 + 3;
         slots[1] = -1;
     }
-    let (cos, sin) = rope_tables(max_position, rotary_dim as usize);
+    // rotary_dim 0 reads no table; one column keeps the buffers non-empty.
+    let (cos, sin) = rope_tables(max_position, rotary_dim.max(2) as usize);
     let input = |init| Buffer { init, output: None };
     let mut buffers = vec![Buffer {
         init: vec![0; t * q_heads as usize * d * 2].into(),

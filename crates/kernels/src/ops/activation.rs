@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! SwiGLU activation.
+//! Activations: SwiGLU, and the squared ReLU of Nemotron-H's MLP.
 
 use metrale_core::{DevicePtr, LaunchConfig};
 
@@ -20,6 +20,29 @@ kernel_args!(
         inter: u32,
     }
 );
+
+kernel_args!(
+    /// `out[i] = bf16(max(x[i], 0)^2)` in f32 (Nemotron-H's MLP; `out` may be `x`).
+    Relu2 => names::activation::RELU2_BF16 {
+        /// bf16 `[n]`.
+        out: DevicePtr,
+        /// bf16 `[n]`.
+        x: DevicePtr,
+        /// Elements.
+        n: u32,
+    }
+);
+
+impl Kernel for Relu2 {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(blocks_for(u64::from(self.n).max(1), 256), 256)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let x = host::load_bf16(mem, self.x, self.n as usize)?;
+        let out: Vec<f32> = x.iter().map(|v| v.max(0.0) * v.max(0.0)).collect();
+        host::store_bf16(mem, self.out, &out)
+    }
+}
 
 /// `x * sigmoid(x)`.
 pub(crate) fn silu(x: f32) -> f32 {
@@ -50,6 +73,14 @@ mod tests {
     use super::*;
     use crate::host::round_bf16;
     use crate::ops::testing::*;
+
+    #[test]
+    fn relu_squared_zeroes_negatives() {
+        let mut m = FlatMemory::new();
+        let x = m.put(&bf16s(&[-2.0, 0.0, 3.0, 0.5]));
+        Relu2 { out: x, x, n: 4 }.reference(&mut m).unwrap();
+        assert_eq!(f32s(&m.get(x, 4)), vec![0.0, 0.0, 9.0, 0.25]);
+    }
 
     #[test]
     fn silu_times_up() {

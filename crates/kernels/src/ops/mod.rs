@@ -19,7 +19,7 @@ mod qkv_post;
 mod rmsnorm;
 mod rope;
 
-pub use activation::SiluMul;
+pub use activation::{Relu2, SiluMul};
 pub use argmax::{ArgmaxBf16, ArgmaxF32, argmax_scratch_bytes};
 pub(crate) use attention::paged_attention_qkv_wide_reference;
 pub use attention::{

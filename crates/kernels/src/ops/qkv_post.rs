@@ -137,12 +137,12 @@ impl QkvRopeKvWrite {
             self.head_dim as usize,
         );
         let rot = self.rotary_dim as usize;
-        if d == 0 || !d.is_multiple_of(2) || rot == 0 || !rot.is_multiple_of(2) || rot > d {
+        if d == 0 || !d.is_multiple_of(2) || !rot.is_multiple_of(2) || rot > d {
             return Err(HostError::BadArgs {
                 kernel: Self::NAME,
                 message: format!(
-                    "head_dim {d} and rotary_dim {rot}: both must be positive and even, \
-                     rotary_dim at most head_dim"
+                    "head_dim {d} and rotary_dim {rot}: both even, head_dim positive, \
+                     rotary_dim at most head_dim (0: no rotation, Nemotron-H)"
                 ),
             });
         }
@@ -172,7 +172,7 @@ impl QkvRopeKvWrite {
             if let Some(w) = weight {
                 normalize_head(&mut x, w, self.eps);
             }
-            if pos >= 0 && (pos as u32) < self.max_position {
+            if rot > 0 && pos >= 0 && (pos as u32) < self.max_position {
                 let at = pos as usize * half;
                 rotate_half(&mut x[..rot], &cos[at..at + half], &sin[at..at + half]);
             }

@@ -10,6 +10,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod gated_delta;
+pub(crate) mod mamba2;
 pub(crate) mod mlp;
 pub(crate) mod moe;
 

@@ -825,13 +825,13 @@ mod tests {
     }
 
     #[test]
-    fn model_load_refuses_mamba2_before_reading_a_weight() {
+    fn model_load_refuses_squared_relu_experts_before_reading_a_weight() {
         // The plan is refused first, whatever the checkpoint holds: a complete one and an empty
         // one get the same message, naming what the engine lacks, never a missing tensor.
         let (config, full) = (NEMOTRON_3_NANO, nemotron_nano_as_written("model.", true));
         let with_weights = load_error(config, full);
         assert!(
-            with_weights.contains("layer 0 is Mamba-2"),
+            with_weights.contains("experts are squared ReLU"),
             "{with_weights}"
         );
         assert_eq!(load_error(config, Table::new()), with_weights);

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The Mamba-2 token mixer ([`crate::plan::Mamba2Spec`]: Nemotron-H).
+//!
+//! `in_proj` computes z | x | B | C | dt per token (the checkpoint's order); the causal depthwise
+//! conv with its bias and SiLU runs over x | B | C from and back into each sequence's conv state
+//! (the Gated DeltaNet's conv kernel, `gdn_conv1d`, reading the columns in place); the SSD
+//! recurrence (`mamba2_recurrent`) runs each head over the sequence's tokens from and back into
+//! its f32 state, with the step `dt = softplus(dt + dt_bias)` clamped to the config's limits, the
+//! decay `exp(-exp(A_log) dt)` and the skip `D`; `y * silu(z)` is RMS-normalised per group of
+//! heads (`gated_rmsnorm`, gate first); `out_proj` maps back to the hidden width.
+//!
+//! State as the Gated DeltaNet block's: every block owns its layer's part of every slot (conv
+//! inputs bf16 `[slots, kernel - 1, conv channels]`, the SSM state f32 `[slots, heads, head_dim,
+//! state_size]`); a run starting at position 0 starts from zero.
+
+use metrale_core::DevicePtr;
+use metrale_gpu_runtime::KernelHandle;
+use metrale_kernels::KernelAbi;
+use metrale_kernels::ops::{GatedRmsNorm, GdnConv1d, Mamba2Recurrent};
+
+use super::{Arena, Block, Step};
+use crate::ModelError;
+use crate::launch::Launcher;
+use crate::linear::{Linear, LinearKernels};
+use crate::plan::Mamba2Spec;
+use crate::residual::{Residual, RmsNorm};
+use crate::tuning::Tuning;
+use crate::weights::MambaWeights;
+
+#[derive(Clone, Copy, Debug)]
+struct Kernels {
+    conv: KernelHandle,
+    recurrent: KernelHandle,
+    norm: KernelHandle,
+}
+
+/// Buffers every Mamba-2 block of a step shares, and the kernels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shared {
+    kernels: Kernels,
+    /// bf16 `[tokens, in_proj width]`.
+    proj: DevicePtr,
+    /// bf16 `[tokens, conv channels]`: x | B | C after the conv and SiLU.
+    xbc: DevicePtr,
+    /// bf16 `[tokens, inner]`: the recurrence's output, then the gated norm's.
+    y: DevicePtr,
+    normed: DevicePtr,
+    /// bf16 `[tokens, hidden]`: the block's output.
+    out: DevicePtr,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        arena: &mut Arena,
+        spec: &Mamba2Spec,
+        max_tokens: usize,
+        hidden: usize,
+    ) -> Result<Shared, ModelError> {
+        let gpu = arena.gpu;
+        let s = spec.shape;
+        let t = max_tokens;
+        Ok(Shared {
+            kernels: Kernels {
+                conv: gpu.kernel(GdnConv1d::NAME)?,
+                recurrent: gpu.kernel(Mamba2Recurrent::NAME)?,
+                norm: gpu.kernel(GatedRmsNorm::NAME)?,
+            },
+            proj: arena.alloc(t * in_proj_width(spec) * 2)?,
+            xbc: arena.alloc(t * s.conv_channels() * 2)?,
+            y: arena.alloc(t * s.inner() * 2)?,
+            normed: arena.alloc(t * s.inner() * 2)?,
+            out: arena.alloc(t * hidden * 2)?,
+        })
+    }
+
+    /// Whether blocks of `spec` fit this scratch (every Mamba-2 layer of a model has one shape).
+    pub(crate) fn fits(spec: &Mamba2Spec, first: &Mamba2Spec) -> bool {
+        spec.shape == first.shape
+    }
+}
+
+/// The width of the input product: z, x | B | C, dt.
+fn in_proj_width(spec: &Mamba2Spec) -> usize {
+    let s = spec.shape;
+    s.inner() + s.conv_channels() + s.heads
+}
+
+/// One layer's Mamba-2 mixer with its part of every state slot.
+pub(crate) struct Mamba2 {
+    spec: Mamba2Spec,
+    norm: RmsNorm,
+    in_proj: Linear,
+    out: Linear,
+    w: MambaWeights,
+    /// bf16 `[slots, kernel - 1, conv channels]`.
+    conv_state: DevicePtr,
+    /// f32 `[slots, heads, head_dim, state_size]`.
+    state: DevicePtr,
+    shared: Shared,
+}
+
+impl Mamba2 {
+    /// The layer's block over its weights, with its state for `slots` sequences.
+    pub(crate) fn new(
+        arena: &mut Arena,
+        spec: Mamba2Spec,
+        norm: RmsNorm,
+        w: &MambaWeights,
+        (hidden, slots): (usize, usize),
+        linear: LinearKernels,
+        shared: Shared,
+    ) -> Result<Mamba2, ModelError> {
+        let s = spec.shape;
+        let conv_bytes = slots * (s.conv_kernel - 1) * s.conv_channels() * 2;
+        let state_bytes = slots * s.inner() * s.state_size * 4;
+        let width = in_proj_width(&spec) as u32;
+        let (h, inner) = (hidden as u32, s.inner() as u32);
+        Ok(Mamba2 {
+            spec,
+            norm,
+            in_proj: Linear::of("mamba_in", w.in_proj, DevicePtr::NULL, (width, h), linear),
+            out: Linear::of("mamba_out", w.out, DevicePtr::NULL, (h, inner), linear),
+            w: w.clone(),
+            conv_state: arena.alloc(conv_bytes)?,
+            state: arena.alloc(state_bytes)?,
+            shared,
+        })
+    }
+}
+
+impl Block for Mamba2 {
+    fn enqueue(
+        &self,
+        l: &Launcher,
+        step: &Step,
+        residual: &mut Residual,
+        before_fold: bool,
+    ) -> Result<(), ModelError> {
+        let (sc, k, n) = (&self.shared, &self.shared.kernels, step.tokens);
+        let s = self.spec.shape;
+        let inputs = &step.inputs;
+        let inner = s.inner() as u32;
+        let channels = s.conv_channels() as u32;
+        let width = in_proj_width(&self.spec) as u32;
+        self.in_proj
+            .run_normed(l, residual, self.norm, sc.proj, n)?;
+        let conv = GdnConv1d {
+            out: sc.xbc,
+            x: sc.proj.offset(inner as usize * 2),
+            conv_state: self.conv_state,
+            weight: self.w.conv,
+            bias: self.w.conv_bias,
+            seq_starts: inputs.seq_starts,
+            slots: inputs.state_slots,
+            positions: inputs.positions,
+            seqs: step.seqs,
+            max_len: step.max_run,
+            channels,
+            x_stride: width,
+            kernel: s.conv_kernel as u32,
+        };
+        l.launch(k.conv, "mamba_conv", &conv)?;
+        let (dt_min, dt_max) = s.time_step_limit;
+        let ssd = Mamba2Recurrent {
+            y: sc.y,
+            state: self.state,
+            xbc: sc.xbc,
+            dt_raw: sc.proj.offset((inner + channels) as usize * 2),
+            a_log: self.w.a_log,
+            dt_bias: self.w.dt_bias,
+            d: self.w.d,
+            seq_starts: inputs.seq_starts,
+            slots: inputs.state_slots,
+            positions: inputs.positions,
+            seqs: step.seqs,
+            heads: s.heads as u32,
+            head_dim: s.head_dim as u32,
+            state_size: s.state_size as u32,
+            groups: s.groups as u32,
+            xbc_stride: channels,
+            dt_stride: width,
+            dt_min,
+            dt_max,
+        };
+        l.launch(k.recurrent, "mamba_ssd", &ssd)?;
+        let group = inner / s.groups as u32;
+        let norm = GatedRmsNorm {
+            out: sc.normed,
+            x: sc.y,
+            z: sc.proj,
+            weight: self.w.norm,
+            rows: n,
+            groups: s.groups as u32,
+            width: group,
+            z_stride: width,
+            weight_group_stride: group,
+            eps: self.spec.norm_eps,
+            gate_first: 1,
+        };
+        l.launch(k.norm, "mamba_norm", &norm)?;
+        self.out.run(l, sc.out, sc.normed, n, before_fold)?;
+        residual.set_pending(sc.out);
+        Ok(())
+    }
+
+    fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
+        self.norm.folds() && self.in_proj.folds_norm(t, rows)
+    }
+}
