@@ -140,5 +140,9 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
             "hopper/qwen3_next/bf16"
         );
     }
+    assert_eq!(
+        pick(TARGETS, &q("nemotron_h", 4096)).unwrap().target.path(),
+        "hopper/nemotron_h/bf16"
+    );
     assert!(pick(TARGETS, &q("mamba", 768)).is_err());
 }
