@@ -14,13 +14,17 @@
 //! used only when blocks run out (module [`prefix`] says the rules).
 //!
 //! Beside the blocks, [`StatePool`] hands out the fixed-size recurrent-state slots of a hybrid
-//! model's running sequences (module [`state`]).
+//! model's running sequences (module [`state`]), and [`SnapshotPool`] the bounded pool of state
+//! snapshots at prefix boundaries that lets a hybrid model take prefix-cache hits (module
+//! [`snapshot`]).
 #![forbid(unsafe_code)]
 
 pub mod prefix;
+pub mod snapshot;
 pub mod state;
 
 pub use prefix::{BlockHash, BlockPool, PrefixKey};
+pub use snapshot::SnapshotPool;
 pub use state::{StatePool, StateSlot};
 
 /// Tokens per block, the engine-wide default (`HARDWARE.toml [defaults] kv_block_size`).

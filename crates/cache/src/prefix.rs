@@ -175,6 +175,11 @@ impl BlockPool {
         self.entries[block as usize].is_some()
     }
 
+    /// Whether a block with chain hash `hash` is registered (its KV is cached or in use).
+    pub fn is_registered(&self, hash: BlockHash) -> bool {
+        self.by_hash.contains_key(&hash)
+    }
+
     /// Extends `hashes`, the chain of `tokens`' full blocks, to cover every full block of
     /// `tokens`. Does nothing with caching off.
     pub fn hash_blocks(&self, tokens: &[u32], hashes: &mut Vec<BlockHash>) {

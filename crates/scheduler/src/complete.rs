@@ -43,6 +43,7 @@ impl Scheduler {
             }
         }
         self.register_written_blocks();
+        self.commit_snapshots();
         let mut events = Vec::with_capacity(results.len());
         for &(seq, token) in results {
             let Some(i) = self.running.iter().position(|s| s.id == seq) else {
@@ -65,6 +66,26 @@ impl Scheduler {
             });
         }
         Ok(events)
+    }
+
+    /// Commits the snapshots the completed plans took, for sequences still running under the
+    /// admission that planned them; gives the others' slots back.
+    fn commit_snapshots(&mut self) {
+        let pending = std::mem::take(&mut self.pending_snapshots);
+        let Some(snaps) = self.snapshots.as_mut() else {
+            return;
+        };
+        for (seq, admission, slot, boundary) in pending {
+            let live = self
+                .running
+                .iter()
+                .find(|s| s.id == seq && s.admission == admission);
+            match live {
+                Some(s) => snaps.commit(slot, &s.tokens[..boundary]),
+                None => snaps.cancel(slot),
+            }
+            .expect("a planned snapshot's slot is pending");
+        }
     }
 
     /// Registers in the prefix cache the full blocks the completed plans wrote, for sequences

@@ -50,9 +50,17 @@ pub struct SchedulerConfig {
     /// Recurrent-state slots, for a hybrid model (Gated DeltaNet, Mamba-2 layers): each admitted
     /// sequence holds one from admission to its end or preemption, so at most this many run at
     /// once and admission waits for a free one. `None` for a model without recurrent layers.
-    /// With slots, admission takes no prefix-cache hits (the cache holds KV, not the recurrent
-    /// state at the end of a prefix) and every prefill starts at position 0.
+    /// With slots, a prefix-cache hit needs a snapshot of the recurrent state at its end too
+    /// (`state_snapshots`); without one, the prefill starts at position 0.
     pub state_slots: Option<usize>,
+    /// Recurrent-state snapshot slots (hybrid models with the prefix cache on): the model's
+    /// state slots `state_slots..state_slots + state_snapshots` hold copies of a sequence's
+    /// state at a prefix boundary, so that a later request sharing the prefix resumes there
+    /// (see [`Scheduler::schedule`]). 0 turns snapshots off; ignored without `state_slots` or
+    /// `prefix_cache`.
+    ///
+    /// [`Scheduler::schedule`]: crate::Scheduler::schedule
+    pub state_snapshots: usize,
 }
 
 /// A [`SchedulerConfig`] the scheduler cannot run with.

@@ -37,6 +37,7 @@
 //!     policy: Policy::Slai { tbt_deadline_ms: 50 },
 //!     prefix_cache: Some(PrefixKey::from_bytes(b"model id|kv=bf16|block=16")),
 //!     state_slots: None,
+//!     state_snapshots: 0,
 //! })?;
 //! let prompt = vec![1, 2, 3];
 //! scheduler.add(NewSequence { id: SeqId(7), prompt, max_new_tokens: 4, arrival: Instant::now() })?;
@@ -67,6 +68,6 @@ pub use plan::{FlatStep, PlanItem, SchedulerStats, StepPlan, TokenEvent};
 pub use request::{FinishReason, Finished, NewSequence, Rejected, SeqId, StepError};
 pub use scheduler::Scheduler;
 
-/// Re-exported so that callers can name the plan's block tables, the pool, the prefix-cache key
-/// and the state slots without depending on the cache crate themselves.
-pub use metrale_cache::{BlockPool, BlockTable, PrefixKey, StateSlot};
+/// Re-exported so that callers can name the plan's block tables, the pool, the prefix-cache key,
+/// the state slots and the snapshot pool without depending on the cache crate themselves.
+pub use metrale_cache::{BlockPool, BlockTable, PrefixKey, SnapshotPool, StateSlot};

@@ -26,6 +26,15 @@ pub struct PlanItem {
     /// at `start_position` 0 starts from a zeroed state; every later item continues the state
     /// the slot holds. No two items of a step share a slot.
     pub state_slot: Option<StateSlot>,
+    /// A prefix-cache hit on a hybrid model: before the step, copy this snapshot slot into
+    /// `state_slot` (the state after the first `start_position` tokens), which the item then
+    /// continues. Only on an admission's first item. Every restore of a step is done before any
+    /// of its snapshots ([`PlanItem::snapshot`]) are taken.
+    pub restore: Option<StateSlot>,
+    /// After the step, copy `state_slot` into this snapshot slot: the item is a prefill chunk
+    /// ending at the sequence's snapshot boundary, and the state there is kept for later
+    /// requests sharing the prefix.
+    pub snapshot: Option<StateSlot>,
 }
 
 /// One step: what the engine runs next.
@@ -134,6 +143,10 @@ pub struct SchedulerStats {
     pub state_slots_used: usize,
     /// Recurrent-state slots in the pool (0 without state slots).
     pub state_slots_total: usize,
+    /// Recurrent-state snapshot slots holding a snapshot or reserved for one (0 without).
+    pub state_snapshots_used: usize,
+    /// Recurrent-state snapshot slots in the pool (0 without).
+    pub state_snapshots_total: usize,
     /// KV blocks in the pool.
     pub blocks_total: usize,
     /// Preemptions since start-up (a counter).

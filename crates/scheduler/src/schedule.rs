@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use metrale_cache::{BlockHash, BlockTable};
+use metrale_cache::{BlockHash, BlockPool, BlockTable, SnapshotPool, StateSlot};
 
 use crate::config::Policy;
 use crate::plan::{PlanItem, StepPlan};
@@ -64,8 +64,25 @@ impl Scheduler {
     /// **State slots** (`SchedulerConfig::state_slots`, hybrid models). An admission also takes
     /// a recurrent-state slot; when none is free, admission stops there (the front keeps its
     /// place, as when blocks run out). The slot is returned with the blocks whenever they are:
-    /// finish, cancel, finish by length, preemption. Admissions take no prefix-cache hits, so
-    /// each prefill, first or after a preemption, runs from position 0 into a zeroed state.
+    /// finish, cancel, finish by length, preemption. A prefill that starts at position 0 starts
+    /// from a zero state.
+    ///
+    /// **Snapshots** (`SchedulerConfig::state_snapshots`, state slots with the prefix cache).
+    /// A hybrid model's hit needs the recurrent state after the prefix as well as its KV. Each
+    /// prefill keeps one snapshot, at its *snapshot boundary*: the last full-block boundary at or
+    /// before its last token, `((prefill_end - 1) / block_size) * block_size` (the furthest
+    /// point a hit can reach, since a hit never covers the last token; a later turn of the same
+    /// conversation, which resends this prompt plus more, resumes there). The chunk that crosses
+    /// the boundary is cut to end on it and carries [`PlanItem::snapshot`], a slot reserved in
+    /// the [`SnapshotPool`] under the chain hash of the block ending there; the engine copies
+    /// the sequence's state into it after the step, and `complete_step` commits it (or gives it
+    /// back if the sequence ended meanwhile). No snapshot is taken when one of that prefix
+    /// exists, is being written, or every snapshot slot is being written. At admission the hit
+    /// is the longest cached prefix (as above) that ends at a boundary with a live snapshot; the
+    /// first item carries [`PlanItem::restore`], which the engine copies into the sequence's own
+    /// slot before the step; with no such snapshot there is no hit and the prefill runs from 0.
+    /// The admission rule for prefixes being computed waits only for a running sequence's
+    /// snapshot boundary (a shared prefix without a snapshot at its end is no hit to wait for).
     pub fn schedule(&mut self, now: Instant) -> StepPlan {
         let decode_only = self.decode_deadline_near(now);
         let mut step = StepBuilder {
@@ -73,12 +90,14 @@ impl Scheduler {
             items: Vec::new(),
             preempted: Vec::new(),
             writes: Vec::new(),
+            snapshots: Vec::new(),
         };
         self.schedule_running(decode_only, &mut step);
         if !decode_only && step.preempted.is_empty() {
             self.admit_waiting(&mut step);
         }
         self.unconfirmed.append(&mut step.writes);
+        self.pending_snapshots.append(&mut step.snapshots);
         step.into_plan()
     }
 
@@ -129,10 +148,20 @@ impl Scheduler {
                 let fit = self.tokens_that_fit(i, want);
                 if fit == want || (phase == Phase::Prefill && fit > 0) {
                     let s = &mut self.running[i];
+                    let mut fit = fit;
+                    let mut snapshot = None;
+                    let start = s.num_computed;
+                    if phase == Phase::Prefill
+                        && let Some((cut, key)) =
+                            snapshot_target(&self.pool, self.snapshots.as_ref(), s, start, fit)
+                    {
+                        fit = cut;
+                        snapshot = reserve_snapshot(&self.pool, self.snapshots.as_mut(), key);
+                    }
                     self.pool
                         .reserve(&mut s.table, s.num_computed + fit)
                         .expect("the free blocks were counted");
-                    step.plan(s, fit, phase == Phase::Decode);
+                    step.plan(s, fit, phase == Phase::Decode, None, snapshot);
                     i += 1;
                     break;
                 }
@@ -184,25 +213,46 @@ impl Scheduler {
                 break; // every state slot is held: wait for a sequence to end
             }
             let s = &mut self.waiting[index];
+            let hybrid = self.states.is_some();
             // A hit leaves at least the last token to compute (see `schedule`); with state slots
-            // there are no hits (the recurrent state of a prefix is not cached).
-            let limit = match self.states {
-                Some(_) => 0,
-                None => (s.tokens.len() - 1) / block_size,
+            // but no snapshots there are no hits (the recurrent state of a prefix is not kept).
+            let limit = if hybrid && self.snapshots.is_none() {
+                0
+            } else {
+                (s.tokens.len() - 1) / block_size
             };
             self.pool.hash_blocks(&s.tokens, &mut s.hashes);
-            let hit = self
-                .pool
-                .lookup(&s.hashes[..limit.min(s.hashes.len())], &s.tokens);
-            if hit.len() < limit
-                && s.hashes
-                    .get(hit.len())
-                    .is_some_and(|h| computing.contains(h))
-            {
-                continue; // a running sequence is computing its next block: wait for it
+            let limit = limit.min(s.hashes.len());
+            let mut hit = self.pool.lookup(&s.hashes[..limit], &s.tokens);
+            let mut restore = None;
+            if hybrid && let Some(snaps) = &self.snapshots {
+                // The longest hit that ends where a snapshot of the state was taken.
+                let found = (1..=hit.len()).rev().find_map(|k| {
+                    snaps
+                        .find(s.hashes[k - 1], &s.tokens[..k * block_size])
+                        .map(|slot| (k, slot))
+                });
+                hit.truncate(found.map_or(0, |(k, _)| k));
+                restore = found.map(|(_, slot)| slot);
+            }
+            let waits = if hybrid {
+                // A running sequence will snapshot a longer prefix of this one.
+                s.hashes[hit.len()..limit]
+                    .iter()
+                    .any(|h| computing.contains(h))
+            } else {
+                // A running sequence is computing this one's next block.
+                hit.len() < limit && computing.contains(&s.hashes[hit.len()])
+            };
+            if waits {
+                continue; // wait for it
             }
             let start = hit.len() * block_size;
-            let chunk = (s.tokens.len() - start).min(step.budget);
+            let mut chunk = (s.tokens.len() - start).min(step.budget);
+            let target = snapshot_target(&self.pool, self.snapshots.as_ref(), s, start, chunk);
+            if let Some((cut, _)) = target {
+                chunk = cut;
+            }
             let new_blocks = BlockTable::blocks_for(start + chunk, block_size) - hit.len();
             let revived = hit.iter().filter(|&&b| self.pool.ref_count(b) == 0).count();
             if new_blocks + revived > self.pool.free_count() {
@@ -225,8 +275,13 @@ impl Scheduler {
             s.admission = self.admissions;
             self.prefix_queried_tokens += s.tokens.len() as u64;
             self.prefix_hit_tokens += start as u64;
-            computing.extend(s.hashes[s.published..].iter().copied());
-            step.plan(s, chunk, false);
+            if let (Some(slot), Some(snaps)) = (restore, self.snapshots.as_mut()) {
+                snaps.touch(slot);
+            }
+            let snapshot = target
+                .and_then(|(_, key)| reserve_snapshot(&self.pool, self.snapshots.as_mut(), key));
+            computing.extend(computing_keys(&self.pool, hybrid, s));
+            step.plan(s, chunk, false, restore, snapshot);
             admitted.push(index);
         }
         if admitted.is_empty() {
@@ -249,10 +304,10 @@ impl Scheduler {
         if !self.pool.caching() || self.waiting.is_empty() {
             return HashSet::new();
         }
+        let hybrid = self.states.is_some();
         let mut computing = HashSet::new();
         for s in &mut self.running {
-            self.pool.hash_blocks(&s.tokens, &mut s.hashes);
-            computing.extend(s.hashes[s.published..].iter().copied());
+            computing.extend(computing_keys(&self.pool, hybrid, s));
         }
         computing
     }
@@ -270,6 +325,61 @@ impl Scheduler {
     }
 }
 
+/// What a running sequence computes that a waiting one sharing its prefix would rather wait for
+/// than compute again: the hashes of its full blocks not yet registered, or for a hybrid model
+/// the key of the snapshot it will take (a shared prefix is a hit only where a snapshot is).
+fn computing_keys(pool: &BlockPool, hybrid: bool, s: &mut Sequence) -> Vec<BlockHash> {
+    if !hybrid {
+        pool.hash_blocks(&s.tokens, &mut s.hashes);
+        return s.hashes[s.published..].to_vec();
+    }
+    let b = snapshot_boundary(s, pool.block_size());
+    if b == 0 || s.num_computed >= b || !pool.caching() {
+        return Vec::new();
+    }
+    pool.hash_blocks(&s.tokens[..b], &mut s.hashes);
+    vec![s.hashes[b / pool.block_size() - 1]]
+}
+
+/// Where a sequence's recurrent state is snapshotted: the last full-block boundary at or before
+/// its last prefill token (0: none). See [`Scheduler::schedule`].
+pub(crate) fn snapshot_boundary(s: &Sequence, block_size: usize) -> usize {
+    (s.prefill_end - 1) / block_size * block_size
+}
+
+/// For `n` prefill tokens of `s` from position `start`: when they reach its snapshot boundary
+/// and a snapshot is to be taken there, the length that ends the chunk on it and the snapshot's
+/// key (the chain hash of the block ending there). `None` without snapshots, when the boundary
+/// is out of reach or already passed, when a snapshot of that prefix exists or is being written,
+/// or when no slot can be reserved.
+fn snapshot_target(
+    pool: &BlockPool,
+    snapshots: Option<&SnapshotPool>,
+    s: &mut Sequence,
+    start: usize,
+    n: usize,
+) -> Option<(usize, BlockHash)> {
+    let snaps = snapshots?;
+    let bs = pool.block_size();
+    let b = snapshot_boundary(s, bs);
+    if b == 0 || start >= b || start + n < b {
+        return None;
+    }
+    pool.hash_blocks(&s.tokens[..b], &mut s.hashes);
+    let key = s.hashes[b / bs - 1];
+    (!snaps.has_key(key) && snaps.can_reserve()).then_some((b - start, key))
+}
+
+/// Reserves a snapshot slot for `key`, evicting first a snapshot whose prefix's blocks the cache
+/// no longer holds (it could never be a hit again).
+fn reserve_snapshot(
+    pool: &BlockPool,
+    snapshots: Option<&mut SnapshotPool>,
+    key: BlockHash,
+) -> Option<StateSlot> {
+    snapshots?.reserve(key, |h| !pool.is_registered(h))
+}
+
 /// The step under construction.
 struct StepBuilder {
     /// Tokens left in the budget.
@@ -281,11 +391,22 @@ struct StepBuilder {
     /// `(sequence, admission, end)` of each planned item: positions below `end` are written
     /// once the step completes.
     writes: Vec<(SeqId, u64, usize)>,
+    /// `(sequence, admission, slot, boundary)` of each snapshot the step takes.
+    snapshots: Vec<(SeqId, u64, StateSlot, usize)>,
 }
 
 impl StepBuilder {
     /// Puts the next `n` tokens of `seq` in the step; its blocks must already hold them.
-    fn plan(&mut self, seq: &mut Sequence, n: usize, decode: bool) {
+    /// `restore`: the snapshot its state starts from; `snapshot`: the slot its state is copied
+    /// to after the step (the chunk then ends on its snapshot boundary).
+    fn plan(
+        &mut self,
+        seq: &mut Sequence,
+        n: usize,
+        decode: bool,
+        restore: Option<StateSlot>,
+        snapshot: Option<StateSlot>,
+    ) {
         let start = seq.num_computed;
         seq.num_computed += n;
         self.budget -= n;
@@ -295,7 +416,13 @@ impl StepBuilder {
             start_position: start,
             wants_logits: seq.num_computed == seq.tokens.len(),
             state_slot: seq.slot,
+            restore,
+            snapshot,
         };
+        if let Some(slot) = snapshot {
+            self.snapshots
+                .push((seq.id, seq.admission, slot, seq.num_computed));
+        }
         self.items.push((item, seq.table.clone(), decode));
         self.writes.push((seq.id, seq.admission, seq.num_computed));
     }

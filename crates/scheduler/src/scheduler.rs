@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use metrale_cache::{BlockPool, BlockTable, StatePool, StateSlot};
+use metrale_cache::{BlockPool, BlockTable, SnapshotPool, StatePool, StateSlot};
 
 use crate::config::{ConfigError, SchedulerConfig};
 use crate::plan::SchedulerStats;
@@ -22,6 +22,12 @@ pub struct Scheduler {
     pub(crate) pool: BlockPool,
     /// The recurrent-state slots, for a hybrid model.
     pub(crate) states: Option<StatePool>,
+    /// The recurrent-state snapshots at prefix boundaries, for a hybrid model with the prefix
+    /// cache on and snapshot slots.
+    pub(crate) snapshots: Option<SnapshotPool>,
+    /// Snapshots the last plans take, `(sequence, admission, slot, boundary)`: committed by the
+    /// next `complete_step` if the sequence still runs under that admission, else given back.
+    pub(crate) pending_snapshots: Vec<(SeqId, u64, StateSlot, usize)>,
     /// Admitted sequences, oldest admission first: the order of priority, the most recently
     /// admitted (last) being the first preempted. `len() <= max_running`.
     pub(crate) running: Vec<Sequence>,
@@ -44,6 +50,13 @@ impl Scheduler {
         Ok(Scheduler {
             pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_cache),
             states: config.state_slots.map(StatePool::new),
+            snapshots: match (config.state_slots, config.prefix_cache) {
+                (Some(slots), Some(_)) if config.state_snapshots > 0 => {
+                    Some(SnapshotPool::new(slots as u32, config.state_snapshots))
+                }
+                _ => None,
+            },
+            pending_snapshots: Vec::new(),
             config,
             running: Vec::new(),
             waiting: VecDeque::new(),
@@ -162,6 +175,18 @@ impl Scheduler {
         self.find(seq).and_then(|s| s.slot)
     }
 
+    /// The recurrent-state snapshot pool, read-only (`None` without snapshots): for tests and
+    /// diagnostics.
+    pub fn snapshots(&self) -> Option<&SnapshotPool> {
+        self.snapshots.as_ref()
+    }
+
+    /// Drops every committed snapshot (those a step in flight writes stay); returns how many.
+    /// For tests and operators; the pool evicts by itself when full.
+    pub fn clear_snapshots(&mut self) -> usize {
+        self.snapshots.as_mut().map_or(0, SnapshotPool::clear)
+    }
+
     /// The block pool, read-only: reference counts and cache state, for tests and diagnostics.
     pub fn pool(&self) -> &BlockPool {
         &self.pool
@@ -187,6 +212,8 @@ impl Scheduler {
             blocks_cached: self.pool.cached_count(),
             state_slots_used: self.states.as_ref().map_or(0, StatePool::used_count),
             state_slots_total: self.states.as_ref().map_or(0, StatePool::total),
+            state_snapshots_used: self.snapshots.as_ref().map_or(0, SnapshotPool::used_count),
+            state_snapshots_total: self.snapshots.as_ref().map_or(0, SnapshotPool::total),
             blocks_total: self.pool.total(),
             preemptions: self.preemptions,
             prefix_queried_tokens: self.prefix_queried_tokens,

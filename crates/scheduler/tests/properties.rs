@@ -38,6 +38,8 @@ fn random_config(rng: &mut Rng) -> SchedulerConfig {
         prefix_cache: (!rng.one_in(4)).then(key),
         // A hybrid model's state slots in a third of the workloads, down to one slot.
         state_slots: rng.one_in(3).then(|| rng.range(1, max_running + 1)),
+        // Snapshot slots (used only with state slots and the cache), none in a quarter.
+        state_snapshots: rng.range(0, 3),
     }
 }
 
@@ -80,9 +82,9 @@ fn random_live(h: &Harness, rng: &mut Rng) -> Option<SeqId> {
     (!ids.is_empty()).then(|| ids[rng.range(0, ids.len() - 1)])
 }
 
-/// Runs one random workload; returns the prompt tokens it found cached and the most tables that
-/// held one block at once.
-fn run_seed(seed: u64) -> (u64, u32) {
+/// Runs one random workload; returns the prompt tokens it found cached, the most tables that
+/// held one block at once, and whether it had state slots.
+fn run_seed(seed: u64) -> (u64, u32, bool) {
     let mut rng = Rng(seed);
     let cfg = random_config(&mut rng);
     let mut h = Harness::new(cfg.clone());
@@ -123,19 +125,32 @@ fn run_seed(seed: u64) -> (u64, u32) {
     assert_eq!(stats.blocks_used, 0);
     assert_eq!(stats.state_slots_used, 0, "seed {seed}: state slots leaked");
     assert_eq!(stats.state_slots_total, cfg.state_slots.unwrap_or(0));
-    if cfg.prefix_cache.is_none() || cfg.state_slots.is_some() {
+    if cfg.prefix_cache.is_none() || (cfg.state_slots.is_some() && cfg.state_snapshots == 0) {
         assert_eq!(stats.prefix_hit_tokens, 0);
     }
+    // Dropping the snapshots leaves nothing held.
+    h.sched.clear_snapshots();
+    assert_eq!(h.sched.stats().state_snapshots_used, 0);
     if cfg.prefix_cache.is_none() {
         assert_eq!(stats.blocks_cached, 0);
     }
-    (stats.prefix_hit_tokens, h.most_sharers)
+    (
+        stats.prefix_hit_tokens,
+        h.most_sharers,
+        cfg.state_slots.is_some(),
+    )
 }
 
 #[test]
 fn random_workloads_keep_every_invariant() {
-    let runs: Vec<(u64, u32)> = (0..400).map(run_seed).collect();
+    let runs: Vec<(u64, u32, bool)> = (0..400).map(run_seed).collect();
     let hit: u64 = runs.iter().map(|r| r.0).sum();
+    let hybrid_hit: u64 = runs.iter().filter(|r| r.2).map(|r| r.0).sum();
+    let hybrid_hits = runs.iter().filter(|r| r.2 && r.0 > 0).count();
+    assert!(
+        hybrid_hits > 10,
+        "only {hybrid_hits} hybrid workloads resumed from a snapshot ({hybrid_hit} tokens)"
+    );
     let shared = runs.iter().filter(|r| r.1 > 1).count();
     assert!(
         hit > 10_000,

@@ -2,7 +2,8 @@
 //! Recurrent-state slots (hybrid models): one per running sequence, taken at admission with its
 //! blocks, returned on finish, cancel and preemption; admission waits when none is free; no
 //! prefix-cache hits. The random workloads of `properties.rs` check the same invariants under
-//! load; these pin the individual rules.
+//! load; these pin the individual rules. With snapshot slots, a hit resumes from a snapshot
+//! of the state at the hit's end.
 
 mod common;
 
@@ -108,6 +109,96 @@ fn with_slots_the_prefix_cache_gives_no_hits() {
     );
     h.run_to_completion(100);
     assert_eq!(h.sched.stats().prefix_hit_tokens, 0);
+}
+
+/// Four running slots and two snapshot slots (model slots 4 and 5), the cache on.
+fn snapshots() -> SchedulerConfig {
+    SchedulerConfig {
+        prefix_cache: Some(key()),
+        state_snapshots: 2,
+        ..slots(4)
+    }
+}
+
+#[test]
+fn a_prefill_is_cut_at_its_snapshot_boundary_and_a_longer_prompt_resumes_there() {
+    let mut h = Harness::new(snapshots());
+    // 10 tokens, blocks of 4: the boundary is 8, the last full block before the last token.
+    let first: Vec<u32> = (0..10).collect();
+    h.add(0, first.clone(), 2).unwrap();
+    let (plan, _) = h.step();
+    let item = &plan.items[0];
+    assert_eq!((item.start_position, item.tokens.len()), (0, 8), "cut at 8");
+    assert_eq!((item.restore, item.snapshot), (None, Some(StateSlot(4))));
+    let (plan, _) = h.step();
+    assert_eq!(
+        (plan.items[0].start_position, plan.items[0].snapshot),
+        (8, None)
+    );
+    h.run_to_completion(100);
+    assert_eq!(h.sched.snapshots().unwrap().live_count(), 1);
+    // The next turn: the first prompt and more. Its hit ends at the snapshot (8), its own
+    // boundary is 12.
+    let mut second = first.clone();
+    second.extend(50..55);
+    h.add(1, second, 2).unwrap();
+    let (plan, _) = h.step();
+    let item = &plan.items[0];
+    assert_eq!(item.start_position, 8);
+    assert_eq!(item.tokens.len(), 4, "cut at its own boundary, 12");
+    assert_eq!(
+        (item.restore, item.snapshot),
+        (Some(StateSlot(4)), Some(StateSlot(5)))
+    );
+    assert_eq!(h.sched.cached_tokens(B), Some(8));
+    h.run_to_completion(100);
+    assert_eq!(h.sched.stats().prefix_hit_tokens, 8);
+    // The same first prompt again: a hit at 8 from the first snapshot, nothing new to keep.
+    h.add(2, first, 2).unwrap();
+    let (plan, _) = h.step();
+    let item = &plan.items[0];
+    assert_eq!(
+        (item.start_position, item.restore, item.snapshot),
+        (8, Some(StateSlot(4)), None)
+    );
+    h.run_to_completion(100);
+    let stats = h.sched.stats();
+    assert_eq!(
+        (stats.state_snapshots_used, stats.state_snapshots_total),
+        (2, 2)
+    );
+}
+
+#[test]
+fn without_a_snapshot_at_the_prefix_end_there_is_no_hit() {
+    let mut h = Harness::new(snapshots());
+    let first: Vec<u32> = (0..10).collect();
+    h.add(0, first.clone(), 2).unwrap();
+    h.run_to_completion(100);
+    // Shares the first block only (the snapshot is at 8): KV for 4 tokens, no state there.
+    let mut other = first[..6].to_vec();
+    other.extend([90, 91, 92, 93]);
+    h.add(1, other, 2).unwrap();
+    let (plan, _) = h.step();
+    assert_eq!(
+        (plan.items[0].start_position, plan.items[0].restore),
+        (0, None)
+    );
+    h.run_to_completion(100);
+}
+
+#[test]
+fn a_cancel_while_the_snapshot_step_is_in_flight_gives_the_slot_back() {
+    let mut h = Harness::new(snapshots());
+    h.add(0, (0..10).collect(), 2).unwrap();
+    let plan = h.schedule();
+    assert_eq!(plan.items[0].snapshot, Some(StateSlot(4)));
+    let results = h.run(&plan);
+    h.cancel(A);
+    h.complete(&results);
+    let snaps = h.sched.snapshots().unwrap();
+    assert_eq!((snaps.used_count(), snaps.live_count()), (0, 0));
+    snaps.check().unwrap();
 }
 
 #[test]

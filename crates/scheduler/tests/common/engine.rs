@@ -4,7 +4,7 @@
 //! what a real KV entry depends on, every token up to its position (as a hash), so a block shared
 //! between sequences reads back right exactly when their tokens agree up to it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use metrale_scheduler::{BlockTable, SeqId, StepPlan};
 
@@ -47,6 +47,9 @@ pub fn reference(seq: SeqId, prompt: &[u32], n: usize) -> Vec<u32> {
 pub struct FakeKv {
     slots: Vec<Option<u64>>,
     block_size: usize,
+    /// Each recurrent-state slot's content (running and snapshot slots alike): the
+    /// [`kv_entry`] of every token the state has seen.
+    states: HashMap<u32, u64>,
 }
 
 impl FakeKv {
@@ -54,6 +57,7 @@ impl FakeKv {
         FakeKv {
             slots: vec![None; num_blocks * block_size],
             block_size,
+            states: HashMap::new(),
         }
     }
 
@@ -89,6 +93,44 @@ impl FakeKv {
         assert_eq!(flat.tokens.len(), plan.num_tokens());
         assert_eq!(flat.positions.len(), flat.tokens.len());
         assert_eq!(flat.token_seq.len(), flat.tokens.len());
+        // The recurrent state, as the engine moves it: every restore before the step, then each
+        // item continues its slot's state (which must be its prefix's) unless it starts at 0,
+        // then every snapshot after the step.
+        for item in &plan.items {
+            if let Some(from) = item.restore {
+                let slot = item.state_slot.expect("a restore into a state slot");
+                let state = self.states.get(&from.0).copied();
+                match state {
+                    Some(s) => self.states.insert(slot.0, s),
+                    None => self.states.remove(&slot.0),
+                };
+            }
+        }
+        for (k, item) in plan.items.iter().enumerate() {
+            let Some(slot) = item.state_slot else {
+                assert!(item.restore.is_none() && item.snapshot.is_none());
+                continue;
+            };
+            let start = item.start_position;
+            let end = start + item.tokens.len();
+            if start > 0 {
+                assert_eq!(
+                    self.states.get(&slot.0),
+                    Some(&kv_entry(&histories[k][..start])),
+                    "{}: state slot {} does not hold the state after position {}",
+                    item.seq,
+                    slot.0,
+                    start - 1
+                );
+            }
+            self.states.insert(slot.0, kv_entry(&histories[k][..end]));
+        }
+        for item in &plan.items {
+            if let (Some(to), Some(slot)) = (item.snapshot, item.state_slot) {
+                let state = self.states[&slot.0];
+                self.states.insert(to.0, state);
+            }
+        }
         for ((&token, &pos), &k) in flat.tokens.iter().zip(&flat.positions).zip(&flat.token_seq) {
             let k = k as usize;
             let history = &histories[k];

@@ -12,7 +12,11 @@
 //! - a sequence admitted at a non-zero position (a prefix-cache hit) starts at a block boundary
 //!   before its last token, and its table already holds its prefix's KV there;
 //! - events come once per output index, in order, and a finished sequence's output is the one
-//!   it produces when run alone.
+//!   it produces when run alone;
+//! - with state slots (hybrid models), the fake engine keeps each slot's recurrent state (the
+//!   hash of the tokens it has seen): an item that does not start at 0 must find its slot
+//!   holding exactly its prefix's state, after a restore from a snapshot for a hit; a snapshot
+//!   is taken only at the sequence's snapshot boundary, into a snapshot slot.
 
 #![allow(dead_code)]
 
@@ -40,6 +44,7 @@ pub fn config(policy: Policy) -> SchedulerConfig {
         policy,
         prefix_cache: None,
         state_slots: None,
+        state_snapshots: 0,
     }
 }
 
@@ -233,6 +238,11 @@ impl Harness {
         let stats = self.sched.stats();
         assert_eq!(stats.blocks_free, stats.blocks_total, "blocks leaked");
         assert_eq!(stats.state_slots_used, 0, "state slots leaked");
+        if let Some(snaps) = self.sched.snapshots() {
+            assert_eq!(snaps.pending_count(), 0, "a snapshot slot left pending");
+            assert_eq!(stats.state_snapshots_used, snaps.live_count());
+            snaps.check().unwrap();
+        }
         let pool = self.sched.pool();
         for b in 0..pool.total() as u32 {
             assert_eq!(
@@ -309,6 +319,7 @@ impl Harness {
         }
         let mut seen = HashSet::new();
         let mut slots = HashSet::new();
+        let mut snap_slots = HashSet::new();
         for (item, table) in plan.items.iter().zip(&plan.block_tables) {
             assert!(seen.insert(item.seq), "{} planned twice", item.seq);
             assert_eq!(item.state_slot, self.sched.state_slot(item.seq));
@@ -330,7 +341,13 @@ impl Harness {
                 .copied()
                 .collect();
             let end = item.start_position + item.tokens.len();
-            if !self.admitted.contains(&item.seq) {
+            if self.admitted.contains(&item.seq) {
+                assert!(
+                    item.restore.is_none(),
+                    "{}: a restore after admission",
+                    item.seq
+                );
+            } else {
                 // An admission: from 0, or from a block boundary the prefix cache holds.
                 let start = item.start_position;
                 assert_eq!(live.written, 0);
@@ -340,8 +357,27 @@ impl Harness {
                     "{}: nothing left to compute",
                     item.seq
                 );
-                if cfg.prefix_cache.is_none() || cfg.state_slots.is_some() {
+                let snapshots = cfg.state_slots.is_some()
+                    && cfg.prefix_cache.is_some()
+                    && cfg.state_snapshots > 0;
+                if cfg.prefix_cache.is_none() || (cfg.state_slots.is_some() && !snapshots) {
                     assert_eq!(start, 0, "{} admitted mid-prompt", item.seq);
+                }
+                if cfg.state_slots.is_some() {
+                    assert_eq!(
+                        item.restore.is_some(),
+                        start > 0,
+                        "{}: a hybrid hit restores a snapshot, and only a hit",
+                        item.seq
+                    );
+                }
+                if let Some(r) = item.restore {
+                    let first = cfg.state_slots.unwrap() as u32;
+                    assert!(
+                        (first..first + cfg.state_snapshots as u32).contains(&r.0),
+                        "{}: restore from {r:?}, not a snapshot slot",
+                        item.seq
+                    );
                 }
                 self.kv.check_prefix(item.seq, table, &history, start);
                 if !self.hits.iter().any(|(s, _)| *s == item.seq) {
@@ -351,6 +387,18 @@ impl Harness {
                 }
                 live.written = start;
                 self.admitted.push(item.seq);
+            }
+            if let Some(snap) = item.snapshot {
+                let first = cfg.state_slots.expect("snapshots need state slots") as u32;
+                assert!((first..first + cfg.state_snapshots as u32).contains(&snap.0));
+                assert!(snap_slots.insert(snap), "{snap:?} written twice in a step");
+                let boundary = (history.len() - 1) / cfg.block_size * cfg.block_size;
+                assert_eq!(
+                    end, boundary,
+                    "{}: a snapshot off the sequence's boundary",
+                    item.seq
+                );
+                assert!(!item.wants_logits);
             }
             assert_eq!(
                 item.start_position, live.written,
@@ -394,6 +442,13 @@ impl Harness {
             self.most_sharers = self.most_sharers.max(n);
         }
         pool.check().unwrap();
+        if let Some(snaps) = self.sched.snapshots() {
+            snaps.check().unwrap();
+            assert_eq!(stats.state_snapshots_used, snaps.used_count());
+            assert_eq!(stats.state_snapshots_total, cfg.state_snapshots);
+        } else {
+            assert_eq!(stats.state_snapshots_total, 0);
+        }
         assert_eq!(stats.blocks_used, holders.len(), "blocks leaked");
         assert_eq!(stats.blocks_used + stats.blocks_free, stats.blocks_total);
         assert_eq!(stats.blocks_total, cfg.num_blocks);

@@ -538,6 +538,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         policy,
         prefix_cache,
         state_slots: (state_slots > 0).then_some(state_slots),
+        state_snapshots: 0,
     })
     .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
     let grammar_engine = match grammar_build.join() {

@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Recurrent-state snapshots: a hybrid model's state at a prefix boundary, kept so that a later
+//! request sharing the prefix resumes there instead of recomputing it from position 0.
+//!
+//! The KV cache alone cannot serve a hybrid model's hit: its Gated DeltaNet / Mamba-2 layers
+//! need the recurrent state after the prefix, which is one fixed-size state slot, not a list of
+//! blocks. A [`SnapshotPool`] manages a bounded range of extra state slots (numbered after the
+//! running sequences' slots, in the same device buffers) that hold copies of a sequence's state
+//! taken at a full-block boundary, keyed by the prefix cache's chain hash of the block ending
+//! there ([`crate::BlockHash`], which covers every token before it).
+//!
+//! Rules:
+//! - **Reserve, then commit.** The scheduler reserves a slot when it plans the prefill chunk
+//!   that ends at the boundary ([`SnapshotPool::reserve`]: the slot is *pending*); the engine
+//!   copies the sequence's state into it after the step; once the step completes the slot is
+//!   committed under its key ([`SnapshotPool::commit`]: *live*), or given back if the sequence
+//!   ended meanwhile ([`SnapshotPool::cancel`]).
+//! - **A hit is checked, not trusted**: a live snapshot keeps its prefix's tokens and
+//!   [`SnapshotPool::find`] compares them, as the block cache does.
+//! - **Bounded, least recently used**: a reservation takes a free slot, else evicts a live
+//!   snapshot: first the oldest one whose prefix's KV is gone (the caller says which keys are
+//!   stale), else the least recently used. Pending slots are never evicted.
+//! - **Snapshots hold no KV blocks.** A snapshot is usable only while the prefix cache still
+//!   holds its prefix's blocks (admission requires both), but it does not pin them: cached
+//!   blocks stay free capacity, so snapshots never cause an admission to wait or a preemption.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::{BlockHash, CacheError, StateSlot};
+
+#[derive(Debug)]
+enum Entry {
+    Free,
+    /// Reserved for the snapshot of the prefix with this key; written by a step in flight.
+    Pending(BlockHash),
+    /// Holds the state after `tokens`, whose chain hash is `key`; `stamp` orders the LRU.
+    Live {
+        key: BlockHash,
+        tokens: Box<[u32]>,
+        stamp: u64,
+    },
+}
+
+/// A bounded pool of snapshot slots `first..first + total` with LRU eviction.
+///
+/// Invariant: every slot is exactly one of free (on the free list once), pending or live; the
+/// key map names exactly the pending and live slots, one per key; the LRU holds exactly the live
+/// slots, each under its stamp.
+#[derive(Debug)]
+pub struct SnapshotPool {
+    first: u32,
+    entries: Vec<Entry>,
+    free: Vec<u32>,
+    by_key: HashMap<BlockHash, u32>,
+    lru: BTreeMap<u64, u32>,
+    clock: u64,
+    evictions: u64,
+}
+
+impl SnapshotPool {
+    /// A pool of `total` snapshot slots, all free, numbered `first..first + total` (the model's
+    /// state slots after the running ones).
+    pub fn new(first: u32, total: usize) -> Self {
+        SnapshotPool {
+            first,
+            entries: (0..total).map(|_| Entry::Free).collect(),
+            // Reversed so that slots come out in ascending order.
+            free: (0..total as u32).rev().collect(),
+            by_key: HashMap::new(),
+            lru: BTreeMap::new(),
+            clock: 0,
+            evictions: 0,
+        }
+    }
+
+    /// Snapshot slots in the pool.
+    pub fn total(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Slots holding a snapshot or reserved for one.
+    pub fn used_count(&self) -> usize {
+        self.total() - self.free.len()
+    }
+
+    /// Slots holding a committed snapshot.
+    pub fn live_count(&self) -> usize {
+        self.lru.len()
+    }
+
+    /// Slots reserved for a snapshot a step in flight writes.
+    pub fn pending_count(&self) -> usize {
+        self.used_count() - self.live_count()
+    }
+
+    /// Live snapshots evicted to make room, since the pool was made.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Whether a snapshot with this key is live or pending.
+    pub fn has_key(&self, key: BlockHash) -> bool {
+        self.by_key.contains_key(&key)
+    }
+
+    /// Whether [`SnapshotPool::reserve`] would succeed: a slot is free or live.
+    pub fn can_reserve(&self) -> bool {
+        !self.free.is_empty() || !self.lru.is_empty()
+    }
+
+    fn index(&self, slot: StateSlot) -> Option<usize> {
+        let i = slot.0.checked_sub(self.first)? as usize;
+        (i < self.entries.len()).then_some(i)
+    }
+
+    /// The live snapshot of the prefix `tokens` whose chain hash is `key`, if any. Changes
+    /// nothing; [`SnapshotPool::touch`] marks it used.
+    pub fn find(&self, key: BlockHash, tokens: &[u32]) -> Option<StateSlot> {
+        let &i = self.by_key.get(&key)?;
+        match &self.entries[i as usize] {
+            Entry::Live { tokens: t, .. } if **t == *tokens => Some(StateSlot(self.first + i)),
+            _ => None, // pending, or a hash collision: a miss
+        }
+    }
+
+    /// Marks a live snapshot most recently used (a hit that will be restored).
+    ///
+    /// # Panics
+    /// If `slot` is not live.
+    pub fn touch(&mut self, slot: StateSlot) {
+        let i = self.index(slot).expect("a snapshot slot");
+        let Entry::Live { stamp, .. } = &mut self.entries[i] else {
+            panic!("snapshot slot {} is not live", slot.0);
+        };
+        self.lru.remove(stamp);
+        self.clock += 1;
+        *stamp = self.clock;
+        self.lru.insert(self.clock, i as u32);
+    }
+
+    /// Reserves a slot for the snapshot keyed `key` (not live or pending already): a free one,
+    /// else the oldest live snapshot for which `stale` holds, else the least recently used live
+    /// one. `None` when every slot is pending.
+    pub fn reserve(
+        &mut self,
+        key: BlockHash,
+        stale: impl Fn(BlockHash) -> bool,
+    ) -> Option<StateSlot> {
+        assert!(!self.has_key(key), "a snapshot of this prefix exists");
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let victim = self
+                    .lru
+                    .iter()
+                    .find(|&(_, &i)| match &self.entries[i as usize] {
+                        Entry::Live { key, .. } => stale(*key),
+                        _ => false,
+                    })
+                    .or_else(|| self.lru.iter().next())
+                    .map(|(&stamp, &i)| (stamp, i))?;
+                self.lru.remove(&victim.0);
+                let Entry::Live { key, .. } = &self.entries[victim.1 as usize] else {
+                    unreachable!("the LRU holds live slots");
+                };
+                self.by_key.remove(key);
+                self.evictions += 1;
+                victim.1
+            }
+        };
+        self.entries[i as usize] = Entry::Pending(key);
+        self.by_key.insert(key, i);
+        Some(StateSlot(self.first + i))
+    }
+
+    /// Commits a pending slot: it now holds the state after `tokens` (its key's prefix).
+    pub fn commit(&mut self, slot: StateSlot, tokens: &[u32]) -> Result<(), CacheError> {
+        let i = self.index(slot).ok_or(CacheError::SlotNotHeld(slot.0))?;
+        let Entry::Pending(key) = self.entries[i] else {
+            return Err(CacheError::SlotNotHeld(slot.0));
+        };
+        self.clock += 1;
+        self.entries[i] = Entry::Live {
+            key,
+            tokens: tokens.into(),
+            stamp: self.clock,
+        };
+        self.lru.insert(self.clock, i as u32);
+        Ok(())
+    }
+
+    /// Gives a pending slot back (its sequence ended before the step that writes it completed).
+    pub fn cancel(&mut self, slot: StateSlot) -> Result<(), CacheError> {
+        let i = self.index(slot).ok_or(CacheError::SlotNotHeld(slot.0))?;
+        let Entry::Pending(key) = self.entries[i] else {
+            return Err(CacheError::SlotNotHeld(slot.0));
+        };
+        self.by_key.remove(&key);
+        self.entries[i] = Entry::Free;
+        self.free.push(i as u32);
+        Ok(())
+    }
+
+    /// Drops every live snapshot (pending ones stay); returns how many.
+    pub fn clear(&mut self) -> usize {
+        let live: Vec<u32> = std::mem::take(&mut self.lru).into_values().collect();
+        for &i in &live {
+            if let Entry::Live { key, .. } = &self.entries[i as usize] {
+                self.by_key.remove(key);
+            }
+            self.entries[i as usize] = Entry::Free;
+            self.free.push(i);
+        }
+        live.len()
+    }
+
+    /// Checks the bookkeeping (the invariant above). For tests; O(slots).
+    pub fn check(&self) -> Result<(), String> {
+        let mut on_free = vec![false; self.total()];
+        for &i in &self.free {
+            if std::mem::replace(&mut on_free[i as usize], true) {
+                return Err(format!("snapshot slot {i} is free twice"));
+            }
+        }
+        let mut keyed = 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            let key = match e {
+                Entry::Free if on_free[i] => continue,
+                Entry::Free => return Err(format!("snapshot slot {i} is free but not listed")),
+                _ if on_free[i] => return Err(format!("snapshot slot {i} is listed but used")),
+                Entry::Pending(key) => key,
+                Entry::Live { key, stamp, .. } => {
+                    if self.lru.get(stamp) != Some(&(i as u32)) {
+                        return Err(format!("live snapshot slot {i} is not in the LRU"));
+                    }
+                    key
+                }
+            };
+            if self.by_key.get(key) != Some(&(i as u32)) {
+                return Err(format!("snapshot slot {i}'s key names another slot"));
+            }
+            keyed += 1;
+        }
+        if keyed != self.by_key.len() {
+            return Err(format!("{keyed} keyed slots, {} keys", self.by_key.len()));
+        }
+        let live = self
+            .entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Live { .. }))
+            .count();
+        if live != self.lru.len() {
+            return Err(format!("{live} live slots, {} in the LRU", self.lru.len()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K1: BlockHash = BlockHash(1);
+    const K2: BlockHash = BlockHash(2);
+    const K3: BlockHash = BlockHash(3);
+
+    #[test]
+    fn reserve_commit_find_and_cancel() {
+        let mut p = SnapshotPool::new(4, 2);
+        let a = p.reserve(K1, |_| false).unwrap();
+        assert_eq!(a, StateSlot(4), "numbered after the running slots");
+        assert!(p.has_key(K1));
+        assert_eq!(p.find(K1, &[1, 2]), None, "pending is not a hit");
+        p.commit(a, &[1, 2]).unwrap();
+        assert_eq!(p.find(K1, &[1, 2]), Some(a));
+        assert_eq!(p.find(K1, &[1, 3]), None, "a collision is a miss");
+        assert_eq!(p.commit(a, &[1, 2]), Err(CacheError::SlotNotHeld(4)));
+        let b = p.reserve(K2, |_| false).unwrap();
+        assert_eq!(
+            (p.used_count(), p.live_count(), p.pending_count()),
+            (2, 1, 1)
+        );
+        p.cancel(b).unwrap();
+        assert_eq!(p.cancel(b), Err(CacheError::SlotNotHeld(5)));
+        assert_eq!(p.cancel(StateSlot(0)), Err(CacheError::SlotNotHeld(0)));
+        assert!(!p.has_key(K2));
+        p.check().unwrap();
+        assert_eq!(p.clear(), 1);
+        assert_eq!(p.used_count(), 0);
+        p.check().unwrap();
+    }
+
+    #[test]
+    fn eviction_takes_stale_then_least_recently_used_never_pending() {
+        let mut p = SnapshotPool::new(0, 2);
+        let a = p.reserve(K1, |_| false).unwrap();
+        p.commit(a, &[1]).unwrap();
+        let b = p.reserve(K2, |_| false).unwrap();
+        p.commit(b, &[2]).unwrap();
+        p.touch(a); // b is now the least recently used
+        let c = p.reserve(K3, |_| false).unwrap();
+        assert_eq!(c, b);
+        assert_eq!(p.evictions(), 1);
+        assert_eq!(p.find(K2, &[2]), None);
+        assert!(
+            p.reserve(K2, |_| false).is_some(),
+            "evicts a, the only live one"
+        );
+        assert!(!p.can_reserve(), "both pending");
+        assert_eq!(p.reserve(BlockHash(9), |_| false), None);
+        p.check().unwrap();
+        let mut q = SnapshotPool::new(0, 2);
+        for (k, t) in [(K1, 1), (K2, 2)] {
+            let s = q.reserve(k, |_| false).unwrap();
+            q.commit(s, &[t]).unwrap();
+        }
+        // K1 is the least recently used, but K2's prefix is gone from the block cache.
+        let s = q.reserve(K3, |k| k == K2).unwrap();
+        assert_eq!(s, StateSlot(1));
+        assert!(q.find(K1, &[1]).is_some());
+        q.check().unwrap();
+    }
+}
