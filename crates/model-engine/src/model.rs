@@ -544,6 +544,29 @@ impl Model {
         }
     }
 
+    /// Copies recurrent-state slot `from` into slot `to`, every recurrent layer's conv inputs
+    /// and matrix state, device to device on the default stream (so after the steps queued
+    /// before it and before those queued after). The server keeps a prefix's state this way (a
+    /// snapshot slot) and restores it into a sequence's slot on a prefix-cache hit. Nothing to
+    /// do for a model without recurrent layers.
+    pub fn copy_state_slot(&mut self, from: u32, to: u32) -> Result<(), ModelError> {
+        let slots = self.options.state_slots;
+        if self.plan.recurrent_layers() == 0 {
+            return Ok(());
+        }
+        if from as usize >= slots || to as usize >= slots || from == to {
+            return Err(ModelError::InvalidStep(format!(
+                "copy of state slot {from} into {to}: two distinct slots of the {slots} the model \
+                 holds"
+            )));
+        }
+        let stream = self.gpu.default_stream();
+        for block in &self.blocks {
+            block.copy_state(self.gpu.as_ref(), stream, from as usize, to as usize)?;
+        }
+        Ok(())
+    }
+
     /// The layer plan the model was built from.
     pub fn plan(&self) -> &LayerPlan {
         &self.plan

@@ -5,6 +5,8 @@
 //! (one prefill, chunks of any size, token by token) and whether or not other sequences share
 //! its steps, since the state each step leaves in the sequence's slot is all the next step reads.
 //! A sequence starting at position 0 in a slot another sequence used must not see that state.
+//! A state slot copied into another (`Model::copy_state_slot`) continues exactly as the original,
+//! and a prefix-cache hit through the scheduler's snapshots gives a cold run's logits.
 //! (Logits against transformers: `hybrid_fixtures.rs`.)
 
 use std::collections::HashMap;
@@ -334,4 +336,173 @@ fn steps_that_break_the_recurrent_rules_are_refused() {
         },
     );
     assert!(e.contains("outside"), "{e}");
+}
+
+/// One step of `tokens` at positions `start..` of one sequence (blocks of `seq`, `slot`), the
+/// logits of every token.
+fn continue_from(
+    m: &mut Model,
+    tokens: &[u32],
+    start: usize,
+    slot: u32,
+    seq: u32,
+) -> Vec<Vec<f32>> {
+    let t = table(seq);
+    let positions: Vec<u32> = (start as u32..(start + tokens.len()) as u32).collect();
+    let rows: Vec<usize> = (0..tokens.len()).collect();
+    let vocab = m.config().vocab_size;
+    let logits = m
+        .forward(&StepInput {
+            tokens,
+            positions: &positions,
+            token_seq: &vec![0; tokens.len()],
+            block_tables: &[&t],
+            logit_rows: &rows,
+            state_slots: &[slot],
+        })
+        .expect("a step");
+    logits.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+#[test]
+fn a_copied_state_slot_continues_as_the_original() {
+    let mut m = model(false);
+    let tokens = prompt(40, 4);
+    let _ = chunked(&mut m, &tokens[..24], 24, 0, 0);
+    // Slot 3 holds another sequence's state, then a copy of slot 0's.
+    let _ = chunked(&mut m, &prompt(20, 5), 20, 3, 1);
+    m.copy_state_slot(0, 3).expect("a copy");
+    let from_copy = continue_from(&mut m, &tokens[24..], 24, 3, 0);
+    let from_original = continue_from(&mut m, &tokens[24..], 24, 0, 0);
+    assert_eq!(from_copy, from_original, "the copy continues bit for bit");
+    // Without the copy the continuation is another sequence's (the copy did something).
+    let _ = chunked(&mut m, &prompt(20, 5), 20, 2, 1);
+    let stale = continue_from(&mut m, &tokens[24..], 24, 2, 0);
+    assert!(max_diff(&stale, &from_original) > 1e-2 * scale(&from_original));
+    for (from, to) in [(0, 0), (0, SLOTS as u32), (SLOTS as u32, 1)] {
+        let e = m.copy_state_slot(from, to).unwrap_err().to_string();
+        assert!(e.contains("distinct slots"), "{e}");
+    }
+}
+
+/// Serves `prompt` (id `id`, `max_new` greedy tokens) through the scheduler, copying state as
+/// `met serve`'s engine does: every restore before the step, every snapshot after it. Returns
+/// the logits of each sampled row, the ids, the cached tokens and the plans' first item.
+fn serve(
+    m: &mut Model,
+    sched: &mut metrale_scheduler::Scheduler,
+    id: u64,
+    prompt: Vec<u32>,
+    max_new: usize,
+) -> (Vec<Vec<f32>>, Vec<u32>, usize, metrale_scheduler::PlanItem) {
+    use metrale_scheduler::{NewSequence, SeqId};
+    let now = std::time::Instant::now();
+    let seq = SeqId(id);
+    sched
+        .add(NewSequence {
+            id: seq,
+            prompt,
+            max_new_tokens: max_new,
+            arrival: now,
+        })
+        .expect("admitted");
+    let vocab = m.config().vocab_size;
+    let (mut rows, mut ids, mut first, mut cached) = (Vec::new(), Vec::new(), None, 0);
+    while !sched.is_idle() {
+        let plan = sched.schedule(now);
+        first.get_or_insert_with(|| plan.items[0].clone());
+        cached = sched.cached_tokens(seq).unwrap_or(cached);
+        for item in &plan.items {
+            if let (Some(from), Some(to)) = (item.restore, item.state_slot) {
+                m.copy_state_slot(from.0, to.0).expect("a restore");
+            }
+        }
+        let flat = plan.flatten();
+        let tables: Vec<&BlockTable> = plan.block_tables.iter().collect();
+        let slots: Vec<u32> = plan
+            .items
+            .iter()
+            .filter_map(|i| i.state_slot.map(|s| s.0))
+            .collect();
+        let logits = m
+            .forward(&StepInput {
+                tokens: &flat.tokens,
+                positions: &flat.positions,
+                token_seq: &flat.token_seq,
+                block_tables: &tables,
+                logit_rows: &flat.logit_rows,
+                state_slots: &slots,
+            })
+            .expect("a step");
+        for item in &plan.items {
+            if let (Some(to), Some(from)) = (item.snapshot, item.state_slot) {
+                m.copy_state_slot(from.0, to.0).expect("a snapshot");
+            }
+        }
+        let mut results = Vec::new();
+        for (row, &s) in logits.chunks(vocab).zip(&flat.logit_seqs) {
+            let token = (0..vocab)
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .expect("a vocabulary") as u32;
+            rows.push(row.to_vec());
+            ids.push(token);
+            results.push((s, token));
+        }
+        sched.complete_step(&results, now).expect("results");
+    }
+    (rows, ids, cached, first.expect("a plan"))
+}
+
+#[test]
+fn a_prefix_cache_hit_resumes_from_a_snapshot_and_matches_a_cold_run() {
+    use metrale_scheduler::{Policy, PrefixKey, Scheduler, SchedulerConfig, StateSlot};
+    // Two running slots and two snapshot slots of the model's four.
+    let mut m = model(true);
+    let mut sched = Scheduler::new(SchedulerConfig {
+        max_num_seqs: 4,
+        max_running: 2,
+        max_step_tokens: 64,
+        max_seq_len: 64,
+        block_size: 16,
+        num_blocks: 4 * SLOTS,
+        policy: Policy::Fifo,
+        prefix_cache: Some(PrefixKey::from_bytes(b"tiny qwen3_next")),
+        state_slots: Some(2),
+        state_snapshots: 2,
+    })
+    .expect("a scheduler");
+    // The first turn: 40 tokens, a snapshot at 32 (the last full block before its last token).
+    let first = prompt(40, 6);
+    let (_, answer, cached, item) = serve(&mut m, &mut sched, 0, first.clone(), 4);
+    assert_eq!(cached, 0);
+    assert_eq!((item.tokens.len(), item.snapshot), (32, Some(StateSlot(2))));
+    // The next turn: the first, its answer and a new message.
+    let mut second = first;
+    second.extend(&answer);
+    second.extend(prompt(10, 7));
+    let (rows, ids, cached, item) = serve(&mut m, &mut sched, 1, second.clone(), 4);
+    assert_eq!(cached, 32, "the hit ends at the snapshot");
+    assert_eq!(
+        (item.start_position, item.restore),
+        (32, Some(StateSlot(2)))
+    );
+    // A cold run of the same tokens (prompt and the ids it generated), one prefill.
+    let mut cold_model = model(true);
+    let mut all = second.clone();
+    all.extend(&ids[..ids.len() - 1]);
+    let cold = chunked(&mut cold_model, &all, all.len(), 0, 0);
+    let want: Vec<Vec<f32>> = cold[second.len() - 1..].to_vec();
+    let d = max_diff(&rows, &want);
+    // The restored state came from a prefill chunked otherwise: the chunking bound.
+    assert!(
+        d <= 1e-2 * scale(&want),
+        "logits differ by {d} (scale {})",
+        scale(&want)
+    );
+    let cold_ids: Vec<u32> = want
+        .iter()
+        .map(|r| (0..r.len()).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap() as u32)
+        .collect();
+    assert_eq!(ids, cold_ids, "greedy ids equal the cold run's");
+    assert_eq!(sched.stats().prefix_hit_tokens, 32);
 }

@@ -16,11 +16,11 @@
 //! and a preempted sequence's recompute starts afresh.
 
 use metrale_core::DevicePtr;
-use metrale_gpu_runtime::KernelHandle;
+use metrale_gpu_runtime::{GpuBackend, KernelHandle, Stream};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{GatedRmsNorm, GdnConv1d, GdnGating, GdnRecurrent};
 
-use super::{Arena, Block, Step};
+use super::{Arena, Block, Step, copy_slot};
 use crate::ModelError;
 use crate::launch::Launcher;
 use crate::linear::{Linear, LinearKernels};
@@ -244,5 +244,24 @@ impl Block for GatedDeltaNet {
 
     fn folds_norm(&self, t: &Tuning, rows: u32) -> bool {
         self.norm.folds() && self.in_proj.folds_norm(t, rows)
+    }
+
+    fn copy_state(
+        &self,
+        gpu: &dyn GpuBackend,
+        stream: Stream,
+        from: usize,
+        to: usize,
+    ) -> Result<(), ModelError> {
+        let s = self.spec.shape;
+        let conv = (s.conv_kernel - 1) * s.conv_channels() * 2;
+        copy_slot(gpu, stream, self.conv_state, conv, (from, to))?;
+        copy_slot(
+            gpu,
+            stream,
+            self.state,
+            s.value_heads * s.key_head_dim * s.value_head_dim * 4,
+            (from, to),
+        )
     }
 }

@@ -15,7 +15,7 @@ pub(crate) mod mlp;
 pub(crate) mod moe;
 
 use metrale_core::DevicePtr;
-use metrale_gpu_runtime::GpuBackend;
+use metrale_gpu_runtime::{GpuBackend, Stream};
 
 use crate::ModelError;
 use crate::launch::Launcher;
@@ -57,6 +57,36 @@ pub(crate) trait Block: Send + Sync {
     /// Whether the block's first product folds the residual add + RMSNorm into a register GEMV
     /// at `rows` rows.
     fn folds_norm(&self, t: &Tuning, rows: u32) -> bool;
+
+    /// Queues on `stream` the copy of the block's part of recurrent-state slot `from` into slot
+    /// `to` (a recurrent block's conv inputs and matrix state); nothing for a block without
+    /// state.
+    fn copy_state(
+        &self,
+        _gpu: &dyn GpuBackend,
+        _stream: Stream,
+        _from: usize,
+        _to: usize,
+    ) -> Result<(), ModelError> {
+        Ok(())
+    }
+}
+
+/// Queues the copy of slot `from` of a per-slot state buffer (`bytes` a slot) into slot `to`.
+pub(crate) fn copy_slot(
+    gpu: &dyn GpuBackend,
+    stream: Stream,
+    buffer: DevicePtr,
+    bytes: usize,
+    (from, to): (usize, usize),
+) -> Result<(), ModelError> {
+    gpu.copy_d2d(
+        buffer.offset(from * bytes),
+        buffer.offset(to * bytes),
+        bytes,
+        stream,
+    )?;
+    Ok(())
 }
 
 /// Device allocations made at load, freed with the model.
