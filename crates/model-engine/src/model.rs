@@ -102,8 +102,9 @@ pub struct ModelOptions {
     /// Tokens per KV block.
     pub block_size: usize,
     /// Recurrent-state slots (a hybrid model's Gated DeltaNet or Mamba-2 layers keep one state
-    /// per running sequence in a slot; at most this many sequences run at once). 0 for a model
-    /// without recurrent layers.
+    /// per running sequence in a slot; the server adds the prefix cache's snapshot slots after
+    /// the running ones, filled and read by [`Model::copy_state_slot`]). 0 for a model without
+    /// recurrent layers.
     pub state_slots: usize,
 }
 

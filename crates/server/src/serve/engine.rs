@@ -478,6 +478,13 @@ impl Engine {
             logit_rows: &flat.logit_rows,
             state_slots: &state_slots,
         };
+        // A hybrid model's prefix-cache hit: the state at the hit's end, copied from its snapshot
+        // into the sequence's slot before the step (every restore before any snapshot below).
+        for item in &plan.items {
+            if let (Some(from), Some(to)) = (item.restore, item.state_slot) {
+                self.model.copy_state_slot(from.0, to.0)?;
+            }
+        }
         // When every row samples greedily with no bias, penalty, grammar or logprobs, the argmax
         // is taken on the device and one id per row comes back instead of the row's logits.
         let device_argmax = flat.logit_seqs.iter().all(|q| {
@@ -490,6 +497,13 @@ impl Engine {
         } else {
             (self.model.forward(&input)?, Vec::new())
         };
+        // A chunk that ended on its sequence's snapshot boundary: keep the state there (queued
+        // after the step on the same stream).
+        for item in &plan.items {
+            if let (Some(to), Some(from)) = (item.snapshot, item.state_slot) {
+                self.model.copy_state_slot(from.0, to.0)?;
+            }
+        }
         let row_seqs = flat.logit_seqs;
         let vocab = self.model.config().vocab_size;
         let mut sampled = Vec::with_capacity(row_seqs.len());
@@ -620,6 +634,10 @@ impl Engine {
             .store(s.state_slots_used as u64, Ordering::Relaxed);
         m.state_slots_total
             .store(s.state_slots_total as u64, Ordering::Relaxed);
+        m.state_snapshots_used
+            .store(s.state_snapshots_used as u64, Ordering::Relaxed);
+        m.state_snapshots_total
+            .store(s.state_snapshots_total as u64, Ordering::Relaxed);
         m.kv_blocks_cached
             .store(s.blocks_cached as u64, Ordering::Relaxed);
         m.prefix_cache_queried_tokens_total

@@ -47,6 +47,11 @@ pub struct Metrics {
     pub state_slots_used: AtomicU64,
     /// Recurrent-state slots in the pool (hybrid models; 0 otherwise).
     pub state_slots_total: AtomicU64,
+    /// Recurrent-state snapshot slots holding a prefix's state or being written (hybrid
+    /// models with the prefix cache; 0 otherwise).
+    pub state_snapshots_used: AtomicU64,
+    /// Recurrent-state snapshot slots in the pool (0 without).
+    pub state_snapshots_total: AtomicU64,
     ttft: Mutex<Histogram>,
 }
 
@@ -139,6 +144,18 @@ impl Metrics {
             "Recurrent-state slots in the pool (hybrid models; 0 without recurrent layers).",
             "gauge",
             &self.state_slots_total,
+        );
+        counter(
+            "metrale_state_snapshots_used",
+            "Recurrent-state snapshot slots holding a prefix's state (hybrid models' prefix cache).",
+            "gauge",
+            &self.state_snapshots_used,
+        );
+        counter(
+            "metrale_state_snapshots_total",
+            "Recurrent-state snapshot slots in the pool (0 without recurrent layers or prefix cache).",
+            "gauge",
+            &self.state_snapshots_total,
         );
         counter(
             "metrale_sequences_waiting",

@@ -387,9 +387,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let blocks_per_seq = max_seq_len.div_ceil(block_size);
     let kv_block_bytes = ModelOptions::kv_bytes_per_block(&config, block_size);
     // A hybrid model's recurrent layers keep a fixed-size state per running sequence: one slot
-    // for every sequence the batch may run, taken out of the memory budget before the KV pool.
+    // for every sequence the batch may run, and with the prefix cache as many snapshot slots
+    // (the state at a prefix's end, which a hit resumes from), all taken out of the memory
+    // budget before the KV pool.
     let state_slot_bytes = ModelOptions::state_bytes_per_slot(&config);
-    let state_slots = if state_slot_bytes > 0 { max_batch } else { 0 };
+    let running_slots = if state_slot_bytes > 0 { max_batch } else { 0 };
+    let snapshot_slots = if args.no_prefix_cache {
+        0
+    } else {
+        running_slots
+    };
+    let state_slots = running_slots + snapshot_slots;
     let state_bytes = state_slot_bytes as f64 * state_slots as f64;
     // The pool: what the memory budget allows (CUDA) or what the decode batch needs at full length
     // (host, where memory is the machine's own), and never more than all admitted requests need.
@@ -430,7 +438,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     if state_slots > 0 {
         tracing::info!(
-            "recurrent state: {state_slots} slots of {:.1} MiB ({:.2} GiB), one per running sequence",
+            "recurrent state: {state_slots} slots of {:.1} MiB ({:.2} GiB): {running_slots} for running sequences, {snapshot_slots} for prefix snapshots",
             state_slot_bytes as f64 / (1u64 << 20) as f64,
             state_bytes / (1u64 << 30) as f64
         );
@@ -537,8 +545,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         num_blocks,
         policy,
         prefix_cache,
-        state_slots: (state_slots > 0).then_some(state_slots),
-        state_snapshots: 0,
+        state_slots: (running_slots > 0).then_some(running_slots),
+        state_snapshots: snapshot_slots,
     })
     .map_err(|e| anyhow::anyhow!("scheduler settings: {e}"))?;
     let grammar_engine = match grammar_build.join() {
