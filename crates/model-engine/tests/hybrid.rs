@@ -385,6 +385,40 @@ fn a_copied_state_slot_continues_as_the_original() {
     }
 }
 
+/// Nemotron-H's Mamba-2 layers copy their state too: the tiny-nemotron-h fixture (Mamba-2,
+/// attention without RoPE, squared-ReLU MLP layers), the same copy-then-continue check.
+#[test]
+fn a_copied_mamba2_state_slot_continues_as_the_original() {
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-nemotron-h");
+    let text = std::fs::read_to_string(dir.join("config.json")).expect("the fixture's config");
+    let config = metrale_config::from_config_json(&text).expect("a nemotron_h config");
+    let source = metrale_model_weights::SafetensorsCheckpoint::open(&dir).expect("its weights");
+    let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
+    let options = ModelOptions {
+        max_tokens_per_step: 64,
+        max_seqs: SLOTS,
+        max_logit_rows: 64,
+        max_seq_len: 64,
+        num_blocks: 4 * SLOTS,
+        block_size: 16,
+        state_slots: SLOTS,
+    };
+    let tuning = Tuning::hopper().expect("the Hopper tuning");
+    let mut m = Model::load(config, &source, gpu, options, tuning, &mut |_, _, _| {})
+        .expect("the fixture loads");
+    let tokens = prompt(40, 4);
+    let _ = chunked(&mut m, &tokens[..24], 24, 0, 0);
+    let _ = chunked(&mut m, &prompt(20, 5), 20, 3, 1);
+    m.copy_state_slot(0, 3).expect("a copy");
+    let from_copy = continue_from(&mut m, &tokens[24..], 24, 3, 0);
+    let from_original = continue_from(&mut m, &tokens[24..], 24, 0, 0);
+    assert_eq!(from_copy, from_original, "the copy continues bit for bit");
+    let _ = chunked(&mut m, &prompt(20, 5), 20, 2, 1);
+    let stale = continue_from(&mut m, &tokens[24..], 24, 2, 0);
+    assert!(max_diff(&stale, &from_original) > 1e-2 * scale(&from_original));
+}
+
 /// Serves `prompt` (id `id`, `max_new` greedy tokens) through the scheduler, copying state as
 /// `met serve`'s engine does: every restore before the step, every snapshot after it. Returns
 /// the logits of each sampled row, the ids, the cached tokens and the plans' first item.
