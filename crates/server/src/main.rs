@@ -13,6 +13,7 @@ mod doctor;
 mod generate;
 mod load;
 mod parity;
+mod perplexity;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +59,9 @@ enum Command {
     /// Compare the model's logits with a reference file from transformers
     /// (scripts/gpu/reference_logits.py) at every position; exits non-zero above the tolerance.
     Parity(parity::Args),
+    /// Score text files with teacher forcing: per-token negative log-likelihood and perplexity
+    /// (to compare weight formats, e.g. BF16 against --quantization fp8, on the same text).
+    Perplexity(perplexity::Args),
     /// Serve the model over an OpenAI- and Anthropic-compatible HTTP API with continuous
     /// batching over a paged KV cache. Logs `Listening on <addr>` once ready.
     Serve(serve::Args),
@@ -72,6 +76,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchModel(args) => bench_model::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Parity(args) => parity::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
         Command::Serve(args) => serve::run(&args),
     };
     match result {
