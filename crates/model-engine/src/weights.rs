@@ -408,6 +408,28 @@ pub struct GdnWeights {
     pub(crate) out: LinearWeight,
 }
 
+impl LayerWeights {
+    /// A layer with its norms and nothing else yet (the loaders fill in what the layer has).
+    fn norms_only(input_norm: DevicePtr, post_norm: DevicePtr) -> LayerWeights {
+        let null = LinearWeight::bf16(DevicePtr::NULL);
+        LayerWeights {
+            input_norm,
+            qkv: null,
+            qkv_bias: DevicePtr::NULL,
+            q_norm: DevicePtr::NULL,
+            k_norm: DevicePtr::NULL,
+            o: null,
+            post_norm,
+            gate_up: null,
+            down: null,
+            moe: None,
+            gdn: None,
+            mamba: None,
+            attn_gate: null,
+        }
+    }
+}
+
 /// A sparse layer's MLP tensors on the device.
 #[derive(Clone, Debug)]
 pub struct MoeWeights {
@@ -1028,22 +1050,7 @@ fn load_inner(
             .as_ref()
             .is_some_and(|h| h.layers[l].mixer == Some(Mixer::GatedDeltaNet));
         let input_norm = u.get_norm(TensorRole::InputNorm(l))?;
-        let null = LinearWeight::bf16(DevicePtr::NULL);
-        let mut layer = LayerWeights {
-            input_norm,
-            qkv: null,
-            qkv_bias: DevicePtr::NULL,
-            q_norm: DevicePtr::NULL,
-            k_norm: DevicePtr::NULL,
-            o: null,
-            post_norm: DevicePtr::NULL,
-            gate_up: null,
-            down: null,
-            moe: None,
-            gdn: None,
-            mamba: None,
-            attn_gate: null,
-        };
+        let mut layer = LayerWeights::norms_only(input_norm, DevicePtr::NULL);
         if gdn_mixer {
             let g = c
                 .hybrid
@@ -1110,25 +1117,10 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
     let n = TensorRole::NemotronH;
     let hybrid = c.hybrid.as_ref().expect("Nemotron-H has a layer pattern");
     let embedding = u.get(n(NemotronTensor::Embedding))?;
-    let null = LinearWeight::bf16(DevicePtr::NULL);
     let mut layers = Vec::with_capacity(c.num_layers);
     for (l, layer) in hybrid.layers.iter().enumerate() {
         let norm = u.get(n(NemotronTensor::Norm(l)))?;
-        let mut w = LayerWeights {
-            input_norm: norm,
-            qkv: null,
-            qkv_bias: DevicePtr::NULL,
-            q_norm: DevicePtr::NULL,
-            k_norm: DevicePtr::NULL,
-            o: null,
-            post_norm: norm,
-            gate_up: null,
-            down: null,
-            moe: None,
-            gdn: None,
-            mamba: None,
-            attn_gate: null,
-        };
+        let mut w = LayerWeights::norms_only(norm, norm);
         match (layer.mixer, layer.ffn) {
             (Some(Mixer::Mamba2), _) => {
                 let m = |t: MambaTensor| n(NemotronTensor::Mamba(l, t));
