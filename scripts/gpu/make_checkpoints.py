@@ -448,6 +448,12 @@ MODELS["qwen3.5-35b-a3b"] = dict(MODELS["qwen3.5-35b-a3b-4l"], text_config=dict(
     MODELS["qwen3.5-35b-a3b-4l"]["text_config"], num_hidden_layers=40,
     layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 10))
 
+# Nemotron-H-8B at its full depth (52 layers, about 16 GB of bf16): the hub's pattern, 24 Mamba-2,
+# 4 attention and 24 squared-ReLU MLP layers; the issue's 80%-of-roofline target.
+MODELS["nemotron-h-8b"] = dict(MODELS["nemotron-h-4l"], num_hidden_layers=52,
+    hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-")
+assert len(MODELS["nemotron-h-8b"]["hybrid_override_pattern"]) == 52
+
 # Which real tokenizer belongs next to each checkpoint (copied in with --tokenizer FAMILY=DIR).
 TOKENIZER_FAMILY = {
     "qwen3-0.6b": "qwen3",
@@ -470,6 +476,7 @@ TOKENIZER_FAMILY = {
     "qwen3.5-35b-a3b": None,
     # Nemotron-H's 131,072 rows hold fewer ids than Qwen3's tokenizer has: none is copied.
     "nemotron-h-4l": None,
+    "nemotron-h-8b": None,
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

@@ -32,6 +32,8 @@
 #   hybridfull  Qwen3.5-35B-A3B at full depth (40 layers, about 70 GB, in /dev/shm when it fits):
 #            met bench-model (TTFT 1024/8192; batch 1/8/32/64 at 1024
 #            keys), transformers eager decode at batch 1 (HF_MODES to add others)
+#   nemotronfull  Nemotron-H-8B at full depth (52 layers, 16 GB): met bench-model (TTFT 1024/8192;
+#            batch 1/8/32/64 at 1024 keys, profile), transformers eager decode at batch 1
 #   hybridserve  met serve on qwen3-next-80b-a3b-4l (SERVE_MODEL: another): 64 concurrent greedy
 #            streams with every third cancelled mid-stream, then /metrics must show nothing held
 #            and each uncancelled output is compared with the same request alone
@@ -179,7 +181,7 @@ newkernels() {
         "$MET" check-kernels --kernel gated_norm --seed "$seed" 2>&1 | tail -2
     done | tee "$RES/newkernels.txt"
     # The unit-offset norm cases (norm_offset) live among rmsnorm's and qkv_post's.
-    for k in rmsnorm qkv_post mamba2; do
+    for k in rmsnorm qkv_post mamba2 relu2; do
         "$MET" check-kernels --kernel "$k" 2>&1 | tail -2
     done | tee -a "$RES/newkernels.txt"
 }
@@ -236,6 +238,23 @@ hybridfull() {
         timeout "${HF_TIMEOUT:-200}" python3 scripts/gpu/transformers_decode_speed.py --model "$dir/$m" \
             --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
             --json "$RES/hybridfull-hf-$mode.json" 2>&1 | tail -3
+    done
+}
+
+nemotronfull() {
+    # Nemotron-H-8B at full depth (16 GB): met bench-model (TTFT 1024/8192, batch 1/8/32/64 at
+    # 1024 keys, a profile) and transformers eager decode at batch 1.
+    local m=nemotron-h-8b
+    log "checkpoint $m"
+    checkpoint "$m"
+    log "met bench-model"
+    "$MET" bench-model --model-from-path "$CKPT/$m" --prefill 1024,8192 --batches 1,8,32,64 \
+        --context 1024 --profile >"$RES/nemotronfull-bench.md" 2>&1
+    grep "^| " "$RES/nemotronfull-bench.md" | head -14
+    for mode in ${HF_MODES:-eager}; do
+        timeout "${HF_TIMEOUT:-200}" python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" \
+            --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
+            --json "$RES/nemotronfull-hf-$mode.json" 2>&1 | tail -3
     done
 }
 
