@@ -32,7 +32,7 @@
 #   hybridfull  Qwen3.5-35B-A3B at full depth (40 layers, about 70 GB, in /dev/shm when it fits):
 #            met bench-model (TTFT 1024/8192; batch 1/8/32/64 at 1024
 #            keys), transformers eager decode at batch 1 (HF_MODES to add others)
-#   nemotronfull  Nemotron-H-8B at full depth (52 layers, 16 GB): met bench-model (TTFT 1024/8192;
+#   nemotronfull  Nemotron-H-8B at full depth (52 layers, 16 GB): met bench-model (TTFT 1024/8000;
 #            batch 1/8/32/64 at 1024 keys, profile), transformers eager decode at batch 1
 #   hybridserve  met serve on qwen3-next-80b-a3b-4l (SERVE_MODEL: another): 64 concurrent greedy
 #            streams with every third cancelled mid-stream, then /metrics must show nothing held
@@ -248,7 +248,8 @@ nemotronfull() {
     log "checkpoint $m"
     checkpoint "$m"
     log "met bench-model"
-    "$MET" bench-model --model-from-path "$CKPT/$m" --prefill 1024,8192 --batches 1,8,32,64 \
+    # Its max_position_embeddings is 8192, so the long prompt is 8000 tokens.
+    "$MET" bench-model --model-from-path "$CKPT/$m" --prefill 1024,8000 --batches 1,8,32,64 \
         --context 1024 --profile >"$RES/nemotronfull-bench.md" 2>&1
     grep "^| " "$RES/nemotronfull-bench.md" | head -14
     for mode in ${HF_MODES:-eager}; do

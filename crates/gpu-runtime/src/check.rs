@@ -1775,6 +1775,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
             }),
         });
     }
+    // Mamba-2's gated norm over the recurrence's f32 output, after every other case for the same
+    // reason.
+    out.extend(gated_norm::gated_norm_f32_input_cases(&mut rng));
     out
 }
 

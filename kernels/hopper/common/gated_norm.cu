@@ -17,7 +17,8 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 }  // namespace
 
-// One (row, group) a block: x and out are bf16 [rows][groups * width]; group g of row r is the
+// One (row, group) a block: out is bf16 [rows][groups * width], x the same shape in bf16, or in
+// f32 when x_f32 is nonzero (Mamba-2's recurrence hands its output over unrounded); group g of row r is the
 // `width` channels at g * width, normalised over those channels alone. The gate z of (r, g, i) is
 // at z + r * z_stride + g * width + i (z may be columns of a wider projection row); the weight of
 // (g, i) at weight + g * weight_group_stride + i (0: one weight of `width` shared by every group,
@@ -26,24 +27,25 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 //   gate_first != 0: u = x * silu(z), y = u * rsqrt(mean(u^2) + eps) * w
 // Launch: grid = rows * groups (block b is row b / groups, group b % groups), block = 128.
 extern "C" __global__ void __launch_bounds__(GATED_NORM_THREADS)
-    gated_rmsnorm(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
+    gated_rmsnorm(__nv_bfloat16* __restrict__ out, const void* __restrict__ x,
                   const __nv_bfloat16* __restrict__ z, const __nv_bfloat16* __restrict__ weight,
                   uint32_t rows, uint32_t groups, uint32_t width, uint32_t z_stride,
-                  uint32_t weight_group_stride, float eps, uint32_t gate_first) {
+                  uint32_t weight_group_stride, float eps, uint32_t gate_first, uint32_t x_f32) {
     metrale::grid_dependency_sync();
     __shared__ float scratch[32];
     if (groups == 0) return;
     const uint32_t r = blockIdx.x / groups, g = blockIdx.x % groups;
     if (r >= rows) return;
     const size_t base = ((size_t)r * groups + g) * width;
-    const __nv_bfloat16* xg = x + base;
+    const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(x) + base;
+    const float* xg32 = static_cast<const float*>(x) + base;
     const __nv_bfloat16* zg = z + (size_t)r * z_stride + (size_t)g * width;
     const __nv_bfloat16* wg = weight + (size_t)g * weight_group_stride;
     __nv_bfloat16* yg = out + base;
     // The normalised value of element i before the weight: x, or x * silu(z) when the gate comes
     // first. Recomputed in the second pass rather than held (width is not bounded by the block).
     auto value = [&](uint32_t i) {
-        const float v = metrale::to_f32(xg[i]);
+        const float v = x_f32 ? xg32[i] : metrale::to_f32(xg[i]);
         return gate_first ? v * silu(metrale::to_f32(zg[i])) : v;
     };
     float sq = 0.0f;

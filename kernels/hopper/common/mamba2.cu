@@ -13,7 +13,8 @@
 //             output, before the bias and the softplus)
 //   a_log, dt_bias, d   f32 [heads]
 //   state     f32 [slots][heads][head_dim][N], row-major per head (as transformers keeps it)
-//   y         bf16 [tokens][inner], before the gated norm
+//   y         f32 [tokens][inner], before the gated norm (which reads it unrounded: the
+//             reference, transformers, hands the scan's f32 output to the norm too)
 //
 // Head h reads group h / (heads / groups)'s B and C (the reference's repeat_interleave). A run
 // whose first token is at position 0 starts a sequence: its state starts at zero, whatever its
@@ -48,7 +49,7 @@ static_assert(2 * M2_MAX_STATE % M2_THREADS == 0, "B|C staged in whole rounds");
 // p of head h (group g):
 //   dt = clamp(softplus(dt_raw + dt_bias[h]), dt_min, dt_max)   (softplus(x) = x above 20)
 //   H[p][:] = exp(-dt exp(a_log[h])) H[p][:] + dt x[p] B_g[:]
-//   y[p] = bf16(H[p][:] . C_g[:] + d[h] x[p])
+//   y[p] = H[p][:] . C_g[:] + d[h] x[p]   (f32)
 //
 // Each channel's row of H (N <= M2_MAX_STATE f32) lives in the registers of M2_LANES lanes, as
 // float4 pieces 4 M2_LANES apart, so a warp's loads and stores of the state are whole 128-byte
@@ -60,7 +61,7 @@ static_assert(2 * M2_MAX_STATE % M2_THREADS == 0, "B|C staged in whole rounds");
 // heads, strides narrower than their rows, dt_min > dt_max) write nothing.
 // Launch: grid = (ceil(head_dim / M2_CHANNELS), heads, seqs), block = M2_THREADS.
 extern "C" __global__ void __launch_bounds__(M2_THREADS)
-    mamba2_recurrent(__nv_bfloat16* __restrict__ y, float* __restrict__ state,
+    mamba2_recurrent(float* __restrict__ y, float* __restrict__ state,
                      const __nv_bfloat16* __restrict__ xbc,
                      const __nv_bfloat16* __restrict__ dt_raw, const float* __restrict__ a_log,
                      const float* __restrict__ dt_bias, const float* __restrict__ d,
@@ -154,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(M2_THREADS)
             acc += __shfl_xor_sync(0xffffffffu, acc, off);
         }
         if (live && sub == 0) {
-            y[(size_t)t * inner + (size_t)h * head_dim + p] = metrale::to_bf16(acc + skip * xv);
+            y[(size_t)t * inner + (size_t)h * head_dim + p] = acc + skip * xv;
         }
     }
 #pragma unroll

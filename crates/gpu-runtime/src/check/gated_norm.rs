@@ -10,7 +10,7 @@
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{GateOrder, GatedRmsNorm, SigmoidGateMul};
 
-use super::gated_delta::{input, output};
+use super::gated_delta::{f32_normal, input, output};
 use super::{Case, OutputKind, Rng, bf16_normal, launch_of, norm_weight};
 
 /// The widths of one gated-norm case.
@@ -25,6 +25,8 @@ struct NormShape {
     weight_group_stride: u32,
     order: GateOrder,
     eps: f32,
+    /// `x` in f32 (Mamba-2's recurrence output) instead of bf16.
+    x_f32: bool,
 }
 
 fn gated_rmsnorm_case(rng: &mut Rng, s: NormShape) -> Case {
@@ -37,12 +39,23 @@ fn gated_rmsnorm_case(rng: &mut Rng, s: NormShape) -> Case {
     Case {
         kernel: GatedRmsNorm::NAME,
         shape: format!(
-            "rows={} groups={} width={} z_stride={} weight_group_stride={} order={:?} eps={}",
-            s.rows, s.groups, s.width, s.z_stride, s.weight_group_stride, s.order, s.eps
+            "rows={} groups={} width={} z_stride={} weight_group_stride={} order={:?} eps={}{}",
+            s.rows,
+            s.groups,
+            s.width,
+            s.z_stride,
+            s.weight_group_stride,
+            s.order,
+            s.eps,
+            if s.x_f32 { " x=f32" } else { "" }
         ),
         buffers: vec![
             output(vec![0u8; n * 2].into(), OutputKind::Bf16),
-            input(bf16_normal(rng, n, 1.0)),
+            if s.x_f32 {
+                input(f32_normal(rng, n, 1.0))
+            } else {
+                input(bf16_normal(rng, n, 1.0))
+            },
             input(bf16_normal(rng, (s.rows * s.z_stride) as usize, 2.0)),
             input(norm_weight(rng, weight_len).into()),
         ],
@@ -59,6 +72,7 @@ fn gated_rmsnorm_case(rng: &mut Rng, s: NormShape) -> Case {
                 weight_group_stride: s.weight_group_stride,
                 eps: s.eps,
                 gate_first: s.order.gate_first(),
+                x_f32: u32::from(s.x_f32),
             })
         }),
         gemm: None,
@@ -99,6 +113,7 @@ pub(super) fn gated_norm_cases(rng: &mut Rng) -> Vec<Case> {
         weight_group_stride,
         order,
         eps,
+        x_f32: false,
     };
     let mut out = Vec::new();
     for s in [
@@ -129,4 +144,29 @@ pub(super) fn gated_norm_cases(rng: &mut Rng) -> Vec<Case> {
         out.push(sigmoid_gate_case(rng, rows, n, gate_stride));
     }
     out
+}
+
+/// Mamba-2's gated norm reading the recurrence's f32 output (`x_f32`): Nemotron-H's 8 groups of
+/// 1024 for a decode row and a 37-token run, and a ragged shape. Built after every other case.
+pub(super) fn gated_norm_f32_input_cases(rng: &mut Rng) -> Vec<Case> {
+    [
+        (1u32, 8u32, 1024u32, 8192 + 8192 + 2 * 8 * 128 + 128),
+        (37, 8, 1024, 8192 + 8192 + 2 * 8 * 128 + 128),
+        (3, 5, 100, 503),
+    ]
+    .into_iter()
+    .map(|(rows, groups, width, z_stride)| {
+        let s = NormShape {
+            rows,
+            groups,
+            width,
+            z_stride,
+            weight_group_stride: width,
+            order: GateOrder::BeforeNorm,
+            eps: 1e-5,
+            x_f32: true,
+        };
+        gated_rmsnorm_case(rng, s)
+    })
+    .collect()
 }

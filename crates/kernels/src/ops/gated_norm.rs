@@ -50,13 +50,14 @@ impl GateOrder {
 }
 
 kernel_args!(
-    /// The gated RMSNorm of every (row, group): `x` and `out` are bf16 `[rows, groups * width]`,
+    /// The gated RMSNorm of every (row, group): `out` is bf16 `[rows, groups * width]`, `x` the
+    /// same shape in bf16 or, with `x_f32`, in f32 (Mamba-2's recurrence output, unrounded);
     /// group `g` of row `r` the `width` channels at `g * width`, normalised over those alone and
     /// gated by `z` in the order `gate_first` says ([`GateOrder`]).
     GatedRmsNorm => names::gated_norm::GATED_RMSNORM {
         /// bf16 `[rows, groups * width]`.
         out: DevicePtr,
-        /// bf16 `[rows, groups * width]`.
+        /// bf16 `[rows, groups * width]`, or f32 when `x_f32` is nonzero.
         x: DevicePtr,
         /// bf16 gate, element `(r, g, i)` at `r * z_stride + g * width + i`.
         z: DevicePtr,
@@ -77,6 +78,8 @@ kernel_args!(
         eps: f32,
         /// [`GateOrder::gate_first`]: 0 gates after the norm, nonzero before it.
         gate_first: u32,
+        /// Nonzero: `x` is f32 (read as it is), else bf16.
+        x_f32: u32,
     }
 );
 
@@ -152,7 +155,11 @@ impl Kernel for GatedRmsNorm {
             ));
         }
         let order = GateOrder::from_gate_first(self.gate_first);
-        let x = host::load_bf16(mem, self.x, rows * groups * width)?;
+        let x = if self.x_f32 != 0 {
+            host::load::<f32>(mem, self.x, rows * groups * width)?
+        } else {
+            host::load_bf16(mem, self.x, rows * groups * width)?
+        };
         // The weights of every group, as the kernel reads them (shared when the stride is 0).
         let weights = (0..groups)
             .map(|g| host::load_bf16(mem, at_bf16(self.weight, g * w_stride), width))
@@ -231,6 +238,7 @@ mod tests {
             weight_group_stride: 0,
             eps: 0.0,
             gate_first: GateOrder::AfterNorm.gate_first(),
+            x_f32: 0,
         }
         .reference(&mut m)
         .unwrap();
@@ -246,43 +254,53 @@ mod tests {
     }
 
     /// Mamba-2's order with a weight per group (stride `width`) is Mamba-2's reference,
-    /// `mamba2::gated_rms_norm`, over two rows of three groups.
+    /// `mamba2::gated_rms_norm`, over two rows of three groups, with `x` in bf16 and in f32 (the
+    /// recurrence's unrounded output: not rounded on the way in).
     #[test]
     fn gate_before_norm_is_mamba2s_gated_norm() {
         let (rows, groups, width) = (2usize, 3usize, 4usize);
         let inner = groups * width;
         let round = |v: Vec<f32>| v.into_iter().map(round_bf16).collect::<Vec<_>>();
-        let (x, z, w) = (
-            round(uniform(1, rows * inner, 2.0)),
+        let (z, w) = (
             round(uniform(2, rows * inner, 2.0)),
             round(uniform(3, inner, 1.0)),
         );
         let eps = 1e-5;
-        let mut m = FlatMemory::new();
-        let out = m.put(&bf16s(&vec![0.0; rows * inner]));
-        let (xp, zp, wp) = (m.put(&bf16s(&x)), m.put(&bf16s(&z)), m.put(&bf16s(&w)));
-        GatedRmsNorm {
-            out,
-            x: xp,
-            z: zp,
-            weight: wp,
-            rows: rows as u32,
-            groups: groups as u32,
-            width: width as u32,
-            z_stride: inner as u32,
-            weight_group_stride: width as u32,
-            eps,
-            gate_first: GateOrder::BeforeNorm.gate_first(),
-        }
-        .reference(&mut m)
-        .unwrap();
-        let want = super::super::mamba2::gated_rms_norm(&x, &z, &w, width, eps);
-        let got = f32s(&m.get(out, rows * inner));
-        for (g, w) in got.iter().zip(&want) {
-            assert!(
-                (g - w).abs() <= 2f32.powi(-7) * w.abs() + 1e-6,
-                "{g} vs {w}"
-            );
+        for x_f32 in [0u32, 1] {
+            let x = uniform(1, rows * inner, 2.0);
+            let x = if x_f32 == 0 { round(x) } else { x };
+            let mut m = FlatMemory::new();
+            let out = m.put(&bf16s(&vec![0.0; rows * inner]));
+            let xp = if x_f32 == 0 {
+                m.put(&bf16s(&x))
+            } else {
+                m.put(&x)
+            };
+            let (zp, wp) = (m.put(&bf16s(&z)), m.put(&bf16s(&w)));
+            GatedRmsNorm {
+                out,
+                x: xp,
+                z: zp,
+                weight: wp,
+                rows: rows as u32,
+                groups: groups as u32,
+                width: width as u32,
+                z_stride: inner as u32,
+                weight_group_stride: width as u32,
+                eps,
+                gate_first: GateOrder::BeforeNorm.gate_first(),
+                x_f32,
+            }
+            .reference(&mut m)
+            .unwrap();
+            let want = super::super::mamba2::gated_rms_norm(&x, &z, &w, width, eps);
+            let got = f32s(&m.get(out, rows * inner));
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 2f32.powi(-8) * w.abs() + 1e-6,
+                    "x_f32 {x_f32}: {g} vs {w}"
+                );
+            }
         }
     }
 

@@ -235,6 +235,7 @@ impl Block for GatedDeltaNet {
             weight_group_stride: 0,
             eps: self.spec.norm_eps,
             gate_first: 0,
+            x_f32: 0,
         };
         l.launch(k.norm, "gdn_norm", &norm)?;
         self.out.run(l, sc.out, sc.normed, n, before_fold)?;

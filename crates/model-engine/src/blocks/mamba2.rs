@@ -42,8 +42,10 @@ pub(crate) struct Shared {
     proj: DevicePtr,
     /// bf16 `[tokens, conv channels]`: x | B | C after the conv and SiLU.
     xbc: DevicePtr,
-    /// bf16 `[tokens, inner]`: the recurrence's output, then the gated norm's.
+    /// f32 `[tokens, inner]`: the recurrence's output, read unrounded by the gated norm (as
+    /// transformers hands its scan's f32 output to the norm).
     y: DevicePtr,
+    /// bf16 `[tokens, inner]`: the gated norm's output.
     normed: DevicePtr,
     /// bf16 `[tokens, hidden]`: the block's output.
     out: DevicePtr,
@@ -67,7 +69,7 @@ impl Shared {
             },
             proj: arena.alloc(t * in_proj_width(spec) * 2)?,
             xbc: arena.alloc(t * s.conv_channels() * 2)?,
-            y: arena.alloc(t * s.inner() * 2)?,
+            y: arena.alloc(t * s.inner() * 4)?,
             normed: arena.alloc(t * s.inner() * 2)?,
             out: arena.alloc(t * hidden * 2)?,
         })
@@ -196,6 +198,7 @@ impl Block for Mamba2 {
             weight_group_stride: group,
             eps: self.spec.norm_eps,
             gate_first: 1,
+            x_f32: 1,
         };
         l.launch(k.norm, "mamba_norm", &norm)?;
         self.out.run(l, sc.out, sc.normed, n, before_fold)?;

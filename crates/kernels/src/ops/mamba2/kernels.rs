@@ -6,7 +6,7 @@
 //! rows of `xbc_stride` elements a token, x (`inner`) then every group's B (`groups * N`) then
 //! every group's C (`groups * N`); the raw `dt` is bf16, token `t`'s head `h` at
 //! `t * dt_stride + h` (the dt columns of in_proj's output row); `a_log`, `dt_bias` and `d` are
-//! f32 `[heads]`; the state is f32 `[slots, heads, head_dim, N]`; the output `y` is bf16
+//! f32 `[heads]`; the state is f32 `[slots, heads, head_dim, N]`; the output `y` is f32
 //! `[tokens, inner]`. Head `h` reads group `h / (heads / groups)`'s B and C.
 //!
 //! The conv in front is `gated_delta`'s [`super::super::GdnConv1d`] (and its decode form) as it
@@ -42,12 +42,12 @@ kernel_args!(
     /// `positions[seq_starts[s]] == 0`; an empty run leaves its state alone. A decode batch is
     /// runs of one token; a prefill chunk one run, walked token by token. Per head `h` (group
     /// `g = h / (heads / groups)`) and token: `dt = clamp(softplus(dt_raw + dt_bias[h]), dt_min,
-    /// dt_max)`, `H = exp(-dt exp(a_log[h])) H + dt x B_g^T`, `y = bf16(H C_g + d[h] x)`
+    /// dt_max)`, `H = exp(-dt exp(a_log[h])) H + dt x B_g^T`, `y = H C_g + d[h] x` in f32
     /// ([`super::ssd_recurrent`]). Shapes outside the limits ([`MAMBA2_MAX_STATE`],
     /// [`MAMBA2_STATE_MULTIPLE`], `groups` dividing `heads`, strides at least their rows,
     /// `dt_min <= dt_max`) write nothing.
     Mamba2Recurrent => names::mamba2::MAMBA2_RECURRENT {
-        /// bf16 `[tokens, heads * head_dim]`.
+        /// f32 `[tokens, heads * head_dim]` (the gated norm reads it unrounded).
         y: DevicePtr,
         /// f32 `[slots, heads, head_dim, state_size]`, updated.
         state: DevicePtr,
@@ -248,7 +248,7 @@ impl Kernel for Mamba2Recurrent {
             };
             let out = ssd_recurrent(&shape, &params, &inputs, &mut state);
             host::store(mem, state_at, &state)?;
-            host::store_bf16(mem, at_bf16(self.y, begin * inner), &out)?;
+            host::store(mem, self.y.offset(begin * inner * 4), &out)?;
         }
         Ok(())
     }
@@ -316,7 +316,7 @@ mod tests {
             starts.push(starts.last().unwrap() + *len as i32);
         }
         let kernel = Mamba2Recurrent {
-            y: mem.put(&bf16s(&vec![0.0; tokens * shape.inner()])),
+            y: mem.put(&vec![0.0f32; tokens * shape.inner()]),
             state: mem.put(&old),
             xbc: mem.put(&bf16s(&wide_xbc)),
             dt_raw: mem.put(&bf16s(&wide_dt)),
@@ -411,8 +411,8 @@ mod tests {
         };
         let mut fresh = vec![0.0; n];
         let mut cont = m.old[..n].to_vec();
-        let want = rounded([run(0..5, &mut fresh), run(5..6, &mut cont)].concat());
-        let got = f32s(&m.mem.get(m.kernel.y, 6 * SHAPE.inner()));
+        let want = [run(0..5, &mut fresh), run(5..6, &mut cont)].concat();
+        let got = m.mem.get::<f32>(m.kernel.y, 6 * SHAPE.inner());
         assert_eq!(got, want);
         let state = m.mem.get::<f32>(m.kernel.state, 4 * n);
         assert_eq!(state[..n], cont[..]);
@@ -421,7 +421,7 @@ mod tests {
         assert_eq!(state[3 * n..], m.old[3 * n..4 * n]);
         // The fresh run did not read its slot: from the slot's old state it differs.
         let mut from_old = m.old[2 * n..3 * n].to_vec();
-        let stale = rounded(run(0..5, &mut from_old));
+        let stale = run(0..5, &mut from_old);
         assert_ne!(stale[..], got[..5 * SHAPE.inner()]);
     }
 
@@ -442,7 +442,7 @@ mod tests {
         let mut whole = setup(shape, &[len], &[1], &positions, strides, 5);
         whole.run();
         let n = shape.state_len();
-        let y_whole = f32s(&whole.mem.get(whole.kernel.y, len * shape.inner()));
+        let y_whole = whole.mem.get::<f32>(whole.kernel.y, len * shape.inner());
         let state_whole = whole.mem.get::<f32>(whole.kernel.state.offset(n * 4), n);
         let (x, b, c, dt) = whole.parts(&shape, 0..len);
         let inputs = SsdInputs {
@@ -466,7 +466,7 @@ mod tests {
         let launch = |mem: &mut FlatMemory, from: usize, to: usize| {
             let starts = mem.put(&[0i32, (to - from) as i32]);
             Mamba2Recurrent {
-                y: at_bf16(k.y, from * shape.inner()),
+                y: k.y.offset(from * shape.inner() * 4),
                 xbc: at_bf16(k.xbc, from * strides.0),
                 dt_raw: at_bf16(k.dt_raw, from * strides.1),
                 seq_starts: starts,
@@ -481,7 +481,7 @@ mod tests {
             launch(&mut split.mem, t, t + 1);
         }
         assert_eq!(
-            f32s(&split.mem.get(k.y, len * shape.inner())),
+            split.mem.get::<f32>(k.y, len * shape.inner()),
             y_whole,
             "split outputs"
         );
@@ -517,7 +517,7 @@ mod tests {
         wide.kernel.dt_raw = wide.mem.put(&bf16s(&dt));
         wide.run();
         let n = SHAPE.state_len();
-        let y = |s: &Setup| f32s(&s.mem.get(s.kernel.y, tokens * SHAPE.inner()));
+        let y = |s: &Setup| s.mem.get::<f32>(s.kernel.y, tokens * SHAPE.inner());
         assert_eq!(y(&wide), y(&packed));
         let states = |s: &Setup| s.mem.get::<f32>(s.kernel.state, 3 * n);
         assert_eq!(states(&wide), states(&packed));
@@ -544,7 +544,7 @@ mod tests {
             },
             &mut state,
         );
-        assert_eq!(y(&clamped)[..3 * SHAPE.inner()], rounded(want)[..]);
+        assert_eq!(y(&clamped)[..3 * SHAPE.inner()], want[..]);
         assert_ne!(y(&clamped), y(&packed));
     }
 
