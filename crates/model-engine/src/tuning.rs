@@ -95,7 +95,7 @@ pub const LAUNCH_LABELS: [&str; 17] = [
 
 /// The labels of the products ([`crate::linear::Linear`]): those that may stream, take a grid
 /// cap or a special GEMV form.
-pub const LINEAR_LABELS: [&str; 9] = [
+pub const LINEAR_LABELS: [&str; 15] = [
     "qkv",
     "o",
     "gate_up",
@@ -105,6 +105,16 @@ pub const LINEAR_LABELS: [&str; 9] = [
     "shared_gate_up",
     "shared_down",
     "shared_gate",
+    // Gated attention's output gate (Qwen3-Next, Qwen3.5).
+    "attn_gate",
+    // A squared-ReLU MLP's up product (Nemotron-H).
+    "up",
+    // The Gated DeltaNet's input and output products.
+    "gdn_in",
+    "gdn_out",
+    // The Mamba-2 mixer's input and output products.
+    "mamba_in",
+    "mamba_out",
 ];
 
 /// Every key [`Tuning::set`] takes.
@@ -331,7 +341,7 @@ impl Tuning {
             }
             "gemv_stream" => {
                 self.gemv_stream = labels(v, &LINEAR_LABELS)
-                    .ok_or_else(|| bad("product labels split by `+` or `,` (qkv, o, gate_up, down, lm_head), or empty"))?
+                    .ok_or_else(|| bad("product labels split by `+` or `,` (qkv, o, gate_up, down, lm_head, router, shared_gate_up, shared_down, shared_gate, attn_gate, up, gdn_in, gdn_out, mamba_in, mamba_out), or empty"))?
             }
             "gemv_stream_min_weights" => {
                 self.gemv_stream_min_weights =
@@ -371,7 +381,7 @@ impl Tuning {
             "grid_caps" => {
                 self.grid_caps =
                     label_values(v, &LINEAR_LABELS, |b| b.parse::<u32>().ok().filter(|&b| b >= 1))
-                        .ok_or_else(|| bad("label=blocks pairs split by `+` or `,` (blocks at least 1; labels qkv, o, gate_up, down, lm_head)"))?
+                        .ok_or_else(|| bad("label=blocks pairs split by `+` or `,` (blocks at least 1; labels as gemv_stream's)"))?
             }
             _ => {
                 return Err(TuningError::UnknownKey {
