@@ -15,11 +15,16 @@
 //!   copies the sequence's state into it after the step; once the step completes the slot is
 //!   committed under its key ([`SnapshotPool::commit`]: *live*), or given back if the sequence
 //!   ended meanwhile ([`SnapshotPool::cancel`]).
+//! - **Or hold, then commit under the key known at the end.** A running sequence's *tail* slot
+//!   ([`SnapshotPool::hold`]: *held*, no key yet) is overwritten with its state each time its
+//!   computed length reaches a block boundary; when the sequence ends, the slot is committed
+//!   under the chain hash of the last boundary it holds ([`SnapshotPool::commit_held`]), or
+//!   given back. At most half the pool is held at once, so that prompts can still snapshot.
 //! - **A hit is checked, not trusted**: a live snapshot keeps its prefix's tokens and
 //!   [`SnapshotPool::find`] compares them, as the block cache does.
 //! - **Bounded, least recently used**: a reservation takes a free slot, else evicts a live
 //!   snapshot: first the oldest one whose prefix's KV is gone (the caller says which keys are
-//!   stale), else the least recently used. Pending slots are never evicted.
+//!   stale), else the least recently used. Pending and held slots are never evicted.
 //! - **Snapshots hold no KV blocks.** A snapshot is usable only while the prefix cache still
 //!   holds its prefix's blocks (admission requires both), but it does not pin them: cached
 //!   blocks stay free capacity, so snapshots never cause an admission to wait or a preemption.
@@ -33,6 +38,9 @@ enum Entry {
     Free,
     /// Reserved for the snapshot of the prefix with this key; written by a step in flight.
     Pending(BlockHash),
+    /// A running sequence's tail slot: written at each of its block boundaries, keyed when the
+    /// sequence ends.
+    Held,
     /// Holds the state after `tokens`, whose chain hash is `key`; `stamp` orders the LRU.
     Live {
         key: BlockHash,
@@ -43,9 +51,9 @@ enum Entry {
 
 /// A bounded pool of snapshot slots `first..first + total` with LRU eviction.
 ///
-/// Invariant: every slot is exactly one of free (on the free list once), pending or live; the
-/// key map names exactly the pending and live slots, one per key; the LRU holds exactly the live
-/// slots, each under its stamp.
+/// Invariant: every slot is exactly one of free (on the free list once), pending, held or live;
+/// the key map names exactly the pending and live slots, one per key; the LRU holds exactly the
+/// live slots, each under its stamp; at most `total / 2` slots are held.
 #[derive(Debug)]
 pub struct SnapshotPool {
     first: u32,
@@ -55,6 +63,7 @@ pub struct SnapshotPool {
     lru: BTreeMap<u64, u32>,
     clock: u64,
     evictions: u64,
+    held: usize,
 }
 
 impl SnapshotPool {
@@ -70,6 +79,7 @@ impl SnapshotPool {
             lru: BTreeMap::new(),
             clock: 0,
             evictions: 0,
+            held: 0,
         }
     }
 
@@ -90,7 +100,18 @@ impl SnapshotPool {
 
     /// Slots reserved for a snapshot a step in flight writes.
     pub fn pending_count(&self) -> usize {
-        self.used_count() - self.live_count()
+        self.used_count() - self.live_count() - self.held
+    }
+
+    /// Tail slots held by running sequences ([`SnapshotPool::hold`]).
+    pub fn held_count(&self) -> usize {
+        self.held
+    }
+
+    /// Whether [`SnapshotPool::hold`] would succeed: fewer than half the slots are held, and a
+    /// slot is free or live.
+    pub fn can_hold(&self) -> bool {
+        self.held < self.total() / 2 && self.can_reserve()
     }
 
     /// Live snapshots evicted to make room, since the pool was made.
@@ -140,37 +161,80 @@ impl SnapshotPool {
 
     /// Reserves a slot for the snapshot keyed `key` (not live or pending already): a free one,
     /// else the oldest live snapshot for which `stale` holds, else the least recently used live
-    /// one. `None` when every slot is pending.
+    /// one. `None` when every slot is pending or held.
     pub fn reserve(
         &mut self,
         key: BlockHash,
         stale: impl Fn(BlockHash) -> bool,
     ) -> Option<StateSlot> {
         assert!(!self.has_key(key), "a snapshot of this prefix exists");
-        let i = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                let victim = self
-                    .lru
-                    .iter()
-                    .find(|&(_, &i)| match &self.entries[i as usize] {
-                        Entry::Live { key, .. } => stale(*key),
-                        _ => false,
-                    })
-                    .or_else(|| self.lru.iter().next())
-                    .map(|(&stamp, &i)| (stamp, i))?;
-                self.lru.remove(&victim.0);
-                let Entry::Live { key, .. } = &self.entries[victim.1 as usize] else {
-                    unreachable!("the LRU holds live slots");
-                };
-                self.by_key.remove(key);
-                self.evictions += 1;
-                victim.1
-            }
-        };
+        let i = self.take_slot(stale)?;
         self.entries[i as usize] = Entry::Pending(key);
         self.by_key.insert(key, i);
         Some(StateSlot(self.first + i))
+    }
+
+    /// Holds a slot as a running sequence's tail (see the module comment), taken as
+    /// [`SnapshotPool::reserve`] takes one. `None` when half the slots are held already, or
+    /// every slot is pending or held.
+    pub fn hold(&mut self, stale: impl Fn(BlockHash) -> bool) -> Option<StateSlot> {
+        if self.held >= self.total() / 2 {
+            return None;
+        }
+        let i = self.take_slot(stale)?;
+        self.entries[i as usize] = Entry::Held;
+        self.held += 1;
+        Some(StateSlot(self.first + i))
+    }
+
+    /// A free slot, else the oldest stale live one, else the least recently used live one
+    /// (evicted).
+    fn take_slot(&mut self, stale: impl Fn(BlockHash) -> bool) -> Option<u32> {
+        if let Some(i) = self.free.pop() {
+            return Some(i);
+        }
+        let victim = self
+            .lru
+            .iter()
+            .find(|&(_, &i)| match &self.entries[i as usize] {
+                Entry::Live { key, .. } => stale(*key),
+                _ => false,
+            })
+            .or_else(|| self.lru.iter().next())
+            .map(|(&stamp, &i)| (stamp, i))?;
+        self.lru.remove(&victim.0);
+        let Entry::Live { key, .. } = &self.entries[victim.1 as usize] else {
+            unreachable!("the LRU holds live slots");
+        };
+        self.by_key.remove(key);
+        self.entries[victim.1 as usize] = Entry::Free;
+        self.evictions += 1;
+        Some(victim.1)
+    }
+
+    /// Commits a held tail slot as the snapshot of the prefix `tokens`, whose chain hash is
+    /// `key`: it holds the state after them. When a snapshot with that key is live or pending
+    /// already, the slot is freed instead; returns whether it was committed.
+    pub fn commit_held(
+        &mut self,
+        slot: StateSlot,
+        key: BlockHash,
+        tokens: &[u32],
+    ) -> Result<bool, CacheError> {
+        let i = self.index(slot).ok_or(CacheError::SlotNotHeld(slot.0))?;
+        if !matches!(self.entries[i], Entry::Held) {
+            return Err(CacheError::SlotNotHeld(slot.0));
+        }
+        self.held -= 1;
+        if self.has_key(key) {
+            self.entries[i] = Entry::Free;
+            self.free.push(i as u32);
+            return Ok(false);
+        }
+        self.entries[i] = Entry::Pending(key);
+        self.by_key.insert(key, i as u32);
+        self.commit(slot, tokens)?;
+        Ok(true)
     }
 
     /// Commits a pending slot: it now holds the state after `tokens` (its key's prefix).
@@ -189,19 +253,23 @@ impl SnapshotPool {
         Ok(())
     }
 
-    /// Gives a pending slot back (its sequence ended before the step that writes it completed).
+    /// Gives a pending or held slot back (its sequence ended before the step that writes it
+    /// completed, or holds no boundary worth keeping).
     pub fn cancel(&mut self, slot: StateSlot) -> Result<(), CacheError> {
         let i = self.index(slot).ok_or(CacheError::SlotNotHeld(slot.0))?;
-        let Entry::Pending(key) = self.entries[i] else {
-            return Err(CacheError::SlotNotHeld(slot.0));
-        };
-        self.by_key.remove(&key);
+        match self.entries[i] {
+            Entry::Pending(key) => {
+                self.by_key.remove(&key);
+            }
+            Entry::Held => self.held -= 1,
+            _ => return Err(CacheError::SlotNotHeld(slot.0)),
+        }
         self.entries[i] = Entry::Free;
         self.free.push(i as u32);
         Ok(())
     }
 
-    /// Drops every live snapshot (pending ones stay); returns how many.
+    /// Drops every live snapshot (pending and held ones stay); returns how many.
     pub fn clear(&mut self) -> usize {
         let live: Vec<u32> = std::mem::take(&mut self.lru).into_values().collect();
         for &i in &live {
@@ -223,11 +291,16 @@ impl SnapshotPool {
             }
         }
         let mut keyed = 0;
+        let mut held = 0;
         for (i, e) in self.entries.iter().enumerate() {
             let key = match e {
                 Entry::Free if on_free[i] => continue,
                 Entry::Free => return Err(format!("snapshot slot {i} is free but not listed")),
                 _ if on_free[i] => return Err(format!("snapshot slot {i} is listed but used")),
+                Entry::Held => {
+                    held += 1;
+                    continue;
+                }
                 Entry::Pending(key) => key,
                 Entry::Live { key, stamp, .. } => {
                     if self.lru.get(stamp) != Some(&(i as u32)) {
@@ -240,6 +313,9 @@ impl SnapshotPool {
                 return Err(format!("snapshot slot {i}'s key names another slot"));
             }
             keyed += 1;
+        }
+        if held != self.held || held > self.total() / 2 {
+            return Err(format!("{held} held slots, counted {} of {}", self.held, self.total()));
         }
         if keyed != self.by_key.len() {
             return Err(format!("{keyed} keyed slots, {} keys", self.by_key.len()));
@@ -319,5 +395,40 @@ mod tests {
         assert_eq!(s, StateSlot(1));
         assert!(q.find(K1, &[1]).is_some());
         q.check().unwrap();
+    }
+
+    #[test]
+    fn a_held_tail_is_keyed_at_the_end_never_evicted_and_capped_at_half() {
+        let mut p = SnapshotPool::new(0, 4);
+        let a = p.reserve(K1, |_| false).unwrap();
+        p.commit(a, &[1]).unwrap();
+        let t = p.hold(|_| false).unwrap();
+        assert_eq!(p.held_count(), 1);
+        assert_eq!((p.used_count(), p.live_count(), p.pending_count()), (2, 1, 0));
+        let u = p.hold(|_| false).unwrap();
+        assert!(!p.can_hold() && p.hold(|_| false).is_none(), "half the pool held");
+        assert!(p.can_reserve(), "prompts still get slots");
+        p.check().unwrap();
+        // The two free slots go to snapshots, then the live ones are evicted; held ones never.
+        let b = p.reserve(K2, |_| false).unwrap();
+        p.commit(b, &[2]).unwrap();
+        let c = p.reserve(K3, |_| false).unwrap();
+        assert_eq!(c, a, "the least recently used live slot");
+        assert_eq!(p.evictions(), 1);
+        assert!(p.reserve(BlockHash(7), |_| false).is_some());
+        assert_eq!(p.reserve(BlockHash(8), |_| false), None, "pending and held only");
+        // Keyed at the end: a new key commits, one already present frees the slot.
+        assert_eq!(p.commit_held(t, BlockHash(5), &[5, 5]), Ok(true));
+        assert_eq!(p.find(BlockHash(5), &[5, 5]), Some(t));
+        assert_eq!(p.commit_held(u, K3, &[3]), Ok(false), "K3 is pending");
+        assert_eq!(p.commit_held(u, K3, &[3]), Err(CacheError::SlotNotHeld(u.0)));
+        assert_eq!(p.held_count(), 0);
+        let v = p.hold(|_| false).unwrap();
+        assert_eq!(v, u, "the freed slot");
+        p.cancel(v).unwrap();
+        assert_eq!(p.cancel(v), Err(CacheError::SlotNotHeld(v.0)));
+        p.check().unwrap();
+        let q = SnapshotPool::new(0, 1);
+        assert!(!q.can_hold(), "one slot: no tails");
     }
 }
