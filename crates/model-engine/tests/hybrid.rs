@@ -438,6 +438,7 @@ fn serve(
             prompt,
             max_new_tokens: max_new,
             arrival: now,
+            turn_boundary: None,
         })
         .expect("admitted");
     let vocab = m.config().vocab_size;

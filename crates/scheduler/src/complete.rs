@@ -68,23 +68,32 @@ impl Scheduler {
         Ok(events)
     }
 
-    /// Commits the snapshots the completed plans took, for sequences still running under the
-    /// admission that planned them; gives the others' slots back.
+    /// Commits the snapshots the completed plans took, and confirms the boundary each tail slot
+    /// now holds, for sequences still running under the admission that planned them; gives the
+    /// others' slots back.
     fn commit_snapshots(&mut self) {
         let pending = std::mem::take(&mut self.pending_snapshots);
         let Some(snaps) = self.snapshots.as_mut() else {
             return;
         };
-        for (seq, admission, slot, boundary) in pending {
+        for p in pending {
             let live = self
                 .running
-                .iter()
-                .find(|s| s.id == seq && s.admission == admission);
+                .iter_mut()
+                .find(|s| s.id == p.seq && s.admission == p.admission);
             match live {
-                Some(s) => snaps.commit(slot, &s.tokens[..boundary]),
-                None => snaps.cancel(slot),
+                Some(s) if p.tail => {
+                    let tail = s.tail.as_mut().expect("a running sequence keeps its tail");
+                    debug_assert_eq!(tail.slot, p.slot);
+                    tail.holds = p.boundary;
+                    tail.in_flight = false;
+                    Ok(())
+                }
+                Some(s) => snaps.commit(p.slot, &s.tokens[..p.boundary]),
+                // Ended (or preempted) while the step was in flight: its release left the slot.
+                None => snaps.cancel(p.slot),
             }
-            .expect("a planned snapshot's slot is pending");
+            .expect("a planned snapshot's slot is pending or held");
         }
     }
 

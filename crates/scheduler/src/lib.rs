@@ -40,7 +40,9 @@
 //!     state_snapshots: 0,
 //! })?;
 //! let prompt = vec![1, 2, 3];
-//! scheduler.add(NewSequence { id: SeqId(7), prompt, max_new_tokens: 4, arrival: Instant::now() })?;
+//! scheduler.add(NewSequence {
+//!     id: SeqId(7), prompt, max_new_tokens: 4, arrival: Instant::now(), turn_boundary: None,
+//! })?;
 //! let mut streamed = Vec::new();
 //! while !scheduler.is_idle() {
 //!     let plan = scheduler.schedule(Instant::now());

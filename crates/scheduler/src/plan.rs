@@ -31,9 +31,11 @@ pub struct PlanItem {
     /// continues. Only on an admission's first item. Every restore of a step is done before any
     /// of its snapshots ([`PlanItem::snapshot`]) are taken.
     pub restore: Option<StateSlot>,
-    /// After the step, copy `state_slot` into this snapshot slot: the item is a prefill chunk
-    /// ending at the sequence's snapshot boundary, and the state there is kept for later
-    /// requests sharing the prefix.
+    /// After the step, copy `state_slot` into this snapshot slot: the item ends at a block
+    /// boundary whose state is kept for later requests sharing the prefix, either a prefill
+    /// chunk ending at the sequence's snapshot boundary, or (its *tail*) any item ending at a
+    /// block boundary past it, the copy overwriting the previous one (see
+    /// [`Scheduler::schedule`](crate::Scheduler::schedule)).
     pub snapshot: Option<StateSlot>,
 }
 
@@ -147,6 +149,11 @@ pub struct SchedulerStats {
     pub state_snapshots_used: usize,
     /// Recurrent-state snapshot slots in the pool (0 without).
     pub state_snapshots_total: usize,
+    /// Of `state_snapshots_used`, the running sequences' tail slots (their latest block
+    /// boundary's state, a snapshot once they end).
+    pub state_snapshots_held: usize,
+    /// Snapshots evicted to make room since start-up (a counter).
+    pub state_snapshot_evictions: u64,
     /// KV blocks in the pool.
     pub blocks_total: usize,
     /// Preemptions since start-up (a counter).

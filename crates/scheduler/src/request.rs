@@ -32,6 +32,14 @@ pub struct NewSequence {
     pub max_new_tokens: usize,
     /// When the request arrived; the SLAI clock of a sequence starts here.
     pub arrival: Instant,
+    /// For a chat request, the prompt tokens before the chat template's generation prompt (the
+    /// assistant turn's opening): the part a later turn of the same conversation renders the
+    /// same way. A hybrid model keeps its prompt's state snapshot at the last block boundary at
+    /// or before it rather than before the last token (see [`Scheduler::schedule`]). `None`
+    /// for a raw prompt; a value past the prompt counts as its end.
+    ///
+    /// [`Scheduler::schedule`]: crate::Scheduler::schedule
+    pub turn_boundary: Option<usize>,
 }
 
 /// Why a sequence ended.

@@ -9,8 +9,8 @@ use metrale_cache::{BlockHash, BlockPool, BlockTable, SnapshotPool, StateSlot};
 use crate::config::Policy;
 use crate::plan::{PlanItem, StepPlan};
 use crate::request::SeqId;
-use crate::scheduler::Scheduler;
-use crate::sequence::{Phase, Sequence};
+use crate::scheduler::{PendingSnapshot, Scheduler};
+use crate::sequence::{Phase, Sequence, Tail};
 
 impl Scheduler {
     /// Plans the next step at time `now` (read only by the SLAI deadline rule).
@@ -71,8 +71,10 @@ impl Scheduler {
     /// A hybrid model's hit needs the recurrent state after the prefix as well as its KV. Each
     /// prefill keeps one snapshot, at its *snapshot boundary*: the last full-block boundary at or
     /// before its last token, `((prefill_end - 1) / block_size) * block_size` (the furthest
-    /// point a hit can reach, since a hit never covers the last token; a later turn of the same
-    /// conversation, which resends this prompt plus more, resumes there). The chunk that crosses
+    /// point a hit can reach, since a hit never covers the last token; a later request that
+    /// resends this prompt plus more resumes there), or at or before its
+    /// [`NewSequence::turn_boundary`](crate::NewSequence::turn_boundary) when that comes first
+    /// (a chat template may render this turn's opening otherwise in the next turn). The chunk that crosses
     /// the boundary is cut to end on it and carries [`PlanItem::snapshot`], a slot reserved in
     /// the [`SnapshotPool`] under the chain hash of the block ending there; the engine copies
     /// the sequence's state into it after the step, and `complete_step` commits it (or gives it
@@ -83,6 +85,15 @@ impl Scheduler {
     /// slot before the step; with no such snapshot there is no hit and the prefill runs from 0.
     /// The admission rule for prefixes being computed waits only for a running sequence's
     /// snapshot boundary (a shared prefix without a snapshot at its end is no hit to wait for).
+    ///
+    /// **Tails.** Past its snapshot boundary, each item that ends on a block boundary (a decode
+    /// every `block_size` tokens, a prefill chunk that happens to) also carries
+    /// [`PlanItem::snapshot`]: the sequence's *tail* slot, held in the [`SnapshotPool`] from
+    /// its first such item (if fewer than half the pool is held) and overwritten by each. When
+    /// the sequence ends, however it ends, its tail becomes the snapshot of its tokens up to the
+    /// last boundary a completed step copied (the end of its generated text, rounded down to a
+    /// block), so the next turn of a conversation that resends the answer resumes after it.
+    /// A tail written by a step still in flight at the end is given back instead.
     pub fn schedule(&mut self, now: Instant) -> StepPlan {
         let decode_only = self.decode_deadline_near(now);
         let mut step = StepBuilder {
@@ -161,7 +172,12 @@ impl Scheduler {
                     self.pool
                         .reserve(&mut s.table, s.num_computed + fit)
                         .expect("the free blocks were counted");
-                    step.plan(s, fit, phase == Phase::Decode, None, snapshot);
+                    let copy = match snapshot {
+                        Some(slot) => Some((slot, false)),
+                        None => tail_target(&self.pool, self.snapshots.as_mut(), s, start + fit)
+                            .map(|slot| (slot, true)),
+                    };
+                    step.plan(s, fit, phase == Phase::Decode, None, copy);
                     i += 1;
                     break;
                 }
@@ -278,10 +294,15 @@ impl Scheduler {
             if let (Some(slot), Some(snaps)) = (restore, self.snapshots.as_mut()) {
                 snaps.touch(slot);
             }
-            let snapshot = target
-                .and_then(|(_, key)| reserve_snapshot(&self.pool, self.snapshots.as_mut(), key));
+            let copy = match target
+                .and_then(|(_, key)| reserve_snapshot(&self.pool, self.snapshots.as_mut(), key))
+            {
+                Some(slot) => Some((slot, false)),
+                None => tail_target(&self.pool, self.snapshots.as_mut(), s, start + chunk)
+                    .map(|slot| (slot, true)),
+            };
             computing.extend(computing_keys(&self.pool, hybrid, s));
-            step.plan(s, chunk, false, restore, snapshot);
+            step.plan(s, chunk, false, restore, copy);
             admitted.push(index);
         }
         if admitted.is_empty() {
@@ -341,10 +362,42 @@ fn computing_keys(pool: &BlockPool, hybrid: bool, s: &mut Sequence) -> Vec<Block
     vec![s.hashes[b / pool.block_size() - 1]]
 }
 
-/// Where a sequence's recurrent state is snapshotted: the last full-block boundary at or before
-/// its last prefill token (0: none). See [`Scheduler::schedule`].
+/// Where a sequence's prefill snapshots its recurrent state: the last full-block boundary at or
+/// before its turn boundary, or without one its last prefill token (0: none). See
+/// [`Scheduler::schedule`].
 pub(crate) fn snapshot_boundary(s: &Sequence, block_size: usize) -> usize {
-    (s.prefill_end - 1) / block_size * block_size
+    let end = s.prefill_end - 1;
+    s.turn_boundary.map_or(end, |t| t.min(end)) / block_size * block_size
+}
+
+/// For an item that brings `s`'s computed length to `end`: when `end` is a block boundary past
+/// its snapshot boundary, its tail slot (held now if it has none and the pool can spare one),
+/// marked as written by the step in flight. See [`Scheduler::schedule`].
+fn tail_target(
+    pool: &BlockPool,
+    snapshots: Option<&mut SnapshotPool>,
+    s: &mut Sequence,
+    end: usize,
+) -> Option<StateSlot> {
+    let snaps = snapshots?;
+    let bs = pool.block_size();
+    if s.slot.is_none() || end % bs != 0 || end <= snapshot_boundary(s, bs) {
+        return None;
+    }
+    let tail = match &mut s.tail {
+        Some(tail) => tail,
+        None => {
+            let slot = snaps.hold(|h| !pool.is_registered(h))?;
+            s.tail.insert(Tail {
+                slot,
+                holds: 0,
+                in_flight: false,
+            })
+        }
+    };
+    debug_assert!(!tail.in_flight, "one item a sequence a step");
+    tail.in_flight = true;
+    Some(tail.slot)
 }
 
 /// For `n` prefill tokens of `s` from position `start`: when they reach its snapshot boundary
@@ -391,21 +444,22 @@ struct StepBuilder {
     /// `(sequence, admission, end)` of each planned item: positions below `end` are written
     /// once the step completes.
     writes: Vec<(SeqId, u64, usize)>,
-    /// `(sequence, admission, slot, boundary)` of each snapshot the step takes.
-    snapshots: Vec<(SeqId, u64, StateSlot, usize)>,
+    /// The state copies into snapshot slots the step makes.
+    snapshots: Vec<PendingSnapshot>,
 }
 
 impl StepBuilder {
     /// Puts the next `n` tokens of `seq` in the step; its blocks must already hold them.
     /// `restore`: the snapshot its state starts from; `snapshot`: the slot its state is copied
-    /// to after the step (the chunk then ends on its snapshot boundary).
+    /// to after the step, and whether it is the sequence's tail (else the chunk ends on its
+    /// snapshot boundary).
     fn plan(
         &mut self,
         seq: &mut Sequence,
         n: usize,
         decode: bool,
         restore: Option<StateSlot>,
-        snapshot: Option<StateSlot>,
+        snapshot: Option<(StateSlot, bool)>,
     ) {
         let start = seq.num_computed;
         seq.num_computed += n;
@@ -417,11 +471,16 @@ impl StepBuilder {
             wants_logits: seq.num_computed == seq.tokens.len(),
             state_slot: seq.slot,
             restore,
-            snapshot,
+            snapshot: snapshot.map(|(slot, _)| slot),
         };
-        if let Some(slot) = snapshot {
-            self.snapshots
-                .push((seq.id, seq.admission, slot, seq.num_computed));
+        if let Some((slot, tail)) = snapshot {
+            self.snapshots.push(PendingSnapshot {
+                seq: seq.id,
+                admission: seq.admission,
+                slot,
+                boundary: seq.num_computed,
+                tail,
+            });
         }
         self.items.push((item, seq.table.clone(), decode));
         self.writes.push((seq.id, seq.admission, seq.num_computed));

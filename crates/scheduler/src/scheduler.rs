@@ -11,6 +11,18 @@ use crate::plan::SchedulerStats;
 use crate::request::{FinishReason, Finished, NewSequence, Rejected, SeqId};
 use crate::sequence::{Phase, Sequence};
 
+/// A state copy a planned step makes into a snapshot slot.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PendingSnapshot {
+    pub(crate) seq: SeqId,
+    pub(crate) admission: u64,
+    pub(crate) slot: StateSlot,
+    /// The sequence's computed length at the copy: the state is the one after `tokens[..boundary]`.
+    pub(crate) boundary: usize,
+    /// Into the sequence's tail slot (confirmed, not committed, when the step completes).
+    pub(crate) tail: bool,
+}
+
 /// The serving scheduler: the queue, the running set and the KV block pool (with its prefix
 /// cache).
 ///
@@ -25,9 +37,9 @@ pub struct Scheduler {
     /// The recurrent-state snapshots at prefix boundaries, for a hybrid model with the prefix
     /// cache on and snapshot slots.
     pub(crate) snapshots: Option<SnapshotPool>,
-    /// Snapshots the last plans take, `(sequence, admission, slot, boundary)`: committed by the
-    /// next `complete_step` if the sequence still runs under that admission, else given back.
-    pub(crate) pending_snapshots: Vec<(SeqId, u64, StateSlot, usize)>,
+    /// Snapshots the last plans take: committed by the next `complete_step` if the sequence
+    /// still runs under that admission, else given back.
+    pub(crate) pending_snapshots: Vec<PendingSnapshot>,
     /// Admitted sequences, oldest admission first: the order of priority, the most recently
     /// admitted (last) being the first preempted. `len() <= max_running`.
     pub(crate) running: Vec<Sequence>,
@@ -120,6 +132,8 @@ impl Scheduler {
             cached_tokens: None,
             admission: 0,
             slot: None,
+            turn_boundary: seq.turn_boundary,
+            tail: None,
         });
         Ok(())
     }
@@ -214,6 +228,8 @@ impl Scheduler {
             state_slots_total: self.states.as_ref().map_or(0, StatePool::total),
             state_snapshots_used: self.snapshots.as_ref().map_or(0, SnapshotPool::used_count),
             state_snapshots_total: self.snapshots.as_ref().map_or(0, SnapshotPool::total),
+            state_snapshots_held: self.snapshots.as_ref().map_or(0, SnapshotPool::held_count),
+            state_snapshot_evictions: self.snapshots.as_ref().map_or(0, SnapshotPool::evictions),
             blocks_total: self.pool.total(),
             preemptions: self.preemptions,
             prefix_queried_tokens: self.prefix_queried_tokens,
@@ -229,8 +245,26 @@ impl Scheduler {
             .or_else(|| self.waiting.iter().find(|s| s.id == seq))
     }
 
-    /// Drops `seq`'s reference to each of its blocks, and returns its state slot.
+    /// Drops `seq`'s reference to each of its blocks, returns its state slot, and keeps its
+    /// tail: committed as the snapshot of its prefix up to the boundary it holds (the end of
+    /// its generated text, rounded down to a block), unless a step in flight writes it.
     pub(crate) fn release(&mut self, seq: &mut Sequence) {
+        if let Some(tail) = seq.tail.take()
+            && !tail.in_flight
+        {
+            let snaps = self.snapshots.as_mut().expect("a tail comes from the snapshot pool");
+            if tail.holds > 0 {
+                self.pool
+                    .hash_blocks(&seq.tokens[..tail.holds], &mut seq.hashes);
+                let key = seq.hashes[tail.holds / self.config.block_size - 1];
+                snaps
+                    .commit_held(tail.slot, key, &seq.tokens[..tail.holds])
+                    .map(|_| ())
+            } else {
+                snaps.cancel(tail.slot)
+            }
+            .expect("a sequence's tail is held");
+        }
         // A live sequence's table holds one reference to each of its blocks, all from this pool.
         self.pool
             .release(&mut seq.table)

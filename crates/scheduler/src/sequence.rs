@@ -26,7 +26,8 @@ pub(crate) enum Phase {
 /// table, `num_computed == 0` and `published == 0`; the table's first `published` blocks are
 /// full, written, and were offered to the prefix cache (taken from it, or registered unless a
 /// copy was there first); no position below `published * block_size` is ever written again;
-/// with state slots, a running sequence holds exactly one and a waiting one none.
+/// with state slots, a running sequence holds exactly one and a waiting one none; a waiting one
+/// holds no tail.
 #[derive(Debug)]
 pub(crate) struct Sequence {
     pub(crate) id: SeqId,
@@ -57,6 +58,23 @@ pub(crate) struct Sequence {
     pub(crate) admission: u64,
     /// Its recurrent-state slot, held from admission to release (hybrid models only).
     pub(crate) slot: Option<StateSlot>,
+    /// See [`crate::NewSequence::turn_boundary`].
+    pub(crate) turn_boundary: Option<usize>,
+    /// Its tail snapshot slot while running, once it reached a block boundary past its
+    /// prefill's snapshot boundary (hybrid models with snapshots).
+    pub(crate) tail: Option<Tail>,
+}
+
+/// A running sequence's tail snapshot slot: the state at the last block boundary its computed
+/// tokens reached, committed as a snapshot of that prefix when the sequence ends.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tail {
+    pub(crate) slot: StateSlot,
+    /// The boundary whose state the slot holds, written by a completed step; 0 before the first.
+    pub(crate) holds: usize,
+    /// A planned step writes the slot and has not completed: at release the slot is left to
+    /// that step's `complete_step`, which gives it back.
+    pub(crate) in_flight: bool,
 }
 
 impl Sequence {

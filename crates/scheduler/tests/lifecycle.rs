@@ -245,6 +245,7 @@ fn bad_configs_are_refused() {
         prompt: vec![1],
         max_new_tokens: 1,
         arrival: now,
+        turn_boundary: None,
     })
     .unwrap();
     assert!(!s.schedule(now).is_empty());

@@ -111,11 +111,12 @@ fn with_slots_the_prefix_cache_gives_no_hits() {
     assert_eq!(h.sched.stats().prefix_hit_tokens, 0);
 }
 
-/// Four running slots and two snapshot slots (model slots 4 and 5), the cache on.
+/// Four running slots and three snapshot slots (model slots 4 to 6, at most one a tail), the
+/// cache on.
 fn snapshots() -> SchedulerConfig {
     SchedulerConfig {
         prefix_cache: Some(key()),
-        state_snapshots: 2,
+        state_snapshots: 3,
         ..slots(4)
     }
 }
@@ -151,8 +152,17 @@ fn a_prefill_is_cut_at_its_snapshot_boundary_and_a_longer_prompt_resumes_there()
         (Some(StateSlot(4)), Some(StateSlot(5)))
     );
     assert_eq!(h.sched.cached_tokens(B), Some(8));
+    // Its prompt ends at 15; the decode of position 15 reaches 16, a block boundary past 12:
+    // the state there goes to its tail slot, the snapshot of its 16 tokens once it ends.
+    h.step();
+    let (plan, _) = h.step();
+    assert_eq!(plan.items[0].start_position, 15);
+    assert_eq!(plan.items[0].snapshot, Some(StateSlot(6)), "its tail");
+    assert!(h.sched.is_idle(), "that decode was its last");
+    assert_eq!(h.sched.snapshots().unwrap().live_count(), 3, "the tail kept");
     h.run_to_completion(100);
     assert_eq!(h.sched.stats().prefix_hit_tokens, 8);
+    assert_eq!(h.sched.stats().state_snapshots_held, 0);
     // The same first prompt again: a hit at 8 from the first snapshot, nothing new to keep.
     h.add(2, first, 2).unwrap();
     let (plan, _) = h.step();
@@ -165,8 +175,103 @@ fn a_prefill_is_cut_at_its_snapshot_boundary_and_a_longer_prompt_resumes_there()
     let stats = h.sched.stats();
     assert_eq!(
         (stats.state_snapshots_used, stats.state_snapshots_total),
-        (2, 2)
+        (3, 3)
     );
+    assert_eq!(stats.state_snapshot_evictions, 0);
+}
+
+#[test]
+fn the_answer_is_kept_at_its_last_block_boundary_and_the_next_turn_resumes_after_it() {
+    let mut h = Harness::new(snapshots());
+    // 10 prompt tokens, 9 generated: positions 0..18 are computed (the last token is never fed
+    // back). Past the prompt's boundary (8), the decodes reaching 12 and 16 copy the state into
+    // one tail slot; it is the snapshot of the first 16 tokens once the sequence ends.
+    let prompt: Vec<u32> = (0..10).collect();
+    h.add(0, prompt.clone(), 9).unwrap();
+    let mut copies = Vec::new();
+    while !h.sched.is_idle() {
+        let (plan, _) = h.step();
+        for item in &plan.items {
+            if let Some(slot) = item.snapshot {
+                copies.push((item.start_position + item.tokens.len(), slot));
+            }
+        }
+    }
+    let tail = StateSlot(5);
+    assert_eq!(copies, [(8, StateSlot(4)), (12, tail), (16, tail)]);
+    let snaps = h.sched.snapshots().unwrap();
+    assert_eq!((snaps.live_count(), snaps.held_count()), (2, 0));
+    // Every full block of the conversation so far, the answer's too, is in the prefix cache.
+    let mut conversation = prompt.clone();
+    conversation.extend(&h.outputs[&A]);
+    let pool = h.sched.pool();
+    let mut hashes = Vec::new();
+    pool.hash_blocks(&conversation, &mut hashes);
+    assert_eq!(pool.lookup(&hashes, &conversation).len(), 4, "18 computed: 4 blocks");
+    // The next turn: the conversation and a new message. It resumes at 16, from the tail.
+    conversation.extend([70, 71, 72, 73, 74]);
+    h.add(1, conversation, 2).unwrap();
+    let (plan, _) = h.step();
+    let item = &plan.items[0];
+    assert_eq!((item.start_position, item.restore), (16, Some(tail)));
+    assert_eq!(h.sched.cached_tokens(B), Some(16));
+    h.run_to_completion(100);
+}
+
+#[test]
+fn a_tail_in_flight_at_a_cancel_is_given_back_and_one_confirmed_is_kept() {
+    let mut h = Harness::new(snapshots());
+    h.add(0, (0..10).collect(), 20).unwrap();
+    // Prefill to 8 (snapshot), to 10 (samples), decodes 10 and 11: the one reaching 12 copies.
+    for _ in 0..3 {
+        h.step();
+    }
+    let plan = h.schedule();
+    assert_eq!(plan.items[0].snapshot, Some(StateSlot(5)));
+    let results = h.run(&plan);
+    h.cancel(A);
+    assert_eq!(
+        h.sched.snapshots().unwrap().held_count(),
+        1,
+        "left to the step in flight"
+    );
+    h.complete(&results);
+    let snaps = h.sched.snapshots().unwrap();
+    assert_eq!((snaps.live_count(), snaps.held_count(), snaps.used_count()), (1, 0, 1));
+    // The same again, cancelled between steps: its tail holds 12 and is kept.
+    h.add(1, (0..10).collect(), 20).unwrap();
+    for _ in 0..3 {
+        h.step();
+    }
+    h.cancel(B);
+    let snaps = h.sched.snapshots().unwrap();
+    assert_eq!((snaps.live_count(), snaps.held_count()), (2, 0));
+    let mut next: Vec<u32> = (0..10).collect();
+    next.extend(&h.outputs[&B]);
+    next.push(99);
+    h.add(2, next, 1).unwrap();
+    let (plan, _) = h.step();
+    assert_eq!(plan.items[0].start_position, 12, "resumes from the kept tail");
+    h.run_to_completion(100);
+}
+
+#[test]
+fn a_chat_prompt_snapshots_at_its_turn_boundary() {
+    let mut h = Harness::new(snapshots());
+    // 20 tokens, the generation prompt from 13 on: the snapshot is at 12, not at 16.
+    let prompt: Vec<u32> = (0..20).collect();
+    h.add_turn(0, prompt.clone(), 1, Some(13)).unwrap();
+    let (plan, _) = h.step();
+    assert_eq!((plan.items[0].tokens.len(), plan.items[0].snapshot), (12, Some(StateSlot(4))));
+    h.run_to_completion(100);
+    // The next turn renders the answer's turn without the generation prompt's tail (as Qwen3's
+    // template drops an earlier answer's `<think>` block): it agrees up to 13 only.
+    let mut next = prompt[..13].to_vec();
+    next.extend(40..50);
+    h.add_turn(1, next, 1, Some(21)).unwrap();
+    let (plan, _) = h.step();
+    assert_eq!((plan.items[0].start_position, plan.items[0].restore), (12, Some(StateSlot(4))));
+    h.run_to_completion(100);
 }
 
 #[test]

@@ -16,7 +16,9 @@
 //! - with state slots (hybrid models), the fake engine keeps each slot's recurrent state (the
 //!   hash of the tokens it has seen): an item that does not start at 0 must find its slot
 //!   holding exactly its prefix's state, after a restore from a snapshot for a hit; a snapshot
-//!   is taken only at the sequence's snapshot boundary, into a snapshot slot.
+//!   is taken only at the sequence's snapshot boundary or, into its tail slot, at a block boundary
+//!   past it, into a snapshot slot; a tail committed at a sequence's end is restored later only
+//!   as the state after exactly its prefix (the fake engine checks every restored state).
 
 #![allow(dead_code)]
 
@@ -60,6 +62,10 @@ pub struct Live {
     pub max_new: usize,
     /// KV positions written so far (`0..written`).
     pub written: usize,
+    /// Its turn boundary (`NewSequence::turn_boundary`).
+    pub turn: Option<usize>,
+    /// Its history's length at its last admission: where that prefill ends.
+    pub prefill_end: usize,
 }
 
 /// The scripted engine loop.
@@ -111,12 +117,24 @@ impl Harness {
 
     /// Adds sequence `id` with `prompt`, arriving now.
     pub fn add(&mut self, id: u64, prompt: Vec<u32>, max_new: usize) -> Result<(), Rejected> {
+        self.add_turn(id, prompt, max_new, None)
+    }
+
+    /// Adds sequence `id` with `prompt` and a turn boundary, arriving now.
+    pub fn add_turn(
+        &mut self,
+        id: u64,
+        prompt: Vec<u32>,
+        max_new: usize,
+        turn: Option<usize>,
+    ) -> Result<(), Rejected> {
         let seq = SeqId(id);
         self.sched.add(NewSequence {
             id: seq,
             prompt: prompt.clone(),
             max_new_tokens: max_new,
             arrival: self.now(),
+            turn_boundary: turn,
         })?;
         let limit = self.sched.config().max_total_len() - prompt.len();
         self.live.insert(
@@ -125,6 +143,8 @@ impl Harness {
                 prompt,
                 max_new: max_new.min(limit),
                 written: 0,
+                turn,
+                prefill_end: 0,
             },
         );
         self.outputs.insert(seq, Vec::new());
@@ -240,6 +260,8 @@ impl Harness {
         assert_eq!(stats.state_slots_used, 0, "state slots leaked");
         if let Some(snaps) = self.sched.snapshots() {
             assert_eq!(snaps.pending_count(), 0, "a snapshot slot left pending");
+            assert_eq!(snaps.held_count(), 0, "a tail slot left held");
+            assert_eq!(stats.state_snapshots_held, 0);
             assert_eq!(stats.state_snapshots_used, snaps.live_count());
             snaps.check().unwrap();
         }
@@ -386,19 +408,23 @@ impl Harness {
                     self.hits.push((item.seq, prompt));
                 }
                 live.written = start;
+                live.prefill_end = history.len();
                 self.admitted.push(item.seq);
             }
             if let Some(snap) = item.snapshot {
                 let first = cfg.state_slots.expect("snapshots need state slots") as u32;
                 assert!((first..first + cfg.state_snapshots as u32).contains(&snap.0));
                 assert!(snap_slots.insert(snap), "{snap:?} written twice in a step");
-                let boundary = (history.len() - 1) / cfg.block_size * cfg.block_size;
-                assert_eq!(
-                    end, boundary,
-                    "{}: a snapshot off the sequence's boundary",
+                let last = live.prefill_end - 1;
+                let boundary = live.turn.map_or(last, |t| t.min(last)) / cfg.block_size
+                    * cfg.block_size;
+                let tail = end % cfg.block_size == 0 && end > boundary;
+                assert!(
+                    end == boundary || tail,
+                    "{}: a snapshot at {end}, neither its boundary {boundary} nor a tail",
                     item.seq
                 );
-                assert!(!item.wants_logits);
+                assert!(end < history.len() || tail);
             }
             assert_eq!(
                 item.start_position, live.written,

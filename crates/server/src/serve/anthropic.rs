@@ -302,6 +302,7 @@ pub async fn messages(
     .map_err(anthropic)?;
     let req = GenerationRequest {
         thinking: request_budget(&state, think, p.budget_tokens),
+        turn_boundary: p.prompt.turn_boundary,
         prompt: p.prompt.ids,
         params,
         max_tokens,

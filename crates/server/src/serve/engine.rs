@@ -101,6 +101,9 @@ pub struct GenerationRequest {
     pub thinking: Option<ThinkingBudget>,
     /// The grammar the output must follow, compiled at admission (see [`super::constraint`]).
     pub grammar: Option<Constraint>,
+    /// A chat prompt's tokens before the template's generation prompt (see
+    /// [`super::state::ChatPrompt::turn_boundary`]); `None` for a raw prompt.
+    pub turn_boundary: Option<usize>,
 }
 
 /// Why a request was not admitted.
@@ -308,6 +311,7 @@ impl Engine {
             prompt: req.prompt.clone(),
             max_new_tokens: req.max_tokens,
             arrival: now,
+            turn_boundary: req.turn_boundary,
         };
         match self.scheduler.add(new) {
             Ok(()) => {}

@@ -297,6 +297,7 @@ pub async fn chat_completions(
     .await?;
     let req = GenerationRequest {
         thinking: request_budget(&state, prompt.think, thinking_budget),
+        turn_boundary: prompt.turn_boundary,
         prompt: prompt.ids,
         params,
         max_tokens,
@@ -440,6 +441,7 @@ pub async fn completions(
         deadline: None,
         thinking: None,
         grammar,
+        turn_boundary: None,
     };
     let rxs = submit_n(&state, req, c.n, Dialect::OpenAi).await?;
     let id = request_id("cmpl");

@@ -165,6 +165,14 @@ pub struct ChatPrompt {
     /// Where the answer starts relative to a `<think>` block; `None` when the reasoning parser
     /// is off.
     pub think: Option<ThinkStart>,
+    /// The prompt's tokens before the template's generation prompt (the assistant turn's
+    /// opening, `<|im_start|>assistant\n` and any `<think>` block the template opens): where a
+    /// later turn of this conversation is sure to agree with this one's tokens, since templates
+    /// may render an earlier answer's turn otherwise than the generation prompt started it
+    /// (Qwen3's and Qwen3.5's drop its `<think>` block). A hybrid model snapshots its state
+    /// there. `None` when the rendering without the generation prompt is not a token prefix of
+    /// this one.
+    pub turn_boundary: Option<usize>,
 }
 
 /// Renders `messages` (OpenAI-shaped, as templates take them) and tokenizes the result.
@@ -189,10 +197,38 @@ pub fn chat_prompt(
         .tokenizer
         .encode(&text, false)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let turn_boundary = if options.add_generation_prompt {
+        turn_boundary(state, template, messages, options, &text, &ids)
+    } else {
+        Some(ids.len())
+    };
     Ok(ChatPrompt {
         ids,
         think: state.reasoning.then(|| think_start(&text)),
+        turn_boundary,
     })
+}
+
+/// Where the generation prompt starts in `ids` (the rendering of `messages` with it): the
+/// rendering without it must be a text prefix, and the rest must tokenize to the last ids (the
+/// generation prompt opens with a special token in the templates we serve, so tokenization does
+/// not merge across the seam). Only a hint: a wrong one costs a snapshot in a useless place.
+fn turn_boundary(
+    state: &AppState,
+    template: &metrale_tokenizer::ChatTemplate,
+    messages: &[Value],
+    options: &RenderOptions,
+    text: &str,
+    ids: &[u32],
+) -> Option<usize> {
+    let without = RenderOptions {
+        add_generation_prompt: false,
+        ..options.clone()
+    };
+    let base = template.render(messages, &without).ok()?;
+    let opening = text.strip_prefix(base.as_str())?;
+    let tail = state.tokenizer.encode(opening, false).ok()?;
+    ids.ends_with(&tail).then(|| ids.len() - tail.len())
 }
 
 /// Checks the prompt fits and works out the token budget.
@@ -252,6 +288,7 @@ pub async fn submit_n(
             deadline: state.request_timeout.map(|t| Instant::now() + t),
             thinking: req.thinking.clone(),
             grammar: req.grammar.clone(),
+            turn_boundary: req.turn_boundary,
         };
         match state.engine.submit(one).await {
             Ok(rx) => rxs.push(rx),
