@@ -124,6 +124,13 @@ impl SnapshotPool {
         self.by_key.contains_key(&key)
     }
 
+    /// Whether a snapshot with this key is reserved and written by a step in flight.
+    pub fn is_pending(&self, key: BlockHash) -> bool {
+        self.by_key
+            .get(&key)
+            .is_some_and(|&i| matches!(self.entries[i as usize], Entry::Pending(_)))
+    }
+
     /// Whether [`SnapshotPool::reserve`] would succeed: a slot is free or live.
     pub fn can_reserve(&self) -> bool {
         !self.free.is_empty() || !self.lru.is_empty()
@@ -345,7 +352,7 @@ mod tests {
         let mut p = SnapshotPool::new(4, 2);
         let a = p.reserve(K1, |_| false).unwrap();
         assert_eq!(a, StateSlot(4), "numbered after the running slots");
-        assert!(p.has_key(K1));
+        assert!(p.has_key(K1) && p.is_pending(K1));
         assert_eq!(p.find(K1, &[1, 2]), None, "pending is not a hit");
         p.commit(a, &[1, 2]).unwrap();
         assert_eq!(p.find(K1, &[1, 2]), Some(a));

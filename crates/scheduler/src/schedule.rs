@@ -84,7 +84,8 @@ impl Scheduler {
     /// first item carries [`PlanItem::restore`], which the engine copies into the sequence's own
     /// slot before the step; with no such snapshot there is no hit and the prefill runs from 0.
     /// The admission rule for prefixes being computed waits only for a running sequence's
-    /// snapshot boundary (a shared prefix without a snapshot at its end is no hit to wait for).
+    /// snapshot boundary, until its snapshot is committed (a shared prefix without a snapshot
+    /// at its end is no hit to wait for).
     ///
     /// **Tails.** Past its snapshot boundary, each item that ends on a block boundary (a decode
     /// every `block_size` tokens, a prefill chunk that happens to) also carries
@@ -251,11 +252,12 @@ impl Scheduler {
                 hit.truncate(found.map_or(0, |(k, _)| k));
                 restore = found.map(|(_, slot)| slot);
             }
-            let waits = if hybrid {
-                // A running sequence will snapshot a longer prefix of this one.
+            let waits = if let (true, Some(snaps)) = (hybrid, &self.snapshots) {
+                // A running sequence will snapshot a longer prefix of this one, or a step in
+                // flight is writing that snapshot.
                 s.hashes[hit.len()..limit]
                     .iter()
-                    .any(|h| computing.contains(h))
+                    .any(|h| computing.contains(h) || snaps.is_pending(*h))
             } else {
                 // A running sequence is computing this one's next block.
                 hit.len() < limit && computing.contains(&s.hashes[hit.len()])

@@ -315,3 +315,27 @@ fn zero_slots_is_refused() {
         }
     );
 }
+
+#[test]
+fn hybrid_requests_sharing_a_prefix_admitted_together_compute_it_once() {
+    let mut rng = common::engine::Rng(4);
+    let prefix = rng.tokens(40);
+    let mut h = Harness::new(SchedulerConfig {
+        max_step_tokens: 16,
+        ..snapshots()
+    });
+    for id in 0..3 {
+        let mut p = prefix.clone();
+        p.extend(rng.tokens(3));
+        h.add(id, p, 4).unwrap();
+    }
+    let mut computed = 0;
+    while !h.sched.is_idle() {
+        let (plan, _) = h.step();
+        computed += plan.num_tokens();
+    }
+    // The first computes the 40 shared tokens and snapshots the state there; the others wait
+    // for that snapshot, then resume from it: 43 + 3 decodes, then 3 + 3 each.
+    assert_eq!(h.hits, vec![(A, 0), (B, 40), (C, 40)]);
+    assert_eq!(computed, 46 + 2 * 6);
+}

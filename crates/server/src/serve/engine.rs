@@ -642,6 +642,10 @@ impl Engine {
             .store(s.state_snapshots_used as u64, Ordering::Relaxed);
         m.state_snapshots_total
             .store(s.state_snapshots_total as u64, Ordering::Relaxed);
+        m.state_snapshots_held
+            .store(s.state_snapshots_held as u64, Ordering::Relaxed);
+        m.state_snapshot_evictions_total
+            .store(s.state_snapshot_evictions, Ordering::Relaxed);
         m.kv_blocks_cached
             .store(s.blocks_cached as u64, Ordering::Relaxed);
         m.prefix_cache_queried_tokens_total

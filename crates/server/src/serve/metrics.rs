@@ -52,6 +52,11 @@ pub struct Metrics {
     pub state_snapshots_used: AtomicU64,
     /// Recurrent-state snapshot slots in the pool (0 without).
     pub state_snapshots_total: AtomicU64,
+    /// Of the used snapshot slots, running sequences' tails (their latest block boundary's
+    /// state, a snapshot once they end).
+    pub state_snapshots_held: AtomicU64,
+    /// Snapshots evicted to make room.
+    pub state_snapshot_evictions_total: AtomicU64,
     ttft: Mutex<Histogram>,
 }
 
@@ -156,6 +161,18 @@ impl Metrics {
             "Recurrent-state snapshot slots in the pool (0 without recurrent layers or prefix cache).",
             "gauge",
             &self.state_snapshots_total,
+        );
+        counter(
+            "metrale_state_snapshots_held",
+            "Of the used snapshot slots, running sequences' tails (the state at their latest block boundary, kept when they end).",
+            "gauge",
+            &self.state_snapshots_held,
+        );
+        counter(
+            "metrale_state_snapshot_evictions_total",
+            "Recurrent-state snapshots evicted to make room.",
+            "counter",
+            &self.state_snapshot_evictions_total,
         );
         counter(
             "metrale_sequences_waiting",

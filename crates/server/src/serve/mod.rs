@@ -387,15 +387,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let blocks_per_seq = max_seq_len.div_ceil(block_size);
     let kv_block_bytes = ModelOptions::kv_bytes_per_block(&config, block_size);
     // A hybrid model's recurrent layers keep a fixed-size state per running sequence: one slot
-    // for every sequence the batch may run, and with the prefix cache as many snapshot slots
-    // (the state at a prefix's end, which a hit resumes from), all taken out of the memory
-    // budget before the KV pool.
+    // for every sequence the batch may run, and with the prefix cache twice as many snapshot
+    // slots (the state at a prefix's end, which a hit resumes from: at most half of them are
+    // running sequences' tails, the state at the end of their answer so far), all taken out of
+    // the memory budget before the KV pool.
     let state_slot_bytes = ModelOptions::state_bytes_per_slot(&config);
     let running_slots = if state_slot_bytes > 0 { max_batch } else { 0 };
     let snapshot_slots = if args.no_prefix_cache {
         0
     } else {
-        running_slots
+        2 * running_slots
     };
     let state_slots = running_slots + snapshot_slots;
     let state_bytes = state_slot_bytes as f64 * state_slots as f64;

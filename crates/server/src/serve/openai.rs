@@ -413,6 +413,9 @@ pub async fn completions(
     }
     let prompt = completion_prompt(&b, &state)?;
     let c = common(&b, false)?;
+    // vLLM's extension: the generated ids with each choice (non-streamed), so that a client can
+    // resend exactly what the model produced.
+    let return_token_ids = b.bool("return_token_ids")?.unwrap_or(false);
     let requested = structured::requested(&b)?;
     let params = sampling_params(&b, &state, 2.0)?;
     let stop = b.stop_list("stop", 16, false)?;
@@ -452,7 +455,11 @@ pub async fn completions(
     let wants_logprobs = c.logprobs.is_some();
     whole_response(rxs, id, model, "text_completion", |i, out| {
         let logprobs = if wants_logprobs { completion_logprobs(&state, &out.logprobs) } else { Value::Null };
-        json!({"index": i, "text": out.text, "logprobs": logprobs, "finish_reason": openai_finish(out.finish)})
+        let mut choice = json!({"index": i, "text": out.text, "logprobs": logprobs, "finish_reason": openai_finish(out.finish)});
+        if return_token_ids {
+            choice["token_ids"] = json!(out.tokens);
+        }
+        choice
     })
     .await
 }
