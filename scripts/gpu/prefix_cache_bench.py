@@ -13,11 +13,18 @@ Workloads (`--workload`, each prints one JSON object and appends it to `--out`):
               requests with the same prefix and fresh suffixes: the warm TTFT (target <= 15 ms on
               Qwen3-8B, H200) and the usage's cached_tokens of each.
   agent       a 10-turn agent conversation: a 4,096-token system prompt (standing for the system
-              text and tool schemas), each turn adding the previous answer (as ids the client
-              makes up: a client re-sends text, whose ids need not be the generated ones) and a
-              tool result / user message; per turn, the TTFT of the whole conversation so far and
-              of a cold prompt of only that turn's new tokens (fresh ids, so nothing is cached);
-              the target is turn TTFT <= 1.3x the new tokens' alone, for turns 2..10.
+              text and tool schemas), each turn adding the previous answer and a tool result /
+              user message; per turn, the TTFT of the whole conversation so far and of a cold
+              prompt of only that turn's new tokens (fresh ids, so nothing is cached); the target
+              is turn TTFT <= 1.3x the new tokens' alone, for turns 2..10. `--answers made-up`
+              (the default) re-sends the answer as ids the client makes up (a client re-sends
+              text, whose ids need not be the generated ones); `--answers generated` re-sends the
+              ids the model generated (read back with `return_token_ids` from a second,
+              unmeasured, non-streamed request for the same prompt), as an agent whose template
+              keeps the answer verbatim does. Each turn also reports its reusable tokens (the
+              longest common prefix of its prompt with what the previous turn computed: that
+              prompt and the answer ids fed back, all but a last one that ended by length) and
+              the hit rate cached / reusable; the target on a hybrid model is > 90% (turns 2..10).
   greedy      six prompts that hit the cache whole-block, mid-block, whole-prompt and repeated,
               one at a time, temperature 0: their texts, compared between the cache-on and
               cache-off servers (greedy outputs with the cache must equal those without).
@@ -50,6 +57,20 @@ class Client:
     def __init__(self, base_url: str, timeout: float):
         u = urllib.parse.urlparse(base_url)
         self.host, self.port, self.timeout = u.hostname, u.port or 80, timeout
+
+    def answer_ids(self, ids: list[int], max_tokens: int) -> tuple[list[int], str]:
+        """The greedy answer's token ids (non-streamed, `return_token_ids`) and finish reason."""
+        body = json.dumps({"prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+                           "return_token_ids": True})
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
+        choice = json.loads(data)["choices"][0]
+        return choice["token_ids"], choice["finish_reason"]
 
     def stream(self, ids: list[int], max_tokens: int) -> dict:
         """One streamed completion; returns ttft_s, total_s, completion_tokens, cached_tokens."""
@@ -115,26 +136,55 @@ def ttft_8k(c: Client, a) -> dict:
             "target": "warm_ttft_ms_median <= 15 (Qwen3-8B, H200)"}
 
 
+def common_prefix(x: list[int], y: list[int]) -> int:
+    n = 0
+    for p, q in zip(x, y):
+        if p != q:
+            break
+        n += 1
+    return n
+
+
 def agent(c: Client, a) -> dict:
     rng = random.Random(a.seed + 1)
     conversation = ids(rng, a.system_len) + ids(rng, a.user_len)
     turns = []
+    computed: list[int] = []  # what the previous turn computed: its prompt and fed-back answer
     for turn in range(1, a.turns + 1):
-        new = len(conversation) if turn == 1 else a.answer_len + a.tool_len
+        reusable = common_prefix(conversation, computed)
+        new = len(conversation) - reusable
         r = c.stream(conversation, a.max_tokens)
         alone = c.stream(ids(rng, new), a.max_tokens)
+        hit = r["cached_tokens"] / reusable if reusable else None
         turns.append({"turn": turn, "prompt_tokens": r["prompt_tokens"], "new_tokens": new,
-                      "cached_tokens": r["cached_tokens"], "ttft_ms": r["ttft_s"] * 1e3,
+                      "reusable_tokens": reusable, "cached_tokens": r["cached_tokens"],
+                      "hit_rate": hit, "ttft_ms": r["ttft_s"] * 1e3,
                       "new_alone_ttft_ms": alone["ttft_s"] * 1e3,
                       "ratio": r["ttft_s"] / alone["ttft_s"]})
-        print(f"  turn {turn}: {r['prompt_tokens']} tokens ({r['cached_tokens']} cached), TTFT "
+        rate = f", {100 * hit:.1f}% of {reusable} reusable" if hit is not None else ""
+        print(f"  turn {turn}: {r['prompt_tokens']} tokens ({r['cached_tokens']} cached{rate}), TTFT "
               f"{r['ttft_s'] * 1e3:.1f} ms; its {new} new tokens alone {alone['ttft_s'] * 1e3:.1f} ms",
               file=sys.stderr)
-        # The answer comes back as (made-up) ids, then a tool result or the user's next message.
-        conversation += ids(rng, a.answer_len) + ids(rng, a.tool_len)
+        if a.answers == "generated":
+            # The ids the model generates for this prompt (greedy: the streamed answer's, up to
+            # bf16 near-ties between a cached and an uncached run), fed back but for a last one
+            # that ended by length (sampled, never computed).
+            answer, finish = c.answer_ids(conversation, a.answer_len)
+            computed = conversation + (answer[:-1] if finish == "length" else answer)
+        else:
+            # Made-up ids: only the prompt is reusable (the generated ids were others).
+            answer = ids(rng, a.answer_len)
+            computed = list(conversation)
+        # The answer, then a tool result or the user's next message.
+        conversation = conversation + answer + ids(rng, a.tool_len)
     later = [t["ratio"] for t in turns[1:]]
-    return {"turns": turns, "worst_ratio_turns_2_on": max(later) if later else None,
-            "target": "ratio <= 1.3 for turns 2..10"}
+    reusable = sum(t["reusable_tokens"] for t in turns[1:])
+    cached = sum(min(t["cached_tokens"], t["reusable_tokens"]) for t in turns[1:])
+    return {"turns": turns, "answers": a.answers, "worst_ratio_turns_2_on": max(later) if later else None,
+            "hit_rate_turns_2_on": cached / reusable if reusable else None,
+            "worst_hit_rate_turns_2_on": min((t["hit_rate"] for t in turns[1:] if t["hit_rate"] is not None),
+                                             default=None),
+            "target": "ratio <= 1.3 for turns 2..10; on a hybrid model hit rate > 90% of reusable tokens"}
 
 
 def greedy(c: Client, a) -> dict:
@@ -202,6 +252,8 @@ def main() -> int:
     p.add_argument("--user-len", type=int, default=200)
     p.add_argument("--answer-len", type=int, default=150)
     p.add_argument("--tool-len", type=int, default=300)
+    p.add_argument("--answers", choices=["made-up", "generated"], default="made-up",
+                   help="agent: re-send made-up answer ids, or the generated ones (see above)")
     p.add_argument("--prefixes", type=int, default=4)
     p.add_argument("--suffix-len", type=int, default=64)
     p.add_argument("--requests", type=int, default=256)

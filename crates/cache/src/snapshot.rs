@@ -322,7 +322,11 @@ impl SnapshotPool {
             keyed += 1;
         }
         if held != self.held || held > self.total() / 2 {
-            return Err(format!("{held} held slots, counted {} of {}", self.held, self.total()));
+            return Err(format!(
+                "{held} held slots, counted {} of {}",
+                self.held,
+                self.total()
+            ));
         }
         if keyed != self.by_key.len() {
             return Err(format!("{keyed} keyed slots, {} keys", self.by_key.len()));
@@ -411,9 +415,15 @@ mod tests {
         p.commit(a, &[1]).unwrap();
         let t = p.hold(|_| false).unwrap();
         assert_eq!(p.held_count(), 1);
-        assert_eq!((p.used_count(), p.live_count(), p.pending_count()), (2, 1, 0));
+        assert_eq!(
+            (p.used_count(), p.live_count(), p.pending_count()),
+            (2, 1, 0)
+        );
         let u = p.hold(|_| false).unwrap();
-        assert!(!p.can_hold() && p.hold(|_| false).is_none(), "half the pool held");
+        assert!(
+            !p.can_hold() && p.hold(|_| false).is_none(),
+            "half the pool held"
+        );
         assert!(p.can_reserve(), "prompts still get slots");
         p.check().unwrap();
         // The two free slots go to snapshots, then the live ones are evicted; held ones never.
@@ -423,12 +433,19 @@ mod tests {
         assert_eq!(c, a, "the least recently used live slot");
         assert_eq!(p.evictions(), 1);
         assert!(p.reserve(BlockHash(7), |_| false).is_some());
-        assert_eq!(p.reserve(BlockHash(8), |_| false), None, "pending and held only");
+        assert_eq!(
+            p.reserve(BlockHash(8), |_| false),
+            None,
+            "pending and held only"
+        );
         // Keyed at the end: a new key commits, one already present frees the slot.
         assert_eq!(p.commit_held(t, BlockHash(5), &[5, 5]), Ok(true));
         assert_eq!(p.find(BlockHash(5), &[5, 5]), Some(t));
         assert_eq!(p.commit_held(u, K3, &[3]), Ok(false), "K3 is pending");
-        assert_eq!(p.commit_held(u, K3, &[3]), Err(CacheError::SlotNotHeld(u.0)));
+        assert_eq!(
+            p.commit_held(u, K3, &[3]),
+            Err(CacheError::SlotNotHeld(u.0))
+        );
         assert_eq!(p.held_count(), 0);
         let v = p.hold(|_| false).unwrap();
         assert_eq!(v, u, "the freed slot");

@@ -252,7 +252,10 @@ impl Scheduler {
         if let Some(tail) = seq.tail.take()
             && !tail.in_flight
         {
-            let snaps = self.snapshots.as_mut().expect("a tail comes from the snapshot pool");
+            let snaps = self
+                .snapshots
+                .as_mut()
+                .expect("a tail comes from the snapshot pool");
             if tail.holds > 0 {
                 self.pool
                     .hash_blocks(&seq.tokens[..tail.holds], &mut seq.hashes);

@@ -184,7 +184,10 @@ fn random_workloads_keep_every_invariant() {
     // A hybrid continuation resumes past its previous prompt only from a tail snapshot; these
     // crowded workloads seldom keep one long enough (the next test does).
     let hybrid_answers: usize = runs.iter().filter(|r| r.2).map(|r| r.3).sum();
-    assert!(hybrid_answers > 0, "no hybrid continuation resumed inside an answer");
+    assert!(
+        hybrid_answers > 0,
+        "no hybrid continuation resumed inside an answer"
+    );
     let shared = runs.iter().filter(|r| r.1 > 1).count();
     assert!(
         hit > 10_000,

@@ -159,7 +159,11 @@ fn a_prefill_is_cut_at_its_snapshot_boundary_and_a_longer_prompt_resumes_there()
     assert_eq!(plan.items[0].start_position, 15);
     assert_eq!(plan.items[0].snapshot, Some(StateSlot(6)), "its tail");
     assert!(h.sched.is_idle(), "that decode was its last");
-    assert_eq!(h.sched.snapshots().unwrap().live_count(), 3, "the tail kept");
+    assert_eq!(
+        h.sched.snapshots().unwrap().live_count(),
+        3,
+        "the tail kept"
+    );
     h.run_to_completion(100);
     assert_eq!(h.sched.stats().prefix_hit_tokens, 8);
     assert_eq!(h.sched.stats().state_snapshots_held, 0);
@@ -207,7 +211,11 @@ fn the_answer_is_kept_at_its_last_block_boundary_and_the_next_turn_resumes_after
     let pool = h.sched.pool();
     let mut hashes = Vec::new();
     pool.hash_blocks(&conversation, &mut hashes);
-    assert_eq!(pool.lookup(&hashes, &conversation).len(), 4, "18 computed: 4 blocks");
+    assert_eq!(
+        pool.lookup(&hashes, &conversation).len(),
+        4,
+        "18 computed: 4 blocks"
+    );
     // The next turn: the conversation and a new message. It resumes at 16, from the tail.
     conversation.extend([70, 71, 72, 73, 74]);
     h.add(1, conversation, 2).unwrap();
@@ -237,7 +245,10 @@ fn a_tail_in_flight_at_a_cancel_is_given_back_and_one_confirmed_is_kept() {
     );
     h.complete(&results);
     let snaps = h.sched.snapshots().unwrap();
-    assert_eq!((snaps.live_count(), snaps.held_count(), snaps.used_count()), (1, 0, 1));
+    assert_eq!(
+        (snaps.live_count(), snaps.held_count(), snaps.used_count()),
+        (1, 0, 1)
+    );
     // The same again, cancelled between steps: its tail holds 12 and is kept.
     h.add(1, (0..10).collect(), 20).unwrap();
     for _ in 0..3 {
@@ -251,7 +262,10 @@ fn a_tail_in_flight_at_a_cancel_is_given_back_and_one_confirmed_is_kept() {
     next.push(99);
     h.add(2, next, 1).unwrap();
     let (plan, _) = h.step();
-    assert_eq!(plan.items[0].start_position, 12, "resumes from the kept tail");
+    assert_eq!(
+        plan.items[0].start_position, 12,
+        "resumes from the kept tail"
+    );
     h.run_to_completion(100);
 }
 
@@ -262,7 +276,10 @@ fn a_chat_prompt_snapshots_at_its_turn_boundary() {
     let prompt: Vec<u32> = (0..20).collect();
     h.add_turn(0, prompt.clone(), 1, Some(13)).unwrap();
     let (plan, _) = h.step();
-    assert_eq!((plan.items[0].tokens.len(), plan.items[0].snapshot), (12, Some(StateSlot(4))));
+    assert_eq!(
+        (plan.items[0].tokens.len(), plan.items[0].snapshot),
+        (12, Some(StateSlot(4)))
+    );
     h.run_to_completion(100);
     // The next turn renders the answer's turn without the generation prompt's tail (as Qwen3's
     // template drops an earlier answer's `<think>` block): it agrees up to 13 only.
@@ -270,7 +287,10 @@ fn a_chat_prompt_snapshots_at_its_turn_boundary() {
     next.extend(40..50);
     h.add_turn(1, next, 1, Some(21)).unwrap();
     let (plan, _) = h.step();
-    assert_eq!((plan.items[0].start_position, plan.items[0].restore), (12, Some(StateSlot(4))));
+    assert_eq!(
+        (plan.items[0].start_position, plan.items[0].restore),
+        (12, Some(StateSlot(4)))
+    );
     h.run_to_completion(100);
 }
 

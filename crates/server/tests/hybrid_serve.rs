@@ -464,7 +464,9 @@ fn a_hybrid_conversation_resumes_each_turn_after_the_previous_answer() {
         let (answer, usage) = on.complete_logprobs(&prompt, ANSWER);
         let (prompt_tokens, hit) = (usage["prompt_tokens"].as_u64().unwrap(), cached(&usage));
         assert_eq!(prompt_tokens as usize, conversation.len());
-        eprintln!("turn {turn}: {prompt_tokens} prompt tokens, {hit} cached of {reusable} reusable");
+        eprintln!(
+            "turn {turn}: {prompt_tokens} prompt tokens, {hit} cached of {reusable} reusable"
+        );
         if turn > 1 {
             assert!(
                 hit * 10 >= reusable * 9,
@@ -482,7 +484,11 @@ fn a_hybrid_conversation_resumes_each_turn_after_the_previous_answer() {
     }
     assert!(on.metric("metrale_state_snapshots_used") > 0.0);
     on.wait_idle();
-    assert_eq!(on.metric("metrale_state_snapshots_held"), 0.0, "no tail outlives its sequence");
+    assert_eq!(
+        on.metric("metrale_state_snapshots_held"),
+        0.0,
+        "no tail outlives its sequence"
+    );
     assert_eq!(on.metric("metrale_state_slots_used"), 0.0);
     assert_eq!(on.metric("metrale_kv_blocks_used"), 0.0);
     drop(on);
@@ -518,11 +524,17 @@ fn a_hybrid_conversation_resumes_each_turn_after_the_previous_answer() {
             continue;
         }
         assert!(
-            cached_answer.iter().zip(&fresh).any(|(c, f)| c.token != f.token),
+            cached_answer
+                .iter()
+                .zip(&fresh)
+                .any(|(c, f)| c.token != f.token),
             "turn {}: answers of different lengths without a flip",
             turn + 1
         );
     }
     eprintln!("cached vs fresh: {same} of {total} tokens the same");
-    assert!(same * 10 >= total * 9, "{same} of {total} greedy tokens the same");
+    assert!(
+        same * 10 >= total * 9,
+        "{same} of {total} greedy tokens the same"
+    );
 }

@@ -416,8 +416,8 @@ impl Harness {
                 assert!((first..first + cfg.state_snapshots as u32).contains(&snap.0));
                 assert!(snap_slots.insert(snap), "{snap:?} written twice in a step");
                 let last = live.prefill_end - 1;
-                let boundary = live.turn.map_or(last, |t| t.min(last)) / cfg.block_size
-                    * cfg.block_size;
+                let boundary =
+                    live.turn.map_or(last, |t| t.min(last)) / cfg.block_size * cfg.block_size;
                 let tail = end % cfg.block_size == 0 && end > boundary;
                 assert!(
                     end == boundary || tail,
