@@ -383,7 +383,7 @@ fn tail_target(
 ) -> Option<StateSlot> {
     let snaps = snapshots?;
     let bs = pool.block_size();
-    if s.slot.is_none() || end % bs != 0 || end <= snapshot_boundary(s, bs) {
+    if s.slot.is_none() || !end.is_multiple_of(bs) || end <= snapshot_boundary(s, bs) {
         return None;
     }
     let tail = match &mut s.tail {

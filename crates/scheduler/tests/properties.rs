@@ -199,6 +199,9 @@ fn random_workloads_keep_every_invariant() {
     );
 }
 
+/// A conversation's latest turn: its id and prompt length.
+type Turn = (SeqId, usize);
+
 /// Random multi-turn conversations on a hybrid model: each turn resends the previous turn's
 /// prompt and output plus a new message, sometimes with a turn boundary; turns are cancelled or
 /// stopped at random, small pools preempt. Besides every invariant of the harness (each restored
@@ -230,7 +233,7 @@ fn random_hybrid_conversations_resume_from_their_answers() {
         };
         let mut h = Harness::new(cfg.clone());
         // Per conversation: its latest turn's id and prompt length, and its transcript.
-        let mut convs: Vec<(Option<(SeqId, usize)>, Vec<u32>)> = Vec::new();
+        let mut convs: Vec<(Option<Turn>, Vec<u32>)> = Vec::new();
         for _ in 0..rng.range(1, 4) {
             let n = rng.range(4, 40);
             convs.push((None, rng.tokens(n)));

@@ -418,7 +418,7 @@ impl Harness {
                 let last = live.prefill_end - 1;
                 let boundary =
                     live.turn.map_or(last, |t| t.min(last)) / cfg.block_size * cfg.block_size;
-                let tail = end % cfg.block_size == 0 && end > boundary;
+                let tail = end.is_multiple_of(cfg.block_size) && end > boundary;
                 assert!(
                     end == boundary || tail,
                     "{}: a snapshot at {end}, neither its boundary {boundary} nor a tail",
