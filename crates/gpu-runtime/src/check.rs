@@ -1778,6 +1778,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // Mamba-2's gated norm over the recurrence's f32 output, after every other case for the same
     // reason.
     out.extend(gated_norm::gated_norm_f32_input_cases(&mut rng));
+    // Mamba-2's chunked prefill, after every other case for the same reason.
+    out.extend(mamba2::mamba2_chunk_cases(&mut rng));
     out
 }
 

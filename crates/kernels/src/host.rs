@@ -375,6 +375,21 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             Mamba2Recurrent::KINDS,
         ),
         (
+            Mamba2ChunkState::NAME,
+            run::<Mamba2ChunkState>,
+            Mamba2ChunkState::KINDS,
+        ),
+        (
+            Mamba2ChunkCarry::NAME,
+            run::<Mamba2ChunkCarry>,
+            Mamba2ChunkCarry::KINDS,
+        ),
+        (
+            Mamba2ChunkScan::NAME,
+            run::<Mamba2ChunkScan>,
+            Mamba2ChunkScan::KINDS,
+        ),
+        (
             SigmoidGateMul::NAME,
             run::<SigmoidGateMul>,
             SigmoidGateMul::KINDS,

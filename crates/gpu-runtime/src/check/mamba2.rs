@@ -230,3 +230,177 @@ pub(super) fn mamba2_cases(rng: &mut Rng) -> Vec<Case> {
     ));
     out
 }
+
+/// The chunked prefill's three launches, each on its own random inputs: at Nemotron-H-8B's widths,
+/// one run of 300 tokens in chunks of 64 (the last of 44) and runs of 130, 1 and 70 in chunks of
+/// 32 (a one-token run is one chunk), both with max_chunks 5 (scratch past a run's chunks must stay
+/// untouched); carries from a continuing and a fresh sequence; and the ragged shape (head_dim 20,
+/// state 20, one group). Built after every other case.
+pub(super) fn mamba2_chunk_cases(rng: &mut Rng) -> Vec<Case> {
+    use metrale_kernels::ops::{Mamba2ChunkCarry, Mamba2ChunkScan, Mamba2ChunkState};
+    let s8 = NEMOTRON_H_8B;
+    let ragged = Shape {
+        heads: 6,
+        head_dim: 20,
+        state_size: 20,
+        groups: 1,
+    };
+    let mut out = Vec::new();
+    for (lens, shape, chunk_len, start) in [
+        (&[300u32][..], s8, 64u32, Start::Continuing),
+        (&[130, 1, 70][..], s8, 32, Start::Mixed),
+        (&[9, 4][..], ragged, 4, Start::Fresh),
+    ] {
+        let max_chunks = 5u32;
+        let seqs = lens.len() as u32;
+        let tokens: u32 = lens.iter().sum();
+        let Shape {
+            heads,
+            head_dim,
+            state_size,
+            groups,
+        } = shape;
+        let xbc_stride = shape.conv_channels() + 3;
+        let dt_stride = heads + 7;
+        let starts = run_starts(lens);
+        let per_seq = (heads * head_dim * state_size) as usize;
+        let scratch = seqs as usize * max_chunks as usize;
+        let h = heads as usize;
+        let a_log: Vec<f32> = (0..h).map(|i| (1.0 + i as f32 % 16.0).ln()).collect();
+        let dt_bias: Vec<f32> = (0..h)
+            .map(|_| {
+                let dt = (1e-3f32.ln() + rng.uniform() * (1e-1f32.ln() - 1e-3f32.ln())).exp();
+                dt.exp_m1().ln()
+            })
+            .collect();
+        let label = format!(
+            "lens={lens:?} heads={heads} head_dim={head_dim} state_size={state_size} \
+             groups={groups} chunk_len={chunk_len} max_chunks={max_chunks}"
+        );
+        // Pass 1.
+        let (a1, b1) = (a_log.clone(), dt_bias.clone());
+        out.push(Case {
+            kernel: Mamba2ChunkState::NAME,
+            shape: label.clone(),
+            buffers: vec![
+                output(f32_normal(rng, scratch * per_seq, 0.5), OutputKind::F32),
+                output(f32_normal(rng, scratch * h, 1.0), OutputKind::F32),
+                input(bf16_normal(rng, (tokens * xbc_stride) as usize, 1.0)),
+                input(bf16_normal(rng, (tokens * dt_stride) as usize, 1.0)),
+                input(f32_bytes(&a1).into()),
+                input(f32_bytes(&b1).into()),
+                input(f32_normal(rng, h, 1.0)),
+                input(i32_bytes(&starts).into()),
+            ],
+            build: Box::new(move |p| {
+                launch_of(Mamba2ChunkState {
+                    chunk_states: p[0],
+                    chunk_decay: p[1],
+                    xbc: p[2],
+                    dt_raw: p[3].offset(7 * 2),
+                    a_log: p[4],
+                    dt_bias: p[5],
+                    d: p[6],
+                    seq_starts: p[7],
+                    seqs,
+                    heads,
+                    head_dim,
+                    state_size,
+                    groups,
+                    xbc_stride,
+                    dt_stride,
+                    dt_min: 0.0,
+                    dt_max: f32::INFINITY,
+                    chunk_len,
+                    max_chunks,
+                })
+            }),
+            gemm: None,
+            allowance: None,
+        });
+        // Pass 2: decays in (0, 1], as products of exp(-dt A) are.
+        let decay: Vec<f32> = (0..scratch * h)
+            .map(|_| 0.05 + 0.95 * rng.uniform())
+            .collect();
+        let slots = 2 * seqs;
+        let seq_slots: Vec<i32> = super::shuffled(rng, slots as usize)[..lens.len()].to_vec();
+        let positions = run_positions(lens, start);
+        out.push(Case {
+            kernel: Mamba2ChunkCarry::NAME,
+            shape: format!("{label} slots {seq_slots:?} of {slots} start={start:?}"),
+            buffers: vec![
+                output(f32_normal(rng, scratch * per_seq, 0.5), OutputKind::F32),
+                input(f32_bytes(&decay).into()),
+                output(
+                    f32_normal(rng, slots as usize * per_seq, 0.5),
+                    OutputKind::F32,
+                ),
+                input(i32_bytes(&starts).into()),
+                input(i32_bytes(&seq_slots).into()),
+                input(i32_bytes(&positions).into()),
+            ],
+            build: Box::new(move |p| {
+                launch_of(Mamba2ChunkCarry {
+                    chunk_states: p[0],
+                    chunk_decay: p[1],
+                    state: p[2],
+                    seq_starts: p[3],
+                    slots: p[4],
+                    positions: p[5],
+                    seqs,
+                    heads,
+                    head_dim,
+                    state_size,
+                    chunk_len,
+                    max_chunks,
+                })
+            }),
+            gemm: None,
+            allowance: None,
+        });
+        // Pass 3.
+        out.push(Case {
+            kernel: Mamba2ChunkScan::NAME,
+            shape: label,
+            buffers: vec![
+                output(
+                    vec![0u8; (tokens * shape.inner()) as usize * 4].into(),
+                    OutputKind::F32,
+                ),
+                input(f32_normal(rng, scratch * per_seq, 0.5)),
+                input(bf16_normal(rng, (tokens * xbc_stride) as usize, 1.0)),
+                input(bf16_normal(rng, (tokens * dt_stride) as usize, 1.0)),
+                input(f32_bytes(&a_log).into()),
+                input(f32_bytes(&dt_bias).into()),
+                input(f32_normal(rng, h, 1.0)),
+                input(i32_bytes(&starts).into()),
+            ],
+            build: Box::new(move |p| {
+                launch_of(Mamba2ChunkScan {
+                    y: p[0],
+                    chunk_states: p[1],
+                    xbc: p[2],
+                    dt_raw: p[3].offset(7 * 2),
+                    a_log: p[4],
+                    dt_bias: p[5],
+                    d: p[6],
+                    seq_starts: p[7],
+                    seqs,
+                    heads,
+                    head_dim,
+                    state_size,
+                    groups,
+                    xbc_stride,
+                    dt_stride,
+                    dt_min: 0.0,
+                    dt_max: f32::INFINITY,
+                    chunk_len,
+                    max_chunks,
+                })
+            }),
+            gemm: None,
+            allowance: None,
+        });
+    }
+    out
+}

@@ -24,8 +24,10 @@
 
 use super::gated_delta::causal_conv1d_silu;
 
+mod chunked;
 mod kernels;
 
+pub use chunked::{Mamba2ChunkCarry, Mamba2ChunkScan, Mamba2ChunkState};
 pub use kernels::{
     MAMBA2_CHANNELS, MAMBA2_MAX_STATE, MAMBA2_STATE_LANES, MAMBA2_STATE_MULTIPLE, Mamba2Recurrent,
 };
@@ -99,11 +101,11 @@ pub fn softplus(x: f32) -> f32 {
 
 impl Mamba2Params<'_> {
     /// Token `t`'s step of head `h`: `clamp(softplus(dt + dt_bias), limit)`.
-    fn step(&self, dt_raw: f32, h: usize) -> f32 {
+    pub(crate) fn step(&self, dt_raw: f32, h: usize) -> f32 {
         softplus(dt_raw + self.dt_bias[h]).clamp(self.dt_limit.0, self.dt_limit.1)
     }
 
-    fn rate(&self, h: usize) -> f32 {
+    pub(crate) fn rate(&self, h: usize) -> f32 {
         -self.a_log[h].exp()
     }
 }

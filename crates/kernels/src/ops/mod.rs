@@ -49,7 +49,8 @@ pub use gemv_fp8::{
 };
 pub use grid_barrier::GridBarrier;
 pub use mamba2::{
-    MAMBA2_CHANNELS, MAMBA2_MAX_STATE, MAMBA2_STATE_LANES, MAMBA2_STATE_MULTIPLE, Mamba2Recurrent,
+    MAMBA2_CHANNELS, MAMBA2_MAX_STATE, MAMBA2_STATE_LANES, MAMBA2_STATE_MULTIPLE, Mamba2ChunkCarry,
+    Mamba2ChunkScan, Mamba2ChunkState, Mamba2Recurrent,
 };
 pub use moe::{
     MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown,

@@ -159,6 +159,36 @@ impl Mamba2Recurrent {
     }
 }
 
+/// A run's inputs to the recurrence (x, B, C, raw dt; row-major per token) read out of the
+/// device layouts: `xbc` rows and `dt_raw` rows at their strides (elements).
+pub(super) type RunInputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+pub(super) fn load_run(
+    mem: &dyn HostMemory,
+    (xbc, xbc_stride): (DevicePtr, usize),
+    (dt_raw, dt_stride): (DevicePtr, usize),
+    shape: &Mamba2Shape,
+    tokens: std::ops::Range<usize>,
+) -> Result<RunInputs, HostError> {
+    let (heads, inner) = (shape.heads, shape.inner());
+    let bc = shape.groups * shape.state_size;
+    let len = tokens.len();
+    let (mut x, mut b, mut c, mut dt) = (
+        Vec::with_capacity(len * inner),
+        Vec::with_capacity(len * bc),
+        Vec::with_capacity(len * bc),
+        Vec::with_capacity(len * heads),
+    );
+    for t in tokens {
+        let row = host::load_bf16(mem, at_bf16(xbc, t * xbc_stride), inner + 2 * bc)?;
+        x.extend_from_slice(&row[..inner]);
+        b.extend_from_slice(&row[inner..inner + bc]);
+        c.extend_from_slice(&row[inner + bc..]);
+        dt.extend(host::load_bf16(mem, at_bf16(dt_raw, t * dt_stride), heads)?);
+    }
+    Ok((x, b, c, dt))
+}
+
 impl Kernel for Mamba2Recurrent {
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig {
@@ -174,7 +204,6 @@ impl Kernel for Mamba2Recurrent {
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let shape = self.shape()?;
         let (heads, inner) = (shape.heads, shape.inner());
-        let bc = shape.groups * shape.state_size;
         let a_log = host::load::<f32>(mem, self.a_log, heads)?;
         let dt_bias = host::load::<f32>(mem, self.dt_bias, heads)?;
         let d = host::load::<f32>(mem, self.d, heads)?;
@@ -211,29 +240,18 @@ impl Kernel for Mamba2Recurrent {
                 // No first token, so no position: the state stays as it is (as on the GPU).
                 continue;
             }
-            let len = end - begin;
             let position = host::load::<i32>(
                 mem,
                 self.positions.offset(begin * std::mem::size_of::<i32>()),
                 1,
             )?[0];
-            let (mut x, mut b, mut c, mut dt) = (
-                Vec::with_capacity(len * inner),
-                Vec::with_capacity(len * bc),
-                Vec::with_capacity(len * bc),
-                Vec::with_capacity(len * heads),
-            );
-            for t in begin..end {
-                let row = host::load_bf16(mem, at_bf16(self.xbc, t * xbc_stride), inner + 2 * bc)?;
-                x.extend_from_slice(&row[..inner]);
-                b.extend_from_slice(&row[inner..inner + bc]);
-                c.extend_from_slice(&row[inner + bc..]);
-                dt.extend(host::load_bf16(
-                    mem,
-                    at_bf16(self.dt_raw, t * dt_stride),
-                    heads,
-                )?);
-            }
+            let (x, b, c, dt) = load_run(
+                mem,
+                (self.xbc, xbc_stride),
+                (self.dt_raw, dt_stride),
+                &shape,
+                begin..end,
+            )?;
             let state_at = self.state.offset(slot * state_bytes);
             let mut state = if position == 0 {
                 vec![0.0; shape.state_len()]
