@@ -41,6 +41,7 @@
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "mma.cuh"
+#include "kv_fp8.cuh"
 #include "qkv_post.cuh"
 #include <cuda_fp16.h>
 
@@ -55,11 +56,24 @@ constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 // Tiles in flight per warp: the rings take WARPS * STAGES * 2 * KEY_TILE * HD * 2 bytes (96 KiB at
-// head_dim 128 and 4 warps, two blocks per SM; 192 KiB at 8 warps).
-template <int HD>
+// head_dim 128 and 4 warps, two blocks per SM; 192 KiB at 8 warps). The FP8 forms' rings hold
+// e4m3 tiles (half the bytes) plus one converted K and V tile per warp (4 * KEY_TILE * HD bytes):
+// one stage more in the same shared memory at head_dims 64 and 128.
+template <int HD, bool FP8>
 __host__ __device__ constexpr int stages() {
-    return HD >= 256 ? 2 : 3;
+    return HD >= 256 ? 2 : FP8 ? 4 : 3;
 }
+
+// Bytes of one warp's ring (and, FP8, its converted tiles).
+template <int HD, bool FP8>
+__host__ __device__ constexpr int ring_bytes() {
+    return FP8 ? (stages<HD, FP8>() * 2 + 4) * KEY_TILE * HD : stages<HD, FP8>() * 2 * KEY_TILE * HD * 2;
+}
+
+// The per-tensor scales of an FP8 cache (kv_fp8.cuh): the cache holds e4m3(k / k), e4m3(v / v).
+struct KvScales {
+    float k, v;
+};
 
 // The fused form's extra inputs (paged_attention_qkv_bf16): the raw QKV product and what
 // qkv_rope_kv_write_bf16 takes to turn it into the queries and the newest key and value.
@@ -68,10 +82,11 @@ struct Post {
     const __nv_bfloat16* q_norm;
     const __nv_bfloat16* k_norm;
     const int32_t* slots;  // [tokens]: the cache row of each token's own key and value
-    __nv_bfloat16* k_cache;  // the caches attend reads, to write the newest key and value
-    __nv_bfloat16* v_cache;
+    void* k_cache;  // the caches attend reads (bf16 or e4m3), to write the newest key and value
+    void* v_cache;
     // Shared memory for the group's transformed queries and the newest key and value:
-    // [G * head_dim] then [2 * head_dim] bf16, 16-byte aligned (one static array of the entry
+    // [G * head_dim] then [2 * head_dim] bf16 (FP8: the newest key as bf16 and value as f16 of
+    // their e4m3 values, as the converted tiles hold them), 16-byte aligned (one static array of the entry
     // point, sized for the largest group and head_dim, so the instantiations share it).
     __nv_bfloat16* smem;
     const float* cos_table;
@@ -80,16 +95,21 @@ struct Post {
     float eps;
 };
 
-template <int HD, int G, bool POST, int WARPS>
+// FP8: the caches hold e4m3 (kv_fp8.cuh). Each warp copies e4m3 tiles into its ring and, once a
+// tile has landed, converts it into one bf16 K tile and one f16 V tile (the raw e4m3 values,
+// exact), which the products read as the bf16 form reads its ring; k_scale multiplies the score
+// scale and v_scale the weighted sums.
+template <int HD, int G, bool POST, int WARPS, bool FP8>
 __device__ __forceinline__ void attend(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
-    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
-    const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    const __nv_bfloat16* __restrict__ q, const void* __restrict__ k_cache_any,
+    const void* __restrict__ v_cache_any, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
     uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
-    uint32_t keys_per_split, float scale, const Post& post) {
-    constexpr int CHUNKS = HD / 8;     // 16-byte pieces of a key row
-    constexpr int STAGES = stages<HD>();
+    uint32_t keys_per_split, float scale, KvScales kv_scales, const Post& post) {
+    constexpr int CHUNKS = HD / 8;     // 16-byte pieces of a bf16 key row
+    constexpr int CHUNKS8 = HD / 16;   // 16-byte pieces of an e4m3 key row
+    constexpr int STAGES = stages<HD, FP8>();
     constexpr int TILE = KEY_TILE * HD;  // bf16 of one K (or V) tile
     constexpr unsigned FULL = 0xffffffffu;
     constexpr int KSTEPS = HD / 16;    // mma k-steps over the head dim
@@ -105,7 +125,17 @@ __device__ __forceinline__ void attend(
 
     const uint32_t t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(merge) + warp * STAGES * 2 * TILE;
+    unsigned char* ring_bytes_base = reinterpret_cast<unsigned char*>(merge) + warp * ring_bytes<HD, FP8>();
+    // bf16: [STAGES][K tile, V tile] bf16. FP8: [STAGES][K tile, V tile] e4m3, then the converted
+    // K (bf16) and V (f16) tiles.
+    __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(ring_bytes_base);
+    unsigned char* ring8 = ring_bytes_base;
+    __nv_bfloat16* conv_k = reinterpret_cast<__nv_bfloat16*>(ring_bytes_base + STAGES * 2 * TILE);
+    __nv_bfloat16* conv_v = conv_k + TILE;  // f16 bits
+    const __nv_bfloat16* k_cache = static_cast<const __nv_bfloat16*>(k_cache_any);
+    const __nv_bfloat16* v_cache = static_cast<const __nv_bfloat16*>(v_cache_any);
+    const unsigned char* k_cache8 = static_cast<const unsigned char*>(k_cache_any);
+    const unsigned char* v_cache8 = static_cast<const unsigned char*>(v_cache_any);
     const uint32_t h0 = kvh * G;  // first query head of the group
     const int32_t seq = token_seq[t];
     const uint32_t ctx = (uint32_t)positions[t] + 1;
@@ -126,7 +156,20 @@ __device__ __forceinline__ void attend(
     // Starts the copy of tile i (if it exists) into its ring buffer; commits a group either way,
     // so that the group count stays in step with the tiles.
     auto issue = [&](int i, uint32_t slot) {
-        if (i < n_tiles) {
+        if (FP8 && i < n_tiles) {
+            const uint32_t key0 = tile_key(i);
+            unsigned char* ks = ring8 + (i % STAGES) * 2 * TILE;
+            unsigned char* vs = ks + TILE;
+#pragma unroll
+            for (int u = 0; u < KEY_TILE * CHUNKS8 / 32; ++u) {
+                const int piece = lane + 32 * u, r = piece / CHUNKS8, c = piece % CHUNKS8;
+                const uint32_t s = __shfl_sync(FULL, slot, r);
+                const bool valid = key0 + r < end;
+                const size_t off = valid ? ((size_t)s * kv_heads + kvh) * HD + c * 16 : 0;
+                metrale::cp_async_16(metrale::smem_addr(ks + piece * 16), k_cache8 + off, valid);
+                metrale::cp_async_16(metrale::smem_addr(vs + piece * 16), v_cache8 + off, valid);
+            }
+        } else if (!FP8 && i < n_tiles) {
             const uint32_t key0 = tile_key(i);
             __nv_bfloat16* ks = ring + (i % STAGES) * 2 * TILE;
             __nv_bfloat16* vs = ks + TILE;
@@ -218,10 +261,27 @@ __device__ __forceinline__ void attend(
                                              0.0f);
             }
             __nv_bfloat16* dst = item < G ? post_q + item * HD : post_kv + (item - G) * HD;
+            if (FP8 && item >= G) {
+                // The cache gets e4m3(x / scale); the tile patch, the e4m3 values as the
+                // conversion of a copied tile gives them (key bf16, value f16).
+                const float sc = item == G ? kv_scales.k : kv_scales.v;
+                const uint32_t qa = metrale::kv_fp8::quantize4(ra, sc);
+                const uint32_t qb = metrale::kv_fp8::quantize4(rb, sc);
+                unsigned char* cache = static_cast<unsigned char*>(item == G ? post.k_cache : post.v_cache);
+                unsigned char* out_row = cache + ((size_t)own_slot * kv_heads + kvh) * HD;
+                *reinterpret_cast<uint32_t*>(out_row + post_e) = qa;
+                *reinterpret_cast<uint32_t*>(out_row + HALF + post_e) = qb;
+                const bool key = item == G;
+                *reinterpret_cast<uint2*>(dst + post_e) =
+                    key ? metrale::kv_fp8::to_bf16x4(qa) : metrale::kv_fp8::to_f16x4(qa);
+                *reinterpret_cast<uint2*>(dst + HALF + post_e) =
+                    key ? metrale::kv_fp8::to_bf16x4(qb) : metrale::kv_fp8::to_f16x4(qb);
+                continue;
+            }
             *reinterpret_cast<uint2*>(dst + post_e) = ra;
             *reinterpret_cast<uint2*>(dst + HALF + post_e) = rb;
             if (item >= G) {
-                __nv_bfloat16* cache = item == G ? post.k_cache : post.v_cache;
+                __nv_bfloat16* cache = static_cast<__nv_bfloat16*>(item == G ? post.k_cache : post.v_cache);
                 __nv_bfloat16* out_row = cache + ((size_t)own_slot * kv_heads + kvh) * HD;
                 *reinterpret_cast<uint2*>(out_row + post_e) = ra;
                 *reinterpret_cast<uint2*>(out_row + HALF + post_e) = rb;
@@ -253,7 +313,7 @@ __device__ __forceinline__ void attend(
     // 8-15 keys 0-7 / dims 8-15, 16-23 keys 8-15 / dims 0-7, 24-31 keys 8-15 / dims 8-15.
     const int k_row = (lane & 7) + ((lane >> 4) << 3), k_half = (lane >> 3) & 1;
 
-    const float scale_log2 = scale * LOG2E;
+    const float scale_log2 = (FP8 ? scale * kv_scales.k : scale) * LOG2E;
 
     // The output transposed, O^T = V^T P^T (dims x 8 heads, G real), as f32 mma accumulators:
     // lane (g, tg) holds dims 16 mt + g and + 8 of heads 2 tg and 2 tg + 1. The softmax state is
@@ -271,6 +331,29 @@ __device__ __forceinline__ void attend(
         __syncwarp();
         __nv_bfloat16* ks_tile = ring + (i % STAGES) * 2 * TILE;
         __nv_bfloat16* vs_tile = ks_tile + TILE;
+        if constexpr (FP8) {
+            // The landed e4m3 tile into the converted tiles, swizzled as the bf16 ring's: each
+            // 16-byte piece (16 elements) becomes bf16 chunks 2c and 2c + 1 of its row.
+            const unsigned char* k8 = ring8 + (i % STAGES) * 2 * TILE;
+            const unsigned char* v8 = k8 + TILE;
+#pragma unroll
+            for (int u = 0; u < KEY_TILE * CHUNKS8 / 32; ++u) {
+                const int piece = lane + 32 * u, r = piece / CHUNKS8, c = piece % CHUNKS8;
+                const uint4 kw = *reinterpret_cast<const uint4*>(k8 + piece * 16);
+                const uint4 vw = *reinterpret_cast<const uint4*>(v8 + piece * 16);
+                using namespace metrale::kv_fp8;
+                const int a0 = metrale::swizzle<HD>(r, 2 * c), a1 = metrale::swizzle<HD>(r, 2 * c + 1);
+                const uint2 k0 = to_bf16x4(kw.x), k1 = to_bf16x4(kw.y), k2 = to_bf16x4(kw.z), k3 = to_bf16x4(kw.w);
+                const uint2 v0 = to_f16x4(vw.x), v1 = to_f16x4(vw.y), v2 = to_f16x4(vw.z), v3 = to_f16x4(vw.w);
+                *reinterpret_cast<uint4*>(conv_k + a0) = make_uint4(k0.x, k0.y, k1.x, k1.y);
+                *reinterpret_cast<uint4*>(conv_k + a1) = make_uint4(k2.x, k2.y, k3.x, k3.y);
+                *reinterpret_cast<uint4*>(conv_v + a0) = make_uint4(v0.x, v0.y, v1.x, v1.y);
+                *reinterpret_cast<uint4*>(conv_v + a1) = make_uint4(v2.x, v2.y, v3.x, v3.y);
+            }
+            ks_tile = conv_k;
+            vs_tile = conv_v;
+            __syncwarp();
+        }
         if (owner && newest >= tile_key(i) && newest < tile_key(i) + KEY_TILE) {  // warp-uniform
             const int r = (int)(newest - tile_key(i));
             for (int c = lane; c < CHUNKS; c += 32) {
@@ -341,8 +424,11 @@ __device__ __forceinline__ void attend(
             metrale::ldmatrix_x4_trans(a, metrale::smem_addr(vs_tile + metrale::swizzle<HD>(k_row, 2 * mt + k_half)));
             // ldmatrix order: (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7),
             // (keys 8-15, dims 8-15) = a0, a1, a2, a3 of the A fragment (rows = dims).
+            // (The FP8 forms' converted V tile is f16 already.)
+            if constexpr (!FP8) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) a[e] = metrale::bf16x2_to_f16x2(a[e]);
+                for (int e = 0; e < 4; ++e) a[e] = metrale::bf16x2_to_f16x2(a[e]);
+            }
             metrale::mma_f16(o[mt], a, pb[0], pb[1]);
         }
         __syncwarp();  // the ring buffer is refilled on the next iteration
@@ -381,6 +467,7 @@ __device__ __forceinline__ void attend(
             total += part_l[w][g] * weight;
             a += part_acc[w][g][d] * weight;
         }
+        if constexpr (FP8) a *= kv_scales.v;  // the weighted sum of the e4m3 values, scaled
         const size_t head = (size_t)t * q_heads + h0 + g;
         if (splits == 1) {
             out[head * HD + d] = metrale::to_bf16(total > 0.0f ? a / total : 0.0f);
@@ -480,18 +567,18 @@ __device__ __forceinline__ void attend(
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
 
-template <int HD, bool POST, int WARPS>
+template <int HD, bool POST, int WARPS, bool FP8>
 __device__ __forceinline__ void attend_group(
     uint32_t group, __nv_bfloat16* __restrict__ out, float* __restrict__ partials,
-    int32_t* __restrict__ counters, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
-    const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    int32_t* __restrict__ counters, const __nv_bfloat16* __restrict__ q, const void* __restrict__ k_cache,
+    const void* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions,
     uint32_t q_heads, uint32_t kv_heads, uint32_t block_size, uint32_t max_blocks_per_seq,
-    uint32_t keys_per_split, float scale, const Post& post) {
+    uint32_t keys_per_split, float scale, KvScales kv_scales, const Post& post) {
 #define METRALE_ATTEND(G)                                                                      \
-    attend<HD, G, POST, WARPS>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,   \
+    attend<HD, G, POST, WARPS, FP8>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,   \
                         positions, q_heads, kv_heads, block_size, max_blocks_per_seq,          \
-                        keys_per_split, scale, post)
+                        keys_per_split, scale, kv_scales, post)
     switch (group) {
         case 1: METRALE_ATTEND(1); break;
         case 2: METRALE_ATTEND(2); break;
@@ -508,21 +595,21 @@ __device__ __forceinline__ void attend_group(
 
 // Every entry point: the block's bounds check, then attend_group at the launch's head_dim (the
 // wide form: 64 or 128; its rings at 256 would not fit an SM).
-template <bool POST, int WARPS>
+template <bool POST, int WARPS, bool FP8>
 __device__ __forceinline__ void attend_any(
     __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
-    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
-    const __nv_bfloat16* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    const __nv_bfloat16* __restrict__ q, const void* __restrict__ k_cache,
+    const void* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
     const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions, uint32_t tokens,
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale,
-    const Post& post) {
+    KvScales kv_scales, const Post& post) {
     if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
     const uint32_t group = q_heads / kv_heads;
 #define METRALE_ATTEND(HD)                                                                     \
-    attend_group<HD, POST, WARPS>(group, out, partials, counters, q, k_cache, v_cache, block_tables,  \
+    attend_group<HD, POST, WARPS, FP8>(group, out, partials, counters, q, k_cache, v_cache, block_tables,  \
                            token_seq, positions, q_heads, kv_heads, block_size,                \
-                           max_blocks_per_seq, keys_per_split, scale, post)
+                           max_blocks_per_seq, keys_per_split, scale, kv_scales, post)
     switch (head_dim) {
         case 64: METRALE_ATTEND(64); break;
         case 128: METRALE_ATTEND(128); break;
@@ -552,9 +639,29 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_bf16(
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale) {
     // The programmatic-launch wait is inside attend, after the block-table lookups.
-    attend_any<false, NARROW_WARPS>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,
+    attend_any<false, NARROW_WARPS, false>(out, partials, counters, q, k_cache, v_cache, block_tables, token_seq,
                       positions, tokens, q_heads, kv_heads, head_dim, block_size,
-                      max_blocks_per_seq, keys_per_split, splits, scale, Post{});
+                      max_blocks_per_seq, keys_per_split, splits, scale, KvScales{1.0f, 1.0f}, Post{});
+}
+
+// paged_attention_bf16 over an FP8 cache (e4m3 [num_blocks, block_size, kv_heads, head_dim] each,
+// holding e4m3(k / k_scale) and e4m3(v / v_scale)): the same arithmetic on the e4m3 values (exact
+// in bf16 and f16), with the score scale times k_scale and the weighted sums times v_scale.
+// Launch: paged_attention_bf16's grid and block; dynamic shared memory the larger of the rings
+// (4 * (2 * stages + 4) * 16 * head_dim bytes, stages = 4, or 2 at head_dim 256) and the merge
+// area (PagedAttentionFp8's launch_config).
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_fp8(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
+    const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ k_cache,
+    const uint8_t* __restrict__ v_cache, const int32_t* __restrict__ block_tables,
+    const int32_t* __restrict__ token_seq, const int32_t* __restrict__ positions, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale,
+    float k_scale, float v_scale) {
+    attend_any<false, NARROW_WARPS, true>(out, partials, counters, q, k_cache, v_cache, block_tables,
+                                          token_seq, positions, tokens, q_heads, kv_heads, head_dim,
+                                          block_size, max_blocks_per_seq, keys_per_split, splits,
+                                          scale, KvScales{k_scale, v_scale}, Post{});
 }
 
 // paged_attention_bf16 with qkv_rope_kv_write_bf16's work folded in, for steps where every token
@@ -580,10 +687,33 @@ extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_qkv_bf16(
     __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 256];
     const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
                     post_smem, cos_table, sin_table, max_position, eps};
-    attend_any<true, NARROW_WARPS>(out, partials, counters, nullptr, k_cache, v_cache, block_tables,
+    attend_any<true, NARROW_WARPS, false>(out, partials, counters, nullptr, k_cache, v_cache, block_tables,
                                    token_seq, positions, tokens, q_heads, kv_heads, head_dim,
                                    block_size, max_blocks_per_seq, keys_per_split, splits, scale,
-                                   post);
+                                   KvScales{1.0f, 1.0f}, post);
+}
+
+// paged_attention_qkv_bf16 over an FP8 cache: the newest key and value go into the cache as
+// qkv_rope_kv_write_fp8 writes them, and the attention is paged_attention_fp8's. Launch:
+// paged_attention_fp8's.
+extern "C" __global__ void __launch_bounds__(128, 2) paged_attention_qkv_fp8(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
+    const __nv_bfloat16* __restrict__ qkv, uint8_t* k_cache, uint8_t* v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ token_seq,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, uint32_t max_position,
+    float scale, float eps, float k_scale, float v_scale) {
+    __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 256];
+    const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
+                    post_smem, cos_table, sin_table, max_position, eps};
+    attend_any<true, NARROW_WARPS, true>(out, partials, counters, nullptr, k_cache, v_cache,
+                                         block_tables, token_seq, positions, tokens, q_heads,
+                                         kv_heads, head_dim, block_size, max_blocks_per_seq,
+                                         keys_per_split, splits, scale, KvScales{k_scale, v_scale},
+                                         post);
 }
 
 // paged_attention_qkv_bf16 with 8 warps a block (256 threads; one block an SM at head_dim 128):
@@ -612,10 +742,33 @@ extern "C" __global__ void __launch_bounds__(256, 1) paged_attention_qkv_wide_bf
     __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 128];
     const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
                     post_smem, cos_table, sin_table, max_position, eps};
-    attend_any<true, WIDE_WARPS>(out, partials, counters, nullptr, k_cache, v_cache, block_tables,
+    attend_any<true, WIDE_WARPS, false>(out, partials, counters, nullptr, k_cache, v_cache, block_tables,
                                  token_seq, positions, tokens, q_heads, kv_heads, head_dim,
                                  block_size, max_blocks_per_seq, keys_per_split, splits, scale,
-                                 post);
+                                 KvScales{1.0f, 1.0f}, post);
+}
+
+// paged_attention_qkv_wide_bf16 over an FP8 cache (paged_attention_qkv_fp8 with 8 warps). Launch:
+// paged_attention_qkv_wide_bf16's grid and block, dynamic shared memory for 8 warps' FP8 rings.
+extern "C" __global__ void __launch_bounds__(256, 1) paged_attention_qkv_wide_fp8(
+    __nv_bfloat16* __restrict__ out, float* __restrict__ partials, int32_t* __restrict__ counters,
+    const __nv_bfloat16* __restrict__ qkv, uint8_t* k_cache, uint8_t* v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ token_seq,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, uint32_t max_position,
+    float scale, float eps, float k_scale, float v_scale) {
+    if (blockDim.x != WIDE_WARPS * 32) return;
+    __shared__ __align__(16) __nv_bfloat16 post_smem[(8 + 2) * 128];
+    const Post post{qkv,       q_norm,    k_norm,       slots, k_cache, v_cache,
+                    post_smem, cos_table, sin_table, max_position, eps};
+    attend_any<true, WIDE_WARPS, true>(out, partials, counters, nullptr, k_cache, v_cache,
+                                       block_tables, token_seq, positions, tokens, q_heads,
+                                       kv_heads, head_dim, block_size, max_blocks_per_seq,
+                                       keys_per_split, splits, scale, KvScales{k_scale, v_scale},
+                                       post);
 }
 
 // Merges the splits' partials of paged_attention_bf16:

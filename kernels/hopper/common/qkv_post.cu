@@ -29,6 +29,7 @@
 // Launch: grid = ceil(tokens * (q_heads + 2 kv_heads) / (256 / L)), block = 256.
 #include "common.cuh"
 #include "norm.cuh"
+#include "kv_fp8.cuh"
 #include "qkv_post.cuh"
 
 namespace {
@@ -42,30 +43,71 @@ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
-// Where an item's result goes: q_out, or k_cache / v_cache row `slot` (null: nowhere, a k or v
-// head of a token whose slot is negative, or no item).
-__device__ __forceinline__ __nv_bfloat16* destination(bool live, uint32_t t, uint32_t h,
-                                                     int32_t slot, __nv_bfloat16* q_out,
-                                                     __nv_bfloat16* k_cache,
-                                                     __nv_bfloat16* v_cache, uint32_t q_heads,
-                                                     uint32_t kv_heads, uint32_t head_dim) {
-    if (!live) return nullptr;
-    if (h < q_heads) return q_out + ((uint64_t)t * q_heads + h) * head_dim;
-    if (slot < 0) return nullptr;
-    const uint32_t kv = h - q_heads;
-    return kv < kv_heads ? k_cache + ((uint64_t)slot * kv_heads + kv) * head_dim
-                         : v_cache + ((uint64_t)slot * kv_heads + kv - kv_heads) * head_dim;
+// Where an item's result goes: q_out (bf16), or k_cache / v_cache row `slot` (the cache's
+// element type: bf16, or e4m3 of the value divided by `scale`). Both null: nowhere (a k or v head
+// of a token whose slot is negative, or no item).
+template <typename Cache>
+struct Dst {
+    __nv_bfloat16* q;
+    Cache* cache;
+    float scale;
+    __device__ __forceinline__ bool none() const { return q == nullptr && cache == nullptr; }
+    // Elements [at, at + 4) from four bf16.
+    __device__ __forceinline__ void store4(uint32_t at, uint2 x) const;
+    __device__ __forceinline__ void store1(uint32_t at, __nv_bfloat16 x) const;
+};
+
+template <>
+__device__ __forceinline__ void Dst<__nv_bfloat16>::store4(uint32_t at, uint2 x) const {
+    *reinterpret_cast<uint2*>((q != nullptr ? q : cache) + at) = x;
 }
+template <>
+__device__ __forceinline__ void Dst<__nv_bfloat16>::store1(uint32_t at, __nv_bfloat16 x) const {
+    (q != nullptr ? q : cache)[at] = x;
+}
+template <>
+__device__ __forceinline__ void Dst<uint8_t>::store4(uint32_t at, uint2 x) const {
+    if (q != nullptr)
+        *reinterpret_cast<uint2*>(q + at) = x;
+    else
+        *reinterpret_cast<uint32_t*>(cache + at) = metrale::kv_fp8::quantize4(x, scale);
+}
+template <>
+__device__ __forceinline__ void Dst<uint8_t>::store1(uint32_t at, __nv_bfloat16 x) const {
+    if (q != nullptr)
+        q[at] = x;
+    else
+        cache[at] = metrale::kv_fp8::quantize1(x, scale);
+}
+
+template <typename Cache>
+__device__ __forceinline__ Dst<Cache> destination(bool live, uint32_t t, uint32_t h, int32_t slot,
+                                                  __nv_bfloat16* q_out, Cache* k_cache,
+                                                  Cache* v_cache, uint32_t q_heads,
+                                                  uint32_t kv_heads, uint32_t head_dim,
+                                                  float k_scale, float v_scale) {
+    if (!live) return {nullptr, nullptr, 1.0f};
+    if (h < q_heads) return {q_out + ((uint64_t)t * q_heads + h) * head_dim, nullptr, 1.0f};
+    if (slot < 0) return {nullptr, nullptr, 1.0f};
+    const uint32_t kv = h - q_heads;
+    return kv < kv_heads
+               ? Dst<Cache>{nullptr, k_cache + ((uint64_t)slot * kv_heads + kv) * head_dim, k_scale}
+               : Dst<Cache>{nullptr, v_cache + ((uint64_t)slot * kv_heads + kv - kv_heads) * head_dim,
+                            v_scale};
+}
+
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
-    __nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ k_cache,
-    __nv_bfloat16* __restrict__ v_cache, const __nv_bfloat16* __restrict__ qkv,
+namespace {
+template <typename Cache>
+__device__ __forceinline__ void qkv_post(
+    __nv_bfloat16* __restrict__ q_out, Cache* __restrict__ k_cache,
+    Cache* __restrict__ v_cache, const __nv_bfloat16* __restrict__ qkv,
     const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
     const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
     const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t rotary_dim,
-    uint32_t max_position, float eps, float weight_offset) {
+    uint32_t max_position, float eps, float weight_offset, float k_scale, float v_scale) {
     metrale::grid_dependency_sync();
     const uint32_t lanes = lanes_per_head(head_dim);
     const uint32_t per_block = blockDim.x / lanes;
@@ -96,31 +138,31 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
         ra = __ldg(reinterpret_cast<const uint2*>(x + e));
         rb = __ldg(reinterpret_cast<const uint2*>(x + half + e));
     }
-    __nv_bfloat16* dst =
-        destination(live, t, h, slot, q_out, k_cache, v_cache, q_heads, kv_heads, head_dim);
+    const Dst<Cache> dst = destination(live, t, h, slot, q_out, k_cache, v_cache, q_heads, kv_heads,
+                                       head_dim, k_scale, v_scale);
     const __nv_bfloat16* norm = is_q ? q_norm : is_v ? nullptr : k_norm;
     const bool rotate = !is_v && pos >= 0 && (uint32_t)pos < max_position;
     if (vec) {
         const float ss = metrale::qkv_post::head_sum_sq(ra, rb, lanes);
-        if (dst == nullptr) return;
+        if (dst.none()) return;
         if (!is_v)
             metrale::qkv_post::transform_loading(ra, rb, ss, norm, rotate, pos, cos_table,
                                                  sin_table, e, half, head_dim, eps,
                                                  weight_offset);
-        *reinterpret_cast<uint2*>(dst + e) = ra;
-        *reinterpret_cast<uint2*>(dst + half + e) = rb;
+        dst.store4(e, ra);
+        dst.store4(half + e, rb);
     } else {
         float ss = 0.0f;
-        if (dst != nullptr && norm != nullptr) {
+        if (!dst.none() && norm != nullptr) {
             for (uint32_t i = j; i < head_dim; i += lanes) {
                 const float v = metrale::to_f32(x[i]);
                 ss += v * v;
             }
         }
         ss = metrale::qkv_post::group_sum(ss, lanes);
-        if (dst == nullptr) return;
+        if (dst.none()) return;
         if (is_v) {
-            for (uint32_t i = j; i < head_dim; i += lanes) dst[i] = x[i];
+            for (uint32_t i = j; i < head_dim; i += lanes) dst.store1(i, x[i]);
             return;
         }
         const float inv = rsqrtf(ss / (float)head_dim + eps);
@@ -140,16 +182,46 @@ extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
                 x0 = y0;
                 x1 = y1;
             }
-            dst[i] = metrale::to_bf16(x0);
-            dst[i + rhalf] = metrale::to_bf16(x1);
+            dst.store1(i, metrale::to_bf16(x0));
+            dst.store1(i + rhalf, metrale::to_bf16(x1));
         }
         for (uint32_t i = rotary_dim + j; i < head_dim; i += lanes) {
             float v = metrale::to_f32(x[i]);
             if (norm != nullptr)
                 v = v * inv * metrale::norm_scale(metrale::to_f32(norm[i]), weight_offset);
-            dst[i] = metrale::to_bf16(v);
+            dst.store1(i, metrale::to_bf16(v));
         }
     }
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_bf16(
+    __nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ k_cache,
+    __nv_bfloat16* __restrict__ v_cache, const __nv_bfloat16* __restrict__ qkv,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t rotary_dim,
+    uint32_t max_position, float eps, float weight_offset) {
+    qkv_post(q_out, k_cache, v_cache, qkv, q_norm, k_norm, positions, slots, cos_table, sin_table,
+             tokens, q_heads, kv_heads, head_dim, rotary_dim, max_position, eps, weight_offset,
+             1.0f, 1.0f);
+}
+
+// qkv_rope_kv_write_bf16 into an FP8 cache ([num_slots, kv_heads * head_dim] bytes each): each
+// key and value element is the bf16 the other form stores, then e4m3(x / k_scale) or
+// e4m3(x / v_scale) (kv_fp8.cuh). The queries are the other form's, bit for bit.
+extern "C" __global__ void __launch_bounds__(256, 8) qkv_rope_kv_write_fp8(
+    __nv_bfloat16* __restrict__ q_out, uint8_t* __restrict__ k_cache,
+    uint8_t* __restrict__ v_cache, const __nv_bfloat16* __restrict__ qkv,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table, uint32_t tokens,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t rotary_dim,
+    uint32_t max_position, float eps, float weight_offset, float k_scale, float v_scale) {
+    qkv_post(q_out, k_cache, v_cache, qkv, q_norm, k_norm, positions, slots, cos_table, sin_table,
+             tokens, q_heads, kv_heads, head_dim, rotary_dim, max_position, eps, weight_offset,
+             k_scale, v_scale);
 }
 
 // MiniMax-M2's QK-norm, in place on the fused QKV product before qkv_rope_kv_write_bf16 (which
