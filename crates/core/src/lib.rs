@@ -14,10 +14,12 @@
 pub mod arch;
 pub mod dtype;
 pub mod fp8;
+pub mod kv;
 pub mod launch;
 pub mod target;
 
 pub use arch::{ArchError, Preflight, SmArch};
 pub use dtype::DType;
+pub use kv::{KvCacheDtype, UnknownKvCacheDtype};
 pub use launch::{DevicePtr, KernelArg, KernelName, LaunchConfig};
 pub use target::{KernelTarget, Vendor};

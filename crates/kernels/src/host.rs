@@ -292,6 +292,31 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             AttentionCombine::KINDS,
         ),
         (
+            PagedAttentionFp8::NAME,
+            run::<PagedAttentionFp8>,
+            PagedAttentionFp8::KINDS,
+        ),
+        (
+            PagedAttentionQkvFp8::NAME,
+            run::<PagedAttentionQkvFp8>,
+            PagedAttentionQkvFp8::KINDS,
+        ),
+        (
+            PagedAttentionQkvFp8::WIDE_NAME,
+            super::ops::paged_attention_qkv_wide_fp8_reference,
+            PagedAttentionQkvFp8::KINDS,
+        ),
+        (
+            QkvRopeKvWriteFp8::NAME,
+            run::<QkvRopeKvWriteFp8>,
+            QkvRopeKvWriteFp8::KINDS,
+        ),
+        (
+            KvCacheWriteFp8::NAME,
+            run::<KvCacheWriteFp8>,
+            KvCacheWriteFp8::KINDS,
+        ),
+        (
             PrefillAttention::NAME,
             run::<PrefillAttention>,
             PrefillAttention::KINDS,

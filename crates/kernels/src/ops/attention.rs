@@ -5,6 +5,8 @@ use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::QkvRopeKvWrite;
+use super::qkv_post::CacheWrite;
+use metrale_core::KvCacheDtype;
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args, widen};
 use crate::names;
 
@@ -304,7 +306,7 @@ impl PagedAttentionQkv {
     /// into the caches in `mem`, as the kernel does, since the attention reads them.
     pub fn allowance(&self, mem: &mut dyn HostMemory) -> Result<Vec<f32>, HostError> {
         let (post, attention) = self.parts();
-        let (exact, keys) = post.write_kv_and_transform(mem)?;
+        let (exact, keys) = post.write_kv_and_transform(mem, CacheWrite::Bf16)?;
         let q: Vec<f32> = exact.iter().map(|&x| widen(bf16::from_f32(x))).collect();
         let flip = |x: &f32| bf16_flip_within(x.abs(), Q_FLIP_MARGIN_ULPS).unwrap_or(0.0);
         let q_flip: Vec<f32> = exact.iter().map(flip).collect();
@@ -322,11 +324,25 @@ impl Kernel for PagedAttentionQkv {
     /// [`PagedAttention`]'s on those queries. Refuses a sequence named by two tokens: the kernel
     /// would not see the other token's key.
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        self.reference_over(mem, Self::NAME, CacheWrite::Bf16, CacheRead::Bf16)
+    }
+}
+
+impl PagedAttentionQkv {
+    /// [`reference`](Kernel::reference) over caches of the given elements (the FP8 forms'),
+    /// errors naming `kernel`.
+    pub(crate) fn reference_over(
+        &self,
+        mem: &mut dyn HostMemory,
+        kernel: metrale_core::KernelName,
+        write: CacheWrite,
+        read: CacheRead,
+    ) -> Result<(), HostError> {
         let (post, attention) = self.parts();
-        attention.check_group(Self::NAME)?;
+        attention.check_group(kernel)?;
         if !matches!(self.head_dim, 64 | 128 | 256) {
             return Err(HostError::BadArgs {
-                kernel: Self::NAME,
+                kernel,
                 message: format!("head_dim {} is not 64, 128 or 256", self.head_dim),
             });
         }
@@ -334,16 +350,17 @@ impl Kernel for PagedAttentionQkv {
         token_seq.sort_unstable();
         if let Some(w) = token_seq.windows(2).find(|w| w[0] == w[1]) {
             return Err(HostError::BadArgs {
-                kernel: Self::NAME,
+                kernel,
                 message: format!("sequence {} has more than one token in the launch", w[0]),
             });
         }
         let q: Vec<f32> = post
-            .write_kv_and_transform_q(mem)?
+            .write_kv_and_transform(mem, write)?
+            .0
             .into_iter()
             .map(|x| widen(bf16::from_f32(x)))
             .collect();
-        attention.attend_host(&q, mem, Self::NAME)
+        attention.attend_host(&q, mem, kernel, read)
     }
 }
 
@@ -494,9 +511,26 @@ pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32
 /// [`paged_attention_smem_bytes`] for blocks of `warps` warps (8: the wide form,
 /// [`PagedAttentionQkv::wide_launch_config`]).
 pub fn paged_attention_smem_bytes_of(warps: u32, group: u32, head_dim: u32, splits: u32) -> u32 {
+    paged_attention_smem_bytes_for(KvCacheDtype::Bf16, warps, group, head_dim, splits)
+}
+
+/// [`paged_attention_smem_bytes_of`] over a cache of `dtype`: the FP8 forms' rings hold e4m3
+/// tiles, 4 stages (2 at head_dim 256), and one converted K and V tile per warp. Mirrors
+/// attention.cu's `ring_bytes`.
+pub fn paged_attention_smem_bytes_for(
+    dtype: KvCacheDtype,
+    warps: u32,
+    group: u32,
+    head_dim: u32,
+    splits: u32,
+) -> u32 {
     const KEY_TILE: u32 = 16;
-    let stages = if head_dim >= 256 { 2 } else { 3 };
-    let rings = warps * stages * 2 * KEY_TILE * head_dim * 2;
+    let rings = match (dtype, head_dim >= 256) {
+        (KvCacheDtype::Bf16, true) => warps * 2 * 2 * KEY_TILE * head_dim * 2,
+        (KvCacheDtype::Bf16, false) => warps * 3 * 2 * KEY_TILE * head_dim * 2,
+        (KvCacheDtype::Fp8, true) => warps * (2 * 2 + 4) * KEY_TILE * head_dim,
+        (KvCacheDtype::Fp8, false) => warps * (4 * 2 + 4) * KEY_TILE * head_dim,
+    };
     let weights = if splits > 1 { group * splits } else { 0 };
     let merge = (warps * group * head_dim + 2 * warps * group + weights) * 4;
     rings.max(merge)
@@ -881,6 +915,12 @@ fn bf16_flip(p: f32) -> Option<f32> {
 /// step, below what the comparison's floor already allows.
 const Q_FLIP_MARGIN_ULPS: u32 = 64;
 
+/// One bf16 ulp of `x` where the fused decode attention may round this query or new key element
+/// (f32) to the other bf16 neighbour ([`Q_FLIP_MARGIN_ULPS`]), else 0.
+pub(crate) fn q_flip(x: f32) -> f32 {
+    bf16_flip_within(x.abs(), Q_FLIP_MARGIN_ULPS).unwrap_or(0.0)
+}
+
 /// [`bf16_flip`] with a margin of `margin` f32 ulps.
 fn bf16_flip_within(p: f32, margin: u32) -> Option<f32> {
     let bits = p.to_bits();
@@ -908,12 +948,12 @@ impl Kernel for PagedAttention {
         self.check_group(Self::NAME)?;
         let n = (self.tokens * self.q_heads * self.head_dim) as usize;
         let q = host::load_bf16(mem, self.q, n)?;
-        self.attend_host(&q, mem, Self::NAME)
+        self.attend_host(&q, mem, Self::NAME, CacheRead::Bf16)
     }
 }
 
 impl PagedAttention {
-    fn check_group(&self, kernel: metrale_core::KernelName) -> Result<(), HostError> {
+    pub(crate) fn check_group(&self, kernel: metrale_core::KernelName) -> Result<(), HostError> {
         let (qh, kvh) = (self.q_heads, self.kv_heads);
         if kvh == 0 || qh % kvh != 0 || qh / kvh > 8 {
             return Err(HostError::BadArgs {
@@ -926,13 +966,14 @@ impl PagedAttention {
 
     /// The reference with the queries given (`[tokens, q_heads * head_dim]`, f32 holding bf16
     /// values) instead of read from `q`; errors name `kernel`.
-    fn attend_host(
+    pub(crate) fn attend_host(
         &self,
         q: &[f32],
         mem: &mut dyn HostMemory,
         kernel: metrale_core::KernelName,
+        cache: CacheRead,
     ) -> Result<(), HostError> {
-        let outputs = self.attend_splits(q, None, mem, kernel)?;
+        let outputs = self.attend_splits(q, None, mem, kernel, cache)?;
         if self.splits > 1 {
             host::store(mem, self.partials, &outputs.parts)?;
         }
@@ -952,12 +993,25 @@ impl PagedAttention {
         key_flip: &[Vec<f32>],
         mem: &dyn HostMemory,
     ) -> Result<Vec<f32>, HostError> {
+        self.allowance_over(CacheRead::Bf16, q, q_flip, key_flip, mem)
+    }
+
+    /// [`allowance`](Self::allowance) over a cache read as `cache` (`key_flip` in the units the
+    /// cache holds: raw e4m3 values for an FP8 cache).
+    pub(crate) fn allowance_over(
+        &self,
+        cache: CacheRead,
+        q: &[f32],
+        q_flip: &[f32],
+        key_flip: &[Vec<f32>],
+        mem: &dyn HostMemory,
+    ) -> Result<Vec<f32>, HostError> {
         let flips = Flips {
             q: q_flip,
             newest_key: key_flip,
         };
         Ok(self
-            .attend_splits(q, Some(flips), mem, Self::NAME)?
+            .attend_splits(q, Some(flips), mem, Self::NAME, cache)?
             .allowance)
     }
 
@@ -969,6 +1023,7 @@ impl PagedAttention {
         flips: Option<Flips>,
         mem: &dyn HostMemory,
         kernel: metrale_core::KernelName,
+        cache: CacheRead,
     ) -> Result<SplitOutputs, HostError> {
         let (t_n, qh, kvh, d) = (
             self.tokens as usize,
@@ -993,8 +1048,13 @@ impl PagedAttention {
             .max()
             .unwrap_or(0);
         let row = kvh * d;
-        let k_cache = host::view::<bf16>(mem, self.k_cache, blocks * bs * row)?;
-        let v_cache = host::view::<bf16>(mem, self.v_cache, blocks * bs * row)?;
+        let (k_cache, v_cache) = cache.load(mem, self.k_cache, self.v_cache, blocks * bs * row)?;
+        // An FP8 cache holds e4m3(k / k_scale), e4m3(v / v_scale): the raw values (exact in bf16)
+        // are the keys and values, k_scale joins the score scale, v_scale scales the sums.
+        let (score_scale, v_scale) = match cache {
+            CacheRead::Bf16 => (self.scale, 1.0),
+            CacheRead::Fp8 { k_scale, v_scale } => (self.scale * k_scale, v_scale),
+        };
         if !matches!(d, 64 | 128 | 256) {
             return Err(bad(format!("head_dim {d} is not 64, 128 or 256")));
         }
@@ -1046,13 +1106,19 @@ impl PagedAttention {
                             .get(t)
                             .filter(|k| !k.is_empty())
                             .map(|k| (pos as usize, &k[kv.head..][..d]));
-                        kv.attend_allowance(qv, q_flip, newest, keys.clone(), self.scale)
+                        let mut b =
+                            kv.attend_allowance(qv, q_flip, newest, keys.clone(), score_scale);
+                        b[..d].iter_mut().for_each(|x| *x *= v_scale);
+                        b
                     });
                     if let (Some(bound), true) = (&bound, z > 1) {
                         allowance[((t * qh + h) * z + split) * (d + 2)..][..d + 2]
                             .copy_from_slice(bound);
                     }
-                    let (acc, max, total) = kv.attend(qv, keys, self.scale, &mut scores);
+                    let (mut acc, max, total) = kv.attend(qv, keys, score_scale, &mut scores);
+                    if v_scale != 1.0 {
+                        acc.iter_mut().for_each(|a| *a *= v_scale);
+                    }
                     if z == 1 {
                         let o = &mut out[(t * qh + h) * d..][..d];
                         for (o, a) in o.iter_mut().zip(&acc) {
@@ -1086,6 +1152,50 @@ impl PagedAttention {
             parts,
             allowance,
         })
+    }
+}
+
+/// How the decode attention's reference reads the paged cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum CacheRead {
+    /// bf16 elements.
+    Bf16,
+    /// e4m3 elements holding `k / k_scale` and `v / v_scale` (`metrale_core::fp8`).
+    Fp8 {
+        /// The keys' per-tensor scale.
+        k_scale: f32,
+        /// The values' per-tensor scale.
+        v_scale: f32,
+    },
+}
+
+impl CacheRead {
+    /// Both caches' first `n` elements as bf16: borrowed for a bf16 cache, the raw e4m3 values
+    /// (exact in bf16, unscaled) for an FP8 one.
+    #[allow(clippy::type_complexity)]
+    fn load<'m>(
+        self,
+        mem: &'m dyn HostMemory,
+        k: DevicePtr,
+        v: DevicePtr,
+        n: usize,
+    ) -> Result<(std::borrow::Cow<'m, [bf16]>, std::borrow::Cow<'m, [bf16]>), HostError> {
+        match self {
+            CacheRead::Bf16 => Ok((
+                host::view::<bf16>(mem, k, n)?,
+                host::view::<bf16>(mem, v, n)?,
+            )),
+            CacheRead::Fp8 { .. } => {
+                let decode = |p: DevicePtr| -> Result<Vec<bf16>, HostError> {
+                    Ok(mem
+                        .bytes(p, n)?
+                        .iter()
+                        .map(|&b| bf16::from_f32(metrale_core::fp8::e4m3_to_f32(b)))
+                        .collect())
+                };
+                Ok((decode(k)?.into(), decode(v)?.into()))
+            }
+        }
     }
 }
 

@@ -13,6 +13,7 @@ pub mod gated_norm;
 mod gemm;
 mod gemv_fp8;
 mod grid_barrier;
+mod kv_fp8;
 pub mod mamba2;
 pub mod moe;
 mod qkv_post;
@@ -26,7 +27,7 @@ pub use attention::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AttentionCombine, KvCacheWrite, PagedAttention,
     PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, PrefillRow,
     attention_splits, attention_splits_of, paged_attention_smem_bytes,
-    paged_attention_smem_bytes_of, prefill_attention_rows, prefill_attention_tiles,
+    paged_attention_smem_bytes_for, paged_attention_smem_bytes_of, prefill_attention_rows, prefill_attention_tiles,
     prefill_attention_tiles_of,
 };
 pub use elementwise::Add;
@@ -48,6 +49,11 @@ pub use gemv_fp8::{
     FP8_SCALE_COLS, Fp8DequantBf16, GEMV_FP8_MAX_ROWS, GemvFp8, GemvFp8Swiglu, fp8_weight_f32,
 };
 pub use grid_barrier::GridBarrier;
+pub(crate) use kv_fp8::paged_attention_qkv_wide_fp8_reference;
+pub use kv_fp8::{
+    KvCacheWriteFp8, PagedAttentionFp8, PagedAttentionQkvFp8, QkvRopeKvWriteFp8, e4m3_of_bf16,
+    fp8_attention_takes_head_dim,
+};
 pub use mamba2::{
     MAMBA2_CHANNELS, MAMBA2_MAX_STATE, MAMBA2_STATE_LANES, MAMBA2_STATE_MULTIPLE, Mamba2ChunkCarry,
     Mamba2ChunkScan, Mamba2ChunkState, Mamba2Recurrent,

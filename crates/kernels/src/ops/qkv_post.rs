@@ -120,15 +120,17 @@ impl QkvRopeKvWrite {
         &self,
         mem: &mut dyn HostMemory,
     ) -> Result<Vec<f32>, HostError> {
-        Ok(self.write_kv_and_transform(mem)?.0)
+        Ok(self.write_kv_and_transform(mem, CacheWrite::Bf16)?.0)
     }
 
     /// [`write_kv_and_transform_q`](Self::write_kv_and_transform_q), also returning each token's
     /// new keys `[kv_heads * head_dim]` in f32 before the rounding to bf16 that the cache stores
-    /// (empty for a token with a negative slot, which writes nothing).
+    /// (empty for a token with a negative slot, which writes nothing). The caches hold `cache`'s
+    /// elements.
     pub(crate) fn write_kv_and_transform(
         &self,
         mem: &mut dyn HostMemory,
+        cache: CacheWrite,
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>), HostError> {
         let (tokens, qh, kvh, d) = (
             self.tokens as usize,
@@ -189,20 +191,52 @@ impl QkvRopeKvWrite {
                 keys.push(Vec::new());
                 continue;
             }
-            let at = slots[t] as usize * kv_row * 2;
             let k: Vec<f32> = (qh..qh + kvh)
                 .flat_map(|h| transform(&row[h * d..(h + 1) * d], &k_norm, positions[t]))
                 .collect();
-            host::store_bf16(mem, self.k_cache.offset(at), &k)?;
-            host::store(
-                mem,
-                self.v_cache.offset(at),
-                &row[(qh + kvh) * d..(qh + 2 * kvh) * d],
-            )?;
+            let v = &row[(qh + kvh) * d..(qh + 2 * kvh) * d];
+            match cache {
+                CacheWrite::Bf16 => {
+                    let at = slots[t] as usize * kv_row * 2;
+                    host::store_bf16(mem, self.k_cache.offset(at), &k)?;
+                    host::store(mem, self.v_cache.offset(at), v)?;
+                }
+                CacheWrite::Fp8 { k_scale, v_scale } => {
+                    let at = slots[t] as usize * kv_row;
+                    let k8: Vec<u8> = k
+                        .iter()
+                        .map(|&x| e4m3_of_bf16(bf16::from_f32(x), k_scale))
+                        .collect();
+                    let v8: Vec<u8> = v.iter().map(|&x| e4m3_of_bf16(x, v_scale)).collect();
+                    host::store(mem, self.k_cache.offset(at), &k8)?;
+                    host::store(mem, self.v_cache.offset(at), &v8)?;
+                }
+            }
             keys.push(k);
         }
         Ok((q_out, keys))
     }
+}
+
+/// What the paged cache's elements are, as the cache writes' references store them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum CacheWrite {
+    /// The bf16 values.
+    Bf16,
+    /// [`e4m3_of_bf16`] with the keys' and the values' per-tensor scales.
+    Fp8 {
+        /// The keys' scale.
+        k_scale: f32,
+        /// The values' scale.
+        v_scale: f32,
+    },
+}
+
+/// An FP8 cache element: the bf16 value the bf16 cache would hold, divided by `scale` in f32,
+/// rounded to the nearest e4m3 (ties to even) and saturated to ±448, as kv_fp8.cuh's
+/// `cvt.rn.satfinite` does.
+pub fn e4m3_of_bf16(x: bf16, scale: f32) -> u8 {
+    metrale_core::fp8::f32_to_e4m3(f32::from(x) / scale)
 }
 
 kernel_args!(
