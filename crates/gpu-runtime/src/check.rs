@@ -26,6 +26,7 @@ mod attention_variants;
 mod gated_delta;
 mod gated_norm;
 mod gemv_fp8;
+mod kv_fp8;
 mod mamba2;
 mod moe;
 mod norm_offset;
@@ -103,6 +104,9 @@ pub enum OutputKind {
     I32,
     /// f32 values, compared with the f32 metric (relative 1e-3 per element, for reordered sums).
     F32,
+    /// E4M3 bytes (an FP8 KV cache), compared code by code: equal, or one step apart for at
+    /// most one element in a thousand.
+    E4m3,
 }
 
 /// One buffer of a case: its initial bytes, and whether (and how) it is compared afterwards.
@@ -1780,6 +1784,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gated_norm::gated_norm_f32_input_cases(&mut rng));
     // Mamba-2's chunked prefill, after every other case for the same reason.
     out.extend(mamba2::mamba2_chunk_cases(&mut rng));
+    // The FP8 KV cache's writes and decode attentions, after every other case for the same
+    // reason.
+    out.extend(kv_fp8::kv_fp8_cases(&mut rng));
     out
 }
 
@@ -2086,6 +2093,14 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
     for (b_index, ((buffer, g), w)) in case.buffers.iter().zip(got).zip(want).enumerate() {
         match buffer.output {
             None => {}
+            Some(OutputKind::E4m3) => {
+                let (n, bad, first) = kv_fp8::compare_e4m3(g, w);
+                elements += n;
+                mismatches += bad;
+                if let Some((i, a, b)) = first {
+                    first_mismatch.get_or_insert((b_index, i, a, b));
+                }
+            }
             Some(OutputKind::I32) => {
                 let (g, w): (Vec<i32>, Vec<i32>) = (
                     bytemuck::pod_collect_to_vec(g),
@@ -2115,6 +2130,7 @@ pub fn compare(case: &Case, got: &[Vec<u8>], want: &[Vec<u8>]) -> CaseResult {
                     let floor = if case.kernel == PagedAttention::NAME
                         || case.kernel == PagedAttentionQkv::NAME
                         || case.kernel == PagedAttentionQkv::WIDE_NAME
+                        || kv_fp8::is_fp8_decode_attention(case.kernel)
                     {
                         PAGED_ATTENTION_PARTIALS_ATOL_OF_RMS * rms
                     } else {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use metrale_cache::BlockTable;
 use metrale_config::ModelConfig;
-use metrale_core::DevicePtr;
+use metrale_core::{DevicePtr, KvCacheDtype};
 use metrale_gpu_runtime::{
     Event, GpuBackend, GpuError, Graph, KernelHandle, Stream, launch_kernel,
 };
@@ -80,6 +80,9 @@ pub enum ModelError {
     /// The checkpoint needs a kind of layer the engine does not implement.
     #[error("unsupported model: {0}")]
     Unsupported(String),
+    /// The KV cache's element type cannot serve this model on this backend.
+    #[error("KV cache: {0}")]
+    KvCache(String),
     /// A schedule choice the engine does not take (the kernel tree's `[tuning]`, `--tune`, an
     /// operator switch).
     #[error(transparent)]
@@ -101,6 +104,9 @@ pub struct ModelOptions {
     pub num_blocks: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// The KV cache's element type (`--kv-cache-dtype`): bf16, or FP8 E4M3 with per-layer
+    /// scales (half the bytes a token). The attention blocks' cache writes and reads follow it.
+    pub kv_cache: KvCacheDtype,
     /// Recurrent-state slots (a hybrid model's Gated DeltaNet or Mamba-2 layers keep one state
     /// per running sequence in a slot; the server adds the prefix cache's snapshot slots after
     /// the running ones, filled and read by [`Model::copy_state_slot`]). 0 for a model without
@@ -109,11 +115,42 @@ pub struct ModelOptions {
 }
 
 impl ModelOptions {
-    /// KV cache bytes per block, every attention layer (a hybrid model's recurrent layers keep
-    /// no KV), K and V.
-    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> u64 {
+    /// KV cache bytes per block of elements of `dtype`, every attention layer (a hybrid model's
+    /// recurrent layers keep no KV), K and V.
+    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize, dtype: KvCacheDtype) -> u64 {
         let layers = config.num_layers - config.hybrid.as_ref().map_or(0, |h| h.recurrent_layers());
-        (2 * layers * block_size * config.num_kv_heads * config.head_dim * 2) as u64
+        (2 * layers * block_size * config.num_kv_heads * config.head_dim * dtype.element_bytes())
+            as u64
+    }
+
+    /// Whether a cache of `dtype` can serve `config` on `gpu`: an FP8 cache needs its decode
+    /// attention kernels (head dims 64, 128 and 256) in the backend's kernel set. Called by
+    /// [`Model::load`] and by callers that want the refusal before a long load.
+    pub fn check_kv_cache(
+        config: &ModelConfig,
+        gpu: &dyn GpuBackend,
+        dtype: KvCacheDtype,
+    ) -> Result<(), ModelError> {
+        if dtype == KvCacheDtype::Bf16 {
+            return Ok(());
+        }
+        if !metrale_kernels::ops::fp8_attention_takes_head_dim(config.head_dim as u32) {
+            return Err(ModelError::KvCache(format!(
+                "--kv-cache-dtype fp8 at head_dim {}: the FP8 cache's attention kernels take head \
+                 dims 64, 128 and 256; use --kv-cache-dtype bf16",
+                config.head_dim
+            )));
+        }
+        for name in crate::blocks::attention::fp8_cache_kernels() {
+            if gpu.kernel(name).is_err() {
+                return Err(ModelError::KvCache(format!(
+                    "--kv-cache-dtype fp8: the {} backend has no kernel {name}; use \
+                     --kv-cache-dtype bf16",
+                    gpu.kind()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Recurrent-state bytes of one state slot (every recurrent layer's conv inputs in bf16 and
@@ -281,6 +318,7 @@ impl Model {
         let plan = LayerPlan::from_config(&config)?;
         plan.check_runnable()?;
         let g = gpu.as_ref();
+        ModelOptions::check_kv_cache(&config, g, options.kv_cache)?;
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
             embedding_vec: g.kernel(Embedding::VEC_NAME)?,
@@ -396,6 +434,7 @@ impl Model {
             num_blocks: options.num_blocks,
             block_size: options.block_size,
             max_blocks_per_seq: options.max_blocks_per_seq(),
+            kv_cache: options.kv_cache,
         };
         let mut attention_shared = None;
         let mut mlp_scratch = None;
@@ -997,7 +1036,7 @@ impl Model {
     /// one the kernel covers.
     fn tensor_core_prefill(&self, step: &StepInput) -> bool {
         step.tokens.len() > step.block_tables.len()
-            && attention::tensor_core_prefill(self.config.head_dim as u32)
+            && attention::tensor_core_prefill(self.config.head_dim as u32, self.options.kv_cache)
     }
 
     /// How launches go out this step.

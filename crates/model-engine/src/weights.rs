@@ -364,6 +364,9 @@ pub struct LayerWeights {
     /// A gated attention's output-gate rows of `q_proj`, `[heads * head_dim, hidden]` (each
     /// head's second half, Qwen3-Next), or NULL.
     pub(crate) attn_gate: LinearWeight,
+    /// The FP8 KV cache's per-tensor scales of this layer's keys and values: the checkpoint's
+    /// `k_scale` / `v_scale`, else 1.0 (used only with `--kv-cache-dtype fp8`).
+    pub(crate) kv_scales: (f32, f32),
 }
 
 /// A Mamba-2 mixer's tensors on the device (Nemotron-H).
@@ -426,6 +429,7 @@ impl LayerWeights {
             gdn: None,
             mamba: None,
             attn_gate: null,
+            kv_scales: (1.0, 1.0),
         }
     }
 }

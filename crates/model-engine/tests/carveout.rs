@@ -56,6 +56,7 @@ fn decode_launches(mock: &Arc<MockBackend>) -> Vec<(String, Option<u8>)> {
     let config = qwen3_small();
     let gpu: Arc<dyn GpuBackend> = mock.clone();
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 16,
         max_seqs: 1,
         max_logit_rows: 1,

@@ -84,6 +84,7 @@ fn logits(source: &dyn WeightSource, format: &LinearFormat) -> Vec<f32> {
     let c = config();
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 16,
         max_seqs: 1,
         max_logit_rows: 1,
@@ -226,6 +227,7 @@ fn an_fp8_block_scaled_checkpoint_loads_and_runs() {
     let checkpoint = SafetensorsCheckpoint::open(dir.path()).unwrap();
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 16,
         max_seqs: 1,
         max_logit_rows: 1,

@@ -113,6 +113,7 @@ fn model_tuned(dense: bool, tuning: Tuning) -> Model {
     let source = Random::new(&config, 7);
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 64,
         max_seqs: SLOTS,
         max_logit_rows: 64,
@@ -396,6 +397,7 @@ fn a_copied_mamba2_state_slot_continues_as_the_original() {
     let source = metrale_model_weights::SafetensorsCheckpoint::open(&dir).expect("its weights");
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 64,
         max_seqs: SLOTS,
         max_logit_rows: 64,

@@ -234,6 +234,7 @@ fn greedy(
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(4 << 30));
     let len = PROMPT.len() + ANSWER.len();
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: PROMPT.len(),
         max_seqs: 1,
         max_logit_rows: 1,

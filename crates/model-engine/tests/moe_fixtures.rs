@@ -76,6 +76,7 @@ fn run(name: &str, tuning: Tuning) -> Run {
     let source = SafetensorsCheckpoint::open(&dir).expect("the fixture's weights");
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: prompt.len(),
         max_seqs: 1,
         max_logit_rows: 1,

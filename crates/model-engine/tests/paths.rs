@@ -209,6 +209,7 @@ fn run(tuning: Tuning) -> (Vec<Vec<f32>>, BTreeSet<String>) {
     let c = config();
     let gpu = Arc::new(Recording::new());
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 24,
         max_seqs: SEQS,
         max_logit_rows: SEQS,
@@ -425,6 +426,7 @@ fn moe_prompt_logits_of(
 ) -> Vec<f32> {
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 32,
         max_seqs: 1,
         max_logit_rows: 1,
@@ -632,6 +634,7 @@ fn routing_capture_reports_every_sparse_layers_choices() {
     .expect("a valid config");
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
+        kv_cache: Default::default(),
         max_tokens_per_step: 32,
         max_seqs: 1,
         max_logit_rows: 1,

@@ -142,6 +142,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let max_seq_len = max_prefill.max(args.context + 1) + 1;
     let blocks_per_seq = max_seq_len.div_ceil(block_size);
     let options = ModelOptions {
+        kv_cache: args.model.kv_cache_dtype,
         max_tokens_per_step: max_prefill.max(max_batch),
         max_seqs: max_batch,
         max_logit_rows: max_batch,
@@ -217,7 +218,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         });
     }
 
-    let kv_per_token = ModelOptions::kv_bytes_per_block(&config, 1) as f64;
+    let kv_per_token = ModelOptions::kv_bytes_per_block(&config, 1, args.model.kv_cache_dtype) as f64;
     // A decode step reads every weight once, except an untied input embedding, of which it
     // gathers only B rows (a tied one is read whole as the LM head).
     let untied_embedding = if config.tie_word_embeddings {

@@ -125,6 +125,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         512
     };
     let options = ModelOptions {
+        kv_cache: args.model.kv_cache_dtype,
         max_tokens_per_step: chunk.min(max_seq_len),
         max_seqs: 1,
         max_logit_rows: 1,

@@ -9,7 +9,8 @@ use anyhow::{Context, bail};
 use metrale_config::ModelConfig;
 use metrale_gpu_runtime::{CudaBackend, GpuBackend, HostBackend};
 use metrale_kernels::{ModelQuery, TargetKernels};
-use metrale_model_engine::{LinearFormat, Tuning};
+use metrale_core::KvCacheDtype;
+use metrale_model_engine::{LinearFormat, ModelOptions, Tuning};
 use metrale_model_weights::{Fp8Scheme, GgufFile, SafetensorsCheckpoint, WeightSource};
 
 /// Where the checkpoint is and what format it has.
@@ -94,6 +95,18 @@ pub struct ModelArgs {
     /// An FP8 checkpoint (its config.json's quantization_config) runs in FP8 without this flag.
     #[arg(long, value_enum, value_name = "SCHEME")]
     pub quantization: Option<Quantization>,
+    /// The KV cache's element type (vLLM's flag). `auto`: bf16 today. `fp8` (or `fp8_e4m3`):
+    /// E4M3 with one f32 scale per layer for the keys and one for the values (the checkpoint's
+    /// k_scale / v_scale where it has them, else 1.0), half the bytes a cached token takes, so
+    /// the pool holds twice the tokens. Head dims 64, 128 and 256.
+    #[arg(long, value_name = "DTYPE", default_value = "auto", value_parser = parse_kv_cache_dtype)]
+    pub kv_cache_dtype: KvCacheDtype,
+}
+
+/// `--kv-cache-dtype`: vLLM's names ([`KvCacheDtype`]'s `FromStr`); anything else is refused
+/// with the values it takes.
+fn parse_kv_cache_dtype(s: &str) -> Result<KvCacheDtype, String> {
+    s.parse::<KvCacheDtype>().map_err(|e| e.to_string())
 }
 
 fn hf_cache_dirs() -> Vec<PathBuf> {
@@ -249,6 +262,18 @@ pub fn tuning(placement: &Placement, overrides: &[String]) -> anyhow::Result<Tun
 
 /// Picks the backend: CUDA when asked or when `auto` finds a GPU that runs the resolved target.
 pub fn place(
+    args: &ModelArgs,
+    config: &ModelConfig,
+    references: Vec<String>,
+) -> anyhow::Result<Placement> {
+    let placement = place_backend(args, config, references)?;
+    // A cache the backend or the model's head dim has no kernels for is refused here, before
+    // any weight loads.
+    ModelOptions::check_kv_cache(config, placement.gpu.as_ref(), args.kv_cache_dtype)?;
+    Ok(placement)
+}
+
+fn place_backend(
     args: &ModelArgs,
     config: &ModelConfig,
     references: Vec<String>,

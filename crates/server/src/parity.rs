@@ -194,6 +194,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let block_size = DEFAULT_BLOCK_SIZE;
     let blocks_per_seq = max_seq_len.div_ceil(block_size);
     let options = ModelOptions {
+        kv_cache: args.model.kv_cache_dtype,
         max_tokens_per_step: prompt.len().max(long_len),
         max_seqs: 1,
         max_logit_rows: prompt.len().max(8),

@@ -122,6 +122,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .and_then(|t| t.defaults.kv_block_size)
         .map_or(DEFAULT_BLOCK_SIZE, |b| b as usize);
     let options = ModelOptions {
+        kv_cache: args.model.kv_cache_dtype,
         max_tokens_per_step: chunk,
         max_seqs: 1,
         max_logit_rows: chunk,

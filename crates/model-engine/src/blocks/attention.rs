@@ -17,12 +17,13 @@
 //! by the plain weights and rotates whole heads.
 
 use metrale_config::QkNorm;
-use metrale_core::DevicePtr;
+use metrale_core::{DevicePtr, KernelName, KvCacheDtype};
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3,
-    QkNormWhole, QkvRopeKvWrite, SigmoidGateMul,
+    PagedAttention, PagedAttentionFp8, PagedAttentionQkv, PagedAttentionQkvFp8, PrefillAttention,
+    PrefillAttentionV2, PrefillAttentionV3, QkNormWhole, QkvRopeKvWrite, QkvRopeKvWriteFp8,
+    SigmoidGateMul,
 };
 
 use super::{Arena, Block, Step};
@@ -59,11 +60,23 @@ pub(crate) fn prefill_tile(v: PrefillVersion) -> u32 {
 }
 
 /// Whether a step where some sequence brings more than one token runs its prefill tiles on the
-/// tensor-core kernels (they cover head dims 64 and 128).
-pub(crate) fn tensor_core_prefill(head_dim: u32) -> bool {
-    PrefillAttention::supports_head_dim(head_dim)
+/// tensor-core kernels (they cover head dims 64 and 128, over a bf16 cache; over an FP8 cache
+/// every token takes the decode attention's FP8 form).
+pub(crate) fn tensor_core_prefill(head_dim: u32, kv_cache: KvCacheDtype) -> bool {
+    kv_cache == KvCacheDtype::Bf16 && PrefillAttention::supports_head_dim(head_dim)
 }
 
+/// The kernels an FP8 cache needs.
+pub(crate) fn fp8_cache_kernels() -> [KernelName; 4] {
+    [
+        QkvRopeKvWriteFp8::NAME,
+        PagedAttentionFp8::NAME,
+        PagedAttentionQkvFp8::NAME,
+        PagedAttentionQkvFp8::WIDE_NAME,
+    ]
+}
+
+/// The cache write and decode attention kernels of the cache's element type (bf16 or FP8).
 #[derive(Clone, Copy, Debug)]
 struct Kernels {
     qk_norm_whole: KernelHandle,
@@ -120,6 +133,7 @@ pub(crate) struct Sizes {
     pub(crate) num_blocks: usize,
     pub(crate) block_size: usize,
     pub(crate) max_blocks_per_seq: usize,
+    pub(crate) kv_cache: KvCacheDtype,
 }
 
 impl Shared {
@@ -132,12 +146,21 @@ impl Shared {
         sizes: Sizes,
         rope: (DevicePtr, DevicePtr),
     ) -> Result<Shared, ModelError> {
+        let [qkv_post, decode, decode_qkv, decode_qkv_wide] = match sizes.kv_cache {
+            KvCacheDtype::Bf16 => [
+                QkvRopeKvWrite::NAME,
+                PagedAttention::NAME,
+                PagedAttentionQkv::NAME,
+                PagedAttentionQkv::WIDE_NAME,
+            ],
+            KvCacheDtype::Fp8 => fp8_cache_kernels(),
+        };
         let kernels = Kernels {
             qk_norm_whole: gpu.kernel(QkNormWhole::NAME)?,
-            qkv_post: gpu.kernel(QkvRopeKvWrite::NAME)?,
-            decode: gpu.kernel(PagedAttention::NAME)?,
-            decode_qkv: gpu.kernel(PagedAttentionQkv::NAME)?,
-            decode_qkv_wide: gpu.kernel(PagedAttentionQkv::WIDE_NAME)?,
+            qkv_post: gpu.kernel(qkv_post)?,
+            decode: gpu.kernel(decode)?,
+            decode_qkv: gpu.kernel(decode_qkv)?,
+            decode_qkv_wide: gpu.kernel(decode_qkv_wide)?,
             prefill_v1: gpu.kernel(PrefillAttention::NAME)?,
             prefill_v2: gpu.kernel(PrefillAttentionV2::NAME)?,
             prefill_v3: gpu.kernel(PrefillAttentionV3::NAME)?,
@@ -184,10 +207,67 @@ pub(crate) struct Attention {
     /// `[kv_heads * head_dim]` over the whole projections.
     q_norm: DevicePtr,
     k_norm: DevicePtr,
-    /// bf16 `[num_blocks, block_size, kv_heads, head_dim]` each.
+    /// `[num_blocks, block_size, kv_heads, head_dim]` each, of the cache's element type.
     k_cache: DevicePtr,
     v_cache: DevicePtr,
+    cache: CacheElements,
     shared: Shared,
+}
+
+/// The layer's cache elements: bf16, or FP8 E4M3 holding `k / k_scale` and `v / v_scale`. The
+/// one place the element type reaches the launches: each cache write and decode attention is
+/// built as the bf16 form's arguments and passed through [`CacheElements::launch`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum CacheElements {
+    Bf16,
+    Fp8 { k_scale: f32, v_scale: f32 },
+}
+
+/// A launch whose arguments depend on the cache's element type.
+enum CacheLaunch<'a> {
+    Post(&'a QkvRopeKvWrite),
+    Decode(&'a PagedAttention),
+    Fused(&'a PagedAttentionQkv, Option<&'a metrale_core::LaunchConfig>),
+}
+
+impl CacheElements {
+    /// Launches `what` with `kernel` (the cache's element type's entry, [`Shared`]'s handles):
+    /// the bf16 arguments as they are, or their FP8 form with the layer's scales.
+    fn launch(
+        self,
+        l: &Launcher,
+        kernel: KernelHandle,
+        label: &'static str,
+        what: CacheLaunch,
+    ) -> Result<(), ModelError> {
+        let carveout = || l.carveout(label, false);
+        match (self, what) {
+            (CacheElements::Bf16, CacheLaunch::Post(a)) => l.launch(kernel, label, a),
+            (CacheElements::Bf16, CacheLaunch::Decode(a)) => l.launch(kernel, label, a),
+            (CacheElements::Bf16, CacheLaunch::Fused(a, None)) => l.launch(kernel, label, a),
+            (CacheElements::Bf16, CacheLaunch::Fused(a, Some(config))) => {
+                l.launch_with(kernel, label, a, config, carveout())
+            }
+            (CacheElements::Fp8 { k_scale, v_scale }, what) => match what {
+                CacheLaunch::Post(a) => {
+                    l.launch(kernel, label, &QkvRopeKvWriteFp8::of(a, k_scale, v_scale))
+                }
+                CacheLaunch::Decode(a) => {
+                    l.launch(kernel, label, &PagedAttentionFp8::of(a, k_scale, v_scale))
+                }
+                CacheLaunch::Fused(a, wide) => {
+                    let fp8 = PagedAttentionQkvFp8::of(a, k_scale, v_scale);
+                    match wide {
+                        None => l.launch(kernel, label, &fp8),
+                        Some(_) => {
+                            let config = fp8.wide_launch_config();
+                            l.launch_with(kernel, label, &fp8, &config, carveout())
+                        }
+                    }
+                }
+            },
+        }
+    }
 }
 
 impl Attention {
@@ -203,7 +283,15 @@ impl Attention {
     ) -> Result<Attention, ModelError> {
         let (h, hd) = (sizes.hidden as u32, spec.head_dim as u32);
         let (qd, kvd) = (spec.heads as u32 * hd, spec.kv_heads as u32 * hd);
-        let cache_bytes = sizes.num_blocks * sizes.block_size * kvd as usize * 2;
+        let cache_bytes =
+            sizes.num_blocks * sizes.block_size * kvd as usize * sizes.kv_cache.element_bytes();
+        let cache = match sizes.kv_cache {
+            KvCacheDtype::Bf16 => CacheElements::Bf16,
+            KvCacheDtype::Fp8 => CacheElements::Fp8 {
+                k_scale: w.kv_scales.0,
+                v_scale: w.kv_scales.1,
+            },
+        };
         if spec.qk_norm_unit_offset && spec.qk_norm == QkNorm::Whole {
             // qk_norm_whole_bf16 takes no weight offset.
             return Err(ModelError::Unsupported(
@@ -222,6 +310,7 @@ impl Attention {
             k_norm: w.k_norm,
             k_cache: arena.alloc(cache_bytes)?,
             v_cache: arena.alloc(cache_bytes)?,
+            cache,
             shared,
         })
     }
@@ -334,6 +423,7 @@ impl Attention {
         }
         let post = self.post(step);
         let decode = self.decode(step, decode_rows);
+        let cache = self.cache;
         if self.fused_post(l.tuning, step) {
             // The fused attention copies its first cache tiles before the programmatic-launch
             // wait: the launch just before it (the qkv product) must write no cache row.
@@ -342,16 +432,16 @@ impl Attention {
                 && fused.wide_fits()
                 && fused.tokens * fused.kv_heads <= l.tuning.attention_wide_blocks
             {
-                let carveout = l.carveout("attention", false);
                 let config = fused.wide_launch_config();
-                l.launch_with(k.decode_qkv_wide, "attention", &fused, &config, carveout)?;
+                let launch = CacheLaunch::Fused(&fused, Some(&config));
+                cache.launch(l, k.decode_qkv_wide, "attention", launch)?;
             } else {
-                l.launch(k.decode_qkv, "attention", &fused)?;
+                cache.launch(l, k.decode_qkv, "attention", CacheLaunch::Fused(&fused, None))?;
             }
         } else {
-            l.launch(k.qkv_post, "qkv_post", &post)?;
+            cache.launch(l, k.qkv_post, "qkv_post", CacheLaunch::Post(&post))?;
             if decode_rows > 0 {
-                l.launch(k.decode, "attention", &decode)?;
+                cache.launch(l, k.decode, "attention", CacheLaunch::Decode(&decode))?;
             }
         }
         if step.tensor_core_prefill && decode_rows < inputs.num_tiles {

@@ -803,6 +803,7 @@ mod tests {
     fn load_error(config: &str, checkpoint: Table) -> String {
         let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 20));
         let options = ModelOptions {
+            kv_cache: Default::default(),
             max_tokens_per_step: 16,
             max_seqs: 1,
             max_logit_rows: 1,

@@ -29,6 +29,12 @@ pub struct Metrics {
     pub kv_blocks_free: AtomicU64,
     /// KV blocks in the pool.
     pub kv_blocks_total: AtomicU64,
+    /// Tokens the KV pool holds (blocks times block size), fixed at start-up.
+    pub kv_cache_capacity_tokens: AtomicU64,
+    /// Bytes one cached token takes over every attention layer, K and V (halved by FP8).
+    pub kv_cache_bytes_per_token: AtomicU64,
+    /// The KV cache's element type (`bf16`, `fp8_e4m3`), set at start-up.
+    pub kv_cache_dtype: std::sync::OnceLock<&'static str>,
     /// Sequences waiting for admission.
     pub sequences_waiting: AtomicU64,
     /// Sequences being prefilled or decoded.
@@ -139,6 +145,30 @@ impl Metrics {
             &self.kv_blocks_total,
         );
         counter(
+            "metrale_kv_cache_capacity_tokens",
+            "Tokens the KV cache pool holds.",
+            "gauge",
+            &self.kv_cache_capacity_tokens,
+        );
+        counter(
+            "metrale_kv_cache_bytes_per_token",
+            "Bytes one cached token takes (every attention layer, K and V).",
+            "gauge",
+            &self.kv_cache_bytes_per_token,
+        );
+        let dtype = self.kv_cache_dtype.get().copied().unwrap_or("bf16");
+        let _ = writeln!(
+            s,
+            "# HELP metrale_kv_cache_info The KV cache's element type.\n# TYPE metrale_kv_cache_info gauge\nmetrale_kv_cache_info{{dtype=\"{dtype}\"}} 1"
+        );
+        let mut counter = |name: &str, help: &str, kind: &str, v: &AtomicU64| {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        };
+        counter(
             "metrale_state_slots_used",
             "Recurrent-state slots held by running sequences (hybrid models).",
             "gauge",
@@ -247,7 +277,11 @@ mod tests {
         m.prefix_cache_hit_tokens_total.store(48, Ordering::Relaxed);
         m.observe_ttft(0.2);
         m.observe_ttft(3.0);
+        m.kv_cache_capacity_tokens.store(4096, Ordering::Relaxed);
+        m.kv_cache_dtype.set("fp8_e4m3").unwrap();
         let text = m.render("smol");
+        assert!(text.contains("metrale_kv_cache_capacity_tokens 4096"));
+        assert!(text.contains("metrale_kv_cache_info{dtype=\"fp8_e4m3\"} 1"));
         assert!(text.contains("metrale_requests_total 3"));
         assert!(text.contains("metrale_prefix_cache_hit_tokens_total 48"));
         assert!(text.contains("# TYPE metrale_prefix_cache_queried_tokens_total counter"));

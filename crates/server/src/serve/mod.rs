@@ -27,6 +27,7 @@ mod tools;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -39,6 +40,7 @@ use axum::routing::{get, post};
 use metrale_cache::DEFAULT_BLOCK_SIZE;
 use metrale_grammar::GrammarEngine;
 use metrale_model_engine::{Model, ModelOptions};
+use metrale_core::KvCacheDtype;
 use metrale_scheduler::{Policy, PrefixKey, Scheduler, SchedulerConfig};
 
 use crate::generate::tokenizer_for;
@@ -385,7 +387,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         })
         .max(max_batch);
     let blocks_per_seq = max_seq_len.div_ceil(block_size);
-    let kv_block_bytes = ModelOptions::kv_bytes_per_block(&config, block_size);
+    let kv_dtype = model_args.kv_cache_dtype;
+    let kv_block_bytes = ModelOptions::kv_bytes_per_block(&config, block_size, kv_dtype);
     // A hybrid model's recurrent layers keep a fixed-size state per running sequence: one slot
     // for every sequence the batch may run, and with the prefix cache twice as many snapshot
     // slots (the state at a prefix's end, which a hit resumes from: at most half of them are
@@ -429,6 +432,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     let step_seqs = max_batch + step_tokens.min(64);
     let options = ModelOptions {
+        kv_cache: model_args.kv_cache_dtype,
         max_tokens_per_step: step_tokens,
         max_seqs: step_seqs,
         max_logit_rows: step_seqs,
@@ -445,9 +449,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
     tracing::info!(
-        "KV cache: {num_blocks} blocks of {block_size} tokens = {} tokens ({:.2} GiB); max_seq_len {max_seq_len}, batch {max_batch}, step budget {step_tokens} tokens",
+        "KV cache: {kv_dtype}, {num_blocks} blocks of {block_size} tokens = {} tokens ({:.2} GiB, {} bytes a token); max_seq_len {max_seq_len}, batch {max_batch}, step budget {step_tokens} tokens",
         num_blocks * block_size,
-        (num_blocks as u64 * kv_block_bytes) as f64 / (1u64 << 30) as f64
+        (num_blocks as u64 * kv_block_bytes) as f64 / (1u64 << 30) as f64,
+        kv_block_bytes / block_size as u64
     );
     // The tool-call format, checked before the long weight load.
     let presets = metrale_config::presets(config.family);
@@ -519,7 +524,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         },
     };
     // Everything besides the tokens that decides a block's KV: the checkpoint, its config, the
-    // cache's dtype (bf16) and the block size.
+    // cache's dtype and the block size.
     let prefix_cache = (!args.no_prefix_cache).then(|| {
         let source = model_args
             .model_from_path
@@ -527,7 +532,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .map(|p| p.display().to_string())
             .or_else(|| model_args.model.clone())
             .unwrap_or_default();
-        PrefixKey::from_bytes(format!("{source}|{config:?}|kv=bf16|block={block_size}").as_bytes())
+        PrefixKey::from_bytes(prefix_key_text(&source, &config, kv_dtype, block_size).as_bytes())
     });
     tracing::info!(
         "prefix cache: {}",
@@ -593,6 +598,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         think_open,
     };
     let metrics = Arc::new(metrics::Metrics::default());
+    metrics
+        .kv_cache_capacity_tokens
+        .store((num_blocks * block_size) as u64, Ordering::Relaxed);
+    metrics
+        .kv_cache_bytes_per_token
+        .store(kv_block_bytes / block_size as u64, Ordering::Relaxed);
+    let _ = metrics.kv_cache_dtype.set(kv_dtype.name());
     let (engine, engine_thread) =
         engine::start(model, scheduler, tokenizer.clone(), metrics.clone());
     let mut eos: Vec<u32> = tokenizer.eos_token_ids().to_vec();
@@ -680,9 +692,30 @@ async fn shutdown_signal() {
     }
 }
 
+/// The text the prefix cache's [`PrefixKey`] hashes: everything besides the tokens that decides a
+/// block's KV contents (the checkpoint, its config, the cache's element type, the block size), so
+/// that blocks written under another KV dtype are never found.
+fn prefix_key_text(
+    source: &str,
+    config: &impl std::fmt::Debug,
+    kv: KvCacheDtype,
+    block_size: usize,
+) -> String {
+    format!("{source}|{config:?}|kv={}|block={block_size}", kv.name())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::same;
+    use super::{KvCacheDtype, PrefixKey, prefix_key_text, same};
+
+    /// Issue 31: a block cached under one KV dtype is never found under another.
+    #[test]
+    fn the_prefix_address_includes_the_kv_dtype() {
+        let key = |kv| PrefixKey::from_bytes(prefix_key_text("m", &"config", kv, 16).as_bytes());
+        assert_ne!(key(KvCacheDtype::Bf16), key(KvCacheDtype::Fp8));
+        assert_eq!(key(KvCacheDtype::Fp8), key(KvCacheDtype::Fp8));
+        assert!(prefix_key_text("m", &"c", KvCacheDtype::Fp8, 16).contains("kv=fp8_e4m3"));
+    }
 
     #[test]
     fn constant_time_comparison_is_equality() {
@@ -693,3 +726,4 @@ mod tests {
         assert!(same(b"", b""));
     }
 }
+
