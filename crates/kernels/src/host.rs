@@ -317,6 +317,11 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             KvCacheWriteFp8::KINDS,
         ),
         (
+            PrefillAttentionV2Fp8::NAME,
+            run::<PrefillAttentionV2Fp8>,
+            PrefillAttentionV2Fp8::KINDS,
+        ),
+        (
             PrefillAttention::NAME,
             run::<PrefillAttention>,
             PrefillAttention::KINDS,

@@ -962,7 +962,11 @@ impl Model {
         let tiles = prefill_attention_tiles_of(
             &token_seq,
             &positions,
-            prefill_tile(prefill_version(&self.tuning, self.config.head_dim as u32)),
+            prefill_tile(prefill_version(
+                &self.tuning,
+                self.config.head_dim as u32,
+                self.options.kv_cache,
+            )),
         );
         let num_tiles = tiles.len() as u32;
         let decode_rows = tiles.iter().take_while(|t| t[3] == 1).count() as u32;
@@ -1036,7 +1040,7 @@ impl Model {
     /// one the kernel covers.
     fn tensor_core_prefill(&self, step: &StepInput) -> bool {
         step.tokens.len() > step.block_tables.len()
-            && attention::tensor_core_prefill(self.config.head_dim as u32, self.options.kv_cache)
+            && attention::tensor_core_prefill(self.config.head_dim as u32)
     }
 
     /// How launches go out this step.

@@ -27,6 +27,7 @@
 // keys, and starting them first shortens the launch's tail.
 #include "async_copy.cuh"
 #include "common.cuh"
+#include "kv_fp8.cuh"
 #include "mma.cuh"
 
 namespace {
@@ -471,13 +472,63 @@ __device__ __forceinline__ void key_tile(WarpState<HD>& st, uint32_t k_addr, uin
     }
 }
 
+// FP8 cache (prefill_attention_v2_fp8): starts the copy of keys [k0, k0 + TILE_K) of one kv
+// head, K then V, as raw e4m3 rows (HD bytes each, not swizzled) into `raw`; keys at or past
+// n_keys are zero-filled.
 template <int HD>
+__device__ __forceinline__ void load_kv8(unsigned char* raw, const unsigned char* k_cache,
+                                         const unsigned char* v_cache, const int32_t* table,
+                                         const BlockSplit& blocks, uint32_t k0, uint32_t n_keys,
+                                         uint32_t kv_heads, uint32_t kvh) {
+    constexpr int CHUNKS8 = HD / 16;
+    const int chunk = threadIdx.x % CHUNKS8;
+#pragma unroll
+    for (int r = threadIdx.x / CHUNKS8; r < TILE_K; r += THREADS / CHUNKS8) {
+        const uint32_t key = k0 + r;
+        const bool valid = key < n_keys;
+        size_t off = 0;
+        if (valid) off = ((size_t)blocks.slot(table, key) * kv_heads + kvh) * HD + chunk * 16;
+        cp_async_16(smem_addr(raw + r * HD + chunk * 16), k_cache + off, valid);
+        cp_async_16(smem_addr(raw + (TILE_K + r) * HD + chunk * 16), v_cache + off, valid);
+    }
+}
+
+// FP8 cache: the landed raw K and V tile into the swizzled bf16 stage `stage` (K rows then V
+// rows), each e4m3 exactly as bf16; the whole block takes part.
+template <int HD>
+__device__ __forceinline__ void convert_kv8(__nv_bfloat16* stage, const unsigned char* raw) {
+    constexpr int CHUNKS8 = HD / 16;
+#pragma unroll
+    for (int p = threadIdx.x; p < 2 * TILE_K * CHUNKS8; p += THREADS) {
+        const int r = p / CHUNKS8, c = p % CHUNKS8;  // r < 2 TILE_K: K rows, then V rows
+        const uint4 w = *reinterpret_cast<const uint4*>(raw + r * HD + c * 16);
+        using namespace metrale::kv_fp8;
+        const uint2 a = to_bf16x4(w.x), b = to_bf16x4(w.y), e = to_bf16x4(w.z), f = to_bf16x4(w.w);
+        // Row r of K (r < TILE_K) or row r - TILE_K of V: the swizzle takes the row within its
+        // tile, which has the same low 3 bits (TILE_K is a multiple of 8).
+        __nv_bfloat16* row = stage + (r / TILE_K) * TILE_K * HD;
+        const int rr = r % TILE_K;
+        *reinterpret_cast<uint4*>(row + swizzle<HD>(rr, 2 * c)) = make_uint4(a.x, a.y, b.x, b.y);
+        *reinterpret_cast<uint4*>(row + swizzle<HD>(rr, 2 * c + 1)) = make_uint4(e.x, e.y, f.x, f.y);
+    }
+}
+
+// FP8: the caches are e4m3 (kv_fp8.cuh), scaled by k_scale (into the score scale) and v_scale
+// (on the output). Each key tile is copied raw into the second half of the shared buffer (two
+// stages) and converted, once it has landed, into one bf16 stage at the start, which the
+// arithmetic reads as the bf16 form reads its stages: one barrier more a key tile, the same
+// shared memory.
+template <int HD, bool FP8>
 __device__ __forceinline__ void attend_tile(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
-    const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,
+    const void* __restrict__ k_cache_any, const void* __restrict__ v_cache_any,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ tile_desc,
     uint32_t h, uint32_t q_heads, uint32_t kv_heads, uint32_t block_size,
-    uint32_t max_blocks_per_seq, float scale, __nv_bfloat16* smem) {
+    uint32_t max_blocks_per_seq, float scale, float k_scale, float v_scale, __nv_bfloat16* smem) {
+    const __nv_bfloat16* k_cache = static_cast<const __nv_bfloat16*>(k_cache_any);
+    const __nv_bfloat16* v_cache = static_cast<const __nv_bfloat16*>(v_cache_any);
+    const unsigned char* k_cache8 = static_cast<const unsigned char*>(k_cache_any);
+    const unsigned char* v_cache8 = static_cast<const unsigned char*>(v_cache_any);
     constexpr int CHUNKS = HD / 8;
     constexpr int KSTEPS = HD / 16;
     constexpr int OUT_TILES = HD / 8;
@@ -528,8 +579,13 @@ __device__ __forceinline__ void attend_tile(
     }
     // Every warp holds its q before key tile 0 overwrites the buffer.
     __syncthreads();
-    load_kv<HD>(smem, smem + TILE_K * HD, k_cache, v_cache, table, blocks, 0, n_keys, kv_heads,
-                kvh);
+    // FP8: two raw stages of 2 TILE_K rows of HD bytes after the one bf16 stage.
+    unsigned char* raw = reinterpret_cast<unsigned char*>(smem + STAGE);
+    if constexpr (FP8)
+        load_kv8<HD>(raw, k_cache8, v_cache8, table, blocks, 0, n_keys, kv_heads, kvh);
+    else
+        load_kv<HD>(smem, smem + TILE_K * HD, k_cache, v_cache, table, blocks, 0, n_keys,
+                    kv_heads, kvh);
     cp_async_commit();
 
     // K fragment rows: (lane & 7) + 8 (lane / 16), chunk bit (lane / 8) & 1; V fragment rows:
@@ -539,7 +595,7 @@ __device__ __forceinline__ void attend_tile(
                             ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
     const uint32_t v_lane = ((lane & 7) + (((lane >> 3) & 1) << 3)) * HD * 2 +
                             (((lane >> 4) ^ (lane & 7)) << 4);
-    const float scale_log2 = scale * LOG2E;
+    const float scale_log2 = (FP8 ? scale * k_scale : scale) * LOG2E;
     const uint32_t key_tiles = (n_keys + TILE_K - 1) / TILE_K;
     for (uint32_t j = 0; j < key_tiles; ++j) {
         const int32_t k0 = (int32_t)(j * TILE_K);
@@ -548,12 +604,22 @@ __device__ __forceinline__ void attend_tile(
         cp_async_wait<0>();
         __syncthreads();
         if (j + 1 < key_tiles) {
-            __nv_bfloat16* next = smem + ((j + 1) & 1) * STAGE;
-            load_kv<HD>(next, next + TILE_K * HD, k_cache, v_cache, table, blocks, k0 + TILE_K,
-                        n_keys, kv_heads, kvh);
+            if constexpr (FP8) {
+                load_kv8<HD>(raw + ((j + 1) & 1) * STAGE, k_cache8, v_cache8, table, blocks,
+                             k0 + TILE_K, n_keys, kv_heads, kvh);
+            } else {
+                __nv_bfloat16* next = smem + ((j + 1) & 1) * STAGE;
+                load_kv<HD>(next, next + TILE_K * HD, k_cache, v_cache, table, blocks,
+                            k0 + TILE_K, n_keys, kv_heads, kvh);
+            }
         }
         cp_async_commit();
-        const uint32_t stage = smem_base + (j & 1) * STAGE * 2;
+        if constexpr (FP8) {
+            // Raw tile j into the bf16 stage, which every warp is done with (tile j - 1).
+            convert_kv8<HD>(smem, raw + (j & 1) * STAGE);
+            __syncthreads();
+        }
+        const uint32_t stage = smem_base + (FP8 ? 0 : (j & 1) * STAGE * 2);
 #pragma unroll
         for (int c = 0; c < TILE_K / SUB_K; ++c) {
             const int32_t k = k0 + c * SUB_K;
@@ -576,8 +642,9 @@ __device__ __forceinline__ void attend_tile(
     const int g = lane >> 2, tg = lane & 3;
 #pragma unroll
     for (int t = 0; t < M_TILES; ++t) {
-        metrale::store_tile_rows<HD>(out, [&](int d, int j) { return st.o[t][d][j]; }, st.l[t][0],
-                                     st.l[t][1], row0[t] + g, count, first_token, q_heads, h, tg);
+        metrale::store_tile_rows<HD>(
+            out, [&](int d, int j) { return FP8 ? st.o[t][d][j] * v_scale : st.o[t][d][j]; },
+            st.l[t][0], st.l[t][1], row0[t] + g, count, first_token, q_heads, h, tg);
     }
 }
 }  // namespace v2
@@ -600,8 +667,37 @@ extern "C" __global__ void __launch_bounds__(v2::THREADS, 2) prefill_attention_v
         return;
     const int32_t* tile_desc = tiles + (size_t)(num_tiles - 1 - blockIdx.y) * 4;
 #define METRALE_PREFILL_V2(HD)                                                                 \
-    v2::attend_tile<HD>(out, q, k_cache, v_cache, block_tables, tile_desc, blockIdx.x, q_heads, \
-                        kv_heads, block_size, max_blocks_per_seq, scale, smem)
+    v2::attend_tile<HD, false>(out, q, k_cache, v_cache, block_tables, tile_desc, blockIdx.x,    \
+                               q_heads, kv_heads, block_size, max_blocks_per_seq, scale, 1.0f,  \
+                               1.0f, smem)
+    switch (head_dim) {
+        case 64: METRALE_PREFILL_V2(64); break;
+        case 128: METRALE_PREFILL_V2(128); break;
+        default: break;
+    }
+#undef METRALE_PREFILL_V2
+}
+
+// prefill_attention_v2_bf16 over an FP8 cache (e4m3 [num_blocks, block_size, kv_heads, head_dim]
+// each, holding e4m3(k / k_scale) and e4m3(v / v_scale)): the same arithmetic on the e4m3 values
+// (exact in bf16), the score scale times k_scale, the output times v_scale. The launch is
+// prefill_attention_v2_bf16's (the same 32 KiB of static shared memory).
+extern "C" __global__ void __launch_bounds__(v2::THREADS, 2) prefill_attention_v2_fp8(
+    __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
+    const uint8_t* __restrict__ k_cache, const uint8_t* __restrict__ v_cache,
+    const int32_t* __restrict__ block_tables, const int32_t* __restrict__ tiles, uint32_t num_tiles,
+    uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
+    uint32_t max_blocks_per_seq, float scale, float k_scale, float v_scale) {
+    __shared__ __align__(1024) __nv_bfloat16 smem[v2::STAGES * 2 * v2::TILE_K * v2::MAX_HD];
+    metrale::grid_dependency_sync();
+    if (blockIdx.y >= num_tiles || blockIdx.x >= q_heads || kv_heads == 0 ||
+        q_heads % kv_heads != 0 || blockDim.x != v2::THREADS)
+        return;
+    const int32_t* tile_desc = tiles + (size_t)(num_tiles - 1 - blockIdx.y) * 4;
+#define METRALE_PREFILL_V2(HD)                                                                 \
+    v2::attend_tile<HD, true>(out, q, k_cache, v_cache, block_tables, tile_desc, blockIdx.x,     \
+                              q_heads, kv_heads, block_size, max_blocks_per_seq, scale, k_scale, \
+                              v_scale, smem)
     switch (head_dim) {
         case 64: METRALE_PREFILL_V2(64); break;
         case 128: METRALE_PREFILL_V2(128); break;

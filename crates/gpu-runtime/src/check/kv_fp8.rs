@@ -16,7 +16,8 @@ use metrale_core::fp8::f32_to_e4m3;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     KvCacheWriteFp8, PagedAttention, PagedAttentionFp8, PagedAttentionQkv, PagedAttentionQkvFp8,
-    QkvRopeKvWrite, QkvRopeKvWriteFp8,
+    PrefillAttention, PrefillAttentionV2, PrefillAttentionV2Fp8, QkvRopeKvWrite,
+    QkvRopeKvWriteFp8, prefill_attention_rows, prefill_attention_tiles_of,
 };
 
 use super::{
@@ -31,6 +32,7 @@ pub(super) fn kv_fp8_cases(rng: &mut Rng) -> Vec<Case> {
     out.extend(attention_cases(rng));
     out.extend(fused_cases(rng, false));
     out.extend(fused_cases(rng, true));
+    out.extend(prefill_cases(rng));
     out
 }
 
@@ -404,6 +406,137 @@ fn fused_cases(rng: &mut Rng, wide: bool) -> Vec<Case> {
                 (k.launch_config_of(wide), k.args())
             }),
         });
+    }
+    out
+}
+
+/// Version 2's prefill attention over an FP8 cache: (runs of (first position, tokens) one a
+/// sequence, query heads, kv heads, head_dim, block size). Qwen3-8B's heads on a 600-token prompt
+/// and on a chunk at 300 with a 5-token tile at 1000 (blocks of 24: not a power of two),
+/// Qwen3-0.6B's on two sequences and a decode token, SmolLM2's (head_dim 64) on a second chunk;
+/// tiles of 128 and, where that cuts differently, of 64. Scales 0.6 / 1.4. The allowance is the
+/// bf16 reference's over the decoded cache (its probabilities near a bf16 rounding boundary),
+/// times v_scale.
+fn prefill_cases(rng: &mut Rng) -> Vec<Case> {
+    let (k_scale, v_scale) = (0.6f32, 1.4f32);
+    let mut out = Vec::new();
+    for &(ref runs, q_heads, kv_heads, head_dim, block_size) in &[
+        (vec![(0usize, 600usize)], 32u32, 8u32, 128u32, 16u32),
+        (vec![(300, 200), (1000, 5)], 32, 8, 128, 24),
+        (vec![(0, 70), (37, 30), (300, 1)], 16, 8, 128, 16),
+        (vec![(100, 150)], 9, 3, 64, 16),
+    ] {
+        let seqs = runs.len();
+        let max_blocks = runs
+            .iter()
+            .map(|&(first, n)| (first + n).div_ceil(block_size as usize))
+            .max()
+            .unwrap_or(0);
+        let num_blocks = seqs * max_blocks + 3;
+        let ids = shuffled(rng, num_blocks);
+        let tables: Vec<i32> = ids[..seqs * max_blocks].to_vec();
+        let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
+        for (s, &(first, n)) in runs.iter().enumerate() {
+            for p in first..first + n {
+                token_seq.push(s as i32);
+                positions.push(p as i32);
+            }
+        }
+        let tokens = token_seq.len();
+        let row = (kv_heads * head_dim) as usize;
+        let width = (q_heads * head_dim) as usize;
+        let cache = num_blocks * block_size as usize * row;
+        let q = bf16_normal(rng, tokens * width, 1.0);
+        let k_cache = e4m3_normal(rng, cache);
+        let v_cache = e4m3_normal(rng, cache);
+        let v2_tiles =
+            prefill_attention_tiles_of(&token_seq, &positions, PrefillAttentionV2::TILE_TOKENS);
+        let v1_tiles = prefill_attention_tiles_of(&token_seq, &positions, 64);
+        let mut cuts = vec![v2_tiles.clone()];
+        if v1_tiles != v2_tiles {
+            cuts.push(v1_tiles);
+        }
+        for tiles in cuts {
+            let num_tiles = tiles.len() as u32;
+            let max = tiles.iter().map(|t| t[3]).max().unwrap_or(0);
+            let args = PrefillAttention {
+                out: DevicePtr::NULL,
+                q: DevicePtr::NULL,
+                k_cache: DevicePtr::NULL,
+                v_cache: DevicePtr::NULL,
+                block_tables: DevicePtr::NULL,
+                tiles: DevicePtr::NULL,
+                num_tiles,
+                q_heads,
+                kv_heads,
+                head_dim,
+                block_size,
+                max_blocks_per_seq: max_blocks as u32,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            let buffers = vec![
+                buffer(
+                    vec![0; (tokens + 64) * width * 2].into(),
+                    Some(OutputKind::Bf16),
+                ),
+                buffer(q.clone(), None),
+                buffer(k_cache.clone(), None),
+                buffer(v_cache.clone(), None),
+                buffer(i32_bytes(&tables).into(), None),
+                buffer(i32_bytes(&tiles.concat()).into(), None),
+            ];
+            let (inputs, tables, tiles_for) = (buffers.clone(), tables.clone(), tiles.clone());
+            let allowance = Allowance::new(0, move || {
+                let q = bf16_values(inputs[1].init.bytes());
+                let decode = |b: &[u8]| -> Vec<half::bf16> {
+                    b.iter()
+                        .map(|&x| half::bf16::from_f32(metrale_core::fp8::e4m3_to_f32(x)))
+                        .collect()
+                };
+                let (kc, vc) = (decode(inputs[2].init.bytes()), decode(inputs[3].init.bytes()));
+                let scaled = PrefillAttention {
+                    scale: args.scale * k_scale,
+                    ..args
+                };
+                let mut extra = vec![0f32; (tokens + 64) * width];
+                for r in prefill_attention_rows(
+                    &scaled,
+                    PrefillAttentionV2::KEY_TILE,
+                    &tiles_for,
+                    &q,
+                    &tables,
+                    &kc,
+                    &vc,
+                ) {
+                    let at = &mut extra[r.token * width..][..width];
+                    for (e, a) in at.iter_mut().zip(&r.allowance) {
+                        *e = a * v_scale;
+                    }
+                }
+                extra
+            });
+            out.push(Case {
+                kernel: PrefillAttentionV2Fp8::NAME,
+                gemm: None,
+                allowance: Some(allowance),
+                shape: format!(
+                    "runs={runs:?} tiles={num_tiles} (<={max} tokens) heads={q_heads}/{kv_heads} d={head_dim} block={block_size}"
+                ),
+                buffers,
+                build: Box::new(move |p| {
+                    let v1 = PrefillAttention {
+                        out: p[0],
+                        q: p[1],
+                        k_cache: p[2],
+                        v_cache: p[3],
+                        block_tables: p[4],
+                        tiles: p[5],
+                        ..args
+                    };
+                    launch_of(PrefillAttentionV2Fp8::of(&v1, k_scale, v_scale))
+                }),
+            });
+        }
     }
     out
 }

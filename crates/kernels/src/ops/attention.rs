@@ -1388,12 +1388,25 @@ impl Kernel for PrefillAttentionV2 {
 
 /// The host reference of the prefill attention kernels: `kernel` (for errors) takes tiles of up
 /// to `tile_tokens` tokens and steps its online softmax over `key_tile` keys.
-fn prefill_reference(
+pub(crate) fn prefill_reference(
     k: &PrefillAttention,
     kernel: metrale_core::KernelName,
     tile_tokens: u32,
     key_tile: u32,
     mem: &mut dyn HostMemory,
+) -> Result<(), HostError> {
+    prefill_reference_over(k, kernel, tile_tokens, key_tile, mem, CacheRead::Bf16)
+}
+
+/// [`prefill_reference`] over a cache read as `cache` (an FP8 cache: the raw e4m3 values with
+/// the score scale times `k_scale` and the outputs times `v_scale`).
+pub(crate) fn prefill_reference_over(
+    k: &PrefillAttention,
+    kernel: metrale_core::KernelName,
+    tile_tokens: u32,
+    key_tile: u32,
+    mem: &mut dyn HostMemory,
+    cache: CacheRead,
 ) -> Result<(), HostError> {
     let (qh, kvh, d) = (k.q_heads as usize, k.kv_heads as usize, k.head_dim as usize);
     let (bs, maxb) = (k.block_size as usize, k.max_blocks_per_seq as usize);
@@ -1441,11 +1454,23 @@ fn prefill_reference(
         .max()
         .unwrap_or(0);
     let row = kvh * d;
-    let k_cache = host::view::<bf16>(mem, k.k_cache, blocks * bs * row)?;
-    let v_cache = host::view::<bf16>(mem, k.v_cache, blocks * bs * row)?;
-    let rows = prefill_attention_rows(k, key_tile, &tiles, &q, &tables, &k_cache, &v_cache);
+    let (k_cache, v_cache) = cache.load(mem, k.k_cache, k.v_cache, blocks * bs * row)?;
+    let (scaled, v_scale) = match cache {
+        CacheRead::Bf16 => (*k, 1.0),
+        CacheRead::Fp8 { k_scale, v_scale } => (
+            PrefillAttention {
+                scale: k.scale * k_scale,
+                ..*k
+            },
+            v_scale,
+        ),
+    };
+    let rows = prefill_attention_rows(&scaled, key_tile, &tiles, &q, &tables, &k_cache, &v_cache);
     drop((k_cache, v_cache));
-    for PrefillRow { token, out, .. } in rows {
+    for PrefillRow { token, mut out, .. } in rows {
+        if v_scale != 1.0 {
+            out.iter_mut().for_each(|x| *x *= v_scale);
+        }
         host::store_bf16(mem, k.out.offset(token * qh * d * 2), &out)?;
     }
     Ok(())

@@ -13,10 +13,14 @@
 use half::bf16;
 use metrale_core::{DevicePtr, KvCacheDtype, LaunchConfig};
 
-use super::attention::{CacheRead, PAGED_ATTENTION_WIDE_WARPS, paged_attention_smem_bytes_for};
+use super::attention::{
+    CacheRead, PAGED_ATTENTION_WIDE_WARPS, paged_attention_smem_bytes_for, prefill_reference_over,
+};
 use super::qkv_post::CacheWrite;
 pub use super::qkv_post::e4m3_of_bf16;
-use super::{PagedAttention, PagedAttentionQkv, QkvRopeKvWrite};
+use super::{
+    PagedAttention, PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, QkvRopeKvWrite,
+};
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args, widen};
 use crate::names;
 
@@ -596,6 +600,106 @@ pub(crate) fn paged_attention_qkv_wide_fp8_reference(
         .reference_over(mem, PagedAttentionQkvFp8::WIDE_NAME, k.write(), k.read())
 }
 
+kernel_args!(
+    /// [`PrefillAttentionV2`] over an FP8 cache: the same tiles and arithmetic on the raw e4m3
+    /// keys and values, the score scale times `k_scale`, the outputs times `v_scale`. The
+    /// version the engine takes for prefill tiles over an FP8 cache (head dims 64 and 128).
+    PrefillAttentionV2Fp8 => names::prefill_attention::PREFILL_ATTENTION_V2_FP8 {
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        out: DevicePtr,
+        /// bf16 `[tokens, q_heads * head_dim]`.
+        q: DevicePtr,
+        /// e4m3 `[num_blocks, block_size, kv_heads, head_dim]`.
+        k_cache: DevicePtr,
+        /// e4m3, same layout as `k_cache`.
+        v_cache: DevicePtr,
+        /// i32 `[num_seqs, max_blocks_per_seq]`.
+        block_tables: DevicePtr,
+        /// i32 `[num_tiles, 4]`: `(seq, first_token, first_position, count)` per tile.
+        tiles: DevicePtr,
+        /// Query tiles (the launch's grid y, at most 65535).
+        num_tiles: u32,
+        /// Query heads (the launch's grid x).
+        q_heads: u32,
+        /// Key/value heads (divides `q_heads`).
+        kv_heads: u32,
+        /// Elements per head: 64 or 128.
+        head_dim: u32,
+        /// Tokens per cache block.
+        block_size: u32,
+        /// Columns of `block_tables`.
+        max_blocks_per_seq: u32,
+        /// Score scale (`1 / sqrt(head_dim)`), positive.
+        scale: f32,
+        /// The keys' per-tensor scale.
+        k_scale: f32,
+        /// The values' per-tensor scale.
+        v_scale: f32,
+    }
+);
+
+impl PrefillAttentionV2Fp8 {
+    /// `v1`'s arguments (the tiles cut for version 2) over FP8 caches with these scales.
+    pub fn of(v1: &PrefillAttention, k_scale: f32, v_scale: f32) -> Self {
+        let a = *v1;
+        PrefillAttentionV2Fp8 {
+            out: a.out,
+            q: a.q,
+            k_cache: a.k_cache,
+            v_cache: a.v_cache,
+            block_tables: a.block_tables,
+            tiles: a.tiles,
+            num_tiles: a.num_tiles,
+            q_heads: a.q_heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            block_size: a.block_size,
+            max_blocks_per_seq: a.max_blocks_per_seq,
+            scale: a.scale,
+            k_scale,
+            v_scale,
+        }
+    }
+
+    /// The arguments in version 1's struct (the references' common form).
+    pub fn v1(&self) -> PrefillAttention {
+        PrefillAttention {
+            out: self.out,
+            q: self.q,
+            k_cache: self.k_cache,
+            v_cache: self.v_cache,
+            block_tables: self.block_tables,
+            tiles: self.tiles,
+            num_tiles: self.num_tiles,
+            q_heads: self.q_heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            block_size: self.block_size,
+            max_blocks_per_seq: self.max_blocks_per_seq,
+            scale: self.scale,
+        }
+    }
+}
+
+impl Kernel for PrefillAttentionV2Fp8 {
+    fn launch_config(&self) -> LaunchConfig {
+        PrefillAttentionV2::from(self.v1()).launch_config()
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        prefill_reference_over(
+            &self.v1(),
+            Self::NAME,
+            PrefillAttentionV2::TILE_TOKENS,
+            PrefillAttentionV2::KEY_TILE,
+            mem,
+            CacheRead::Fp8 {
+                k_scale: self.k_scale,
+                v_scale: self.v_scale,
+            },
+        )
+    }
+}
+
 /// The cache element dtype's kernels exist for this head dim: the decode attention's FP8 forms
 /// take 64, 128 and 256 (the wide form 64 and 128).
 pub fn fp8_attention_takes_head_dim(head_dim: u32) -> bool {
@@ -708,6 +812,53 @@ mod tests {
             }
             assert_ne!(run(ks, vs, &swapped, &v8).0, want, "a wrong layout");
         }
+    }
+
+    /// The FP8 prefill attention's reference is version 2's over the dequantized cache, bit for
+    /// bit where the scales are powers of two; a wrong scale moves it.
+    #[test]
+    fn fp8_prefill_is_version_2_over_the_dequantized_cache() {
+        let (d, qh, kvh, bs, maxb) = (128usize, 4usize, 2usize, 16usize, 12usize);
+        let (ks, vs) = (2.0f32, 0.125f32);
+        let cache_n = maxb * bs * kvh * d;
+        let k8: Vec<u8> = uniform(21, cache_n, 3.0).iter().map(|&x| f32_to_e4m3(x)).collect();
+        let v8: Vec<u8> = uniform(22, cache_n, 3.0).iter().map(|&x| f32_to_e4m3(x)).collect();
+        let deq = |b: &[u8], s: f32| bf16s(&b.iter().map(|&x| e4m3_to_f32(x) * s).collect::<Vec<_>>());
+        let tables: Vec<i32> = (0..maxb as i32).map(|b| (b * 5) % maxb as i32).collect();
+        let (token_seq, positions): (Vec<i32>, Vec<i32>) = (30..170).map(|p| (0, p)).unzip();
+        let tokens = token_seq.len();
+        let tiles = crate::ops::prefill_attention_tiles_of(&token_seq, &positions, 128);
+        let mut m = FlatMemory::new();
+        let v1 = PrefillAttention {
+            out: m.put(&vec![bf16::ZERO; tokens * qh * d]),
+            q: m.put(&bf16s(&uniform(23, tokens * qh * d, 1.0))),
+            k_cache: m.put(&deq(&k8, ks)),
+            v_cache: m.put(&deq(&v8, vs)),
+            block_tables: m.put(&tables),
+            tiles: m.put(&tiles.concat()),
+            num_tiles: tiles.len() as u32,
+            q_heads: qh as u32,
+            kv_heads: kvh as u32,
+            head_dim: d as u32,
+            block_size: bs as u32,
+            max_blocks_per_seq: maxb as u32,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let mut want_m = m.clone();
+        PrefillAttentionV2::from(v1).reference(&mut want_m).unwrap();
+        let want: Vec<bf16> = want_m.get(v1.out, tokens * qh * d);
+        let run = |k_scale: f32| {
+            let mut m = m.clone();
+            let fp8 = PrefillAttentionV2Fp8 {
+                k_cache: m.put(&k8),
+                v_cache: m.put(&v8),
+                ..PrefillAttentionV2Fp8::of(&v1, k_scale, vs)
+            };
+            fp8.reference(&mut m).unwrap();
+            m.get::<bf16>(v1.out, tokens * qh * d)
+        };
+        assert_eq!(run(ks), want);
+        assert_ne!(run(1.0), want);
     }
 
     fn post(m: &mut FlatMemory, cache: usize, cache_bytes: usize) -> QkvRopeKvWrite {

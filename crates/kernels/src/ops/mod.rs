@@ -51,7 +51,8 @@ pub use gemv_fp8::{
 pub use grid_barrier::GridBarrier;
 pub(crate) use kv_fp8::paged_attention_qkv_wide_fp8_reference;
 pub use kv_fp8::{
-    KvCacheWriteFp8, PagedAttentionFp8, PagedAttentionQkvFp8, QkvRopeKvWriteFp8, e4m3_of_bf16,
+    KvCacheWriteFp8, PagedAttentionFp8, PagedAttentionQkvFp8, PrefillAttentionV2Fp8, QkvRopeKvWriteFp8,
+    e4m3_of_bf16,
     fp8_attention_takes_head_dim,
 };
 pub use mamba2::{

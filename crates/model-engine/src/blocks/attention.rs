@@ -22,8 +22,8 @@ use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     PagedAttention, PagedAttentionFp8, PagedAttentionQkv, PagedAttentionQkvFp8, PrefillAttention,
-    PrefillAttentionV2, PrefillAttentionV3, QkNormWhole, QkvRopeKvWrite, QkvRopeKvWriteFp8,
-    SigmoidGateMul,
+    PrefillAttentionV2, PrefillAttentionV2Fp8, PrefillAttentionV3, QkNormWhole, QkvRopeKvWrite,
+    QkvRopeKvWriteFp8, SigmoidGateMul,
 };
 
 use super::{Arena, Block, Step};
@@ -39,10 +39,12 @@ use crate::weights::LayerWeights;
 /// heads can split 16 ways, 1 row 512 ways.
 pub(crate) const ATTENTION_PARTIALS: u32 = 32768;
 
-/// The prefill attention the tuning picks at `head_dim` (version 3 covers 128 only; version 2
-/// elsewhere).
-pub(crate) fn prefill_version(t: &Tuning, head_dim: u32) -> PrefillVersion {
+/// The prefill attention the tuning picks at `head_dim` over a cache of `kv_cache` elements
+/// (version 3 covers 128 only, version 2 elsewhere; over an FP8 cache version 2, the one with an
+/// FP8 form).
+pub(crate) fn prefill_version(t: &Tuning, head_dim: u32, kv_cache: KvCacheDtype) -> PrefillVersion {
     match t.prefill_attention {
+        _ if kv_cache == KvCacheDtype::Fp8 => PrefillVersion::V2,
         PrefillVersion::V3 if !PrefillAttentionV3::supports_head_dim(head_dim) => {
             PrefillVersion::V2
         }
@@ -60,19 +62,20 @@ pub(crate) fn prefill_tile(v: PrefillVersion) -> u32 {
 }
 
 /// Whether a step where some sequence brings more than one token runs its prefill tiles on the
-/// tensor-core kernels (they cover head dims 64 and 128, over a bf16 cache; over an FP8 cache
-/// every token takes the decode attention's FP8 form).
-pub(crate) fn tensor_core_prefill(head_dim: u32, kv_cache: KvCacheDtype) -> bool {
-    kv_cache == KvCacheDtype::Bf16 && PrefillAttention::supports_head_dim(head_dim)
+/// tensor-core kernels (they cover head dims 64 and 128, over either cache).
+pub(crate) fn tensor_core_prefill(head_dim: u32) -> bool {
+    PrefillAttention::supports_head_dim(head_dim)
 }
 
-/// The kernels an FP8 cache needs.
-pub(crate) fn fp8_cache_kernels() -> [KernelName; 4] {
+/// The kernels an FP8 cache needs: the cache write, the decode attentions, version 2's prefill
+/// attention.
+pub(crate) fn fp8_cache_kernels() -> [KernelName; 5] {
     [
         QkvRopeKvWriteFp8::NAME,
         PagedAttentionFp8::NAME,
         PagedAttentionQkvFp8::NAME,
         PagedAttentionQkvFp8::WIDE_NAME,
+        PrefillAttentionV2Fp8::NAME,
     ]
 }
 
@@ -122,6 +125,7 @@ pub(crate) struct Shared {
     block_size: u32,
     /// Block-table width.
     max_blocks_per_seq: u32,
+    kv_cache: KvCacheDtype,
 }
 
 /// Cache and step sizes the attention blocks are built for.
@@ -146,12 +150,13 @@ impl Shared {
         sizes: Sizes,
         rope: (DevicePtr, DevicePtr),
     ) -> Result<Shared, ModelError> {
-        let [qkv_post, decode, decode_qkv, decode_qkv_wide] = match sizes.kv_cache {
+        let [qkv_post, decode, decode_qkv, decode_qkv_wide, prefill_v2] = match sizes.kv_cache {
             KvCacheDtype::Bf16 => [
                 QkvRopeKvWrite::NAME,
                 PagedAttention::NAME,
                 PagedAttentionQkv::NAME,
                 PagedAttentionQkv::WIDE_NAME,
+                PrefillAttentionV2::NAME,
             ],
             KvCacheDtype::Fp8 => fp8_cache_kernels(),
         };
@@ -162,7 +167,7 @@ impl Shared {
             decode_qkv: gpu.kernel(decode_qkv)?,
             decode_qkv_wide: gpu.kernel(decode_qkv_wide)?,
             prefill_v1: gpu.kernel(PrefillAttention::NAME)?,
-            prefill_v2: gpu.kernel(PrefillAttentionV2::NAME)?,
+            prefill_v2: gpu.kernel(prefill_v2)?,
             prefill_v3: gpu.kernel(PrefillAttentionV3::NAME)?,
             output_gate: gpu.kernel(SigmoidGateMul::NAME)?,
         };
@@ -191,6 +196,7 @@ impl Shared {
             max_position: sizes.max_seq_len as u32,
             block_size: sizes.block_size as u32,
             max_blocks_per_seq: sizes.max_blocks_per_seq as u32,
+            kv_cache: sizes.kv_cache,
         })
     }
 }
@@ -471,11 +477,21 @@ impl Attention {
             scale: 1.0 / (hd as f32).sqrt(),
         };
         let (k, label) = (&s.kernels, "prefill_attention");
-        // The same arguments for every version; each its own launch geometry.
-        match prefill_version(l.tuning, hd) {
-            PrefillVersion::V1 => l.launch(k.prefill_v1, label, &v1),
-            PrefillVersion::V2 => l.launch(k.prefill_v2, label, &PrefillAttentionV2::from(v1)),
-            PrefillVersion::V3 => l.launch(k.prefill_v3, label, &PrefillAttentionV3::from(v1)),
+        // The same arguments for every version; each its own launch geometry. Over an FP8 cache
+        // version 2's FP8 form (prefill_version picks version 2).
+        match (self.cache, prefill_version(l.tuning, hd, s.kv_cache)) {
+            (CacheElements::Fp8 { k_scale, v_scale }, _) => l.launch(
+                k.prefill_v2,
+                label,
+                &PrefillAttentionV2Fp8::of(&v1, k_scale, v_scale),
+            ),
+            (CacheElements::Bf16, PrefillVersion::V1) => l.launch(k.prefill_v1, label, &v1),
+            (CacheElements::Bf16, PrefillVersion::V2) => {
+                l.launch(k.prefill_v2, label, &PrefillAttentionV2::from(v1))
+            }
+            (CacheElements::Bf16, PrefillVersion::V3) => {
+                l.launch(k.prefill_v3, label, &PrefillAttentionV3::from(v1))
+            }
         }
     }
 }
