@@ -26,7 +26,9 @@ pub mod rope;
 pub mod tuning;
 pub mod weights;
 
-pub use model::{Model, ModelError, ModelOptions, StepInput};
+pub use model::{KvCacheScales, Model, ModelError, ModelOptions, StepInput};
 pub use plan::LayerPlan;
 pub use tuning::{Tuning, TuningError};
-pub use weights::{LinearFormat, LoadProgress, TensorRole, expected_shape, expected_tensors};
+pub use weights::{
+    LinearFormat, LoadProgress, TensorRole, checkpoint_kv_scales, expected_shape, expected_tensors,
+};

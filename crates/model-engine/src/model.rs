@@ -89,6 +89,33 @@ pub enum ModelError {
     Tuning(#[from] crate::tuning::TuningError),
 }
 
+/// Where an FP8 KV cache's per-layer scales came from, for the start-up log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheScales {
+    /// The cache's element type.
+    pub dtype: KvCacheDtype,
+    /// Attention layers whose `k_scale` / `v_scale` the checkpoint gave
+    /// ([`crate::weights::checkpoint_kv_scales`]); every other layer's are 1.0.
+    pub from_checkpoint: usize,
+}
+
+impl std::fmt::Display for KvCacheScales {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.dtype, self.from_checkpoint) {
+            (KvCacheDtype::Bf16, _) => write!(f, "KV cache bf16"),
+            (KvCacheDtype::Fp8, 0) => write!(
+                f,
+                "KV cache fp8_e4m3 with scales 1.0 (the checkpoint has no k_scale / v_scale; \
+                 uncalibrated, as vLLM without them)"
+            ),
+            (KvCacheDtype::Fp8, n) => write!(
+                f,
+                "KV cache fp8_e4m3 with the checkpoint's k_scale / v_scale in {n} attention layers"
+            ),
+        }
+    }
+}
+
 /// Sizes fixed at load: scratch buffers and the KV pool are allocated once from these.
 #[derive(Clone, Copy, Debug)]
 pub struct ModelOptions {
@@ -664,7 +691,15 @@ impl Model {
         &self.config
     }
 
-    /// The sizes it was built with.
+    /// The KV cache's element type and where its FP8 scales came from.
+    pub fn kv_cache_scales(&self) -> KvCacheScales {
+        KvCacheScales {
+            dtype: self.options.kv_cache,
+            from_checkpoint: self.weights.kv_scaled_layers,
+        }
+    }
+
+    /// The sizes the model was loaded with.
     pub fn options(&self) -> &ModelOptions {
         &self.options
     }

@@ -462,6 +462,9 @@ pub struct DeviceWeights {
     /// The embedding itself when tied.
     pub(crate) lm_head: DevicePtr,
     pub(crate) layers: Vec<LayerWeights>,
+    /// Attention layers whose FP8 KV cache scales came from the checkpoint
+    /// ([`checkpoint_kv_scales`]); the others' are 1.0.
+    pub kv_scaled_layers: usize,
     /// Every allocation, for freeing.
     pub(crate) allocations: Vec<DevicePtr>,
     /// Bytes uploaded.
@@ -469,6 +472,50 @@ pub struct DeviceWeights {
     /// Elements of the largest FP8 linear weight (0 without any): the BF16 scratch its library
     /// path dequantises into.
     pub(crate) fp8_max_weights: usize,
+}
+
+/// The FP8 KV cache scales of attention layer `l` in the checkpoint, `(k_scale, v_scale)`, where
+/// it has them: `self_attn.k_scale` / `v_scale` (compressed-tensors, llm-compressor, vLLM's own),
+/// `self_attn.k_proj.k_scale` / `v_proj.v_scale` (NVIDIA ModelOpt), or the older single
+/// `self_attn.kv_scale` for both (AutoFP8). Each a scalar f32 (a cached element is `e4m3(x /
+/// scale)`); a tensor of several (per-head) scales gives its largest, the per-tensor scale that
+/// saturates none of them. A checkpoint with one of the pair and not the other, or a scale that
+/// is not finite and positive, is refused.
+pub fn checkpoint_kv_scales(
+    source: &dyn WeightSource,
+    l: usize,
+) -> Result<Option<(f32, f32)>, ModelError> {
+    let attn = format!("model.layers.{l}.self_attn");
+    let read = |names: [String; 3]| -> Result<Option<(String, f32)>, ModelError> {
+        let Some(name) = names.into_iter().find(|n| source.shape(n).is_some()) else {
+            return Ok(None);
+        };
+        let (_, values) = source.load_f32(&name)?;
+        let scale = values.iter().copied().fold(f32::NAN, f32::max);
+        if !(scale.is_finite() && scale > 0.0) || values.iter().any(|v| !v.is_finite()) {
+            return Err(ModelError::KvCache(format!(
+                "{name} holds {values:?}: an FP8 KV cache scale must be finite and positive"
+            )));
+        }
+        Ok(Some((name, scale)))
+    };
+    let k = read([
+        format!("{attn}.k_scale"),
+        format!("{attn}.k_proj.k_scale"),
+        format!("{attn}.kv_scale"),
+    ])?;
+    let v = read([
+        format!("{attn}.v_scale"),
+        format!("{attn}.v_proj.v_scale"),
+        format!("{attn}.kv_scale"),
+    ])?;
+    match (k, v) {
+        (Some((_, k)), Some((_, v))) => Ok(Some((k, v))),
+        (None, None) => Ok(None),
+        (Some((name, _)), None) | (None, Some((name, _))) => Err(ModelError::KvCache(format!(
+            "the checkpoint has {name} but not its pair (k_scale and v_scale come together)"
+        ))),
+    }
 }
 
 /// Progress of a load: tensors done, tensors in all, bytes uploaded so far.
@@ -1042,6 +1089,7 @@ fn load_inner(
     let embedding = u.get(TensorRole::Embedding)?;
     let gate = c.hybrid.as_ref().is_some_and(|h| h.attention_output_gate);
     let mut layers = Vec::with_capacity(c.num_layers);
+    let mut kv_scaled_layers = 0;
     for l in 0..c.num_layers {
         let dense = !c.moe.as_ref().is_some_and(|m| m.is_sparse(l));
         let dense = match c.hybrid.as_ref().and_then(|h| h.layers[l].ffn) {
@@ -1085,6 +1133,10 @@ fn load_inner(
                 layer.k_norm = u.get_norm(TensorRole::KNorm(l))?;
             }
             layer.o = u.linear(&[TensorRole::O(l)])?;
+            if let Some(scales) = checkpoint_kv_scales(u.source, l)? {
+                layer.kv_scales = scales;
+                kv_scaled_layers += 1;
+            }
         }
         layer.post_norm = u.get_norm(TensorRole::PostNorm(l))?;
         if dense {
@@ -1105,6 +1157,7 @@ fn load_inner(
     let (bytes, fp8_max_weights) = (u.bytes, u.fp8_max_weights);
     Ok(DeviceWeights {
         fp8_max_weights,
+        kv_scaled_layers,
         embedding,
         final_norm,
         lm_head,
@@ -1169,6 +1222,8 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
     };
     Ok(DeviceWeights {
         fp8_max_weights: u.fp8_max_weights,
+        // Nemotron-H's attention layers take no checkpoint KV scales (1.0).
+        kv_scaled_layers: 0,
         embedding,
         final_norm,
         lm_head,

@@ -71,7 +71,64 @@ impl WeightSource for Random {
     }
 }
 
+/// [`Random`] with per-layer FP8 KV cache scales under the names `names` gives (`{l}` the layer).
+struct Scaled {
+    inner: Random,
+    /// (name pattern, value).
+    scales: Vec<(String, f32)>,
+}
+
+impl Scaled {
+    fn find(&self, name: &str) -> Option<f32> {
+        (0..2).find_map(|l| {
+            self.scales
+                .iter()
+                .find(|(n, _)| n.replace("{l}", &l.to_string()) == name)
+                .map(|&(_, v)| v)
+        })
+    }
+}
+
+impl WeightSource for Scaled {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        match self.find(name) {
+            Some(_) => Some(vec![]),
+            None => self.inner.shape(name),
+        }
+    }
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        self.inner.load(name)
+    }
+    fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
+        match self.find(name) {
+            Some(v) => Ok((vec![], vec![v])),
+            None => {
+                let t = self.inner.load(name)?;
+                Ok((t.shape, t.data.into_iter().map(f32::from).collect()))
+            }
+        }
+    }
+    fn describe(&self) -> String {
+        "random with KV scales".into()
+    }
+}
+
+fn scaled(scales: &[(&str, f32)]) -> Scaled {
+    Scaled {
+        inner: Random(config(128)),
+        scales: scales.iter().map(|&(n, v)| (n.to_string(), v)).collect(),
+    }
+}
+
 fn load(kv_cache: KvCacheDtype, fused: bool) -> Result<Model, ModelError> {
+    load_from(&Random(config(128)), kv_cache, fused)
+}
+
+fn load_from(
+    source: &dyn WeightSource,
+    kv_cache: KvCacheDtype,
+    fused: bool,
+) -> Result<Model, ModelError> {
     let c = config(128);
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
@@ -86,14 +143,17 @@ fn load(kv_cache: KvCacheDtype, fused: bool) -> Result<Model, ModelError> {
     };
     let mut tuning = Tuning::hopper().expect("the kernel tree's tuning");
     tuning.fused_qkv_attention = fused;
-    Model::load(c.clone(), &Random(c), gpu, options, tuning, &mut |_, _, _| {})
+    Model::load(c, source, gpu, options, tuning, &mut |_, _, _| {})
 }
 
 /// The logits of: sequence 0's 9-token prefill; then a mixed step (sequence 0's next token beside
 /// sequence 1's 5-token prefill); then 3 decode steps of sequence 0 alone (one token: the fused
 /// decode attention where `fused`), concatenated.
 fn logits(kv_cache: KvCacheDtype, fused: bool) -> Vec<f32> {
-    let mut model = load(kv_cache, fused).expect("the model loads on the host");
+    logits_of(load(kv_cache, fused).expect("the model loads on the host"))
+}
+
+fn logits_of(mut model: Model) -> Vec<f32> {
     let tables = [
         BlockTable {
             blocks: vec![3, 0, 5, 1],
@@ -175,4 +235,50 @@ fn the_fp8_pool_takes_half_the_bytes() {
     );
     assert_eq!(b, 2 * f);
     assert_eq!(f, 2 * 2 * 16 * 2 * 128);
+}
+
+/// The checkpoint's `k_scale` / `v_scale` under each layout's names are read per layer; a pair
+/// with one half missing, or a scale that is not positive, is refused.
+#[test]
+fn checkpoint_kv_scales_are_read_under_every_layout() {
+    use metrale_model_engine::checkpoint_kv_scales;
+    let attn = "model.layers.{l}.self_attn";
+    for (k, v) in [
+        ("k_scale", "v_scale"),
+        ("k_proj.k_scale", "v_proj.v_scale"),
+    ] {
+        let s = scaled(&[(&format!("{attn}.{k}"), 0.5), (&format!("{attn}.{v}"), 0.25)]);
+        assert_eq!(checkpoint_kv_scales(&s, 1).unwrap(), Some((0.5, 0.25)));
+    }
+    let s = scaled(&[(&format!("{attn}.kv_scale"), 0.75)]);
+    assert_eq!(checkpoint_kv_scales(&s, 0).unwrap(), Some((0.75, 0.75)));
+    assert_eq!(checkpoint_kv_scales(&scaled(&[]), 0).unwrap(), None);
+    let half = scaled(&[(&format!("{attn}.k_scale"), 0.5)]);
+    let err = checkpoint_kv_scales(&half, 0).unwrap_err().to_string();
+    assert!(err.contains("k_scale") && err.contains("pair"), "{err}");
+    let zero = scaled(&[(&format!("{attn}.k_scale"), 0.0), (&format!("{attn}.v_scale"), 1.0)]);
+    assert!(checkpoint_kv_scales(&zero, 0).is_err());
+}
+
+/// A model whose checkpoint has KV scales uses them: the logits move (other e4m3 roundings, in
+/// another range) but stay within the bound of the bf16 cache's; the log line says so.
+#[test]
+fn checkpoint_kv_scales_reach_the_cache() {
+    let attn = "model.layers.{l}.self_attn";
+    let source = scaled(&[
+        (&format!("{attn}.k_scale"), 0.03),
+        (&format!("{attn}.v_scale"), 0.007),
+    ]);
+    let model = load_from(&source, KvCacheDtype::Fp8, true).unwrap();
+    let said = model.kv_cache_scales().to_string();
+    assert!(said.contains("k_scale / v_scale in 2 attention layers"), "{said}");
+    let with_scales = logits_of(model);
+    let bf16 = logits(KvCacheDtype::Bf16, true);
+    let unit = logits(KvCacheDtype::Fp8, true);
+    let err = relative_l2(&with_scales, &bf16);
+    eprintln!("FP8 KV with checkpoint scales vs BF16 KV: relative L2 error {err:.4}");
+    assert!(err <= BOUND, "{err}");
+    assert_ne!(with_scales, unit, "the scales changed nothing");
+    let unit_said = load(KvCacheDtype::Fp8, true).unwrap().kv_cache_scales().to_string();
+    assert!(unit_said.contains("scales 1.0"), "{unit_said}");
 }

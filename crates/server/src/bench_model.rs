@@ -167,6 +167,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &checkpoint.linear_format(&args.model),
         &mut |_, _, _| {},
     )?;
+    eprintln!("met: {}", model.kv_cache_scales());
     let mut allocator = BlockAllocator::new(options.num_blocks);
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut next_id = || {

@@ -157,6 +157,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &mut progress,
     )?;
     eprintln!(" in {:.1}s", started.elapsed().as_secs_f64());
+    eprintln!("met: {}", model.kv_cache_scales());
     if args.warm_up {
         let t = Instant::now();
         model.warm_up()?;

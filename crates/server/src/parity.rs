@@ -213,6 +213,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &checkpoint.linear_format(&args.model),
         &mut |_, _, _| {},
     )?;
+    eprintln!("met: {}", model.kv_cache_scales());
     let mut allocator = BlockAllocator::new(options.num_blocks);
     let mut rows: Vec<Row> = Vec::new();
     let capture = args.routing_out.is_some();

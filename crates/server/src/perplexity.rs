@@ -154,6 +154,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &mut |_, _, _| {},
     )?;
     eprintln!("met: loaded in {:.1}s", started.elapsed().as_secs_f64());
+    eprintln!("met: {}", model.kv_cache_scales());
     let vocab = config.vocab_size;
     let started = Instant::now();
     let mut allocator = BlockAllocator::new(options.num_blocks);

@@ -511,6 +511,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &mut progress,
     )?;
     tracing::info!("weights loaded in {:.1}s", started.elapsed().as_secs_f64());
+    tracing::info!("{}", model.kv_cache_scales());
     if model.gpu().kind() == "cuda" {
         // The first request should not pay the GEMM library's set-up.
         let t = std::time::Instant::now();
