@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! `met perplexity`: the model's per-token negative log-likelihood over text files, with teacher
 //! forcing, to compare weight formats (BF16 against `--quantization fp8` or an FP8 checkpoint)
-//! on the same text.
+//! and KV cache element types (`--kv-cache-dtype fp8` against bf16) on the same text.
 //!
 //! Each file is one document, encoded with the tokenizer's special tokens (BOS where it adds
 //! one) and scored in windows of at most `--window` tokens that do not overlap; each window
@@ -217,6 +217,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 metrale_model_engine::LinearFormat::Bf16 => "bf16",
                 _ => "fp8",
             },
+            "kv_cache": args.model.kv_cache_dtype.name(),
             "backend": placement.gpu.kind(),
             "window": window,
             "tokens": tokens,
