@@ -243,11 +243,11 @@ fn the_fp8_pool_takes_half_the_bytes() {
 fn checkpoint_kv_scales_are_read_under_every_layout() {
     use metrale_model_engine::checkpoint_kv_scales;
     let attn = "model.layers.{l}.self_attn";
-    for (k, v) in [
-        ("k_scale", "v_scale"),
-        ("k_proj.k_scale", "v_proj.v_scale"),
-    ] {
-        let s = scaled(&[(&format!("{attn}.{k}"), 0.5), (&format!("{attn}.{v}"), 0.25)]);
+    for (k, v) in [("k_scale", "v_scale"), ("k_proj.k_scale", "v_proj.v_scale")] {
+        let s = scaled(&[
+            (&format!("{attn}.{k}"), 0.5),
+            (&format!("{attn}.{v}"), 0.25),
+        ]);
         assert_eq!(checkpoint_kv_scales(&s, 1).unwrap(), Some((0.5, 0.25)));
     }
     let s = scaled(&[(&format!("{attn}.kv_scale"), 0.75)]);
@@ -256,7 +256,10 @@ fn checkpoint_kv_scales_are_read_under_every_layout() {
     let half = scaled(&[(&format!("{attn}.k_scale"), 0.5)]);
     let err = checkpoint_kv_scales(&half, 0).unwrap_err().to_string();
     assert!(err.contains("k_scale") && err.contains("pair"), "{err}");
-    let zero = scaled(&[(&format!("{attn}.k_scale"), 0.0), (&format!("{attn}.v_scale"), 1.0)]);
+    let zero = scaled(&[
+        (&format!("{attn}.k_scale"), 0.0),
+        (&format!("{attn}.v_scale"), 1.0),
+    ]);
     assert!(checkpoint_kv_scales(&zero, 0).is_err());
 }
 
@@ -271,7 +274,10 @@ fn checkpoint_kv_scales_reach_the_cache() {
     ]);
     let model = load_from(&source, KvCacheDtype::Fp8, true).unwrap();
     let said = model.kv_cache_scales().to_string();
-    assert!(said.contains("k_scale / v_scale in 2 attention layers"), "{said}");
+    assert!(
+        said.contains("k_scale / v_scale in 2 attention layers"),
+        "{said}"
+    );
     let with_scales = logits_of(model);
     let bf16 = logits(KvCacheDtype::Bf16, true);
     let unit = logits(KvCacheDtype::Fp8, true);
@@ -279,6 +285,9 @@ fn checkpoint_kv_scales_reach_the_cache() {
     eprintln!("FP8 KV with checkpoint scales vs BF16 KV: relative L2 error {err:.4}");
     assert!(err <= BOUND, "{err}");
     assert_ne!(with_scales, unit, "the scales changed nothing");
-    let unit_said = load(KvCacheDtype::Fp8, true).unwrap().kv_cache_scales().to_string();
+    let unit_said = load(KvCacheDtype::Fp8, true)
+        .unwrap()
+        .kv_cache_scales()
+        .to_string();
     assert!(unit_said.contains("scales 1.0"), "{unit_said}");
 }

@@ -219,7 +219,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         });
     }
 
-    let kv_per_token = ModelOptions::kv_bytes_per_block(&config, 1, args.model.kv_cache_dtype) as f64;
+    let kv_per_token =
+        ModelOptions::kv_bytes_per_block(&config, 1, args.model.kv_cache_dtype) as f64;
     // A decode step reads every weight once, except an untied input embedding, of which it
     // gathers only B rows (a tied one is read whole as the LM head).
     let untied_embedding = if config.tie_word_embeddings {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use metrale_config::ModelConfig;
+use metrale_core::KvCacheDtype;
 use metrale_gpu_runtime::{CudaBackend, GpuBackend, HostBackend};
 use metrale_kernels::{ModelQuery, TargetKernels};
-use metrale_core::KvCacheDtype;
 use metrale_model_engine::{LinearFormat, ModelOptions, Tuning};
 use metrale_model_weights::{Fp8Scheme, GgufFile, SafetensorsCheckpoint, WeightSource};
 

@@ -145,7 +145,11 @@ fn fp8_kv_perplexity_within_one_percent() {
         rise * 100.0
     );
     assert!(rise.abs() > 1e-5, "the FP8 cache changed nothing: {rise}");
-    assert!(rise <= 0.01, "the FP8 cache raises perplexity by {:.2}%", rise * 100.0);
+    assert!(
+        rise <= 0.01,
+        "the FP8 cache raises perplexity by {:.2}%",
+        rise * 100.0
+    );
 }
 
 /// Element types without kernels, and junk, are refused by the argument parser with the values

@@ -16,8 +16,8 @@ use metrale_core::fp8::f32_to_e4m3;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     KvCacheWriteFp8, PagedAttention, PagedAttentionFp8, PagedAttentionQkv, PagedAttentionQkvFp8,
-    PrefillAttention, PrefillAttentionV2, PrefillAttentionV2Fp8, QkvRopeKvWrite,
-    QkvRopeKvWriteFp8, prefill_attention_rows, prefill_attention_tiles_of,
+    PrefillAttention, PrefillAttentionV2, PrefillAttentionV2Fp8, QkvRopeKvWrite, QkvRopeKvWriteFp8,
+    prefill_attention_rows, prefill_attention_tiles_of,
 };
 
 use super::{
@@ -51,10 +51,9 @@ fn buffer(init: Init, output: Option<OutputKind>) -> Buffer {
 /// one slot negative; scales 0.37 / 1.9 and 0.01 / 0.004 (N(0, 4) inputs: many saturate).
 fn cache_write_cases(rng: &mut Rng) -> Vec<Case> {
     let mut out = Vec::new();
-    for &(tokens, row, k_scale, v_scale) in &[
-        (7u32, 1024u32, 0.37f32, 1.9f32),
-        (300, 192, 0.01, 0.004),
-    ] {
+    for &(tokens, row, k_scale, v_scale) in
+        &[(7u32, 1024u32, 0.37f32, 1.9f32), (300, 192, 0.01, 0.004)]
+    {
         let (t, r) = (tokens as usize, row as usize);
         let num_slots = 2 * t + 3;
         let mut slots = shuffled(rng, num_slots);
@@ -493,7 +492,10 @@ fn prefill_cases(rng: &mut Rng) -> Vec<Case> {
                         .map(|&x| half::bf16::from_f32(metrale_core::fp8::e4m3_to_f32(x)))
                         .collect()
                 };
-                let (kc, vc) = (decode(inputs[2].init.bytes()), decode(inputs[3].init.bytes()));
+                let (kc, vc) = (
+                    decode(inputs[2].init.bytes()),
+                    decode(inputs[3].init.bytes()),
+                );
                 let scaled = PrefillAttention {
                     scale: args.scale * k_scale,
                     ..args
@@ -557,7 +559,8 @@ pub(super) fn compare_e4m3(got: &[u8], want: &[u8]) -> (usize, usize, Option<(us
     let step = |a: u8, b: u8| {
         // Same sign and adjacent codes (codes are ordered by magnitude within a sign), or the
         // two zeros.
-        (a & 0x80 == b & 0x80 && (a & 0x7F).abs_diff(b & 0x7F) == 1) || (a & 0x7F == 0 && b & 0x7F == 0)
+        (a & 0x80 == b & 0x80 && (a & 0x7F).abs_diff(b & 0x7F) == 1)
+            || (a & 0x7F == 0 && b & 0x7F == 0)
     };
     let value = |x: u8| f64::from(metrale_core::fp8::e4m3_to_f32(x));
     let (mut steps, mut mismatches, mut first, mut first_step) = (0usize, 0usize, None, None);

@@ -6,9 +6,9 @@ use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::QkvRopeKvWrite;
 use super::qkv_post::CacheWrite;
-use metrale_core::KvCacheDtype;
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args, widen};
 use crate::names;
+use metrale_core::KvCacheDtype;
 
 kernel_args!(
     /// Causal GQA: token `t` (sequence `token_seq[t]`, position `positions[t]`) attends to keys

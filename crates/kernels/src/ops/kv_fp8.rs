@@ -757,7 +757,8 @@ mod tests {
         };
         let k8 = quant(&uniform(3, cache_n, 1.0), ks);
         let v8 = quant(&uniform(4, cache_n, 1.0), vs);
-        let deq = |b: &[u8], s: f32| bf16s(&b.iter().map(|&x| e4m3_to_f32(x) * s).collect::<Vec<_>>());
+        let deq =
+            |b: &[u8], s: f32| bf16s(&b.iter().map(|&x| e4m3_to_f32(x) * s).collect::<Vec<_>>());
         let tables: Vec<i32> = vec![5, 2, 7, 0, 1, 3, 4, 6];
         let (token_seq, positions) = (vec![0i32, 1], vec![50i32, 33]);
         let q = bf16s(&uniform(5, 2 * qh * d, 1.0));
@@ -821,9 +822,16 @@ mod tests {
         let (d, qh, kvh, bs, maxb) = (128usize, 4usize, 2usize, 16usize, 12usize);
         let (ks, vs) = (2.0f32, 0.125f32);
         let cache_n = maxb * bs * kvh * d;
-        let k8: Vec<u8> = uniform(21, cache_n, 3.0).iter().map(|&x| f32_to_e4m3(x)).collect();
-        let v8: Vec<u8> = uniform(22, cache_n, 3.0).iter().map(|&x| f32_to_e4m3(x)).collect();
-        let deq = |b: &[u8], s: f32| bf16s(&b.iter().map(|&x| e4m3_to_f32(x) * s).collect::<Vec<_>>());
+        let k8: Vec<u8> = uniform(21, cache_n, 3.0)
+            .iter()
+            .map(|&x| f32_to_e4m3(x))
+            .collect();
+        let v8: Vec<u8> = uniform(22, cache_n, 3.0)
+            .iter()
+            .map(|&x| f32_to_e4m3(x))
+            .collect();
+        let deq =
+            |b: &[u8], s: f32| bf16s(&b.iter().map(|&x| e4m3_to_f32(x) * s).collect::<Vec<_>>());
         let tables: Vec<i32> = (0..maxb as i32).map(|b| (b * 5) % maxb as i32).collect();
         let (token_seq, positions): (Vec<i32>, Vec<i32>) = (30..170).map(|p| (0, p)).unzip();
         let tokens = token_seq.len();
@@ -864,8 +872,12 @@ mod tests {
     fn post(m: &mut FlatMemory, cache: usize, cache_bytes: usize) -> QkvRopeKvWrite {
         let (t, qh, kvh, d, maxpos) = (3usize, 4usize, 2usize, 64usize, 64usize);
         let half = d / 2;
-        let cos: Vec<f32> = (0..maxpos * half).map(|i| (i as f32 * 0.01).cos()).collect();
-        let sin: Vec<f32> = (0..maxpos * half).map(|i| (i as f32 * 0.01).sin()).collect();
+        let cos: Vec<f32> = (0..maxpos * half)
+            .map(|i| (i as f32 * 0.01).cos())
+            .collect();
+        let sin: Vec<f32> = (0..maxpos * half)
+            .map(|i| (i as f32 * 0.01).sin())
+            .collect();
         QkvRopeKvWrite {
             q_out: m.put(&vec![bf16::ZERO; t * qh * d]),
             k_cache: m.put(&vec![0u8; cache * cache_bytes]),
@@ -954,7 +966,13 @@ mod tests {
         fused.reference(&mut m).unwrap();
         let n = 3 * (qh * d) as usize;
         assert_eq!(m.get::<bf16>(fused.out, n), two.get::<bf16>(att8.out, n));
-        assert_eq!(m.get::<u8>(p.k_cache, cache), two.get::<u8>(p.k_cache, cache));
-        assert_eq!(m.get::<f32>(fused.partials, parts), two.get::<f32>(att8.partials, parts));
+        assert_eq!(
+            m.get::<u8>(p.k_cache, cache),
+            two.get::<u8>(p.k_cache, cache)
+        );
+        assert_eq!(
+            m.get::<f32>(fused.partials, parts),
+            two.get::<f32>(att8.partials, parts)
+        );
     }
 }

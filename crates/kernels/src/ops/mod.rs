@@ -27,8 +27,8 @@ pub use attention::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AttentionCombine, KvCacheWrite, PagedAttention,
     PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, PrefillRow,
     attention_splits, attention_splits_of, paged_attention_smem_bytes,
-    paged_attention_smem_bytes_for, paged_attention_smem_bytes_of, prefill_attention_rows, prefill_attention_tiles,
-    prefill_attention_tiles_of,
+    paged_attention_smem_bytes_for, paged_attention_smem_bytes_of, prefill_attention_rows,
+    prefill_attention_tiles, prefill_attention_tiles_of,
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
@@ -51,9 +51,8 @@ pub use gemv_fp8::{
 pub use grid_barrier::GridBarrier;
 pub(crate) use kv_fp8::paged_attention_qkv_wide_fp8_reference;
 pub use kv_fp8::{
-    KvCacheWriteFp8, PagedAttentionFp8, PagedAttentionQkvFp8, PrefillAttentionV2Fp8, QkvRopeKvWriteFp8,
-    e4m3_of_bf16,
-    fp8_attention_takes_head_dim,
+    KvCacheWriteFp8, PagedAttentionFp8, PagedAttentionQkvFp8, PrefillAttentionV2Fp8,
+    QkvRopeKvWriteFp8, e4m3_of_bf16, fp8_attention_takes_head_dim,
 };
 pub use mamba2::{
     MAMBA2_CHANNELS, MAMBA2_MAX_STATE, MAMBA2_STATE_LANES, MAMBA2_STATE_MULTIPLE, Mamba2ChunkCarry,

@@ -233,7 +233,10 @@ pub(crate) enum CacheElements {
 enum CacheLaunch<'a> {
     Post(&'a QkvRopeKvWrite),
     Decode(&'a PagedAttention),
-    Fused(&'a PagedAttentionQkv, Option<&'a metrale_core::LaunchConfig>),
+    Fused(
+        &'a PagedAttentionQkv,
+        Option<&'a metrale_core::LaunchConfig>,
+    ),
 }
 
 impl CacheElements {
@@ -442,7 +445,12 @@ impl Attention {
                 let launch = CacheLaunch::Fused(&fused, Some(&config));
                 cache.launch(l, k.decode_qkv_wide, "attention", launch)?;
             } else {
-                cache.launch(l, k.decode_qkv, "attention", CacheLaunch::Fused(&fused, None))?;
+                cache.launch(
+                    l,
+                    k.decode_qkv,
+                    "attention",
+                    CacheLaunch::Fused(&fused, None),
+                )?;
             }
         } else {
             cache.launch(l, k.qkv_post, "qkv_post", CacheLaunch::Post(&post))?;

@@ -38,9 +38,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrale_cache::DEFAULT_BLOCK_SIZE;
+use metrale_core::KvCacheDtype;
 use metrale_grammar::GrammarEngine;
 use metrale_model_engine::{Model, ModelOptions};
-use metrale_core::KvCacheDtype;
 use metrale_scheduler::{Policy, PrefixKey, Scheduler, SchedulerConfig};
 
 use crate::generate::tokenizer_for;
@@ -727,4 +727,3 @@ mod tests {
         assert!(same(b"", b""));
     }
 }
-
