@@ -1066,7 +1066,82 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(qkv_post_case(s, t));
         out.push(silu_case(s, t));
     }
+    // The FP8 KV cache's decode attention beside the bf16 one (issue 32: at 32k keys batch 1 and
+    // at batch 64), after every other row so that earlier rows keep their order.
+    for (seqs, context) in [(1u32, 32768u32), (64, 4096)] {
+        if seqs == 1 {
+            out.extend(attention_cases(s, seqs, 1, context));
+        }
+        out.push(fp8_decode_attention_case(s, seqs, context));
+    }
     out
+}
+
+/// [`attention_cases`]' decode row over an FP8 cache (`paged_attention_fp8`: e4m3 keys and
+/// values, half the bytes), split as the model splits it.
+fn fp8_decode_attention_case(s: &Shape, seqs: u32, context: u32) -> BenchCase {
+    let block = 16u32;
+    let blocks_per_seq = context.div_ceil(block);
+    let tables: Vec<i32> = (0..seqs * blocks_per_seq).map(|b| b as i32).collect();
+    let kv_row = (s.kv_heads * s.head_dim) as usize;
+    let cache = (seqs * blocks_per_seq * block) as usize * kv_row;
+    let (qh, kvh, hd) = (s.q_heads, s.kv_heads, s.head_dim);
+    let n = seqs;
+    let (keys_per_split, splits) = attention_splits(n, qh, kvh, context, PARTIALS, TARGET_BLOCKS);
+    let token_seq: Vec<i32> = (0..seqs as i32).collect();
+    let positions: Vec<i32> = vec![(context - 1) as i32; seqs as usize];
+    let partials = (n * qh * splits) as usize * (hd as usize + 2) * 4;
+    BenchCase {
+        kernel: PagedAttentionFp8::NAME,
+        label: format!(
+            "{} decode attention seqs={seqs} context={context} splits={splits} (FP8 KV)",
+            s.name
+        ),
+        // K and V (one byte an element) once per kv head, q and out once.
+        bytes: 2 * (seqs as u64 * context as u64 * kv_row as u64) + 2 * 2 * (n * qh * hd) as u64,
+        flops: 4 * (seqs as u64 * context as u64) * (qh * hd) as u64,
+        buffers: vec![
+            ((n * qh * hd) as usize * 2, 0),
+            (partials, 0),
+            ((n * kvh) as usize * 4, 0),
+            ((n * qh * hd) as usize * 2, 0x3C),
+            // 0x3C is e4m3 1.5.
+            (cache, 0x3C),
+            (cache, 0x3C),
+        ],
+        uploads: vec![
+            i32_bytes(&tables),
+            i32_bytes(&token_seq),
+            i32_bytes(&positions),
+        ],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(PagedAttentionFp8::of(
+                &PagedAttention {
+                    out: p[0],
+                    partials: p[1],
+                    counters: p[2],
+                    q: p[3],
+                    k_cache: p[4],
+                    v_cache: p[5],
+                    block_tables: p[6],
+                    token_seq: p[7],
+                    positions: p[8],
+                    tokens: n,
+                    q_heads: qh,
+                    kv_heads: kvh,
+                    head_dim: hd,
+                    block_size: block,
+                    max_blocks_per_seq: blocks_per_seq,
+                    keys_per_split,
+                    splits,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                },
+                1.0,
+                1.0,
+            ))
+        }),
+    }
 }
 
 /// Times every case: `warmup` launches, then `batches` batches of `per_batch` launches between

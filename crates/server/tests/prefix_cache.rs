@@ -271,3 +271,28 @@ fn greedy_answers_are_the_same_with_and_without_the_cache_and_usage_reports_hits
     );
     eprintln!("took {:.1}s", started.elapsed().as_secs_f64());
 }
+
+/// An FP8 KV cache (`--kv-cache-dtype fp8`) served: `/metrics` names its element type and its
+/// bytes a token (half the bf16 cache's: SmolLM2's 30 layers x 3 kv heads x 64 x K and V, one
+/// byte each), the prefix cache reuses FP8 blocks as it does bf16 ones, and a greedy answer
+/// computed over cached FP8 blocks equals the one computed cold.
+#[test]
+fn an_fp8_kv_cache_is_reported_and_its_prefixes_reused() {
+    let server = Server::start(&["--kv-cache-dtype", "fp8"]);
+    let (_, text) = server.request("GET", "/metrics", None);
+    assert!(
+        text.contains("metrale_kv_cache_info{dtype=\"fp8_e4m3\"} 1"),
+        "{text}"
+    );
+    assert_eq!(
+        server.metric("metrale_kv_cache_bytes_per_token"),
+        (30 * 3 * 64 * 2) as f64
+    );
+    assert!(server.metric("metrale_kv_cache_capacity_tokens") > 0.0);
+    let prompt = &prompts()[0].0;
+    let (cold, usage) = server.complete(prompt);
+    assert_eq!(cached(&usage), 0, "cold: {usage}");
+    let (warm, usage) = server.complete(prompt);
+    assert!(cached(&usage) > 0, "the FP8 blocks were reused: {usage}");
+    assert_eq!(warm, cold, "the answer over cached FP8 blocks");
+}
