@@ -226,6 +226,21 @@ fn fp8_kv_at_a_head_dim_without_kernels_is_refused() {
     assert!(load(KvCacheDtype::Fp8, true).is_ok());
 }
 
+/// A backend whose kernel set lacks the FP8 cache's kernels is refused by name, before loading.
+#[test]
+fn fp8_kv_on_a_backend_without_its_kernels_is_refused() {
+    let c = config(128);
+    let gpu = metrale_gpu_runtime::MockBackend::new().without_module("prefill_attention");
+    let err = ModelOptions::check_kv_cache(&c, &gpu, KvCacheDtype::Fp8).unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains("prefill_attention_v2_fp8") && said.contains("--kv-cache-dtype bf16"),
+        "{said}"
+    );
+    ModelOptions::check_kv_cache(&c, &metrale_gpu_runtime::MockBackend::new(), KvCacheDtype::Fp8)
+        .unwrap();
+}
+
 #[test]
 fn the_fp8_pool_takes_half_the_bytes() {
     let c = config(128);
