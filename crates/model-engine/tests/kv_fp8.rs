@@ -237,8 +237,12 @@ fn fp8_kv_on_a_backend_without_its_kernels_is_refused() {
         said.contains("prefill_attention_v2_fp8") && said.contains("--kv-cache-dtype bf16"),
         "{said}"
     );
-    ModelOptions::check_kv_cache(&c, &metrale_gpu_runtime::MockBackend::new(), KvCacheDtype::Fp8)
-        .unwrap();
+    ModelOptions::check_kv_cache(
+        &c,
+        &metrale_gpu_runtime::MockBackend::new(),
+        KvCacheDtype::Fp8,
+    )
+    .unwrap();
 }
 
 #[test]
