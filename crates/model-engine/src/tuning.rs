@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 27] = [
+pub const KEYS: [&str; 28] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -144,6 +144,7 @@ pub const KEYS: [&str; 27] = [
     "moe_grouped_min_rows",
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
+    "ssd_chunk_min_run",
     "carveout",
     "grid_caps",
 ];
@@ -215,6 +216,9 @@ pub struct Tuning {
     /// products on tensor cores, each touched expert's weights read once per 32 of its rows
     /// (off: the CUDA-core weight streams).
     pub moe_grouped_mma: bool,
+    /// Steps whose longest run has at least this many tokens walk the Mamba-2 recurrence in
+    /// parallel chunks (`mamba2_chunk_*`, three launches; 0: never, token by token).
+    pub ssd_chunk_min_run: u32,
     /// Shared-memory carveouts.
     pub carveout: Carveout,
     /// GEMV launches of these labels take at most this many blocks.
@@ -252,6 +256,7 @@ impl Tuning {
             moe_grouped_min_rows: u32::MAX,
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
+            ssd_chunk_min_run: 0,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
         }
@@ -368,6 +373,7 @@ impl Tuning {
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
+            "ssd_chunk_min_run" => self.ssd_chunk_min_run = count(v)?,
             "carveout" => {
                 self.carveout = match v {
                     "rule" => Carveout::Rule,
@@ -470,6 +476,7 @@ mod tests {
             ("moe_grouped_min_rows", "16"),
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
+            ("ssd_chunk_min_run", "128"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),
         ];

@@ -543,3 +543,48 @@ fn a_prefix_cache_hit_resumes_from_a_snapshot_and_matches_a_cold_run() {
     assert_eq!(ids, cold_ids, "greedy ids equal the cold run's");
     assert_eq!(sched.stats().prefix_hit_tokens, 32);
 }
+
+/// Nemotron-H's prompt through the chunked Mamba-2 walk (`ssd_chunk_min_run` 16: a 60-token
+/// prompt in four chunks of 16; a continuation of 24 in two) gives the token-by-token walk's
+/// logits: in one step and in two (the second continuing from the state the first left).
+#[test]
+fn the_chunked_mamba2_walk_matches_the_recurrent_one() {
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-nemotron-h");
+    let text = std::fs::read_to_string(dir.join("config.json")).expect("the fixture's config");
+    let load = |min_run: &str| {
+        let config = metrale_config::from_config_json(&text).expect("a nemotron_h config");
+        let source = metrale_model_weights::SafetensorsCheckpoint::open(&dir).expect("its weights");
+        let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
+        let options = ModelOptions {
+            kv_cache: Default::default(),
+            max_tokens_per_step: 64,
+            max_seqs: SLOTS,
+            max_logit_rows: 64,
+            max_seq_len: 64,
+            num_blocks: 4 * SLOTS,
+            block_size: 16,
+            state_slots: SLOTS,
+        };
+        let mut tuning = Tuning::hopper().expect("the Hopper tuning");
+        tuning.set("ssd_chunk_min_run", min_run).expect("a count");
+        Model::load(config, &source, gpu, options, tuning, &mut |_, _, _| {})
+            .expect("the fixture loads")
+    };
+    let (mut walk, mut chunks) = (load("0"), load("16"));
+    let tokens = prompt(60, 6);
+    for step in [60, 36] {
+        let want = chunked(&mut walk, &tokens, step, 0, 0);
+        let got = chunked(&mut chunks, &tokens, step, 0, 0);
+        assert!(scale(&want) > 0.1, "the logits are not degenerate");
+        // f32 sums in another order, then the same bf16 roundings downstream (on this fixture
+        // the host references agree bit for bit after them; a chunk not carried is off by far
+        // more than the bound).
+        let d = max_diff(&want, &got);
+        assert!(
+            d <= 1e-3 * scale(&want),
+            "steps of {step}: chunked logits differ by {d} (scale {})",
+            scale(&want)
+        );
+    }
+}

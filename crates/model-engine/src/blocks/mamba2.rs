@@ -5,7 +5,8 @@
 //! conv with its bias and SiLU runs over x | B | C from and back into each sequence's conv state
 //! (the Gated DeltaNet's conv kernel, `gdn_conv1d`, reading the columns in place); the SSD
 //! recurrence (`mamba2_recurrent`) runs each head over the sequence's tokens from and back into
-//! its f32 state, with the step `dt = softplus(dt + dt_bias)` clamped to the config's limits, the
+//! its f32 state (runs of at least the tuning's `ssd_chunk_min_run` tokens in parallel chunks:
+//! `mamba2_chunk_state`, `_carry`, `_scan`), with the step `dt = softplus(dt + dt_bias)` clamped to the config's limits, the
 //! decay `exp(-exp(A_log) dt)` and the skip `D`; `y * silu(z)` is RMS-normalised per group of
 //! heads (`gated_rmsnorm`, gate first); `out_proj` maps back to the hidden width.
 //!
@@ -16,7 +17,9 @@
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle, Stream};
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{GatedRmsNorm, GdnConv1d, Mamba2Recurrent};
+use metrale_kernels::ops::{
+    GatedRmsNorm, GdnConv1d, Mamba2ChunkCarry, Mamba2ChunkScan, Mamba2ChunkState, Mamba2Recurrent,
+};
 
 use super::{Arena, Block, Step, copy_slot};
 use crate::ModelError;
@@ -31,7 +34,28 @@ use crate::weights::MambaWeights;
 struct Kernels {
     conv: KernelHandle,
     recurrent: KernelHandle,
+    chunk_state: KernelHandle,
+    chunk_carry: KernelHandle,
+    chunk_scan: KernelHandle,
     norm: KernelHandle,
+}
+
+/// Chunk states the chunked prefill's scratch holds, every sequence's chunks together: a step's
+/// sequences times its chunks a sequence stay within it.
+const SCRATCH_CHUNKS: u32 = 32;
+/// The shortest chunk the chunked prefill cuts.
+const MIN_CHUNK: u32 = 16;
+
+/// The chunked walk's `(chunk_len, max_chunks)` for a step of `seqs` sequences whose longest run
+/// is `max_run` tokens, or `None` for the token-by-token walk: runs shorter than `min_run` (0:
+/// never chunked), or too many sequences to give each two chunks of the scratch.
+fn chunking(seqs: u32, max_run: u32, min_run: u32) -> Option<(u32, u32)> {
+    if min_run == 0 || max_run < min_run || seqs == 0 || SCRATCH_CHUNKS / seqs < 2 {
+        return None;
+    }
+    let chunk_len = max_run.div_ceil(SCRATCH_CHUNKS / seqs).max(MIN_CHUNK);
+    let max_chunks = max_run.div_ceil(chunk_len);
+    (max_chunks >= 2).then_some((chunk_len, max_chunks))
 }
 
 /// Buffers every Mamba-2 block of a step shares, and the kernels.
@@ -47,6 +71,10 @@ pub(crate) struct Shared {
     y: DevicePtr,
     /// bf16 `[tokens, inner]`: the gated norm's output.
     normed: DevicePtr,
+    /// f32 `[SCRATCH_CHUNKS, heads, head_dim, state_size]`: the chunked prefill's chunk states.
+    chunk_states: DevicePtr,
+    /// f32 `[SCRATCH_CHUNKS, heads]`: the chunked prefill's chunk decays.
+    chunk_decay: DevicePtr,
     /// bf16 `[tokens, hidden]`: the block's output.
     out: DevicePtr,
 }
@@ -65,12 +93,17 @@ impl Shared {
             kernels: Kernels {
                 conv: gpu.kernel(GdnConv1d::NAME)?,
                 recurrent: gpu.kernel(Mamba2Recurrent::NAME)?,
+                chunk_state: gpu.kernel(Mamba2ChunkState::NAME)?,
+                chunk_carry: gpu.kernel(Mamba2ChunkCarry::NAME)?,
+                chunk_scan: gpu.kernel(Mamba2ChunkScan::NAME)?,
                 norm: gpu.kernel(GatedRmsNorm::NAME)?,
             },
             proj: arena.alloc(t * in_proj_width(spec) * 2)?,
             xbc: arena.alloc(t * s.conv_channels() * 2)?,
             y: arena.alloc(t * s.inner() * 4)?,
             normed: arena.alloc(t * s.inner() * 2)?,
+            chunk_states: arena.alloc(SCRATCH_CHUNKS as usize * s.inner() * s.state_size * 4)?,
+            chunk_decay: arena.alloc(SCRATCH_CHUNKS as usize * s.heads * 4)?,
             out: arena.alloc(t * hidden * 2)?,
         })
     }
@@ -163,28 +196,100 @@ impl Block for Mamba2 {
         };
         l.launch(k.conv, "mamba_conv", &conv)?;
         let (dt_min, dt_max) = s.time_step_limit;
-        let ssd = Mamba2Recurrent {
-            y: sc.y,
-            state: self.state,
-            xbc: sc.xbc,
-            dt_raw: sc.proj.offset((inner + channels) as usize * 2),
-            a_log: self.w.a_log,
-            dt_bias: self.w.dt_bias,
-            d: self.w.d,
-            seq_starts: inputs.seq_starts,
-            slots: inputs.state_slots,
-            positions: inputs.positions,
-            seqs: step.seqs,
-            heads: s.heads as u32,
-            head_dim: s.head_dim as u32,
-            state_size: s.state_size as u32,
-            groups: s.groups as u32,
-            xbc_stride: channels,
-            dt_stride: width,
-            dt_min,
-            dt_max,
-        };
-        l.launch(k.recurrent, "mamba_ssd", &ssd)?;
+        let dt_raw = sc.proj.offset((inner + channels) as usize * 2);
+        let (heads, head_dim, state_size, groups) = (
+            s.heads as u32,
+            s.head_dim as u32,
+            s.state_size as u32,
+            s.groups as u32,
+        );
+        match chunking(step.seqs, step.max_run, l.tuning.ssd_chunk_min_run) {
+            None => {
+                let ssd = Mamba2Recurrent {
+                    y: sc.y,
+                    state: self.state,
+                    xbc: sc.xbc,
+                    dt_raw,
+                    a_log: self.w.a_log,
+                    dt_bias: self.w.dt_bias,
+                    d: self.w.d,
+                    seq_starts: inputs.seq_starts,
+                    slots: inputs.state_slots,
+                    positions: inputs.positions,
+                    seqs: step.seqs,
+                    heads,
+                    head_dim,
+                    state_size,
+                    groups,
+                    xbc_stride: channels,
+                    dt_stride: width,
+                    dt_min,
+                    dt_max,
+                };
+                l.launch(k.recurrent, "mamba_ssd", &ssd)?;
+            }
+            Some((chunk_len, max_chunks)) => {
+                let pass1 = Mamba2ChunkState {
+                    chunk_states: sc.chunk_states,
+                    chunk_decay: sc.chunk_decay,
+                    xbc: sc.xbc,
+                    dt_raw,
+                    a_log: self.w.a_log,
+                    dt_bias: self.w.dt_bias,
+                    d: self.w.d,
+                    seq_starts: inputs.seq_starts,
+                    seqs: step.seqs,
+                    heads,
+                    head_dim,
+                    state_size,
+                    groups,
+                    xbc_stride: channels,
+                    dt_stride: width,
+                    dt_min,
+                    dt_max,
+                    chunk_len,
+                    max_chunks,
+                };
+                l.launch(k.chunk_state, "mamba_ssd", &pass1)?;
+                let pass2 = Mamba2ChunkCarry {
+                    chunk_states: sc.chunk_states,
+                    chunk_decay: sc.chunk_decay,
+                    state: self.state,
+                    seq_starts: inputs.seq_starts,
+                    slots: inputs.state_slots,
+                    positions: inputs.positions,
+                    seqs: step.seqs,
+                    heads,
+                    head_dim,
+                    state_size,
+                    chunk_len,
+                    max_chunks,
+                };
+                l.launch(k.chunk_carry, "mamba_ssd", &pass2)?;
+                let pass3 = Mamba2ChunkScan {
+                    y: sc.y,
+                    chunk_states: sc.chunk_states,
+                    xbc: sc.xbc,
+                    dt_raw,
+                    a_log: self.w.a_log,
+                    dt_bias: self.w.dt_bias,
+                    d: self.w.d,
+                    seq_starts: inputs.seq_starts,
+                    seqs: step.seqs,
+                    heads,
+                    head_dim,
+                    state_size,
+                    groups,
+                    xbc_stride: channels,
+                    dt_stride: width,
+                    dt_min,
+                    dt_max,
+                    chunk_len,
+                    max_chunks,
+                };
+                l.launch(k.chunk_scan, "mamba_ssd", &pass3)?;
+            }
+        }
         let group = inner / s.groups as u32;
         let norm = GatedRmsNorm {
             out: sc.normed,
@@ -227,5 +332,29 @@ impl Block for Mamba2 {
             s.inner() * s.state_size * 4,
             (from, to),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_runs_are_chunked_within_the_scratch() {
+        // Off, short runs, and too many sequences for two chunks each: token by token.
+        assert_eq!(chunking(1, 8192, 0), None);
+        assert_eq!(chunking(1, 100, 128), None);
+        assert_eq!(chunking(17, 1024, 128), None);
+        // One 8192-token run: 32 chunks of 256; 1024 tokens: 32 of 32.
+        assert_eq!(chunking(1, 8192, 128), Some((256, 32)));
+        assert_eq!(chunking(1, 1024, 128), Some((32, 32)));
+        // Four sequences share the scratch: 8 chunks each at most.
+        assert_eq!(chunking(4, 1000, 128), Some((125, 8)));
+        // Chunks never shorter than MIN_CHUNK: 130 tokens make 9 chunks of 16.
+        assert_eq!(chunking(1, 130, 128), Some((16, 9)));
+        for (seqs, run) in [(1u32, 129u32), (3, 5000), (16, 700), (2, 128)] {
+            let (len, chunks) = chunking(seqs, run, 128).expect("chunked");
+            assert!(seqs * chunks <= SCRATCH_CHUNKS && len * chunks >= run && chunks >= 2);
+        }
     }
 }
