@@ -379,6 +379,18 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             MoeGroupedMmaDown::KINDS,
         ),
         (MoeCombine::NAME, run::<MoeCombine>, MoeCombine::KINDS),
+        (MoeGemvRelu2::NAME, run::<MoeGemvRelu2>, MoeGemvRelu2::KINDS),
+        (MoeGemmRelu2::NAME, run::<MoeGemmRelu2>, MoeGemmRelu2::KINDS),
+        (
+            MoeGroupedGemvRelu2::NAME,
+            run::<MoeGroupedGemvRelu2>,
+            MoeGroupedGemvRelu2::KINDS,
+        ),
+        (
+            MoeGroupedMmaRelu2::NAME,
+            run::<MoeGroupedMmaRelu2>,
+            MoeGroupedMmaRelu2::KINDS,
+        ),
         (GemvFp8::NAME, run::<GemvFp8>, GemvFp8::KINDS),
         (
             GemvFp8Swiglu::NAME,

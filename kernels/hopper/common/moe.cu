@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-// Mixture of Experts: routing, the selected experts' SwiGLU MLPs, and the weighted combine.
+// Mixture of Experts: routing, the selected experts' MLPs (SwiGLU or squared ReLU), and the
+// weighted combine.
 //
 // Layouts (bf16 weights and activations, f32 accumulation, routing in f32):
 // - router logits f32 [m, E] (the router's product, an f32-output GEMV or GEMM);
@@ -7,9 +8,11 @@
 //   weight weights[r, s]. An "assignment" is a (row, slot) pair, numbered a = r * k + s. An id
 //   outside [0, E) is "no expert" (expert parallelism may leave a slot empty): its expert output
 //   is zero and it adds nothing to the row;
-// - gate|up weights stacked [E, 2 inter, hidden]: expert e's inter gate rows, then its inter up
-//   rows (the dense model's fused gate|up, once per expert); down weights stacked
-//   [E, hidden, inter].
+// - SwiGLU experts (`_swiglu` entries): gate|up weights stacked [E, 2 inter, hidden], expert e's
+//   inter gate rows, then its inter up rows (the dense model's fused gate|up, once per expert);
+//   squared-ReLU experts (`_relu2` entries, Nemotron-H: no gate product): up weights stacked
+//   [E, inter, hidden]. Each pair of entries is one template over the activation (ExpertAct);
+//   down weights stacked [E, hidden, inter] for both.
 //
 // Decode (few rows): moe_route, then moe_gemv_swiglu (act [m k, inter], one row per assignment),
 // then moe_gemv_down (out [m, hidden], the weighted sum over slots inside each output's dot).
@@ -228,47 +231,116 @@ __device__ __forceinline__ float swiglu_of_products(float g, float u) {
     return swiglu(metrale::to_f32(metrale::to_bf16(g)), metrale::to_f32(metrale::to_bf16(u)));
 }
 
-// (gate . x, up . x) over n elements, on every lane of the warp. Vector path: n % 8 == 0 and every
-// row 16-byte aligned; each round issues BATCH / 2 loads of each row before using any.
-__device__ __forceinline__ void pair_dot(float& g, float& u, const __nv_bfloat16* __restrict__ gate,
-                                         const __nv_bfloat16* __restrict__ up,
+// The experts' activation, a template parameter of every first-product entry. ROWS weight rows a
+// column: SwiGLU's gate row j and up row inter + j, ReLU^2's up row j. of() takes those rows'
+// f32 dots and rounds each to bf16 first (what a bf16 product stores), then applies the
+// activation in f32; the caller rounds the result once (the bits of a bf16 gate|up product and
+// silu_mul_bf16, or of a bf16 up product and relu2_bf16).
+enum class Act { SwiGlu, Relu2 };
+template <Act A>
+struct ExpertAct;
+template <>
+struct ExpertAct<Act::SwiGlu> {
+    static constexpr int ROWS = 2;
+    __device__ __forceinline__ static float of(const float (&v)[2]) {
+        return swiglu_of_products(v[0], v[1]);
+    }
+};
+template <>
+struct ExpertAct<Act::Relu2> {
+    static constexpr int ROWS = 1;
+    __device__ __forceinline__ static float of(const float (&v)[1]) {
+        const float u = fmaxf(metrale::to_f32(metrale::to_bf16(v[0])), 0.0f);
+        return u * u;
+    }
+};
+
+// out[r] = rows[r] . x over n elements, on every lane of the warp, for ROWS rows streamed
+// together. Vector path: n % 8 == 0 and every row 16-byte aligned; each round issues
+// BATCH / ROWS loads of each row before using any (BATCH in flight a lane either way).
+template <int ROWS>
+__device__ __forceinline__ void row_dots(float (&out)[ROWS],
+                                         const __nv_bfloat16* const (&rows)[ROWS],
                                          const __nv_bfloat16* __restrict__ x, uint32_t n,
                                          uint32_t lane) {
-    constexpr int HALF = BATCH / 2;
-    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-    if (n % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(x)) {
+    constexpr int PER = BATCH / ROWS;
+    float acc[ROWS][2];
+    bool vec = n % 8 == 0 && aligned16(x);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r][0] = acc[r][1] = 0.0f;
+        vec = vec && aligned16(rows[r]);
+    }
+    if (vec) {
         const uint32_t chunks = n / 8;
-        const uint4* g4 = reinterpret_cast<const uint4*>(gate);
-        const uint4* u4 = reinterpret_cast<const uint4*>(up);
         const uint4* x4 = reinterpret_cast<const uint4*>(x);
         const uint4 zero = make_uint4(0, 0, 0, 0);
-        for (uint32_t i = 0; i < chunks; i += 32 * HALF) {
-            uint4 gv[HALF], uv[HALF];
+        for (uint32_t i = 0; i < chunks; i += 32 * PER) {
+            uint4 wv[ROWS][PER];
 #pragma unroll
-            for (int q = 0; q < HALF; ++q) {
+            for (int q = 0; q < PER; ++q) {
                 const uint32_t c = i + lane + 32 * q;
-                gv[q] = c < chunks ? load_stream(g4 + c) : zero;
-                uv[q] = c < chunks ? load_stream(u4 + c) : zero;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r)
+                    wv[r][q] = c < chunks ? load_stream(reinterpret_cast<const uint4*>(rows[r]) + c)
+                                          : zero;
             }
 #pragma unroll
-            for (int q = 0; q < HALF; ++q) {
+            for (int q = 0; q < PER; ++q) {
                 const uint32_t c = i + lane + 32 * q;
                 if (c < chunks) {
                     const uint4 xv = __ldg(x4 + c);
-                    fma8(acc[0], gv[q], xv);
-                    fma8(acc[1], uv[q], xv);
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) fma8(acc[r], wv[r][q], xv);
                 }
             }
         }
     } else {
         for (uint32_t i = lane; i < n; i += 32) {
             const float xv = metrale::to_f32(x[i]);
-            acc[0][0] = fmaf(metrale::to_f32(gate[i]), xv, acc[0][0]);
-            acc[1][0] = fmaf(metrale::to_f32(up[i]), xv, acc[1][0]);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                acc[r][0] = fmaf(metrale::to_f32(rows[r][i]), xv, acc[r][0]);
         }
     }
-    g = metrale::warp_sum(acc[0][0] + acc[0][1]);
-    u = metrale::warp_sum(acc[1][0] + acc[1][1]);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) out[r] = metrale::warp_sum(acc[r][0] + acc[r][1]);
+}
+
+// Expert e's weight row for column j's activation row r (0 ..< ROWS) in the stacked w.
+template <Act A>
+__device__ __forceinline__ const __nv_bfloat16* expert_row(const __nv_bfloat16* w, uint32_t e,
+                                                           uint32_t r, uint32_t j, uint32_t inter,
+                                                           uint32_t hidden) {
+    constexpr uint32_t R = ExpertAct<A>::ROWS;
+    return w + ((size_t)e * R * inter + (size_t)r * inter + j) * hidden;
+}
+
+// The decode experts' first product (moe_gemv_swiglu, moe_gemv_relu2).
+template <Act A>
+__device__ __forceinline__ void moe_gemv_act(__nv_bfloat16* __restrict__ act,
+                                             const __nv_bfloat16* __restrict__ x,
+                                             const __nv_bfloat16* __restrict__ w,
+                                             const int32_t* __restrict__ ids, uint32_t rows,
+                                             uint32_t k, uint32_t experts, uint32_t inter,
+                                             uint32_t hidden) {
+    constexpr int R = ExpertAct<A>::ROWS;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t a = blockIdx.x, j = blockIdx.y * WARPS + warp;
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (k == 0 || a >= rows * k || j >= inter) return;
+    const int32_t e = ids[a];
+    __nv_bfloat16* out = act + (size_t)a * inter + j;
+    if (!valid_expert(e, experts)) {
+        if (lane == 0) *out = metrale::to_bf16(0.0f);
+        return;
+    }
+    const __nv_bfloat16* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = expert_row<A>(w, (uint32_t)e, r, j, inter, hidden);
+    float v[R];
+    row_dots<R>(v, wr, x + (size_t)(a / k) * hidden, hidden, lane);
+    if (lane == 0) *out = metrale::to_bf16(ExpertAct<A>::of(v));
 }
 
 }  // namespace
@@ -285,21 +357,19 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_swiglu(
     const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids, uint32_t rows,
     uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden) {
     metrale::grid_dependency_sync();
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t a = blockIdx.x, j = blockIdx.y * WARPS + warp;
-    // Warp-uniform exits; the kernel has no block barrier.
-    if (k == 0 || a >= rows * k || j >= inter) return;
-    const int32_t e = ids[a];
-    __nv_bfloat16* out = act + (size_t)a * inter + j;
-    if (!valid_expert(e, experts)) {
-        if (lane == 0) *out = metrale::to_bf16(0.0f);
-        return;
-    }
-    const __nv_bfloat16* gate = w + ((size_t)e * 2 * inter + j) * hidden;
-    const __nv_bfloat16* up = gate + (size_t)inter * hidden;
-    float g, u;
-    pair_dot(g, u, gate, up, x + (size_t)(a / k) * hidden, hidden, lane);
-    if (lane == 0) *out = metrale::to_bf16(swiglu_of_products(g, u));
+    moe_gemv_act<Act::SwiGlu>(act, x, w, ids, rows, k, experts, inter, hidden);
+}
+
+// act[a, j] = bf16(relu(u)^2) for every assignment a = r * k + s of expert e = ids[a], with
+// u = x[r] . w[e, j] rounded to bf16 first (the bits of a bf16 up product followed by relu2_bf16);
+// w is the squared-ReLU experts' up stack [E, inter, hidden]. Otherwise moe_gemv_swiglu: zeros
+// for an assignment with no expert, the same launch, a warp streaming its one up row.
+extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids, uint32_t rows,
+    uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    moe_gemv_act<Act::Relu2>(act, x, w, ids, rows, k, experts, inter, hidden);
 }
 
 // out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r k + s] . w[ids[r, s], h])
@@ -491,6 +561,95 @@ constexpr int GROUP_ROWS = 8;
 
 }  // namespace
 
+namespace {
+
+// The grouped weight-stream first product (moe_grouped_gemv_swiglu, moe_grouped_gemv_relu2).
+template <Act A>
+__device__ __forceinline__ void moe_grouped_gemv_act(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    constexpr int R = ExpertAct<A>::ROWS;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t e = blockIdx.y, j = blockIdx.x * WARPS + warp;
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (e >= experts || k == 0 || j >= inter) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    if (begin >= end) return;
+    const __nv_bfloat16* wr[R];
+    bool vec = hidden % 8 == 0 && aligned16(x);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        wr[r] = expert_row<A>(w, e, r, j, inter, hidden);
+        vec = vec && aligned16(wr[r]);
+    }
+    for (int32_t p0 = begin; p0 < end; p0 += GROUP_ROWS) {
+        const int np = min(GROUP_ROWS, end - p0);
+        const __nv_bfloat16* xr[GROUP_ROWS];
+#pragma unroll
+        for (int i = 0; i < GROUP_ROWS; ++i)
+            xr[i] = x + (size_t)((uint32_t)sorted[p0 + min(i, np - 1)] / k) * hidden;
+        float acc[R][GROUP_ROWS];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < GROUP_ROWS; ++i) acc[r][i] = 0.0f;
+        if (vec) {
+            constexpr int PER = BATCH / R;
+            const uint32_t chunks = hidden / 8;
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            for (uint32_t c0 = 0; c0 < chunks; c0 += 32 * PER) {
+                uint4 wv[R][PER];
+#pragma unroll
+                for (int q = 0; q < PER; ++q) {
+                    const uint32_t c = c0 + lane + 32 * q;
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        wv[r][q] = c < chunks ? load_stream(reinterpret_cast<const uint4*>(wr[r]) + c)
+                                              : zero;
+                }
+#pragma unroll
+                for (int q = 0; q < PER; ++q) {
+                    const uint32_t c = c0 + lane + 32 * q;
+                    if (c >= chunks) continue;
+#pragma unroll
+                    for (int i = 0; i < GROUP_ROWS; ++i) {
+                        if (i >= np) break;
+                        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[i]) + c);
+#pragma unroll
+                        for (int r = 0; r < R; ++r) acc[r][i] += dot8(wv[r][q], xv);
+                    }
+                }
+            }
+        } else {
+            for (uint32_t c = lane; c < hidden; c += 32) {
+                float wv[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) wv[r] = metrale::to_f32(wr[r][c]);
+#pragma unroll
+                for (int i = 0; i < GROUP_ROWS; ++i) {
+                    if (i >= np) break;
+                    const float xv = metrale::to_f32(xr[i][c]);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[r][i] = fmaf(wv[r], xv, acc[r][i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < GROUP_ROWS; ++i) {
+            if (i >= np) break;
+            float v[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) v[r] = metrale::warp_sum(acc[r][i]);
+            if (lane == 0)
+                act[(size_t)(p0 + i) * inter + j] = metrale::to_bf16(ExpertAct<A>::of(v));
+        }
+    }
+}
+
+}  // namespace
+
 // moe_gemm_swiglu's output (act[p] for every position p of every expert's slice, in expert
 // order, the same bits but for the order of the f32 sums), for few rows per expert.
 // Launch: grid = (ceil(inter / 8), experts), block = 256: warp w of block (b, e) computes column
@@ -501,71 +660,18 @@ extern "C" __global__ void __launch_bounds__(256) moe_grouped_gemv_swiglu(
     const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
     uint32_t hidden) {
     metrale::grid_dependency_sync();
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t e = blockIdx.y, j = blockIdx.x * WARPS + warp;
-    // Warp-uniform exits; the kernel has no block barrier.
-    if (e >= experts || k == 0 || j >= inter) return;
-    const int32_t begin = offsets[e], end = offsets[e + 1];
-    if (begin >= end) return;
-    const __nv_bfloat16* gate = w + ((size_t)e * 2 * inter + j) * hidden;
-    const __nv_bfloat16* up = gate + (size_t)inter * hidden;
-    const bool vec = hidden % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(x);
-    for (int32_t p0 = begin; p0 < end; p0 += GROUP_ROWS) {
-        const int np = min(GROUP_ROWS, end - p0);
-        const __nv_bfloat16* xr[GROUP_ROWS];
-#pragma unroll
-        for (int i = 0; i < GROUP_ROWS; ++i)
-            xr[i] = x + (size_t)((uint32_t)sorted[p0 + min(i, np - 1)] / k) * hidden;
-        float ag[GROUP_ROWS], au[GROUP_ROWS];
-#pragma unroll
-        for (int i = 0; i < GROUP_ROWS; ++i) ag[i] = au[i] = 0.0f;
-        if (vec) {
-            constexpr int HALF = BATCH / 2;
-            const uint32_t chunks = hidden / 8;
-            const uint4* g4 = reinterpret_cast<const uint4*>(gate);
-            const uint4* u4 = reinterpret_cast<const uint4*>(up);
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            for (uint32_t c0 = 0; c0 < chunks; c0 += 32 * HALF) {
-                uint4 gv[HALF], uv[HALF];
-#pragma unroll
-                for (int q = 0; q < HALF; ++q) {
-                    const uint32_t c = c0 + lane + 32 * q;
-                    gv[q] = c < chunks ? load_stream(g4 + c) : zero;
-                    uv[q] = c < chunks ? load_stream(u4 + c) : zero;
-                }
-#pragma unroll
-                for (int q = 0; q < HALF; ++q) {
-                    const uint32_t c = c0 + lane + 32 * q;
-                    if (c >= chunks) continue;
-#pragma unroll
-                    for (int i = 0; i < GROUP_ROWS; ++i) {
-                        if (i >= np) break;
-                        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr[i]) + c);
-                        ag[i] += dot8(gv[q], xv);
-                        au[i] += dot8(uv[q], xv);
-                    }
-                }
-            }
-        } else {
-            for (uint32_t c = lane; c < hidden; c += 32) {
-                const float gw = metrale::to_f32(gate[c]), uw = metrale::to_f32(up[c]);
-#pragma unroll
-                for (int i = 0; i < GROUP_ROWS; ++i) {
-                    if (i >= np) break;
-                    const float xv = metrale::to_f32(xr[i][c]);
-                    ag[i] = fmaf(gw, xv, ag[i]);
-                    au[i] = fmaf(uw, xv, au[i]);
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < GROUP_ROWS; ++i) {
-            if (i >= np) break;
-            const float g = metrale::warp_sum(ag[i]), u = metrale::warp_sum(au[i]);
-            if (lane == 0)
-                act[(size_t)(p0 + i) * inter + j] = metrale::to_bf16(swiglu_of_products(g, u));
-        }
-    }
+    moe_grouped_gemv_act<Act::SwiGlu>(act, x, w, offsets, sorted, k, experts, inter, hidden);
+}
+
+// moe_gemm_relu2's output for few rows per expert: moe_grouped_gemv_swiglu's launch with one up
+// row a column (w: [E, inter, hidden]).
+extern "C" __global__ void __launch_bounds__(256) moe_grouped_gemv_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    moe_grouped_gemv_act<Act::Relu2>(act, x, w, offsets, sorted, k, experts, inter, hidden);
 }
 
 // moe_gemm_down's output (y[sorted[p], h] = bf16(act[p] . w[e, h]) for every position p of every
@@ -741,34 +847,40 @@ __device__ __forceinline__ void mma_pass(float (&acc)[2][MMA_ROW_TILES][4],
 
 }  // namespace
 
-// moe_grouped_gemv_swiglu's output (act[p] for every position p of every expert's slice, in
-// expert order; the same values but for the order of the f32 sums) on tensor cores.
-// Launch: grid = (ceil(inter / 64), experts), block = 128: warp w of block (b, e) computes
-// columns [64 b + 16 w, 64 b + 16 w + 16) of expert e (a gate tile and its up tile) for 32 of
-// the expert's positions a pass, reading those 32 weight rows once a pass.
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_swiglu(
+namespace {
+
+// Columns a warp of the grouped tensor-core first product computes: its two 16-row weight tiles
+// are one column tile's gate and up rows (SwiGLU), or two column tiles' up rows (ReLU^2).
+template <Act A>
+__device__ constexpr uint32_t mma_columns() {
+    return 32 / ExpertAct<A>::ROWS;
+}
+
+// The grouped tensor-core first product (moe_grouped_mma_swiglu, moe_grouped_mma_relu2). Tile m
+// holds activation row m % ROWS of column tile m / ROWS.
+template <Act A>
+__device__ __forceinline__ void moe_grouped_mma_act(
     __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
     const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
     const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
     uint32_t hidden) {
-    metrale::grid_dependency_sync();
+    constexpr int R = ExpertAct<A>::ROWS;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t g = lane >> 2, t = lane & 3;
-    const uint32_t e = blockIdx.y, j0 = (blockIdx.x * MMA_WARPS + warp) * 16;
+    const uint32_t e = blockIdx.y, j0 = (blockIdx.x * MMA_WARPS + warp) * mma_columns<A>();
     // Warp-uniform exits; the kernel has no block barrier.
     if (e >= experts || k == 0 || j0 >= inter) return;
     const int32_t begin = offsets[e], end = offsets[e + 1];
     if (begin >= end) return;
-    const __nv_bfloat16* expert = w + (size_t)e * 2 * inter * hidden;
     const bool vec = hidden % 8 == 0 && aligned16(w) && aligned16(x);
-    // Tile 0: gate rows j0 + g, j0 + g + 8; tile 1: the same columns' up rows.
     const __nv_bfloat16* wr[2][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint32_t j = j0 + g + 8 * h;
-        wr[0][h] = j < inter ? expert + (size_t)j * hidden : nullptr;
-        wr[1][h] = j < inter ? expert + (size_t)(inter + j) * hidden : nullptr;
-    }
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t j = j0 + 16 * (m / R) + g + 8 * h;
+            wr[m][h] = j < inter ? expert_row<A>(w, e, m % R, j, inter, hidden) : nullptr;
+        }
     for (int32_t p0 = begin; p0 < end; p0 += MMA_ROWS) {
         const int np = min(MMA_ROWS, end - p0);
         const __nv_bfloat16* xr[MMA_ROW_TILES];
@@ -784,12 +896,46 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_swi
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int r = 8 * n + 2 * (int)t + (i & 1);
-                const uint32_t j = j0 + g + 8 * (i >> 1);
-                if (r < np && j < inter)
-                    act[(size_t)(p0 + r) * inter + j] =
-                        metrale::to_bf16(swiglu_of_products(acc[0][n][i], acc[1][n][i]));
+#pragma unroll
+                for (int c = 0; c < 2 / R; ++c) {
+                    const uint32_t j = j0 + 16 * c + g + 8 * (i >> 1);
+                    float v[R];
+#pragma unroll
+                    for (int q = 0; q < R; ++q) v[q] = acc[c * R + q][n][i];
+                    if (r < np && j < inter)
+                        act[(size_t)(p0 + r) * inter + j] = metrale::to_bf16(ExpertAct<A>::of(v));
+                }
             }
     }
+}
+
+}  // namespace
+
+// moe_grouped_gemv_swiglu's output (act[p] for every position p of every expert's slice, in
+// expert order; the same values but for the order of the f32 sums) on tensor cores.
+// Launch: grid = (ceil(inter / 64), experts), block = 128: warp w of block (b, e) computes
+// columns [64 b + 16 w, 64 b + 16 w + 16) of expert e (a gate tile and its up tile) for 32 of
+// the expert's positions a pass, reading those 32 weight rows once a pass.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_act<Act::SwiGlu>(act, x, w, offsets, sorted, k, experts, inter, hidden);
+}
+
+// moe_grouped_gemv_relu2's output on tensor cores (w: [E, inter, hidden]).
+// Launch: grid = (ceil(inter / 128), experts), block = 128: warp w of block (b, e) computes
+// columns [128 b + 32 w, 128 b + 32 w + 32) of expert e (two tiles of 16 up rows) for 32 of the
+// expert's positions a pass.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_act<Act::Relu2>(act, x, w, offsets, sorted, k, experts, inter, hidden);
 }
 
 // moe_grouped_gemv_down's output (y[sorted[p], h] = bf16(act[p] . w[e, h]) for every position p
@@ -924,6 +1070,59 @@ __device__ __forceinline__ void tile_product(float (&cs)[BM][BN + 4],
 
 }  // namespace
 
+namespace {
+
+// The grouped tensor-core first product (moe_gemm_swiglu, moe_gemm_relu2): a block's 64 tile
+// columns are COLS = 64 / ROWS activation columns, tile column t holding row t / COLS of column
+// t % COLS (SwiGLU: 32 gate columns then their up columns; ReLU^2: 64 up columns).
+template <Act A>
+__device__ __forceinline__ void moe_gemm_act(__nv_bfloat16* __restrict__ act,
+                                             const __nv_bfloat16* __restrict__ x,
+                                             const __nv_bfloat16* __restrict__ w,
+                                             const int32_t* __restrict__ offsets,
+                                             const int32_t* __restrict__ sorted, uint32_t k,
+                                             uint32_t experts, uint32_t inter, uint32_t hidden) {
+    constexpr int R = ExpertAct<A>::ROWS;
+    constexpr int COLS = BN / R;
+    __shared__ __align__(32) __nv_bfloat16 as[BM][BK + PAD];
+    __shared__ __align__(32) __nv_bfloat16 ws[BN][BK + PAD];
+    __shared__ __align__(32) float cs[BM][BN + 4];
+    __shared__ const __nv_bfloat16* a_rows[BM];
+    __shared__ const __nv_bfloat16* w_rows[BN];
+    const uint32_t e = blockIdx.y, j0 = blockIdx.x * COLS;
+    // Block-uniform exits, before any barrier.
+    if (e >= experts || k == 0 || j0 >= inter) return;
+    const int32_t begin = offsets[e], end = offsets[e + 1];
+    if (threadIdx.x < BN) {
+        const uint32_t j = j0 + threadIdx.x % COLS, r = threadIdx.x / COLS;
+        w_rows[threadIdx.x] = j < inter ? expert_row<A>(w, e, r, j, inter, hidden) : nullptr;
+    }
+    const bool vec = hidden % 8 == 0 && aligned16(x) && aligned16(w);
+    for (int32_t p0 = begin; p0 < end; p0 += BM) {
+        // The previous tile's readers of a_rows are past tile_product's last barrier.
+        if (threadIdx.x < BM) {
+            const int32_t p = p0 + (int32_t)threadIdx.x;
+            a_rows[threadIdx.x] =
+                p < end ? x + (size_t)((uint32_t)sorted[p] / k) * hidden : nullptr;
+        }
+        __syncthreads();
+        tile_product(cs, as, ws, a_rows, w_rows, hidden, vec);
+        for (int idx = threadIdx.x; idx < BM * COLS; idx += GEMM_THREADS) {
+            const int r = idx / COLS, c = idx % COLS;
+            const int32_t p = p0 + r;
+            const uint32_t j = j0 + c;
+            float v[R];
+#pragma unroll
+            for (int q = 0; q < R; ++q) v[q] = cs[r][q * COLS + c];
+            if (p < end && j < inter)
+                act[(size_t)p * inter + j] = metrale::to_bf16(ExpertAct<A>::of(v));
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
 // The grouped gate|up product with SwiGLU: for every position p of expert e's slice
 // [offsets[e], offsets[e + 1]) (moe_group's), with assignment a = sorted[p] of row a / k,
 // act[p, j] = bf16(silu(g) * u) of g = x[a / k] . w[e, j] and u = x[a / k] . w[e, inter + j], each
@@ -937,41 +1136,21 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm_swiglu(
     const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
     const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
     uint32_t hidden) {
-    __shared__ __align__(32) __nv_bfloat16 as[BM][BK + PAD];
-    __shared__ __align__(32) __nv_bfloat16 ws[BN][BK + PAD];
-    __shared__ __align__(32) float cs[BM][BN + 4];
-    __shared__ const __nv_bfloat16* a_rows[BM];
-    __shared__ const __nv_bfloat16* w_rows[BN];
     metrale::grid_dependency_sync();
-    const uint32_t e = blockIdx.y, j0 = blockIdx.x * (BN / 2);
-    // Block-uniform exits, before any barrier.
-    if (e >= experts || k == 0 || j0 >= inter) return;
-    const int32_t begin = offsets[e], end = offsets[e + 1];
-    const __nv_bfloat16* expert = w + (size_t)e * 2 * inter * hidden;
-    if (threadIdx.x < BN) {
-        const uint32_t c = threadIdx.x % (BN / 2), j = j0 + c;
-        const uint32_t row = threadIdx.x < BN / 2 ? j : inter + j;
-        w_rows[threadIdx.x] = j < inter ? expert + (size_t)row * hidden : nullptr;
-    }
-    const bool vec = hidden % 8 == 0 && aligned16(x) && aligned16(w);
-    for (int32_t p0 = begin; p0 < end; p0 += BM) {
-        // The previous tile's readers of a_rows are past tile_product's last barrier.
-        if (threadIdx.x < BM) {
-            const int32_t p = p0 + (int32_t)threadIdx.x;
-            a_rows[threadIdx.x] =
-                p < end ? x + (size_t)((uint32_t)sorted[p] / k) * hidden : nullptr;
-        }
-        __syncthreads();
-        tile_product(cs, as, ws, a_rows, w_rows, hidden, vec);
-        for (int idx = threadIdx.x; idx < BM * (BN / 2); idx += GEMM_THREADS) {
-            const int r = idx / (BN / 2), c = idx % (BN / 2);
-            const int32_t p = p0 + r;
-            const uint32_t j = j0 + c;
-            if (p < end && j < inter)
-                act[(size_t)p * inter + j] = metrale::to_bf16(swiglu_of_products(cs[r][c], cs[r][BN / 2 + c]));
-        }
-        __syncthreads();
-    }
+    moe_gemm_act<Act::SwiGlu>(act, x, w, offsets, sorted, k, experts, inter, hidden);
+}
+
+// The grouped up product with squared ReLU: act[p, j] = bf16(relu(u)^2) of u = x[a / k] . w[e, j]
+// rounded to bf16 first (moe_gemv_relu2's values, in expert order); w: [E, inter, hidden].
+// Launch: grid = (ceil(inter / 64), experts), block = 128: block (b, e) computes columns
+// [64 b, 64 b + 64) of expert e's slice, 64 rows at a time.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    moe_gemm_act<Act::Relu2>(act, x, w, offsets, sorted, k, experts, inter, hidden);
 }
 
 // The grouped down product: for every position p of expert e's slice, y[sorted[p], h] =

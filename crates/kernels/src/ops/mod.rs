@@ -59,8 +59,9 @@ pub use mamba2::{
     Mamba2ChunkScan, Mamba2ChunkState, Mamba2Recurrent,
 };
 pub use moe::{
-    MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown,
-    MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
+    ExpertActivation, MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MoeCombine, MoeGemmDown, MoeGemmRelu2,
+    MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown,
+    MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaRelu2,
     MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert, route_row,
 };
 pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Mixture of Experts (`moe.cu`): routing, the selected experts' SwiGLU MLPs, and the weighted
-//! combine of their outputs.
+//! Mixture of Experts (`moe.cu`): routing, the selected experts' MLPs, and the weighted combine
+//! of their outputs.
 //!
 //! The vocabulary, shared by every entry:
 //! - an **assignment** is one (row, slot) pair of the router's top k, numbered `a = r * k + s`;
 //!   `topk_ids[a]` is its expert (an id outside `[0, experts)` means "no expert": its output is
 //!   zero and it adds nothing to its row) and `topk_weights[a]` its f32 weight;
-//! - the experts' gate|up weights are stacked `[experts, 2 * inter, hidden]` (each expert's gate
-//!   rows, then its up rows: the dense model's fused gate|up once per expert) and their down
-//!   weights `[experts, hidden, inter]`;
+//! - the experts' first product is SwiGLU's (the `*Swiglu` entries: gate|up weights stacked
+//!   `[experts, 2 * inter, hidden]`, each expert's gate rows then its up rows, the dense model's
+//!   fused gate|up once per expert) or squared ReLU's (the `*Relu2` entries, Nemotron-H: up
+//!   weights `[experts, inter, hidden]`, no gate); [`ExpertActivation`] names the two, and each
+//!   pair of entries is one CUDA template over it. The down weights are `[experts, hidden, inter]`
+//!   for both;
 //! - every sum over the slots of a row runs in slot order (no atomics): the same bits on every
 //!   run.
 //!
@@ -51,12 +54,12 @@ mod grouped;
 mod grouped_mma;
 mod route;
 
-pub use decode::{MoeGemvDown, MoeGemvSwiglu};
+pub use decode::{MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu};
 pub use grouped::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvSwiglu,
-    group_by_expert,
+    MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown,
+    MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, group_by_expert,
 };
-pub use grouped_mma::{MoeGroupedMmaDown, MoeGroupedMmaSwiglu};
+pub use grouped_mma::{MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu};
 pub use route::{MoeRoute, MoeScoring, route_row};
 
 use half::bf16;
@@ -96,11 +99,39 @@ fn expert_of(id: i32, experts: usize) -> Option<usize> {
     usize::try_from(id).ok().filter(|&e| e < experts)
 }
 
-/// One assignment's SwiGLU activation: `silu(g) * u` of `g = x . gate[j]` and `u = x . up[j]`,
-/// each rounded to bf16 first (what a bf16 gate|up product followed by `silu_mul_bf16` gives),
-/// for the `inter` columns of expert `expert` of the stacked `w` (`[experts, 2 * inter, hidden]`).
-fn expert_swiglu(x: &[f32], w: &[bf16], expert: usize, inter: usize, hidden: usize) -> Vec<f32> {
-    let rows = &w[expert * 2 * inter * hidden..(expert + 1) * 2 * inter * hidden];
+/// The experts' activation: which first product an expert computes (`ExpertAct` in moe.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExpertActivation {
+    /// `silu(x . gate[j]) * (x . up[j])`: two weight rows a column, the gate rows first.
+    SwiGlu,
+    /// `relu(x . up[j])^2`, no gate product (Nemotron-H): one weight row a column.
+    Relu2,
+}
+
+impl ExpertActivation {
+    /// Weight rows an expert holds per activation column.
+    pub const fn rows_per_column(self) -> usize {
+        match self {
+            ExpertActivation::SwiGlu => 2,
+            ExpertActivation::Relu2 => 1,
+        }
+    }
+}
+
+/// One assignment's activation row of `inter` columns for expert `expert` of the stacked `w`
+/// (`[experts, rows_per_column * inter, hidden]`): each weight row's dot with `x` rounded to bf16
+/// first (what a bf16 product stores), then SwiGLU's `silu(g) * u` (as `silu_mul_bf16`) or
+/// `relu(u)^2` (as `relu2_bf16`) in f32, unrounded.
+fn expert_act(
+    x: &[f32],
+    w: &[bf16],
+    expert: usize,
+    inter: usize,
+    hidden: usize,
+    activation: ExpertActivation,
+) -> Vec<f32> {
+    let per = activation.rows_per_column() * inter * hidden;
+    let rows = &w[expert * per..(expert + 1) * per];
     let mut row = vec![0f32; hidden];
     let mut product = |r: usize| {
         for (dst, src) in row.iter_mut().zip(&rows[r * hidden..(r + 1) * hidden]) {
@@ -109,10 +140,16 @@ fn expert_swiglu(x: &[f32], w: &[bf16], expert: usize, inter: usize, hidden: usi
         crate::host::round_bf16(super::gemm::dot(x, &row))
     };
     (0..inter)
-        .map(|j| {
-            let g = product(j);
-            let u = product(inter + j);
-            super::activation::silu(g) * u
+        .map(|j| match activation {
+            ExpertActivation::SwiGlu => {
+                let g = product(j);
+                let u = product(inter + j);
+                super::activation::silu(g) * u
+            }
+            ExpertActivation::Relu2 => {
+                let u = product(j).max(0.0);
+                u * u
+            }
         })
         .collect()
 }

@@ -12,7 +12,9 @@
 use half::bf16;
 use metrale_core::{DevicePtr, LaunchConfig};
 
-use super::{add_shared, bad_args, check_experts, expert_down, expert_of, expert_swiglu};
+use super::{
+    ExpertActivation, add_shared, bad_args, check_experts, expert_act, expert_down, expert_of,
+};
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
 use crate::ops::blocks_for;
@@ -44,6 +46,38 @@ kernel_args!(
         hidden: u32,
     }
 );
+
+kernel_args!(
+    /// The selected squared-ReLU experts' up products (Nemotron-H): for every assignment
+    /// `a = r * k + s` of expert `e = ids[a]`, `act[a, j] = bf16(relu(u)^2)` of
+    /// `u = x[r] . w[e, j]` rounded to bf16 first (the bits of a bf16 up product followed by
+    /// [`Relu2`](crate::ops::Relu2), up to summation order). An assignment with no expert gets
+    /// zeros. [`MoeGemvSwiglu`]'s launch, one weight row a column.
+    MoeGemvRelu2 => names::moe::MOE_GEMV_RELU2 {
+        /// bf16 `[rows * k, inter]`, one row per assignment.
+        act: DevicePtr,
+        /// bf16 `[rows, hidden]`.
+        x: DevicePtr,
+        /// bf16 `[experts, inter, hidden]`: each expert's up rows.
+        w: DevicePtr,
+        /// i32 `[rows, k]`: the router's choices.
+        ids: DevicePtr,
+        /// Rows (tokens).
+        rows: u32,
+        /// Slots a row.
+        k: u32,
+        /// Experts in `w`.
+        experts: u32,
+        /// Each expert's width (its up rows).
+        inter: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+same_args!(MoeGemvSwiglu <-> MoeGemvRelu2 {
+    act, x, w, ids, rows, k, experts, inter, hidden
+});
 
 kernel_args!(
     /// The selected experts' down products, weighted and added, and the shared expert's output
@@ -99,26 +133,56 @@ impl Kernel for MoeGemvSwiglu {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        check_experts(Self::NAME, self.experts, self.k)?;
-        let (rows, k, experts) = (self.rows as usize, self.k as usize, self.experts as usize);
-        let (inter, hidden) = (self.inter as usize, self.hidden as usize);
-        let ids = host::load::<i32>(mem, self.ids, rows * k)?;
-        let x = host::load_bf16(mem, self.x, rows * hidden)?;
-        let w = host::view::<bf16>(mem, self.w, experts * 2 * inter * hidden)?;
-        let mut act = vec![0f32; rows * k * inter];
-        for (a, out) in act
-            .chunks_exact_mut(inter.max(1))
-            .enumerate()
-            .take(rows * k)
-        {
-            if let Some(e) = expert_of(ids[a], experts) {
-                let xr = &x[a / k * hidden..(a / k + 1) * hidden];
-                out.copy_from_slice(&expert_swiglu(xr, &w, e, inter, hidden));
-            }
-        }
-        drop(w);
-        host::store_bf16(mem, self.act, &act)
+        first_reference(Self::NAME, self, ExpertActivation::SwiGlu, mem)
     }
+}
+
+impl Kernel for MoeGemvRelu2 {
+    /// [`MoeGemvSwiglu`]'s launch.
+    fn launch_config(&self) -> LaunchConfig {
+        MoeGemvSwiglu::from(*self).launch_config()
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        first_reference(
+            Self::NAME,
+            &MoeGemvSwiglu::from(*self),
+            ExpertActivation::Relu2,
+            mem,
+        )
+    }
+}
+
+/// The decode first product's reference for either activation (`a`'s fields are both entries'),
+/// errors named `name`.
+fn first_reference(
+    name: metrale_core::KernelName,
+    a: &MoeGemvSwiglu,
+    activation: ExpertActivation,
+    mem: &mut dyn HostMemory,
+) -> Result<(), HostError> {
+    check_experts(name, a.experts, a.k)?;
+    let (rows, k, experts) = (a.rows as usize, a.k as usize, a.experts as usize);
+    let (inter, hidden) = (a.inter as usize, a.hidden as usize);
+    let ids = host::load::<i32>(mem, a.ids, rows * k)?;
+    let x = host::load_bf16(mem, a.x, rows * hidden)?;
+    let w = host::view::<bf16>(
+        mem,
+        a.w,
+        experts * activation.rows_per_column() * inter * hidden,
+    )?;
+    let mut act = vec![0f32; rows * k * inter];
+    for (i, out) in act
+        .chunks_exact_mut(inter.max(1))
+        .enumerate()
+        .take(rows * k)
+    {
+        if let Some(e) = expert_of(ids[i], experts) {
+            let xr = &x[i / k * hidden..(i / k + 1) * hidden];
+            out.copy_from_slice(&expert_act(xr, &w, e, inter, hidden, activation));
+        }
+    }
+    drop(w);
+    host::store_bf16(mem, a.act, &act)
 }
 
 impl Kernel for MoeGemvDown {
@@ -279,6 +343,93 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_squared_relu_experts_are_the_weighted_sum_of_dense_relu2_mlps() {
+        // Nemotron-H's experts: up, relu(.)^2, down, no gate; 2 rows, 4 experts, 3 slots (one
+        // empty), negative up values included (relu clears them).
+        let (rows, experts, k, hidden, inter) = (2usize, 4usize, 3usize, 24usize, 10usize);
+        let x = values(21, rows * hidden, 1.0);
+        let up = values(22, experts * inter * hidden, 0.4);
+        let down = values(23, experts * hidden * inter, 0.4);
+        let ids = [3i32, 0, -1, 1, 3, 2];
+        let weights = [0.5f32, 0.25, 0.75, 1.0, 0.125, 0.375];
+        let mut m = FlatMemory::new();
+        let (xp, wu, wd) = (m.put(&bf16s(&x)), m.put(&bf16s(&up)), m.put(&bf16s(&down)));
+        let (idp, wp) = (m.put(&ids), m.put(&weights));
+        let act = m.put(&bf16s(&vec![9.0; rows * k * inter]));
+        let out = m.put(&bf16s(&vec![9.0; rows * hidden]));
+        let first = MoeGemvRelu2 {
+            act,
+            x: xp,
+            w: wu,
+            ids: idp,
+            rows: rows as u32,
+            k: k as u32,
+            experts: experts as u32,
+            inter: inter as u32,
+            hidden: hidden as u32,
+        };
+        first.reference(&mut m).unwrap();
+        assert_eq!(
+            first.launch_config(),
+            MoeGemvSwiglu::from(first).launch_config()
+        );
+        MoeGemvDown {
+            out,
+            act,
+            w: wd,
+            ids: idp,
+            weights: wp,
+            shared: DevicePtr::NULL,
+            shared_gate: DevicePtr::NULL,
+            rows: rows as u32,
+            k: k as u32,
+            experts: experts as u32,
+            hidden: hidden as u32,
+            inter: inter as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let dot = |w: &[f32], v: &[f32]| w.iter().zip(v).map(|(a, b)| a * b).sum::<f32>();
+        let (acts, got) = (
+            f32s(&m.get(act, rows * k * inter)),
+            f32s(&m.get(out, rows * hidden)),
+        );
+        let mut negative = 0;
+        for r in 0..rows {
+            let xr = &x[r * hidden..(r + 1) * hidden];
+            let mut want = vec![0f32; hidden];
+            for s in 0..k {
+                let a = r * k + s;
+                let Ok(e) = usize::try_from(ids[a]) else {
+                    assert!(acts[a * inter..(a + 1) * inter].iter().all(|&v| v == 0.0));
+                    continue;
+                };
+                let h: Vec<f32> = (0..inter)
+                    .map(|j| {
+                        let row = (e * inter + j) * hidden;
+                        let u = round_bf16(dot(&up[row..row + hidden], xr));
+                        negative += usize::from(u < 0.0);
+                        round_bf16(u.max(0.0) * u.max(0.0))
+                    })
+                    .collect();
+                assert_eq!(acts[a * inter..(a + 1) * inter], h[..], "assignment {a}");
+                for (o, row) in want.iter_mut().zip(0..hidden) {
+                    let d = (e * hidden + row) * inter;
+                    *o += weights[a] * dot(&down[d..d + inter], &h);
+                }
+            }
+            for h in 0..hidden {
+                let (g, w) = (got[r * hidden + h], want[h]);
+                assert!(
+                    (g - w).abs() <= 1e-5 + w.abs() / 128.0,
+                    "row {r} column {h}: {g} vs {w}"
+                );
+            }
+        }
+        assert!(negative > 0, "some up values are negative");
     }
 
     #[test]

@@ -9,7 +9,9 @@
 use half::bf16;
 use metrale_core::{DevicePtr, KernelName, LaunchConfig};
 
-use super::{add_shared, bad_args, check_experts, expert_down, expert_of, expert_swiglu};
+use super::{
+    ExpertActivation, add_shared, bad_args, check_experts, expert_act, expert_down, expert_of,
+};
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
 use crate::ops::blocks_for;
@@ -135,6 +137,65 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// The grouped up product with squared ReLU (Nemotron-H's experts), in expert order: for every
+    /// position `p` of expert `e`'s slice, with assignment `a = sorted[p]`, `act[p] = `
+    /// [`MoeGemvRelu2`](super::MoeGemvRelu2)'s row for `a`. [`MoeGemmSwiglu`]'s tiles, their 64
+    /// columns all up rows.
+    MoeGemmRelu2 => names::moe::MOE_GEMM_RELU2 {
+        /// bf16 `[n, inter]`, in expert order.
+        act: DevicePtr,
+        /// bf16 `[rows, hidden]`.
+        x: DevicePtr,
+        /// bf16 `[experts, inter, hidden]`.
+        w: DevicePtr,
+        /// i32 `[experts + 1]` ([`MoeGroup`]).
+        offsets: DevicePtr,
+        /// i32 `[n]` ([`MoeGroup`]).
+        sorted: DevicePtr,
+        /// Slots a row (an assignment's row is `a / k`).
+        k: u32,
+        /// Experts.
+        experts: u32,
+        /// Each expert's width.
+        inter: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+kernel_args!(
+    /// [`MoeGemmRelu2`]'s output as a weight stream for few rows an expert:
+    /// [`MoeGroupedGemvSwiglu`]'s launch, a warp streaming one up row.
+    MoeGroupedGemvRelu2 => names::moe::MOE_GROUPED_GEMV_RELU2 {
+        /// bf16 `[n, inter]`, in expert order.
+        act: DevicePtr,
+        /// bf16 `[rows, hidden]`.
+        x: DevicePtr,
+        /// bf16 `[experts, inter, hidden]`.
+        w: DevicePtr,
+        /// i32 `[experts + 1]` ([`MoeGroup`]).
+        offsets: DevicePtr,
+        /// i32 `[n]` ([`MoeGroup`]).
+        sorted: DevicePtr,
+        /// Slots a row (an assignment's row is `a / k`).
+        k: u32,
+        /// Experts.
+        experts: u32,
+        /// Each expert's width.
+        inter: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+same_args!(MoeGemmSwiglu <-> MoeGemmRelu2 {
+    act, x, w, offsets, sorted, k, experts, inter, hidden
+});
+same_args!(MoeGemmRelu2 <-> MoeGroupedGemvRelu2 {
+    act, x, w, offsets, sorted, k, experts, inter, hidden
+});
+
 same_args!(MoeGemmSwiglu <-> MoeGroupedGemvSwiglu {
     act, x, w, offsets, sorted, k, experts, inter, hidden
 });
@@ -159,7 +220,27 @@ impl Kernel for MoeGroupedGemvSwiglu {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        swiglu_reference(Self::NAME, &MoeGemmSwiglu::from(*self), mem)
+        first_reference(
+            Self::NAME,
+            &MoeGemmSwiglu::from(*self),
+            ExpertActivation::SwiGlu,
+            mem,
+        )
+    }
+}
+
+impl Kernel for MoeGroupedGemvRelu2 {
+    /// [`MoeGroupedGemvSwiglu`]'s launch.
+    fn launch_config(&self) -> LaunchConfig {
+        MoeGroupedGemvSwiglu::from(MoeGemmSwiglu::from(MoeGemmRelu2::from(*self))).launch_config()
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        first_reference(
+            Self::NAME,
+            &MoeGemmSwiglu::from(MoeGemmRelu2::from(*self)),
+            ExpertActivation::Relu2,
+            mem,
+        )
     }
 }
 
@@ -297,7 +378,30 @@ impl Kernel for MoeGemmSwiglu {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        swiglu_reference(Self::NAME, self, mem)
+        first_reference(Self::NAME, self, ExpertActivation::SwiGlu, mem)
+    }
+}
+
+impl Kernel for MoeGemmRelu2 {
+    /// One block per expert and 64 output columns (the tile's 64 up columns).
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.inter.into(), TILE_COLUMNS).max(1),
+                self.experts.max(1),
+                1,
+            ],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        first_reference(
+            Self::NAME,
+            &MoeGemmSwiglu::from(*self),
+            ExpertActivation::Relu2,
+            mem,
+        )
     }
 }
 
@@ -347,10 +451,13 @@ impl Kernel for MoeCombine {
     }
 }
 
-/// [`MoeGemmSwiglu`]'s reference (also [`MoeGroupedGemvSwiglu`]'s), errors named `name`.
-pub(super) fn swiglu_reference(
+/// The grouped first product's reference for either activation (`a`'s fields are every form's):
+/// [`MoeGemmSwiglu`]'s and [`MoeGemmRelu2`]'s, and their weight-stream and tensor-core forms',
+/// errors named `name`.
+pub(super) fn first_reference(
     name: KernelName,
     a: &MoeGemmSwiglu,
+    activation: ExpertActivation,
     mem: &mut dyn HostMemory,
 ) -> Result<(), HostError> {
     check_experts(name, a.experts, a.k)?;
@@ -364,18 +471,23 @@ pub(super) fn swiglu_reference(
         .max()
         .unwrap_or(0);
     let x = host::load_bf16(mem, a.x, rows * hidden)?;
-    let w = host::view::<bf16>(mem, a.w, experts * 2 * inter * hidden)?;
+    let w = host::view::<bf16>(
+        mem,
+        a.w,
+        experts * activation.rows_per_column() * inter * hidden,
+    )?;
     let total = offsets[experts] as usize;
     let mut act = Vec::with_capacity(total * inter);
     for e in 0..experts {
         for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
             let r = a as usize / k;
-            act.extend(expert_swiglu(
+            act.extend(expert_act(
                 &x[r * hidden..(r + 1) * hidden],
                 &w,
                 e,
                 inter,
                 hidden,
+                activation,
             ));
         }
     }
@@ -416,7 +528,7 @@ mod tests {
     use super::*;
     use crate::ops::moe::MOE_MAX_EXPERTS;
     use crate::ops::testing::*;
-    use crate::ops::{MoeGemvDown, MoeGemvSwiglu};
+    use crate::ops::{MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu};
 
     #[test]
     fn grouping_orders_by_expert_then_assignment() {
@@ -559,6 +671,93 @@ mod tests {
         for (i, (g, d)) in g.iter().zip(&d).enumerate() {
             assert!((g - d).abs() <= scale / 64.0, "{i}: {g} vs {d}");
         }
+    }
+
+    #[test]
+    fn the_grouped_squared_relu_forms_are_the_decode_rows_in_expert_order() {
+        // Nemotron-3-Nano's top 6, over 8 experts and 20 rows, at small widths; one empty slot.
+        let (rows, experts, k, hidden, inter) = (20usize, 8usize, 6usize, 40usize, 24usize);
+        let x = bf16s(&uniform(31, rows * hidden, 1.0));
+        let up = bf16s(&uniform(32, experts * inter * hidden, 0.3));
+        let mut ids: Vec<i32> = (0..rows)
+            .flat_map(|r| (0..k).map(move |s| ((r * 3 + s) % experts) as i32))
+            .collect();
+        ids[7] = -1;
+        let (offs, sort) = group_by_expert(&ids, experts);
+        let mut m = FlatMemory::new();
+        let (xp, wu, idp) = (m.put(&x), m.put(&up), m.put(&ids));
+        let (offsets, sorted) = (m.put(&offs), m.put(&sort));
+        let n = rows * k;
+        let decoded = m.put(&bf16s(&vec![0.0; n * inter]));
+        MoeGemvRelu2 {
+            act: decoded,
+            x: xp,
+            w: wu,
+            ids: idp,
+            rows: rows as u32,
+            k: k as u32,
+            experts: experts as u32,
+            inter: inter as u32,
+            hidden: hidden as u32,
+        }
+        .reference(&mut m)
+        .unwrap();
+        let decoded: Vec<bf16> = m.get(decoded, n * inter);
+        let gemm = MoeGemmRelu2 {
+            act: DevicePtr::NULL,
+            x: xp,
+            w: wu,
+            offsets,
+            sorted,
+            k: k as u32,
+            experts: experts as u32,
+            inter: inter as u32,
+            hidden: hidden as u32,
+        };
+        let forms: [&dyn Fn(DevicePtr, &mut FlatMemory); 3] = [
+            &|act, m| MoeGemmRelu2 { act, ..gemm }.reference(m).unwrap(),
+            &|act, m| {
+                MoeGroupedGemvRelu2::from(MoeGemmRelu2 { act, ..gemm })
+                    .reference(m)
+                    .unwrap()
+            },
+            &|act, m| {
+                crate::ops::MoeGroupedMmaRelu2::from(MoeGemmRelu2 { act, ..gemm })
+                    .reference(m)
+                    .unwrap()
+            },
+        ];
+        for (f, form) in forms.iter().enumerate() {
+            let act = m.put(&bf16s(&vec![0.0; n * inter]));
+            form(act, &mut m);
+            let grouped: Vec<bf16> = m.get(act, n * inter);
+            for p in 0..offs[experts] as usize {
+                let a = sort[p] as usize;
+                assert_eq!(
+                    grouped[p * inter..(p + 1) * inter],
+                    decoded[a * inter..(a + 1) * inter],
+                    "form {f} position {p}"
+                );
+            }
+        }
+        // Nano's widths: 64 up columns a tile block, 32 a tensor-core warp (128 a block).
+        let nano = MoeGemmRelu2 {
+            inter: 1856,
+            hidden: 2688,
+            experts: 128,
+            ..gemm
+        };
+        assert_eq!(nano.launch_config().grid, [29, 128, 1]);
+        assert_eq!(
+            crate::ops::MoeGroupedMmaRelu2::from(nano)
+                .launch_config()
+                .grid,
+            [15, 128, 1]
+        );
+        assert_eq!(
+            MoeGroupedGemvRelu2::from(nano).launch_config().grid,
+            [232, 128, 1]
+        );
     }
 
     #[test]

@@ -12,8 +12,8 @@
 
 use metrale_core::{DevicePtr, LaunchConfig};
 
-use super::grouped::{down_reference, swiglu_reference};
-use super::{MoeGemmDown, MoeGemmSwiglu};
+use super::grouped::{down_reference, first_reference};
+use super::{ExpertActivation, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu};
 use crate::host::{HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
 use crate::ops::blocks_for;
@@ -68,6 +68,34 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`MoeGemmRelu2`]'s output on tensor cores for few rows an expert: a warp holds 32 columns
+    /// of one expert (two tiles of 16 up rows) and reads them once per 32 of the expert's rows.
+    MoeGroupedMmaRelu2 => names::moe::MOE_GROUPED_MMA_RELU2 {
+        /// bf16 `[n, inter]`, in expert order.
+        act: DevicePtr,
+        /// bf16 `[rows, hidden]`.
+        x: DevicePtr,
+        /// bf16 `[experts, inter, hidden]`.
+        w: DevicePtr,
+        /// i32 `[experts + 1]` ([`MoeGroup`](super::MoeGroup)).
+        offsets: DevicePtr,
+        /// i32 `[n]` ([`MoeGroup`](super::MoeGroup)).
+        sorted: DevicePtr,
+        /// Slots a row (an assignment's row is `a / k`).
+        k: u32,
+        /// Experts.
+        experts: u32,
+        /// Each expert's width.
+        inter: u32,
+        /// The model's width.
+        hidden: u32,
+    }
+);
+
+same_args!(MoeGemmRelu2 <-> MoeGroupedMmaRelu2 {
+    act, x, w, offsets, sorted, k, experts, inter, hidden
+});
 same_args!(MoeGemmSwiglu <-> MoeGroupedMmaSwiglu {
     act, x, w, offsets, sorted, k, experts, inter, hidden
 });
@@ -79,6 +107,8 @@ same_args!(MoeGemmDown <-> MoeGroupedMmaDown {
 const WARPS: u32 = 4;
 /// Output columns a warp of the SwiGLU form computes (one 16-row gate tile and its up tile).
 const SWIGLU_WARP_COLUMNS: u32 = 16;
+/// Output columns a warp of the squared-ReLU form computes (two 16-row up tiles).
+const RELU2_WARP_COLUMNS: u32 = 32;
 /// Output columns a warp of the down form computes (two 16-row tiles).
 const DOWN_WARP_COLUMNS: u32 = 32;
 
@@ -96,7 +126,35 @@ impl Kernel for MoeGroupedMmaSwiglu {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
-        swiglu_reference(Self::NAME, &MoeGemmSwiglu::from(*self), mem)
+        first_reference(
+            Self::NAME,
+            &MoeGemmSwiglu::from(*self),
+            ExpertActivation::SwiGlu,
+            mem,
+        )
+    }
+}
+
+impl Kernel for MoeGroupedMmaRelu2 {
+    /// One block per expert and 128 columns.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: [
+                blocks_for(self.inter.into(), WARPS * RELU2_WARP_COLUMNS).max(1),
+                self.experts.max(1),
+                1,
+            ],
+            block: [WARPS * 32, 1, 1],
+            shared_mem_bytes: 0,
+        }
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        first_reference(
+            Self::NAME,
+            &MoeGemmSwiglu::from(MoeGemmRelu2::from(*self)),
+            ExpertActivation::Relu2,
+            mem,
+        )
     }
 }
 
