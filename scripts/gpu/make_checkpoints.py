@@ -2,7 +2,8 @@
 """Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (and of
 the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2; and of the
 hybrid models: Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B at 4 layers, Qwen3.5-35B-A3B at full depth,
-Nemotron-H-8B at 4 layers).
+Nemotron-H-8B at 4 layers and at full depth, NVIDIA-Nemotron-3-Nano-30B-A3B at 5 layers and at
+full depth).
 
 No machine here can reach a model hub, so the engine's large-model tests and speed runs use models
 with the exact public shapes and random weights (decode speed does not depend on weight values).
@@ -437,6 +438,70 @@ MODELS = {
         "use_mamba_kernels": True,
         "vocab_size": 131072,
     },
+    # NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's public config.json (nemotron_h with experts: hidden
+    # 2688; M Mamba-2 (64 heads of 64, 8 groups, state 128), * attention (32/2 heads of 128, no
+    # RoPE), E a mixture of 128 squared-ReLU experts of width 1856 without a gate product, top 6
+    # by sigmoid scores plus e_score_correction_bias (one group), renormalised and scaled by 2.5,
+    # and an ungated squared-ReLU shared expert of width 3712), 5 of its 52 layers ("MEM*E": each
+    # layer kind, the experts twice; the hub's is "MEMEM*EMEMEM*..."), without its auto_map.
+    "nemotron-3-nano-30b-a3b-4l": {
+        "architectures": ["NemotronHForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "chunk_size": 128,
+        "conv_kernel": 4,
+        "eos_token_id": 2,
+        "expand": 2,
+        "head_dim": 128,
+        "hidden_dropout": 0.0,
+        "hidden_size": 2688,
+        "hybrid_override_pattern": "MEM*E",
+        "initializer_range": 0.02,
+        "intermediate_size": 1856,
+        "layer_norm_epsilon": 1e-05,
+        "mamba_head_dim": 64,
+        "mamba_hidden_act": "silu",
+        "mamba_num_heads": 64,
+        "mamba_proj_bias": False,
+        "mamba_ssm_cache_dtype": "float32",
+        "max_position_embeddings": 262144,
+        "mlp_bias": False,
+        "mlp_hidden_act": "relu2",
+        "model_type": "nemotron_h",
+        "moe_intermediate_size": 1856,
+        "moe_shared_expert_intermediate_size": 3712,
+        "n_group": 1,
+        "n_groups": 8,
+        "n_routed_experts": 128,
+        "n_shared_experts": 1,
+        "norm_eps": 1e-05,
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 6,
+        "num_hidden_layers": 5,
+        "num_key_value_heads": 2,
+        "num_logits_to_keep": 1,
+        "pad_token_id": 0,
+        "partial_rotary_factor": 1.0,
+        "rescale_prenorm_residual": True,
+        "residual_in_fp32": False,
+        "rope_theta": 10000,
+        "routed_scaling_factor": 2.5,
+        "sliding_window": None,
+        "ssm_state_size": 128,
+        "tie_word_embeddings": False,
+        "time_step_floor": 0.0001,
+        "time_step_max": 0.1,
+        "time_step_min": 0.001,
+        "topk_group": 1,
+        "torch_dtype": "bfloat16",
+        "use_bias": False,
+        "use_cache": True,
+        "use_conv_bias": True,
+        "use_mamba_kernels": True,
+        "vocab_size": 131072,
+    },
 }
 
 # Qwen3-30B-A3B at its full depth (48 layers, 61 GB of bf16): the MoE speed target. Write it to
@@ -453,6 +518,12 @@ MODELS["qwen3.5-35b-a3b"] = dict(MODELS["qwen3.5-35b-a3b-4l"], text_config=dict(
 MODELS["nemotron-h-8b"] = dict(MODELS["nemotron-h-4l"], num_hidden_layers=52,
     hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-")
 assert len(MODELS["nemotron-h-8b"]["hybrid_override_pattern"]) == 52
+# NVIDIA-Nemotron-3-Nano-30B-A3B at its full depth (52 layers: 23 Mamba-2, 23 experts, 6 attention;
+# 31.6B parameters, about 63 GB of bf16, too large for transformers' float32 on one H200): the
+# speed target of the hybrid with experts; /dev/shm as for qwen3-30b-a3b.
+MODELS["nemotron-3-nano-30b-a3b"] = dict(MODELS["nemotron-3-nano-30b-a3b-4l"], num_hidden_layers=52,
+    hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME")
+assert len(MODELS["nemotron-3-nano-30b-a3b"]["hybrid_override_pattern"]) == 52
 
 # Which real tokenizer belongs next to each checkpoint (copied in with --tokenizer FAMILY=DIR).
 TOKENIZER_FAMILY = {
@@ -477,6 +548,8 @@ TOKENIZER_FAMILY = {
     # Nemotron-H's 131,072 rows hold fewer ids than Qwen3's tokenizer has: none is copied.
     "nemotron-h-4l": None,
     "nemotron-h-8b": None,
+    "nemotron-3-nano-30b-a3b-4l": None,
+    "nemotron-3-nano-30b-a3b": None,
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -731,6 +804,9 @@ FINGERPRINT_KEYS = (
     "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts", "num_experts_per_tok",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
     "layer_norm_epsilon", "mlp_hidden_act",
+    # Nemotron-H's experts.
+    "n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+    "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob",
 )
 
 

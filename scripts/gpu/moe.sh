@@ -20,26 +20,29 @@
 #            each, through scripts/gpu/prefix_cache_bench.py's throughput workload
 #   table    the MoE rows of the kernel table: met bench-kernels --shape qwen3-30b-a3b beside
 #            scripts/gpu/torch_kernels.py --shape qwen3-30b-a3b, merged by kernel_table.py
-#   newkernels  met check-kernels on the kernels not yet run on a GPU (gemv_fp8, gated_delta) at
-#            SEEDS (default 1 2 3)
+#   newkernels  met check-kernels on the kernels not yet run on a GPU (gemv_fp8, gated_delta,
+#            the squared-ReLU experts' moe_*_relu2) at SEEDS (default 1 2 3)
 #   fp8      FP8 weights (--quantization fp8) on FP8_MODELS (default qwen3-0.6b qwen3-8b, random
 #            weights): met parity in BF16 and in FP8 against transformers' float32 logits, then
 #            met bench-model in both (TTFT 1024/8192, decode batch 1/64 at 1024 keys)
 #   fixtures the tiny MoE fixtures of crates/model-engine/tests/fixtures (tiny_moe_fixtures.py)
 #   hybrid   HYBRID_MODELS (default "qwen3-next-80b-a3b-4l"; also qwen3.5-35b-a3b-4l,
-#            nemotron-h-4l): checkpoint, transformers' f32 and bf16 logits (reference_logits.py:
+#            nemotron-h-4l, nemotron-3-nano-30b-a3b-4l): checkpoint, transformers' f32 and bf16 logits (reference_logits.py:
 #            prefill, then one token a step through its hybrid cache), met parity --json
 #   hybridfull  Qwen3.5-35B-A3B at full depth (40 layers, about 70 GB, in /dev/shm when it fits):
 #            met bench-model (TTFT 1024/8192; batch 1/8/32/64 at 1024
 #            keys), transformers eager decode at batch 1 (HF_MODES to add others)
 #   nemotronfull  Nemotron-H-8B at full depth (52 layers, 16 GB): met bench-model (TTFT 1024/8000;
 #            batch 1/8/32/64 at 1024 keys, profile), transformers eager decode at batch 1
+#   nanofull  NVIDIA-Nemotron-3-Nano-30B-A3B at full depth (52 layers, about 63 GB, in /dev/shm
+#            when it fits): met bench-model (TTFT 1024/8192; batch 1/8/32/64 at 1024 keys,
+#            profile), transformers eager decode at batch 1 (HF_MODES to add others)
 #   hybridserve  met serve on qwen3-next-80b-a3b-4l (SERVE_MODEL: another): 64 concurrent greedy
 #            streams with every third cancelled mid-stream, then /metrics must show nothing held
 #            and each uncancelled output is compared with the same request alone
 #            (serve_cancel_check.py)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
-#            tiny-qwen3-5-moe, tiny-nemotron-h; HYBRID_FIXTURES: a subset) into $RES/fixtures
+#            tiny-qwen3-5-moe, tiny-nemotron-h, tiny-nemotron-h-moe; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
 # Everything worth keeping collects in $RES, packed into $OUT/moe-results.tgz at the end (the
 # device tool returns at most 8 files).
@@ -179,6 +182,7 @@ newkernels() {
         "$MET" check-kernels --kernel gemv_fp8 --seed "$seed" 2>&1 | tail -2
         "$MET" check-kernels --kernel gated_delta --seed "$seed" 2>&1 | tail -2
         "$MET" check-kernels --kernel gated_norm --seed "$seed" 2>&1 | tail -2
+        "$MET" check-kernels --kernel relu2 --seed "$seed" 2>&1 | tail -2
     done | tee "$RES/newkernels.txt"
     # The unit-offset norm cases (norm_offset) live among rmsnorm's and qkv_post's.
     for k in rmsnorm qkv_post mamba2 relu2; do
@@ -256,6 +260,25 @@ nemotronfull() {
         timeout "${HF_TIMEOUT:-200}" python3 scripts/gpu/transformers_decode_speed.py --model "$CKPT/$m" \
             --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
             --json "$RES/nemotronfull-hf-$mode.json" 2>&1 | tail -3
+    done
+}
+
+nanofull() {
+    # NVIDIA-Nemotron-3-Nano-30B-A3B at full depth (about 63 GB): met bench-model (TTFT 1024/8192,
+    # batch 1/8/32/64 at 1024 keys, a profile) and transformers eager decode at batch 1.
+    local m=nemotron-3-nano-30b-a3b dir=/dev/shm/ckpt free_gb
+    free_gb=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+    [ "${free_gb:-0}" -ge 68 ] || dir=$CKPT
+    log "checkpoint $m (full depth) in $dir"
+    checkpoint "$m" "$dir"
+    log "met bench-model"
+    "$MET" bench-model --model-from-path "$dir/$m" --prefill 1024,8192 --batches 1,8,32,64 \
+        --context 1024 --profile >"$RES/nanofull-bench.md" 2>&1
+    grep "^| " "$RES/nanofull-bench.md" | head -14
+    for mode in ${HF_MODES:-eager}; do
+        timeout "${HF_TIMEOUT:-200}" python3 scripts/gpu/transformers_decode_speed.py --model "$dir/$m" \
+            --prompt-tokens 32 --new-tokens 64 --batch 1 --modes "$mode" --warmup 2 --repeats 3 \
+            --json "$RES/nanofull-hf-$mode.json" 2>&1 | tail -3
     done
 }
 

@@ -29,6 +29,7 @@ mod gemv_fp8;
 mod kv_fp8;
 mod mamba2;
 mod moe;
+mod moe_relu2;
 mod norm_offset;
 
 /// Relative tolerance per bf16 element: two ulps of bf16's 8-bit mantissa.
@@ -1787,6 +1788,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // The FP8 KV cache's writes and decode attentions, after every other case for the same
     // reason.
     out.extend(kv_fp8::kv_fp8_cases(&mut rng));
+    // Nemotron-H's squared-ReLU experts and its router, after every other case for the same
+    // reason.
+    out.extend(moe_relu2::relu2_expert_cases(&mut rng));
     out
 }
 

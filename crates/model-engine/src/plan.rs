@@ -344,7 +344,7 @@ impl LayerPlan {
     }
 
     /// Refuses a plan with a block the engine has no kernels for, naming the missing piece: a
-    /// recurrent mixer wider than its kernels, or experts of squared ReLU (Nemotron-H's MoE).
+    /// recurrent mixer wider than its kernels.
     pub fn check_runnable(&self) -> Result<(), crate::ModelError> {
         let refuse = |why: &str| Err(crate::ModelError::Unsupported(why.to_string()));
         self.final_norm.rms_eps()?;
@@ -386,12 +386,6 @@ impl LayerPlan {
                             s.state_size, s.heads, s.groups, s.conv_kernel
                         ));
                     }
-                }
-                BlockKind::Mlp(MlpKind::Moe(m)) if m.activation != MlpActivation::SwiGlu => {
-                    return refuse(&format!(
-                        "layer {l}'s experts are squared ReLU without a gate, which the expert \
-                         kernels do not compute yet"
-                    ));
                 }
                 _ => {}
             }
@@ -649,16 +643,14 @@ mod hybrid_tests {
 
     #[test]
     fn plans_without_kernels_are_refused_naming_the_missing_piece() {
-        // Qwen3-Next runs (Gated DeltaNet, gated attention, unit-offset norms); so do Nemotron-H's
-        // Mamba-2 layers, but not Nemotron-3-Nano's squared-ReLU experts.
+        // Qwen3-Next runs (Gated DeltaNet, gated attention, unit-offset norms); so does
+        // Nemotron-3-Nano (Mamba-2, attention without RoPE, squared-ReLU experts).
         plan(QWEN3_NEXT_80B)
             .check_runnable()
             .expect("qwen3_next runs");
-        let err = plan(NEMOTRON_3_NANO)
+        plan(NEMOTRON_3_NANO)
             .check_runnable()
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("experts are squared ReLU"), "{err}");
+            .expect("nemotron-3-nano runs");
         let mut p = plan(NEMOTRON_3_NANO);
         if let BlockKind::Mamba2(m) = &mut p.layers[0].blocks[0].kind {
             m.shape.state_size = 256;

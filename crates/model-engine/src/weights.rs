@@ -439,12 +439,14 @@ impl LayerWeights {
 pub struct MoeWeights {
     /// `[experts, hidden]`.
     pub(crate) router: DevicePtr,
-    /// `[experts, 2 * expert_intermediate, hidden]`: each expert's gate rows, then its up rows.
+    /// `[experts, 2 * expert_intermediate, hidden]`: each expert's gate rows, then its up rows;
+    /// squared-ReLU experts (Nemotron-H): `[experts, expert_intermediate, hidden]`, up rows only.
     pub(crate) experts_gate_up: DevicePtr,
     /// `[experts, hidden, expert_intermediate]`.
     pub(crate) experts_down: DevicePtr,
     /// The shared expert's gate rows then up rows `[2 * shared_intermediate, hidden]` (one
-    /// product feeds SiLU x up, as the dense MLP's), or NULL without a shared expert.
+    /// product feeds SiLU x up, as the dense MLP's), its up rows `[shared_intermediate, hidden]`
+    /// where it is squared ReLU (Nemotron-H), or NULL without a shared expert.
     pub(crate) shared_gate_up: DevicePtr,
     /// `[hidden, shared_intermediate]`, or NULL.
     pub(crate) shared_down: DevicePtr,
@@ -1017,6 +1019,44 @@ impl Uploader<'_> {
         })
     }
 
+    /// Nemotron-H layer `l`'s experts (`mixer.*`): the router and its correction bias, the
+    /// squared-ReLU experts' up and down stacks in either layout (`experts.{e}.up_proj.weight`,
+    /// the hub's; `experts.up_proj`, transformers' stacks), the ungated shared expert.
+    fn nemotron_moe(
+        &mut self,
+        m: &metrale_config::MoeConfig,
+        l: usize,
+    ) -> Result<MoeWeights, ModelError> {
+        let n = TensorRole::NemotronH;
+        let router = self.get(n(NemotronTensor::Router(l)))?;
+        let correction_bias = self.get_f32(n(NemotronTensor::CorrectionBias(l)))?;
+        let (experts_gate_up, experts_down) = match ExpertLayout::of(self.source, l) {
+            ExpertLayout::Fused => (
+                self.get(n(NemotronTensor::ExpertsUp(l)))?,
+                self.get(n(NemotronTensor::ExpertsDown(l)))?,
+            ),
+            _ => {
+                let up: Vec<TensorRole> = (0..m.num_experts)
+                    .map(|e| n(NemotronTensor::ExpertUp(l, e)))
+                    .collect();
+                let down: Vec<TensorRole> = (0..m.num_experts)
+                    .map(|e| n(NemotronTensor::ExpertDown(l, e)))
+                    .collect();
+                (self.get_stacked(&up)?, self.get_stacked(&down)?)
+            }
+        };
+        let shared = m.shared_expert_intermediate.is_some();
+        Ok(MoeWeights {
+            router,
+            experts_gate_up,
+            experts_down,
+            shared_gate_up: self.get_if(shared, n(NemotronTensor::SharedUp(l)))?,
+            shared_down: self.get_if(shared, n(NemotronTensor::SharedDown(l)))?,
+            shared_gate: DevicePtr::NULL,
+            correction_bias,
+        })
+    }
+
     /// Two stacks `[n, rows, cols]` interleaved along their first axis into `[n, 2 rows, cols]`:
     /// entry `j`'s rows of `a`, then its rows of `b` (the split layout's gate and up stacks as
     /// the kernels read every expert's gate|up).
@@ -1167,9 +1207,11 @@ fn load_inner(
     })
 }
 
-/// Nemotron-H: one norm and one mixer a layer (Mamba-2, attention without RoPE, or the squared-ReLU
-/// MLP), under its own names. The layer's one norm serves as both `input_norm` and `post_norm`
-/// (whichever block the layer has reads it); the MLP's up product goes in `gate_up`.
+/// Nemotron-H: one norm and one mixer a layer (Mamba-2, attention without RoPE, the squared-ReLU
+/// MLP, or the squared-ReLU experts), under its own names. The layer's one norm serves as both
+/// `input_norm` and `post_norm` (whichever block the layer has reads it); the MLP's up product
+/// goes in `gate_up`, the experts' up stack in [`MoeWeights::experts_gate_up`] and the shared
+/// expert's up in `shared_gate_up` (no gate: the activation is the block's).
 fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelError> {
     let n = TensorRole::NemotronH;
     let hybrid = c.hybrid.as_ref().expect("Nemotron-H has a layer pattern");
@@ -1205,10 +1247,14 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
                 w.gate_up = u.linear(&[n(NemotronTensor::Up(l))])?;
                 w.down = u.linear(&[n(NemotronTensor::Down(l))])?;
             }
+            (None, Some(Ffn::Sparse)) => {
+                let m = c.moe.as_ref().expect("an E layer has the config's experts");
+                w.moe = Some(u.nemotron_moe(m, l)?);
+            }
             _ => {
                 return Err(ModelError::Unsupported(format!(
-                    "Nemotron-H layer {l}: {layer:?} is not loaded (the engine runs Mamba-2, \
-                     attention and dense MLP layers)"
+                    "Nemotron-H layer {l}: {layer:?} is not loaded (its layers are Mamba-2, \
+                     attention, dense MLP or experts)"
                 )));
             }
         }

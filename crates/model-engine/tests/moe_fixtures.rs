@@ -310,3 +310,13 @@ fn a_tiny_qwen3_5_moe_follows_transformers() {
 fn a_tiny_nemotron_h_follows_transformers() {
     check("tiny-nemotron-h");
 }
+
+/// Nemotron-H with experts (tests/fixtures/tiny-nemotron-h-moe, "ME*M-E"): Nemotron-3-Nano's layer
+/// kinds, its squared-ReLU experts without a gate product (per-expert tensors, as save_pretrained
+/// writes them), its router (sigmoid, the top k chosen with the correction bias, renormalised,
+/// scaled by 2.5) and its ungated squared-ReLU shared expert, beside Mamba-2, attention and a dense
+/// MLP; each form of the experts (decode streams, grouped streams, grouped tensor cores).
+#[test]
+fn a_tiny_nemotron_h_with_experts_follows_transformers() {
+    check("tiny-nemotron-h-moe");
+}

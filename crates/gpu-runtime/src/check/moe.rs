@@ -32,7 +32,7 @@ pub(super) fn moe_cases(rng: &mut Rng) -> Vec<Case> {
 
 /// `rows` rows of `k` distinct experts of `experts`; `empty` slots (a -1 and an id past the
 /// experts, alternately) replace the last slots of the first rows.
-fn routed_ids(rng: &mut Rng, rows: u32, experts: u32, k: u32, empty: usize) -> Vec<i32> {
+pub(super) fn routed_ids(rng: &mut Rng, rows: u32, experts: u32, k: u32, empty: usize) -> Vec<i32> {
     let mut ids: Vec<i32> = (0..rows)
         .flat_map(|_| shuffled(rng, experts as usize).into_iter().take(k as usize))
         .collect();
@@ -43,18 +43,18 @@ fn routed_ids(rng: &mut Rng, rows: u32, experts: u32, k: u32, empty: usize) -> V
 }
 
 /// Routing weights in (0, 1].
-fn routed_weights(rng: &mut Rng, n: usize) -> Vec<f32> {
+pub(super) fn routed_weights(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| 1.0 - rng.uniform()).collect()
 }
 
-fn input(init: impl Into<Init>) -> Buffer {
+pub(super) fn input(init: impl Into<Init>) -> Buffer {
     Buffer {
         init: init.into(),
         output: None,
     }
 }
 
-fn output(init: Vec<u8>, kind: OutputKind) -> Buffer {
+pub(super) fn output(init: Vec<u8>, kind: OutputKind) -> Buffer {
     Buffer {
         init: init.into(),
         output: Some(kind),

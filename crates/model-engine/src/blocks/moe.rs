@@ -3,8 +3,9 @@
 //!
 //! `x = norm(h)`; router logits `x · Wrouterᵀ` (f32); the top k experts per token and their
 //! weights (`moe_route`: softmax or sigmoid scores, renormalised, scaled); every selected
-//! expert's gate|up product with SiLU x up (`moe_gemv_swiglu`); the down products weighted and
-//! summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
+//! expert's first product with its activation (`moe_gemv_swiglu`: gate|up with SiLU x up, or
+//! `moe_gemv_relu2`: up with squared ReLU, Nemotron-H's ungated experts); the down products
+//! weighted and summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
 //! weights: the decode shape. Steps of at least the tuning's `moe_grouped_min_rows` tokens group
 //! the assignments by expert instead (`moe_group`), run each expert's rows as one product
 //! (`moe_gemm_swiglu`, `moe_gemm_down` on tensor cores from `moe_tensor_core_min_rows` tokens;
@@ -14,20 +15,26 @@
 //! output rounded to bf16 as transformers rounds it) and combine them with the routing weights
 //! (`moe_combine`).
 //!
-//! A shared expert (Qwen2-MoE) is a dense SwiGLU MLP every token takes, run by the ordinary
-//! products between the routing and the experts' down launch: its gate|up with SiLU x up, its
-//! down (bf16, rounded as transformers rounds the shared expert's output), and its gate logit
-//! `x · g` (an f32 product of one column). The down launch of either path (`moe_gemv_down`,
-//! `moe_combine`) adds `sigmoid(logit) * shared` to the routed sum in f32 before its one rounding.
+//! The activation ([`MlpActivation`], the spec's) is a property of the block: it picks the four
+//! forms of the first product (`_swiglu` or `_relu2` entries, one CUDA template each) and the
+//! shared expert's form; routing, grouping, down products and combine are the same launches.
+//!
+//! A shared expert is a dense MLP every token takes, run by the ordinary products between the
+//! routing and the experts' down launch: Qwen2-MoE's SwiGLU one (gate|up with SiLU x up, its
+//! down, and its gate logit `x · g`, an f32 product of one column), or Nemotron-H's ungated
+//! squared-ReLU one (up, `relu2_bf16`, down); its down output bf16, rounded as transformers rounds
+//! the shared expert's output. The down launch of either path (`moe_gemv_down`, `moe_combine`)
+//! adds `sigmoid(logit) * shared` (or `shared`, ungated) to the routed sum in f32 before its one
+//! rounding.
 
-use metrale_config::RouterKind;
+use metrale_config::{MlpActivation, RouterKind};
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
-    MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaSwiglu, MoeRoute,
-    MoeScoring,
+    MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2,
+    MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu,
+    MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, Relu2,
 };
 
 use super::{Arena, Block, Step};
@@ -42,16 +49,92 @@ use crate::weights::MoeWeights;
 #[derive(Clone, Copy, Debug)]
 struct Kernels {
     route: KernelHandle,
-    gate_up: KernelHandle,
+    first: FirstProduct,
     down: KernelHandle,
     group: KernelHandle,
-    gemm_gate_up: KernelHandle,
     gemm_down: KernelHandle,
-    stream_gate_up: KernelHandle,
     stream_down: KernelHandle,
-    mma_gate_up: KernelHandle,
     mma_down: KernelHandle,
     combine: KernelHandle,
+    /// `relu2_bf16`, for a squared-ReLU shared expert.
+    relu2: KernelHandle,
+}
+
+/// The experts' first product in the activation's four forms: the decode launch, and the grouped
+/// tensor-core tiles, weight streams and tensor-core weight streams. Each takes the SwiGLU
+/// entries' arguments (the `_relu2` entries' are the same fields) and launches the activation's
+/// entry with its own launch geometry.
+#[derive(Clone, Copy, Debug)]
+struct FirstProduct {
+    activation: MlpActivation,
+    decode: KernelHandle,
+    gemm: KernelHandle,
+    stream: KernelHandle,
+    mma: KernelHandle,
+}
+
+impl FirstProduct {
+    fn new(gpu: &dyn GpuBackend, activation: MlpActivation) -> Result<Self, ModelError> {
+        let names = match activation {
+            MlpActivation::SwiGlu => [
+                MoeGemvSwiglu::NAME,
+                MoeGemmSwiglu::NAME,
+                MoeGroupedGemvSwiglu::NAME,
+                MoeGroupedMmaSwiglu::NAME,
+            ],
+            MlpActivation::Relu2 => [
+                MoeGemvRelu2::NAME,
+                MoeGemmRelu2::NAME,
+                MoeGroupedGemvRelu2::NAME,
+                MoeGroupedMmaRelu2::NAME,
+            ],
+        };
+        Ok(FirstProduct {
+            activation,
+            decode: gpu.kernel(names[0])?,
+            gemm: gpu.kernel(names[1])?,
+            stream: gpu.kernel(names[2])?,
+            mma: gpu.kernel(names[3])?,
+        })
+    }
+
+    fn decode(&self, l: &Launcher, a: MoeGemvSwiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => l.launch(self.decode, "experts", &a),
+            MlpActivation::Relu2 => l.launch(self.decode, "experts", &MoeGemvRelu2::from(a)),
+        }
+    }
+
+    fn gemm(&self, l: &Launcher, a: MoeGemmSwiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => l.launch(self.gemm, "experts", &a),
+            MlpActivation::Relu2 => l.launch(self.gemm, "experts", &MoeGemmRelu2::from(a)),
+        }
+    }
+
+    fn stream(&self, l: &Launcher, a: MoeGemmSwiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => {
+                l.launch(self.stream, "experts", &MoeGroupedGemvSwiglu::from(a))
+            }
+            MlpActivation::Relu2 => l.launch(
+                self.stream,
+                "experts",
+                &MoeGroupedGemvRelu2::from(MoeGemmRelu2::from(a)),
+            ),
+        }
+    }
+
+    fn mma(&self, l: &Launcher, a: MoeGemmSwiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => l.launch(self.mma, "experts", &MoeGroupedMmaSwiglu::from(a)),
+            MlpActivation::Relu2 => l.launch(
+                self.mma,
+                "experts",
+                &MoeGroupedMmaRelu2::from(MoeGemmRelu2::from(a)),
+            ),
+        }
+    }
 }
 
 /// Buffers every MoE block of a step shares (the model's sparse layers have one shape).
@@ -73,8 +156,9 @@ struct Scratch {
     sorted: DevicePtr,
     y: DevicePtr,
     /// The shared expert's, null without one: bf16 `[tokens, 2 * shared_intermediate]` gate|up
-    /// where SiLU x up runs in a launch of its own, bf16 `[tokens, shared_intermediate]`
-    /// activations, bf16 `[tokens, hidden]` output, f32 `[tokens]` gate logits.
+    /// where SiLU x up runs in a launch of its own (a squared-ReLU expert's up product), bf16
+    /// `[tokens, shared_intermediate]` activations, bf16 `[tokens, hidden]` output, f32
+    /// `[tokens]` gate logits.
     shared_gate_up: DevicePtr,
     shared_act: DevicePtr,
     shared_out: DevicePtr,
@@ -99,16 +183,14 @@ impl Shared {
     ) -> Result<Shared, ModelError> {
         let kernels = Kernels {
             route: gpu.kernel(MoeRoute::NAME)?,
-            gate_up: gpu.kernel(MoeGemvSwiglu::NAME)?,
+            first: FirstProduct::new(gpu, spec.activation)?,
             down: gpu.kernel(MoeGemvDown::NAME)?,
             group: gpu.kernel(MoeGroup::NAME)?,
-            gemm_gate_up: gpu.kernel(MoeGemmSwiglu::NAME)?,
             gemm_down: gpu.kernel(MoeGemmDown::NAME)?,
-            stream_gate_up: gpu.kernel(MoeGroupedGemvSwiglu::NAME)?,
             stream_down: gpu.kernel(MoeGroupedGemvDown::NAME)?,
-            mma_gate_up: gpu.kernel(MoeGroupedMmaSwiglu::NAME)?,
             mma_down: gpu.kernel(MoeGroupedMmaDown::NAME)?,
             combine: gpu.kernel(MoeCombine::NAME)?,
+            relu2: gpu.kernel(Relu2::NAME)?,
         };
         let (t, k) = (max_tokens, spec.top_k);
         let si = spec.shared_intermediate.unwrap_or(0);
@@ -153,7 +235,8 @@ impl Shared {
 pub(crate) struct Moe {
     norm: RmsNorm,
     router: Linear,
-    /// bf16 `[experts, 2 * intermediate, hidden]`.
+    /// bf16 `[experts, 2 * intermediate, hidden]` (SwiGLU), or `[experts, intermediate, hidden]`
+    /// (squared ReLU: the up rows only).
     experts_gate_up: DevicePtr,
     /// bf16 `[experts, hidden, intermediate]`.
     experts_down: DevicePtr,
@@ -164,14 +247,25 @@ pub(crate) struct Moe {
     hidden: u32,
 }
 
-/// The shared expert's products (Qwen2-MoE).
-struct SharedExpert {
-    /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)`, bf16 `[rows, shared_intermediate]`.
-    gate_up: SwigluLinear,
-    /// `out = act · Wdownᵀ`, bf16 `[rows, hidden]`.
-    down: Linear,
-    /// The gate's logit `x · g`, f32 `[rows]` (one output column).
-    gate: Linear,
+/// The shared expert's products, in the block's activation.
+enum SharedExpert {
+    /// Qwen2-MoE's, behind a sigmoid gate.
+    SwiGlu {
+        /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)`, bf16 `[rows, shared_intermediate]`.
+        gate_up: SwigluLinear,
+        /// `out = act · Wdownᵀ`, bf16 `[rows, hidden]`.
+        down: Linear,
+        /// The gate's logit `x · g`, f32 `[rows]` (one output column).
+        gate: Linear,
+    },
+    /// Nemotron-H's, ungated.
+    Relu2 {
+        /// `x · Wupᵀ`, bf16 `[rows, shared_intermediate]`; `relu2_bf16` makes the activations.
+        up: Linear,
+        /// `out = act · Wdownᵀ`, bf16 `[rows, hidden]`.
+        down: Linear,
+        inter: u32,
+    },
 }
 
 impl Moe {
@@ -185,32 +279,46 @@ impl Moe {
         let experts = shared.spec.experts as u32;
         let shared_expert = shared.spec.shared_intermediate.map(|si| {
             let si = si as u32;
-            SharedExpert {
-                gate_up: SwigluLinear {
-                    gate_up: Linear::new(
-                        "shared_gate_up",
-                        w.shared_gate_up,
+            let down = Linear::new(
+                "shared_down",
+                w.shared_down,
+                DevicePtr::NULL,
+                (hidden, si),
+                linear,
+            );
+            match shared.spec.activation {
+                MlpActivation::SwiGlu => SharedExpert::SwiGlu {
+                    gate_up: SwigluLinear {
+                        gate_up: Linear::new(
+                            "shared_gate_up",
+                            w.shared_gate_up,
+                            DevicePtr::NULL,
+                            (2 * si, hidden),
+                            linear,
+                        ),
+                        inter: si,
+                        scratch: shared.scratch.shared_gate_up,
+                    },
+                    down,
+                    gate: Linear::new(
+                        "shared_gate",
+                        w.shared_gate,
                         DevicePtr::NULL,
-                        (2 * si, hidden),
+                        (1, hidden),
                         linear,
                     ),
-                    inter: si,
-                    scratch: shared.scratch.shared_gate_up,
                 },
-                down: Linear::new(
-                    "shared_down",
-                    w.shared_down,
-                    DevicePtr::NULL,
-                    (hidden, si),
-                    linear,
-                ),
-                gate: Linear::new(
-                    "shared_gate",
-                    w.shared_gate,
-                    DevicePtr::NULL,
-                    (1, hidden),
-                    linear,
-                ),
+                MlpActivation::Relu2 => SharedExpert::Relu2 {
+                    up: Linear::new(
+                        "shared_up",
+                        w.shared_gate_up,
+                        DevicePtr::NULL,
+                        (si, hidden),
+                        linear,
+                    ),
+                    down,
+                    inter: si,
+                },
             }
         });
         Moe {
@@ -253,23 +361,41 @@ impl Moe {
 
 impl Moe {
     /// The shared expert's output and gate logits for the down launch's epilogue (computed by
-    /// [`Moe::run_shared_expert`]), or nulls without one.
+    /// [`Moe::run_shared_expert`]; a null gate for an ungated one), or nulls without one.
     fn shared_term(&self) -> (DevicePtr, DevicePtr) {
         let sc = &self.shared.scratch;
         match self.shared_expert {
-            Some(_) => (sc.shared_out, sc.shared_logit),
+            Some(SharedExpert::SwiGlu { .. }) => (sc.shared_out, sc.shared_logit),
+            Some(SharedExpert::Relu2 { .. }) => (sc.shared_out, DevicePtr::NULL),
             None => (DevicePtr::NULL, DevicePtr::NULL),
         }
     }
 
     /// The shared expert's products on the normalised rows `x`, if the layer has one.
     fn run_shared_expert(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
-        let (Some(se), sc) = (&self.shared_expert, &self.shared.scratch) else {
-            return Ok(());
-        };
-        se.gate_up.run(l, sc.shared_act, x, rows)?;
-        se.down.run(l, sc.shared_out, sc.shared_act, rows, false)?;
-        se.gate.run_f32(l, sc.shared_logit, x, rows)
+        let sc = &self.shared.scratch;
+        match &self.shared_expert {
+            None => Ok(()),
+            Some(SharedExpert::SwiGlu {
+                gate_up,
+                down,
+                gate,
+            }) => {
+                gate_up.run(l, sc.shared_act, x, rows)?;
+                down.run(l, sc.shared_out, sc.shared_act, rows, false)?;
+                gate.run_f32(l, sc.shared_logit, x, rows)
+            }
+            Some(SharedExpert::Relu2 { up, down, inter }) => {
+                up.run(l, sc.shared_gate_up, x, rows, false)?;
+                let act = Relu2 {
+                    out: sc.shared_act,
+                    x: sc.shared_gate_up,
+                    n: rows * inter,
+                };
+                l.launch(self.shared.kernels.relu2, "relu2", &act)?;
+                down.run(l, sc.shared_out, sc.shared_act, rows, false)
+            }
+        }
     }
 
     /// The decode form: every (row, slot) pair reads its expert's weights.
@@ -295,7 +421,7 @@ impl Moe {
             inter,
             hidden: self.hidden,
         };
-        l.launch(kernels.gate_up, "experts", &gate_up)?;
+        kernels.first.decode(l, gate_up)?;
         let (shared, shared_gate) = self.shared_term();
         let down = MoeGemvDown {
             out: sc.out,
@@ -358,21 +484,13 @@ impl Moe {
             inter,
         };
         if rows >= l.tuning.moe_tensor_core_min_rows {
-            l.launch(kernels.gemm_gate_up, "experts", &gate_up)?;
+            kernels.first.gemm(l, gate_up)?;
             l.launch(kernels.gemm_down, "experts", &down)?;
         } else if l.tuning.moe_grouped_mma {
-            l.launch(
-                kernels.mma_gate_up,
-                "experts",
-                &MoeGroupedMmaSwiglu::from(gate_up),
-            )?;
+            kernels.first.mma(l, gate_up)?;
             l.launch(kernels.mma_down, "experts", &MoeGroupedMmaDown::from(down))?;
         } else {
-            l.launch(
-                kernels.stream_gate_up,
-                "experts",
-                &MoeGroupedGemvSwiglu::from(gate_up),
-            )?;
+            kernels.first.stream(l, gate_up)?;
             l.launch(
                 kernels.stream_down,
                 "experts",
