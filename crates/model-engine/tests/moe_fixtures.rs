@@ -17,7 +17,7 @@ use std::sync::Arc;
 use metrale_cache::BlockTable;
 use metrale_gpu_runtime::{GpuBackend, HostBackend};
 use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning};
-use metrale_model_weights::SafetensorsCheckpoint;
+use metrale_model_weights::{HostTensor, SafetensorsCheckpoint, WeightError, WeightSource};
 
 /// A step's reference: transformers' greedy choice, its top-2 margin and the logits.
 struct Step {
@@ -70,10 +70,16 @@ struct Run {
 }
 
 fn run(name: &str, tuning: Tuning) -> Run {
+    let (dir, ..) = fixture(name);
+    let source = SafetensorsCheckpoint::open(&dir).expect("the fixture's weights");
+    run_on(name, &source, tuning)
+}
+
+/// [`run`] on the fixture's config with the weights of `source`.
+fn run_on(name: &str, source: &dyn WeightSource, tuning: Tuning) -> Run {
     let (dir, prompt, steps) = fixture(name);
     let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let config = metrale_config::from_config_json(&text).expect("the fixture's config");
-    let source = SafetensorsCheckpoint::open(&dir).expect("the fixture's weights");
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
     let options = ModelOptions {
         kv_cache: Default::default(),
@@ -85,7 +91,7 @@ fn run(name: &str, tuning: Tuning) -> Run {
         block_size: 16,
         state_slots: 1,
     };
-    let mut model = Model::load(config, &source, gpu, options, tuning, &mut |_, _, _| {})
+    let mut model = Model::load(config, source, gpu, options, tuning, &mut |_, _, _| {})
         .expect("the fixture loads");
     model.set_routing_capture(true).expect("routing capture");
     let table = BlockTable {
@@ -319,4 +325,104 @@ fn a_tiny_nemotron_h_follows_transformers() {
 #[test]
 fn a_tiny_nemotron_h_with_experts_follows_transformers() {
     check("tiny-nemotron-h-moe");
+}
+
+/// A Nemotron-H checkpoint's per-expert tensors (`backbone.layers.{l}.mixer.experts.{e}.up_proj.
+/// weight`, ...) shown only as transformers 5's stacks (`model.layers.{l}.mixer.experts.up_proj`
+/// `[experts, inter, hidden]`, `down_proj` `[experts, hidden, inter]`), the names and layout its
+/// NemotronHExperts holds.
+struct StackedExperts {
+    inner: SafetensorsCheckpoint,
+    experts: usize,
+}
+
+impl StackedExperts {
+    /// The layer and projection of a stack's name.
+    fn stack(name: &str) -> Option<(usize, &str)> {
+        let rest = name
+            .strip_prefix("model.layers.")
+            .or_else(|| name.strip_prefix("backbone.layers."))?;
+        let (l, proj) = rest.split_once(".mixer.experts.")?;
+        matches!(proj, "up_proj" | "down_proj").then_some((l.parse().ok()?, proj))
+    }
+
+    fn expert(l: usize, e: usize, proj: &str) -> String {
+        format!("backbone.layers.{l}.mixer.experts.{e}.{proj}.weight")
+    }
+}
+
+impl WeightSource for StackedExperts {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        if let Some((l, proj)) = Self::stack(name) {
+            let one = self.inner.shape(&Self::expert(l, 0, proj))?;
+            return Some([vec![self.experts], one].concat());
+        }
+        if name.contains(".mixer.experts.") {
+            return None; // no per-expert tensors
+        }
+        self.inner.shape(name)
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        let Some((l, proj)) = Self::stack(name) else {
+            return self.inner.load(name);
+        };
+        let mut data = Vec::new();
+        for e in 0..self.experts {
+            data.extend(self.inner.load(&Self::expert(l, e, proj))?.data);
+        }
+        Ok(HostTensor {
+            shape: self.shape(name).expect("a stack"),
+            data,
+        })
+    }
+
+    fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
+        match Self::stack(name) {
+            Some(_) => {
+                let t = self.load(name)?;
+                Ok((t.shape, t.data.iter().map(|v| v.to_f32()).collect()))
+            }
+            None => self.inner.load_f32(name),
+        }
+    }
+
+    fn describe(&self) -> String {
+        "tiny-nemotron-h-moe, its experts stacked".into()
+    }
+}
+
+/// The stacked layout of Nemotron-H's experts (transformers 5's `experts.up_proj` /
+/// `experts.down_proj`) loads to the same model as the per-expert tensors the fixture holds: the
+/// same logits, bit for bit, in every step and every form of the experts.
+#[test]
+fn nemotron_h_experts_stacked_load_as_the_per_expert_tensors() {
+    let name = "tiny-nemotron-h-moe";
+    let (dir, ..) = fixture(name);
+    let stacked = StackedExperts {
+        inner: SafetensorsCheckpoint::open(&dir).expect("the fixture's weights"),
+        experts: 8,
+    };
+    assert_eq!(
+        stacked.shape("model.layers.1.mixer.experts.up_proj"),
+        Some(vec![8, 32, 128])
+    );
+    assert_eq!(
+        stacked.shape("backbone.layers.1.mixer.experts.0.up_proj.weight"),
+        None
+    );
+    for tensor_cores in [false, true] {
+        let tuning = || {
+            let mut t = Tuning::hopper().unwrap();
+            if tensor_cores {
+                t.set("moe_grouped_min_rows", "2").unwrap();
+                t.set("moe_tensor_core_min_rows", "2").unwrap();
+            }
+            t
+        };
+        let want = run(name, tuning());
+        let got = run_on(name, &stacked, tuning());
+        assert_eq!(got.steps, want.steps, "tensor cores {tensor_cores}");
+        assert_eq!(got.experts, want.experts, "tensor cores {tensor_cores}");
+    }
 }

@@ -572,6 +572,32 @@ fn a_tiny_minimax_m2_prefills_and_decodes_alike() {
     moe_prefill_and_decode_agree(&c);
 }
 
+/// A tiny Nemotron-H with experts, "E*E-" (squared-ReLU experts without a gate product, 8 of them,
+/// top 2 by sigmoid scores plus the correction bias, renormalised and scaled by 2.5, an ungated
+/// squared-ReLU shared expert; attention without RoPE; a dense squared-ReLU MLP; no Mamba-2
+/// layer, so no recurrent state) on the host, prefill against decode in every form of the
+/// experts.
+#[test]
+fn a_tiny_nemotron_h_with_experts_prefills_and_decodes_alike() {
+    let c = metrale_config::from_config_json(
+        r#"{"model_type": "nemotron_h", "hidden_size": 256, "intermediate_size": 192,
+            "hybrid_override_pattern": "E*E-", "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "mamba_num_heads": 16, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+            "conv_kernel": 4, "expand": 2, "use_conv_bias": true, "mamba_hidden_act": "silu",
+            "chunk_size": 128, "mlp_hidden_act": "relu2", "mlp_bias": false, "use_bias": false,
+            "layer_norm_epsilon": 1e-5, "vocab_size": 320, "max_position_embeddings": 256,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+            "moe_shared_expert_intermediate_size": 96, "n_group": 1, "topk_group": 1,
+            "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+            "tie_word_embeddings": false}"#,
+    )
+    .expect("a valid config");
+    let m = c.moe.as_ref().expect("a MoE config");
+    assert_eq!((m.num_experts, m.top_k, m.routed_scaling), (8, 2, 2.5));
+    moe_prefill_and_decode_agree(&c);
+}
+
 /// [`Random`]'s weights with every router correction bias zero.
 struct WithoutCorrectionBias(Random);
 
