@@ -144,5 +144,25 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("nemotron_h", 4096)).unwrap().target.path(),
         "hopper/nemotron_h/bf16"
     );
+    // Nemotron-3-Nano (hidden 2688) too, and its leaf holds what its layers launch: Mamba-2, the
+    // squared ReLU, and the experts' module with its squared-ReLU entries.
+    let nano = pick(TARGETS, &q("nemotron_h", 2688)).unwrap();
+    assert_eq!(nano.target.path(), "hopper/nemotron_h/bf16");
+    for module in ["mamba2", "activation", "moe", "gemm", "gemv"] {
+        assert!(nano.module(module).is_some(), "nemotron_h lacks {module}");
+    }
+    for k in [
+        names::moe::MOE_ROUTE,
+        names::moe::MOE_GEMV_RELU2,
+        names::moe::MOE_GROUPED_GEMV_RELU2,
+        names::moe::MOE_GROUPED_MMA_RELU2,
+        names::moe::MOE_GEMM_RELU2,
+        names::moe::MOE_GEMV_DOWN,
+        names::moe::MOE_COMBINE,
+        names::activation::RELU2_BF16,
+    ] {
+        assert!(ALL_KERNELS.contains(&k), "{k}");
+        assert!(nano.module(k.module).is_some(), "{k}");
+    }
     assert!(pick(TARGETS, &q("mamba", 768)).is_err());
 }
