@@ -14,7 +14,7 @@ use metrale_kernels::{Kernel, KernelAbi};
 use crate::{GemmOp, GpuBackend, GpuError};
 
 mod moe;
-pub use moe::{MoeShape, QWEN3_30B_A3B_EXPERTS, moe_cases};
+pub use moe::{MoeShape, NEMOTRON_3_NANO_EXPERTS, QWEN3_30B_A3B_EXPERTS, moe_cases};
 
 /// Builds a launch from the case's device buffers.
 type BuildLaunch = Box<dyn Fn(&[DevicePtr]) -> (LaunchConfig, Vec<KernelArg>)>;
@@ -1234,9 +1234,17 @@ mod tests {
             inter: 40,
             experts: 12,
             k: 3,
+            activation: metrale_kernels::ops::ExpertActivation::SwiGlu,
         };
         let mut cases = model_cases(&tiny, &[33]);
         cases.extend(moe_cases(&tiny_experts, &[33]));
+        cases.extend(moe_cases(
+            &MoeShape {
+                activation: metrale_kernels::ops::ExpertActivation::Relu2,
+                ..tiny_experts
+            },
+            &[33],
+        ));
         let stream = gpu.default_stream();
         for case in &cases {
             let handle = gpu.kernel(case.kernel).unwrap();

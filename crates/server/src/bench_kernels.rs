@@ -7,12 +7,15 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use metrale_gpu_runtime::CudaBackend;
-use metrale_gpu_runtime::bench::{self, QWEN3_0_6B, QWEN3_8B, QWEN3_30B_A3B_EXPERTS};
+use metrale_gpu_runtime::bench::{
+    self, NEMOTRON_3_NANO_EXPERTS, QWEN3_0_6B, QWEN3_8B, QWEN3_30B_A3B_EXPERTS,
+};
 
 /// Options of `met bench-kernels`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: qwen3-8b or qwen3-0.6b, or qwen3-30b-a3b (its MoE kernels only).
+    /// Model shape: qwen3-8b or qwen3-0.6b, or qwen3-30b-a3b or nemotron-3-nano-30b-a3b (their
+    /// MoE kernels only).
     #[arg(long, default_value = "qwen3-8b")]
     shape: String,
     /// Prefill lengths for the GEMM and prefill-attention rows (comma-separated).
@@ -48,7 +51,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             QWEN3_30B_A3B_EXPERTS.name,
             bench::moe_cases(&QWEN3_30B_A3B_EXPERTS, &args.prefill),
         ),
-        other => bail!("unknown --shape {other}; known: qwen3-8b, qwen3-0.6b, qwen3-30b-a3b"),
+        "nemotron-3-nano-30b-a3b" => (
+            NEMOTRON_3_NANO_EXPERTS.name,
+            bench::moe_cases(&NEMOTRON_3_NANO_EXPERTS, &args.prefill),
+        ),
+        other => bail!(
+            "unknown --shape {other}; known: qwen3-8b, qwen3-0.6b, qwen3-30b-a3b, \
+             nemotron-3-nano-30b-a3b"
+        ),
     };
     let target = match &args.kernel_target {
         Some(pin) => metrale_kernels::TARGETS

@@ -9,8 +9,9 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
-    MoeGroupedMmaDown, MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert,
+    ExpertActivation, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
+    MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedMmaDown, MoeGroupedMmaRelu2,
+    MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert,
 };
 
 use super::{BenchCase, i32_bytes, launch_of};
@@ -28,6 +29,8 @@ pub struct MoeShape {
     pub experts: u32,
     /// Experts a token takes.
     pub k: u32,
+    /// The experts' first product: SwiGLU (gate|up) or squared ReLU (up only).
+    pub activation: ExpertActivation,
 }
 
 /// Qwen3-30B-A3B's experts.
@@ -37,7 +40,33 @@ pub const QWEN3_30B_A3B_EXPERTS: MoeShape = MoeShape {
     inter: 768,
     experts: 128,
     k: 8,
+    activation: ExpertActivation::SwiGlu,
 };
+
+/// NVIDIA-Nemotron-3-Nano-30B-A3B's experts (squared ReLU, no gate product; its router sigmoid).
+pub const NEMOTRON_3_NANO_EXPERTS: MoeShape = MoeShape {
+    name: "nemotron-3-nano-30b-a3b",
+    hidden: 2688,
+    inter: 1856,
+    experts: 128,
+    k: 6,
+    activation: ExpertActivation::Relu2,
+};
+
+impl MoeShape {
+    /// Weight rows an expert's first product reads per activation column.
+    fn first_rows(&self) -> u64 {
+        self.activation.rows_per_column() as u64
+    }
+
+    /// The first product's label.
+    fn first_label(&self) -> &'static str {
+        match self.activation {
+            ExpertActivation::SwiGlu => "gate_up+silu*mul",
+            ExpertActivation::Relu2 => "up+relu2",
+        }
+    }
+}
 
 /// The uploaded routing of `rows` rows: `(r * k + s) % experts`.
 fn spread_ids(s: &MoeShape, rows: u32) -> Vec<i32> {
@@ -51,6 +80,10 @@ fn touched(s: &MoeShape, rows: u32) -> u64 {
 
 fn route_case(s: &MoeShape, rows: u32) -> BenchCase {
     let (e, k) = (s.experts, s.k);
+    let scoring = match s.activation {
+        ExpertActivation::SwiGlu => MoeScoring::Softmax,
+        ExpertActivation::Relu2 => MoeScoring::Sigmoid,
+    };
     BenchCase {
         kernel: MoeRoute::NAME,
         label: format!("{} moe route rows={rows} experts={e} k={k}", s.name),
@@ -72,7 +105,7 @@ fn route_case(s: &MoeShape, rows: u32) -> BenchCase {
                 rows,
                 experts: e,
                 k,
-                scoring: MoeScoring::Softmax,
+                scoring,
                 renormalize: 1,
                 scale: 1.0,
             })
@@ -80,30 +113,34 @@ fn route_case(s: &MoeShape, rows: u32) -> BenchCase {
     }
 }
 
-/// The decode gate|up launch at `rows` rows: bytes are the touched experts' gate|up weights, the
-/// input rows and the activations.
-fn gemv_swiglu_case(s: &MoeShape, rows: u32) -> BenchCase {
-    let (h, i, e, k) = (s.hidden, s.inter, s.experts, s.k);
-    let n = u64::from(rows * k);
+/// The decode first launch (gate|up, or up alone) at `rows` rows: bytes are the touched experts'
+/// first-product weights, the input rows and the activations.
+fn gemv_first_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (h, i, e, k, activation) = (s.hidden, s.inter, s.experts, s.k, s.activation);
+    let (n, r) = (u64::from(rows * k), s.first_rows());
     BenchCase {
-        kernel: MoeGemvSwiglu::NAME,
+        kernel: match activation {
+            ExpertActivation::SwiGlu => MoeGemvSwiglu::NAME,
+            ExpertActivation::Relu2 => MoeGemvRelu2::NAME,
+        },
         label: format!(
-            "{} moe gate_up+silu*mul m={rows} k={k} inter={i} hidden={h}",
-            s.name
+            "{} moe {} m={rows} k={k} inter={i} hidden={h}",
+            s.name,
+            s.first_label()
         ),
-        bytes: touched(s, rows) * 2 * u64::from(i) * u64::from(h) * 2
+        bytes: touched(s, rows) * r * u64::from(i) * u64::from(h) * 2
             + u64::from(rows) * u64::from(h) * 2
             + n * u64::from(i) * 2,
-        flops: 2 * n * 2 * u64::from(i) * u64::from(h),
+        flops: 2 * n * r * u64::from(i) * u64::from(h),
         buffers: vec![
             ((n * u64::from(i)) as usize * 2, 0),
             (rows as usize * h as usize * 2, 0x3C),
-            (e as usize * 2 * i as usize * h as usize * 2, 0x3C),
+            (e as usize * r as usize * i as usize * h as usize * 2, 0x3C),
         ],
         uploads: vec![i32_bytes(&spread_ids(s, rows))],
         library_gemm: None,
         build: Box::new(move |p| {
-            launch_of(MoeGemvSwiglu {
+            let args = MoeGemvSwiglu {
                 act: p[0],
                 x: p[1],
                 w: p[2],
@@ -113,7 +150,11 @@ fn gemv_swiglu_case(s: &MoeShape, rows: u32) -> BenchCase {
                 experts: e,
                 inter: i,
                 hidden: h,
-            })
+            };
+            match activation {
+                ExpertActivation::SwiGlu => launch_of(args),
+                ExpertActivation::Relu2 => launch_of(MoeGemvRelu2::from(args)),
+            }
         }),
     }
 }
@@ -172,7 +213,8 @@ enum Grouped {
 /// A grouped step at `tokens` rows: the grouping, both grouped products (over a grouping made on
 /// the host and uploaded) in `form`, and the combine.
 fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
-    let (h, i, e, k) = (s.hidden, s.inter, s.experts, s.k);
+    let (h, i, e, k, activation) = (s.hidden, s.inter, s.experts, s.k, s.activation);
+    let r = s.first_rows();
     let n = tokens * k;
     let n64 = u64::from(n);
     let ids = spread_ids(s, tokens);
@@ -199,18 +241,22 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
             }),
         },
         BenchCase {
-            kernel: MoeGemmSwiglu::NAME,
+            kernel: match activation {
+                ExpertActivation::SwiGlu => MoeGemmSwiglu::NAME,
+                ExpertActivation::Relu2 => MoeGemmRelu2::NAME,
+            },
             label: format!(
-                "{} moe grouped{} gate_up+silu*mul tokens={tokens}",
+                "{} moe grouped{} {} tokens={tokens}",
                 s.name,
-                if form == Grouped::Mma { " mma" } else { "" }
+                if form == Grouped::Mma { " mma" } else { "" },
+                s.first_label()
             ),
-            bytes: 2 * expert_bytes + u64::from(tokens) * u64::from(h) * 2 + n64 * u64::from(i) * 2,
-            flops: 2 * n64 * 2 * u64::from(i) * u64::from(h),
+            bytes: r * expert_bytes + u64::from(tokens) * u64::from(h) * 2 + n64 * u64::from(i) * 2,
+            flops: 2 * n64 * r * u64::from(i) * u64::from(h),
             buffers: vec![
                 (n as usize * i as usize * 2, 0),
                 (tokens as usize * h as usize * 2, 0x3C),
-                (e as usize * 2 * i as usize * h as usize * 2, 0x3C),
+                (e as usize * r as usize * i as usize * h as usize * 2, 0x3C),
             ],
             uploads: vec![offsets_up.clone(), sorted_up.clone()],
             library_gemm: None,
@@ -226,9 +272,17 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
                     inter: i,
                     hidden: h,
                 };
-                match form {
-                    Grouped::Tiles => launch_of(args),
-                    Grouped::Mma => launch_of(MoeGroupedMmaSwiglu::from(args)),
+                match (form, activation) {
+                    (Grouped::Tiles, ExpertActivation::SwiGlu) => launch_of(args),
+                    (Grouped::Mma, ExpertActivation::SwiGlu) => {
+                        launch_of(MoeGroupedMmaSwiglu::from(args))
+                    }
+                    (Grouped::Tiles, ExpertActivation::Relu2) => {
+                        launch_of(MoeGemmRelu2::from(args))
+                    }
+                    (Grouped::Mma, ExpertActivation::Relu2) => launch_of(
+                        MoeGroupedMmaRelu2::from(MoeGemmRelu2::from(args)),
+                    ),
                 }
             }),
         },
@@ -301,7 +355,7 @@ pub fn moe_cases(s: &MoeShape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     let mut out = Vec::new();
     for rows in [1u32, 8, 32, 64] {
         out.push(route_case(s, rows));
-        out.push(gemv_swiglu_case(s, rows));
+        out.push(gemv_first_case(s, rows));
         out.push(gemv_down_case(s, rows));
     }
     // Decode batches from moe_grouped_min_rows: the mma weight streams.
