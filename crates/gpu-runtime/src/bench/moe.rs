@@ -280,9 +280,9 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
                     (Grouped::Tiles, ExpertActivation::Relu2) => {
                         launch_of(MoeGemmRelu2::from(args))
                     }
-                    (Grouped::Mma, ExpertActivation::Relu2) => launch_of(
-                        MoeGroupedMmaRelu2::from(MoeGemmRelu2::from(args)),
-                    ),
+                    (Grouped::Mma, ExpertActivation::Relu2) => {
+                        launch_of(MoeGroupedMmaRelu2::from(MoeGemmRelu2::from(args)))
+                    }
                 }
             }),
         },

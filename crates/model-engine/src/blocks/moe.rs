@@ -32,9 +32,9 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2,
-    MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu,
-    MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, Relu2,
+    MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu,
+    MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
+    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, Relu2,
 };
 
 use super::{Arena, Block, Step};

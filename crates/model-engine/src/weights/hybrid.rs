@@ -838,7 +838,10 @@ mod tests {
             let err = load_error(NEMOTRON_3_NANO, table);
             assert!(err.contains(want), "{err}");
         }
-        let err = load_error(NEMOTRON_3_NANO, nemotron_nano_as_written("backbone.", false));
+        let err = load_error(
+            NEMOTRON_3_NANO,
+            nemotron_nano_as_written("backbone.", false),
+        );
         assert!(err.contains("backbone.embeddings.weight"), "{err}");
         let err = load_error(NEMOTRON_3_NANO, Table::new());
         assert!(!err.contains(want), "{err}");

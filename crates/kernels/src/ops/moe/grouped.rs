@@ -714,7 +714,8 @@ mod tests {
             inter: inter as u32,
             hidden: hidden as u32,
         };
-        let forms: [&dyn Fn(DevicePtr, &mut FlatMemory); 3] = [
+        type Form<'a> = &'a dyn Fn(DevicePtr, &mut FlatMemory);
+        let forms: [Form; 3] = [
             &|act, m| MoeGemmRelu2 { act, ..gemm }.reference(m).unwrap(),
             &|act, m| {
                 MoeGroupedGemvRelu2::from(MoeGemmRelu2 { act, ..gemm })
