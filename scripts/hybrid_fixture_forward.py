@@ -38,6 +38,10 @@ Nemotron-H (one block a layer: x + mixer(rmsnorm(x) * w)):
     -exp(A_log); per head h (group h // (H / G)) state [P, N]: s <- s * exp(dt A) + dt x B^T,
     y = s C + D x; then y * silu(z), RMS-normalised in G groups of H*P/G, times w; out_proj.
   * attention without RoPE; MLP down(relu(up(x))^2).
+  * experts (moe): scores sigmoid(x @ gate.weight^T); the top k of scores + e_score_correction_bias
+    (one group), weighted by their unbiased scores, renormalised (norm_topk_prob), times
+    routed_scaling_factor; each expert down(relu(up(x))^2), no gate product; plus the shared
+    expert down(relu(up(x))^2), ungated.
 """
 import json
 import sys
@@ -232,6 +236,25 @@ def nemotron_forward(W, cfg, ids):
             x = x + attention(q, k, v).reshape(T, AH * hd) @ W[m + "o_proj.weight"].T
         elif kind == "mlp":
             x = x + (np.maximum(n @ W[m + "up_proj.weight"].T, 0) ** 2) @ W[m + "down_proj.weight"].T
+        elif kind == "moe":
+            assert cfg.get("n_group", 1) == 1 and cfg.get("moe_latent_size") is None
+            topk = cfg["num_experts_per_tok"]
+            scores = sigmoid(n @ W[m + "gate.weight"].T)
+            keys = scores + W[m + "gate.e_score_correction_bias"]
+            out = np.zeros_like(x)
+            for t in range(T):
+                top = np.argsort(-keys[t], kind="stable")[:topk]
+                wts = scores[t, top]
+                if cfg.get("norm_topk_prob", True):
+                    wts = wts / (wts.sum() + 1e-20)
+                wts = wts * cfg.get("routed_scaling_factor", 1.0)
+                for e, w in zip(top, wts):
+                    e_ = f"{m}experts.{e}."
+                    hdn = np.maximum(n[t] @ W[e_ + "up_proj.weight"].T, 0) ** 2
+                    out[t] += w * (hdn @ W[e_ + "down_proj.weight"].T)
+            s_ = m + "shared_experts."
+            shared = (np.maximum(n @ W[s_ + "up_proj.weight"].T, 0) ** 2) @ W[s_ + "down_proj.weight"].T
+            x = x + out + shared
         else:
             raise SystemExit(f"layer {layer}: {kind} is not in this check")
     return rms(x, eps) * W["backbone.norm_f.weight"] @ W["lm_head.weight"].T

@@ -18,8 +18,9 @@
 #   serve    met serve on the 4-layer qwen3_moe checkpoint (SERVE_MODEL: another), a concurrency
 #            sweep (SERVE_CONCURRENCY, default 1 8 32 64) of distinct 288-token prompts, 128 tokens
 #            each, through scripts/gpu/prefix_cache_bench.py's throughput workload
-#   table    the MoE rows of the kernel table: met bench-kernels --shape qwen3-30b-a3b beside
-#            scripts/gpu/torch_kernels.py --shape qwen3-30b-a3b, merged by kernel_table.py
+#   table    the MoE rows of the kernel table: met bench-kernels --shape TABLE_SHAPE (default
+#            qwen3-30b-a3b; also nemotron-3-nano-30b-a3b) beside scripts/gpu/torch_kernels.py at
+#            the same shape, merged by kernel_table.py
 #   newkernels  met check-kernels on the kernels not yet run on a GPU (gemv_fp8, gated_delta,
 #            the squared-ReLU experts' moe_*_relu2) at SEEDS (default 1 2 3)
 #   fp8      FP8 weights (--quantization fp8) on FP8_MODELS (default qwen3-0.6b qwen3-8b, random
@@ -166,14 +167,19 @@ PY
 }
 
 table() {
-    # The MoE rows of the kernel table: met bench-kernels at Qwen3-30B-A3B's expert shapes beside
-    # transformers' routed MLP at the same labels.
-    "$MET" bench-kernels --shape qwen3-30b-a3b --prefill 1024,8192 --json "$RES/bench-kernels-moe.json" \
-        >"$RES/bench-kernels-moe.md" 2>&1
-    python3 scripts/gpu/torch_kernels.py --shape qwen3-30b-a3b --prefill 1024,8192 \
-        --json "$RES/torch-kernels-moe.json" >"$RES/torch-kernels-moe.txt" 2>&1 || tail -5 "$RES/torch-kernels-moe.txt"
-    python3 scripts/gpu/kernel_table.py --met "$RES/bench-kernels-moe.json" --torch "$RES/torch-kernels-moe.json" \
-        --json "$RES/kernel-table-moe.json" | tee "$RES/kernel-table-moe.md" | tail -40
+    # The MoE rows of the kernel table: met bench-kernels at TABLE_SHAPE's expert shapes (default
+    # Qwen3-30B-A3B's; nemotron-3-nano-30b-a3b for the squared-ReLU experts) beside transformers'
+    # routed MLP at the same labels.
+    local shape=${TABLE_SHAPE:-qwen3-30b-a3b} sfx=
+    [ "$shape" = qwen3-30b-a3b ] || sfx=-$shape
+    "$MET" bench-kernels --shape "$shape" --prefill 1024,8192 --json "$RES/bench-kernels-moe$sfx.json" \
+        >"$RES/bench-kernels-moe$sfx.md" 2>&1
+    python3 scripts/gpu/torch_kernels.py --shape "$shape" --prefill 1024,8192 \
+        --json "$RES/torch-kernels-moe$sfx.json" >"$RES/torch-kernels-moe$sfx.txt" 2>&1 \
+        || tail -5 "$RES/torch-kernels-moe$sfx.txt"
+    python3 scripts/gpu/kernel_table.py --met "$RES/bench-kernels-moe$sfx.json" \
+        --torch "$RES/torch-kernels-moe$sfx.json" --json "$RES/kernel-table-moe$sfx.json" \
+        | tee "$RES/kernel-table-moe$sfx.md" | tail -40
 }
 
 newkernels() {

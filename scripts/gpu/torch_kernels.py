@@ -24,6 +24,9 @@ What "the same thing" means per row (bf16 tensors, as transformers runs the mode
                      expert F.linear(act, w_down[e]) * weight, index_add_ into the output;
                      group = one_hot(ids).permute + nonzero (the loop's bookkeeping); combine is
                      inside transformers' down (index_add_), so its row times index_add_ alone
+                     (--shape nemotron-3-nano-30b-a3b: NemotronHExperts' loop, squared-ReLU experts
+                     without a gate: up+relu2 = per touched expert relu(F.linear(x, w_up[e]))^2,
+                     as ACT2FN["relu2"]; route = sigmoid scores, topk, renormalised, * 2.5)
 """
 
 import argparse
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 
 MOE_SHAPES = {
     "qwen3-30b-a3b": dict(hidden=2048, inter=768, experts=128, k=8),
+    "nemotron-3-nano-30b-a3b": dict(hidden=2688, inter=1856, experts=128, k=6, relu2=True),
 }
 
 SHAPES = {
@@ -219,10 +223,15 @@ def rows_for(name, s, prefill):
 def moe_rows(name, s, prefill):
     """The routed MLP's pieces at bench-kernels' MoE labels (bench/moe.rs)."""
     h, i, e, k = s["hidden"], s["inter"], s["experts"], s["k"]
+    relu2 = s.get("relu2", False)
+    # Weight rows a column of the first product reads: gate and up, or up alone.
+    rows_per = 1 if relu2 else 2
+    first = "up+relu2" if relu2 else "gate_up+silu*mul"
     bf, dev = torch.bfloat16, "cuda"
-    w_gate_up = torch.randn(e, 2 * i, h, device=dev, dtype=bf) * 0.02
+    w_gate_up = torch.randn(e, rows_per * i, h, device=dev, dtype=bf) * 0.02
     w_down = torch.randn(e, h, i, device=dev, dtype=bf) * 0.02
     router = torch.randn(e, h, device=dev, dtype=bf) * 0.02
+    bias = torch.randn(e, device=dev, dtype=torch.float32) * 0.01
     out = []
 
     def routing(rows):
@@ -239,8 +248,11 @@ def moe_rows(name, s, prefill):
     def gate_up_fn(x, groups, acts):
         def f():
             for j, (ex, _slot, tok) in enumerate(groups):
-                g, u = F.linear(x[tok], w_gate_up[ex]).chunk(2, dim=-1)
-                acts[j] = F.silu(g) * u
+                if relu2:
+                    acts[j] = torch.square(F.relu(F.linear(x[tok], w_gate_up[ex])))
+                else:
+                    g, u = F.linear(x[tok], w_gate_up[ex]).chunk(2, dim=-1)
+                    acts[j] = F.silu(g) * u
         return f
 
     def down_fn(x, groups, acts, weights):
@@ -258,11 +270,17 @@ def moe_rows(name, s, prefill):
 
         def f():
             logits = F.linear(x, router)
+            if relu2:
+                p = logits.float().sigmoid()
+                _, idx = torch.topk(p + bias, k, dim=-1)
+                w = p.gather(1, idx)
+                return w / w.sum(-1, keepdim=True) * 2.5, idx
             p = torch.softmax(logits.float(), dim=-1)
             w, idx = torch.topk(p, k, dim=-1)
             return w / w.sum(-1, keepdim=True), idx
-        out.append({"label": f"{name} moe route rows={rows} experts={e} k={k}",
-                    "op": "router F.linear, softmax, topk, renormalise", "us": timed(f),
+        op = "router F.linear, sigmoid, topk on + bias, renormalise" if relu2 else \
+            "router F.linear, softmax, topk, renormalise"
+        out.append({"label": f"{name} moe route rows={rows} experts={e} k={k}", "op": op, "us": timed(f),
                     "bytes": rows * (e * 4 + k * 8), "flops": rows * e * (4 + k)})
 
     def touched(rows):
@@ -276,9 +294,10 @@ def moe_rows(name, s, prefill):
         up = gate_up_fn(x, groups, acts)
         up()
         n = rows * k
-        out.append({"label": gate_label, "op": "per expert F.linear + F.silu(g) * u", "us": timed(up),
-                    "bytes": touched(rows) * 2 * i * h * 2 + rows * h * 2 + n * i * 2,
-                    "flops": 2 * n * 2 * i * h})
+        op = "per expert F.linear + relu(.)^2" if relu2 else "per expert F.linear + F.silu(g) * u"
+        out.append({"label": gate_label, "op": op, "us": timed(up),
+                    "bytes": touched(rows) * rows_per * i * h * 2 + rows * h * 2 + n * i * 2,
+                    "flops": 2 * n * rows_per * i * h})
         down = down_fn(x, groups, acts, weights)
         out.append({"label": down_label, "op": "per expert F.linear * w, index_add_", "us": timed(down),
                     "bytes": touched(rows) * h * i * 2 + n * i * 2 + n * 8 + rows * h * 2,
@@ -287,7 +306,7 @@ def moe_rows(name, s, prefill):
 
     for rows in (1, 8, 32, 64):
         route_row(rows)
-        expert_rows(rows, f"{name} moe gate_up+silu*mul m={rows} k={k} inter={i} hidden={h}",
+        expert_rows(rows, f"{name} moe {first} m={rows} k={k} inter={i} hidden={h}",
                     f"{name} moe down+combine m={rows} k={k} hidden={h} inter={i}")
     for tokens, form in [(t, " mma") for t in (16, 32, 64, 128)] + [(t, "") for t in prefill]:
         route_row(tokens)
@@ -297,7 +316,7 @@ def moe_rows(name, s, prefill):
                     "op": "one_hot + permute + nonzero (transformers' loop)", "us": timed(lambda: per_expert(ids)),
                     "bytes": n * 8 + (e + 1) * 4, "flops": n})
         x, ids, weights, groups = expert_rows(
-            tokens, f"{name} moe grouped{form} gate_up+silu*mul tokens={tokens}",
+            tokens, f"{name} moe grouped{form} {first} tokens={tokens}",
             f"{name} moe grouped{form} down tokens={tokens}")
         y = torch.randn(n, h, device=dev, dtype=bf)
         final = torch.zeros(tokens, h, device=dev, dtype=bf)
