@@ -751,6 +751,19 @@ fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
     )
 }
 
+/// The fused decode attention, narrow and wide, over a query group of 16 (Nemotron-3-Nano's 32
+/// query heads over 2 kv heads), one split and split.
+fn wide_group_attention_cases(rng: &mut Rng) -> Vec<Case> {
+    let shapes = [
+        (1usize, 1024usize, 32u32, 2u32, 128u32, false, 64u32),
+        (3, 300, 32, 2, 128, false, 0),
+        (2, 700, 32, 2, 128, true, 128),
+    ];
+    let mut out = paged_attention_qkv_cases_of(rng, false, &shapes);
+    out.extend(paged_attention_qkv_cases_of(rng, true, &shapes));
+    out
+}
+
 /// Shapes of [`paged_attention_qkv_cases_of`]: sequences, context, query heads, kv heads, head
 /// dim, qk-norm, keys per split (0: one split).
 type AttentionQkvShape = (usize, usize, u32, u32, u32, bool, u32);
@@ -837,7 +850,7 @@ fn paged_attention_qkv_cases_of(
                 (splits > 1).then_some(OutputKind::F32),
             ),
             buffer(
-                vec![0; seqs * kv_heads as usize * 4].into(),
+                vec![0; seqs * paged_attention_groups(q_heads, kv_heads) as usize * 4].into(),
                 Some(OutputKind::I32),
             ),
             buffer(bf16_normal(rng, seqs * heads * d, 2.0), None),
@@ -1277,7 +1290,11 @@ pub fn cases(seed: u64) -> Vec<Case> {
                     output: (splits > 1).then_some(OutputKind::F32),
                 },
                 Buffer {
-                    init: vec![0; (tokens * kv_heads) as usize * 4].into(),
+                    init: vec![
+                        0;
+                        (tokens * paged_attention_groups(q_heads, kv_heads)) as usize * 4
+                    ]
+                    .into(),
                     output: Some(OutputKind::I32),
                 },
                 Buffer {
@@ -1791,6 +1808,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // Nemotron-H's squared-ReLU experts and its router, after every other case for the same
     // reason.
     out.extend(moe_relu2::relu2_expert_cases(&mut rng));
+    // Query groups wider than 8 (Nemotron-3-Nano: 32 query heads over 2 kv heads, two blocks a
+    // kv head), after every other case for the same reason.
+    out.extend(wide_group_attention_cases(&mut rng));
     out
 }
 

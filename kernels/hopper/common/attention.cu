@@ -123,7 +123,10 @@ __device__ __forceinline__ void attend(
     float(*part_m)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD);
     float(*part_l)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD + WARPS * G);
 
-    const uint32_t t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    // A kv head whose query group is wider than 8 (G = 8 here) is served by gridDim.y / kv_heads
+    // blocks, each taking 8 of its query heads; otherwise block y is kv head y.
+    const uint32_t t = blockIdx.x, kvh = blockIdx.y / (gridDim.y / kv_heads), split = blockIdx.z,
+                   splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     unsigned char* ring_bytes_base = reinterpret_cast<unsigned char*>(merge) + warp * ring_bytes<HD, FP8>();
     // bf16: [STAGES][K tile, V tile] bf16. FP8: [STAGES][K tile, V tile] e4m3, then the converted
@@ -136,7 +139,7 @@ __device__ __forceinline__ void attend(
     const __nv_bfloat16* v_cache = static_cast<const __nv_bfloat16*>(v_cache_any);
     const unsigned char* k_cache8 = static_cast<const unsigned char*>(k_cache_any);
     const unsigned char* v_cache8 = static_cast<const unsigned char*>(v_cache_any);
-    const uint32_t h0 = kvh * G;  // first query head of the group
+    const uint32_t h0 = blockIdx.y * G;  // first query head of the block's group
     const int32_t seq = token_seq[t];
     const uint32_t ctx = (uint32_t)positions[t] + 1;
     const uint32_t begin = min(split * keys_per_split, ctx);
@@ -487,7 +490,7 @@ __device__ __forceinline__ void attend(
     __shared__ float head_total[G];
     __threadfence();  // this block's partials are visible before it is counted
     __syncthreads();
-    int32_t* counter = counters + (size_t)t * kv_heads + kvh;
+    int32_t* counter = counters + (size_t)t * gridDim.y + blockIdx.y;
     if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)splits - 1;
     __syncthreads();
     if (!is_last) return;
@@ -604,8 +607,12 @@ __device__ __forceinline__ void attend_any(
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale,
     KvScales kv_scales, const Post& post) {
-    if (blockIdx.x >= tokens || blockIdx.y >= kv_heads || gridDim.z != splits) return;
-    const uint32_t group = q_heads / kv_heads;
+    // A group wider than 8 query heads (a multiple of 8) takes q_heads / 8 blocks of 8.
+    if (kv_heads == 0 || q_heads % kv_heads != 0) return;
+    const uint32_t whole = q_heads / kv_heads;
+    const uint32_t group = whole > 8 && whole % 8 == 0 ? 8 : whole;
+    if (blockIdx.x >= tokens || gridDim.y != kv_heads * (whole / group) || gridDim.z != splits)
+        return;
 #define METRALE_ATTEND(HD)                                                                     \
     attend_group<HD, POST, WARPS, FP8>(group, out, partials, counters, q, k_cache, v_cache, block_tables,  \
                            token_seq, positions, q_heads, kv_heads, block_size,                \
@@ -624,8 +631,9 @@ __device__ __forceinline__ void attend_any(
 
 // Two blocks per SM (the rings' shared memory allows no more at head_dim 128).
 // Launch: grid = (tokens, kv_heads, splits), block = 128 (gridDim.z must equal `splits`).
-// head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8;
-// `partials` is f32 [tokens, q_heads, splits, head_dim + 2] and `counters` i32 [tokens, kv_heads],
+// head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8 or a multiple of 8 (then
+// grid.y = q_heads / 8: each block takes 8 query heads of its kv head);
+// `partials` is f32 [tokens, q_heads, splits, head_dim + 2] and `counters` i32 [tokens, grid.y],
 // zero before the launch and zero after it (both unused, may be null, when splits = 1). Dynamic
 // shared memory: the larger of the rings
 // (4 * stages * 2 * 16 * head_dim bf16, stages = 3, or 2 at head_dim 256) and the merge area

@@ -372,7 +372,12 @@ fn fused_cases(rng: &mut Rng, wide: bool) -> Vec<Case> {
                 (splits > 1).then_some(OutputKind::F32),
             ),
             buffer(
-                vec![0; seqs * kv_heads as usize * 4].into(),
+                vec![
+                    0;
+                    seqs * metrale_kernels::ops::paged_attention_groups(q_heads, kv_heads) as usize
+                        * 4
+                ]
+                .into(),
                 Some(OutputKind::I32),
             ),
             buffer(bf16_normal(rng, seqs * heads * d, 2.0), None),

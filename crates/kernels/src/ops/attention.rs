@@ -41,7 +41,8 @@ kernel_args!(
         tokens: u32,
         /// Query heads.
         q_heads: u32,
-        /// Key/value heads (divides `q_heads`, at most 8 query heads each).
+        /// Key/value heads (divides `q_heads`; at most 8 query heads each, or a multiple of 8:
+        /// then a block takes 8 of them).
         kv_heads: u32,
         /// Elements per head: 64, 128 or 256.
         head_dim: u32,
@@ -99,7 +100,8 @@ kernel_args!(
         tokens: u32,
         /// Query heads.
         q_heads: u32,
-        /// Key/value heads (divides `q_heads`, at most 8 query heads each).
+        /// Key/value heads (divides `q_heads`; at most 8 query heads each, or a multiple of 8:
+        /// then a block takes 8 of them).
         kv_heads: u32,
         /// Elements per head: 64, 128 or 256.
         head_dim: u32,
@@ -504,6 +506,17 @@ kernel_args!(
 /// heads: the larger of the 4 warps' rings of 16-key K and V tiles (3 stages, 2 at head_dim 256)
 /// and the f32 merge area (each warp's partial output and softmax state, and per-split weights
 /// when `splits > 1`). Mirrors attention.cu.
+/// Blocks of a decode attention launch per token and split: one a kv head, or, where a kv head's
+/// query group is wider than 8 (a multiple of 8), one per 8 of its query heads (attention.cu).
+pub fn paged_attention_groups(q_heads: u32, kv_heads: u32) -> u32 {
+    let whole = q_heads / kv_heads.max(1);
+    if whole > 8 && whole.is_multiple_of(8) {
+        q_heads / 8
+    } else {
+        kv_heads
+    }
+}
+
 pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32 {
     paged_attention_smem_bytes_of(4, group, head_dim, splits)
 }
@@ -525,6 +538,12 @@ pub fn paged_attention_smem_bytes_for(
     splits: u32,
 ) -> u32 {
     const KEY_TILE: u32 = 16;
+    // A block takes at most 8 query heads (wider groups take several blocks).
+    let group = if group > 8 && group.is_multiple_of(8) {
+        8
+    } else {
+        group
+    };
     let rings = match (dtype, head_dim >= 256) {
         (KvCacheDtype::Bf16, true) => warps * 2 * 2 * KEY_TILE * head_dim * 2,
         (KvCacheDtype::Bf16, false) => warps * 3 * 2 * KEY_TILE * head_dim * 2,
@@ -600,7 +619,7 @@ pub fn attention_splits_of(
         return (0, 1);
     }
     let split_keys = pow2(split_keys.max(ATTENTION_SPLIT_KEYS));
-    let blocks = (tokens * kv_heads).max(1);
+    let blocks = (tokens * paged_attention_groups(q_heads, kv_heads)).max(1);
     // Rounded down: a split that leaves fewer blocks than the target is never added (at
     // Qwen3-8B batch 32, 256 (token, kv head) pairs, two splits were 4% slower than one on the
     // H200; docs/results/2026-12-01-speed-h200/ab-fused-qkv-attention).
@@ -939,7 +958,11 @@ impl Kernel for PagedAttention {
             self.splits,
         );
         LaunchConfig {
-            grid: [self.tokens, self.kv_heads, self.splits],
+            grid: [
+                self.tokens,
+                paged_attention_groups(self.q_heads, self.kv_heads),
+                self.splits,
+            ],
             block: [128, 1, 1],
             shared_mem_bytes: bytes,
         }
@@ -955,10 +978,13 @@ impl Kernel for PagedAttention {
 impl PagedAttention {
     pub(crate) fn check_group(&self, kernel: metrale_core::KernelName) -> Result<(), HostError> {
         let (qh, kvh) = (self.q_heads, self.kv_heads);
-        if kvh == 0 || qh % kvh != 0 || qh / kvh > 8 {
+        if kvh == 0 || qh % kvh != 0 || (qh / kvh > 8 && (qh / kvh) % 8 != 0) {
             return Err(HostError::BadArgs {
                 kernel,
-                message: format!("q_heads {qh} is not a multiple of kv_heads {kvh} by at most 8"),
+                message: format!(
+                    "q_heads {qh} is not a multiple of kv_heads {kvh} by at most 8 or by a \
+                     multiple of 8"
+                ),
             });
         }
         Ok(())

@@ -174,7 +174,12 @@ impl Shared {
         let t = sizes.max_tokens;
         let qd = spec.heads * spec.head_dim;
         let kvd = spec.kv_heads * spec.head_dim;
-        let counters_bytes = t * spec.kv_heads * 4;
+        // One counter a (token, decode attention block): a block a kv head, or one per 8 query
+        // heads of a wider group.
+        let counters_bytes = t
+            * metrale_kernels::ops::paged_attention_groups(spec.heads as u32, spec.kv_heads as u32)
+                as usize
+            * 4;
         let scratch = Scratch {
             qkv: arena.alloc(t * (qd + 2 * kvd) * 2)?,
             q: arena.alloc(t * qd * 2)?,
