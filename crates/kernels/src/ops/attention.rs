@@ -502,10 +502,6 @@ kernel_args!(
     }
 );
 
-/// Dynamic shared memory of a [`PagedAttention`] launch, in bytes, for query groups of `group`
-/// heads: the larger of the 4 warps' rings of 16-key K and V tiles (3 stages, 2 at head_dim 256)
-/// and the f32 merge area (each warp's partial output and softmax state, and per-split weights
-/// when `splits > 1`). Mirrors attention.cu.
 /// Blocks of a decode attention launch per token and split: one a kv head, or, where a kv head's
 /// query group is wider than 8 (a multiple of 8), one per 8 of its query heads (attention.cu).
 pub fn paged_attention_groups(q_heads: u32, kv_heads: u32) -> u32 {
@@ -517,6 +513,10 @@ pub fn paged_attention_groups(q_heads: u32, kv_heads: u32) -> u32 {
     }
 }
 
+/// Dynamic shared memory of a [`PagedAttention`] launch, in bytes, for query groups of `group`
+/// heads (a block takes at most 8 of them): the larger of the 4 warps' rings of 16-key K and V
+/// tiles (3 stages, 2 at head_dim 256) and the f32 merge area (each warp's partial output and
+/// softmax state, and per-split weights when `splits > 1`). Mirrors attention.cu.
 pub fn paged_attention_smem_bytes(group: u32, head_dim: u32, splits: u32) -> u32 {
     paged_attention_smem_bytes_of(4, group, head_dim, splits)
 }
