@@ -382,6 +382,55 @@ impl Kernel for MoeGemmSwiglu {
     }
 }
 
+impl MoeGemmRelu2 {
+    /// Extra tolerance per `act` element (position order, as the reference stores it): where an
+    /// up product lies so near a bf16 rounding boundary that an f32 sum in another order (a
+    /// tensor-core tile's) may round it the other way, the difference that makes once squared,
+    /// plus one bf16 step of the result; zero elsewhere. The window is `2^-18` of the sum of the
+    /// products' magnitudes, far above any f32 order's effect at these widths.
+    pub fn flip_allowance(&self, mem: &dyn HostMemory) -> Result<Vec<f32>, HostError> {
+        let name = Self::NAME;
+        check_experts(name, self.experts, self.k)?;
+        let (k, experts) = (self.k as usize, self.experts as usize);
+        let (inter, hidden) = (self.inter as usize, self.hidden as usize);
+        let (offsets, sorted) = load_groups(name, mem, self.offsets, self.sorted, experts)?;
+        let rows = sorted
+            .iter()
+            .map(|&a| a as usize / k + 1)
+            .max()
+            .unwrap_or(0);
+        let x = host::load_bf16(mem, self.x, rows * hidden)?;
+        let w = host::load_bf16(mem, self.w, experts * inter * hidden)?;
+        let square = |v: f32| crate::host::round_bf16(v.max(0.0) * v.max(0.0));
+        let mut out = Vec::with_capacity(offsets[experts] as usize * inter);
+        for e in 0..experts {
+            for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
+                let xr = &x[(a as usize / k) * hidden..][..hidden];
+                for j in 0..inter {
+                    let wr = &w[(e * inter + j) * hidden..][..hidden];
+                    let (mut u, mut mag) = (0f64, 0f64);
+                    for (x, w) in xr.iter().zip(wr) {
+                        let t = f64::from(*x) * f64::from(*w);
+                        u += t;
+                        mag += t.abs();
+                    }
+                    // The bf16 values on either side of u and the midpoint between them.
+                    let bits = (u as f32).to_bits() & 0xffff_0000;
+                    let (lo, hi) = (f32::from_bits(bits), f32::from_bits(bits + 0x1_0000));
+                    let mid = (f64::from(lo) + f64::from(hi)) / 2.0;
+                    out.push(if (u - mid).abs() <= mag * 2f64.powi(-18) {
+                        let (a, b) = (square(lo), square(hi));
+                        (a - b).abs() + a.abs().max(b.abs()) * 2f32.powi(-8)
+                    } else {
+                        0.0
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Kernel for MoeGemmRelu2 {
     /// One block per expert and 64 output columns (the tile's 64 up columns).
     fn launch_config(&self) -> LaunchConfig {
@@ -529,6 +578,34 @@ mod tests {
     use crate::ops::moe::MOE_MAX_EXPERTS;
     use crate::ops::testing::*;
     use crate::ops::{MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu};
+
+    /// An up product exactly between two bf16 values gets the squares' difference; one on a
+    /// bf16 value gets nothing.
+    #[test]
+    fn relu2_flip_allowance_covers_products_at_a_rounding_boundary() {
+        let mut m = FlatMemory::new();
+        // One row, one expert, k = 1, two columns over hidden 2: u = 1 + 2^-8 (the midpoint of
+        // bf16 1 and 1 + 2^-7) and u = 1.
+        let x = m.put(&bf16s(&[1.0, 1.0]));
+        let w = m.put(&bf16s(&[1.0, 2f32.powi(-8), 1.0, 0.0]));
+        let offsets = m.put(&[0i32, 1]);
+        let sorted = m.put(&[0i32]);
+        let gemm = MoeGemmRelu2 {
+            act: DevicePtr::NULL,
+            x,
+            w,
+            offsets,
+            sorted,
+            k: 1,
+            experts: 1,
+            inter: 2,
+            hidden: 2,
+        };
+        let extra = gemm.flip_allowance(&m).unwrap();
+        let step = 1.0 + 2f32.powi(-7);
+        assert!(extra[0] >= step * step - 1.0, "{extra:?}");
+        assert_eq!(extra[1], 0.0);
+    }
 
     #[test]
     fn grouping_orders_by_expert_then_assignment() {
