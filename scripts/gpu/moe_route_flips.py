@@ -27,16 +27,30 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
+DEVICE = "cuda"
+
+
 def load(path, dtype):
+    placement = {} if DEVICE == "cpu" else {"device_map": DEVICE}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa",
-                                                 device_map="cuda")
+                                                 **placement)
     return (model if dtype == torch.bfloat16 else model.to(dtype)).eval()
 
 
 def routers(model):
-    """The router of every sparse MoE block: the `mlp.gate` module (Qwen2-MoE's shared-expert
-    gate is `mlp.shared_expert_gate` and is not one)."""
-    return [(name, m) for name, m in model.named_modules() if name.endswith("mlp.gate") and hasattr(m, "weight")]
+    """The router of every sparse MoE block, `mlp.gate` (Qwen-MoE, MiniMax-M2; Qwen2-MoE's
+    shared-expert gate is `mlp.shared_expert_gate` and is not one) or `mixer.gate` (Nemotron-H),
+    with the expert correction bias of routings that choose on sigmoid scores plus a bias (on the
+    router, Nemotron-H's, or on its block), else None."""
+    modules = dict(model.named_modules())
+    out = []
+    for name, m in modules.items():
+        if (name.endswith("mlp.gate") or name.endswith("mixer.gate")) and hasattr(m, "weight"):
+            bias = getattr(m, "e_score_correction_bias", None)
+            if bias is None:
+                bias = getattr(modules[name.rsplit(".", 1)[0]], "e_score_correction_bias", None)
+            out.append((name, m, bias))
+    return out
 
 
 @torch.inference_mode()
@@ -44,44 +58,49 @@ def router_inputs(model, ids):
     """Per router: its input rows [tokens, hidden] in float32, for one forward pass over `ids`."""
     captured = {}
     hooks = []
-    for name, m in routers(model):
+    for name, m, _ in routers(model):
         def hook(_m, args, name=name):
             captured[name] = args[0].reshape(-1, args[0].shape[-1]).float().clone()
         hooks.append(m.register_forward_pre_hook(hook))
-    model(input_ids=ids[None].to("cuda"), use_cache=False)
+    model(input_ids=ids[None].to(DEVICE), use_cache=False)
     for h in hooks:
         h.remove()
     return captured
 
 
-def choices(x, weight, k):
-    """Top-k expert sets (as sorted index tensors) and the k-th minus (k+1)-th logit, per row."""
+def choices(x, weight, k, bias=None):
+    """Top-k expert sets (as sorted index tensors) and the k-th minus (k+1)-th key, per row. The
+    key is the logit, or with a correction bias sigmoid(logit) + bias (the engine's choice)."""
     logits = x @ weight.float().t()
-    # Ties to the lower expert: a stable sort on the negated logits.
-    order = torch.sort(-logits, dim=-1, stable=True).indices
+    keys = logits if bias is None else torch.sigmoid(logits) + bias.float()
+    # Ties to the lower expert: a stable sort on the negated keys.
+    order = torch.sort(-keys, dim=-1, stable=True).indices
     top = torch.sort(order[:, :k], dim=-1).values
-    vals = torch.gather(logits, 1, order[:, : k + 1])
+    vals = torch.gather(keys, 1, order[:, : k + 1])
     return top, (vals[:, k - 1] - vals[:, k])
 
 
 def compare(model_path, ids, k):
     runs = {}
-    weights = None
+    weights = biases = None
     for label, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
         model = load(model_path, dtype)
         if weights is None:
             # The bf16 weights (a float32 model holds them widened, exactly).
-            weights = {name: m.weight.detach().float().clone() for name, m in routers(model)}
+            weights = {name: m.weight.detach().float().clone() for name, m, _ in routers(model)}
+            biases = {name: None if b is None else b.detach().float().clone()
+                      for name, _, b in routers(model)}
         runs[label] = router_inputs(model, ids)
         del model
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     layers = sorted(weights, key=lambda n: int(n.split("layers.")[1].split(".")[0]))
     flips = torch.zeros(len(ids), dtype=torch.int32)
     min_margin = torch.full((len(ids),), float("inf"))
     f32_sets = []
     for name in layers:
-        top32, margin = choices(runs["f32"][name], weights[name], k)
-        top16, _ = choices(runs["bf16"][name], weights[name], k)
+        top32, margin = choices(runs["f32"][name], weights[name], k, biases[name])
+        top16, _ = choices(runs["bf16"][name], weights[name], k, biases[name])
         flips += (top32 != top16).any(dim=-1).cpu().int()
         min_margin = torch.minimum(min_margin, margin.cpu())
         f32_sets.append(top32.cpu())
@@ -109,7 +128,10 @@ def main():
     ap.add_argument("--engine-routing", default=None,
                     help="met parity --routing-out output: the engine's own expert choices, compared with float32's")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a small checkpoint")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
