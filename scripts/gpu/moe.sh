@@ -23,6 +23,8 @@
 #            the same shape, merged by kernel_table.py
 #   newkernels  met check-kernels on the kernels not yet run on a GPU (gemv_fp8, gated_delta,
 #            the squared-ReLU experts' moe_*_relu2) at SEEDS (default 1 2 3)
+#   unverified  met check-kernels on what changed since its last GPU run (attention with 32/2
+#            heads, kv_cache, mamba2, and relu2 / moe on the nemotron_h target)
 #   fp8      FP8 weights (--quantization fp8) on FP8_MODELS (default qwen3-0.6b qwen3-8b, random
 #            weights): met parity in BF16 and in FP8 against transformers' float32 logits, then
 #            met bench-model in both (TTFT 1024/8192, decode batch 1/64 at 1024 keys)
@@ -194,6 +196,20 @@ newkernels() {
     for k in rmsnorm qkv_post mamba2 relu2; do
         "$MET" check-kernels --kernel "$k" 2>&1 | tail -2
     done | tee -a "$RES/newkernels.txt"
+}
+
+unverified() {
+    # The kernels and cases written or changed since their last GPU run (2026-12-04 evening): the
+    # decode attention over query groups of 16 (32/2 heads), the squared-ReLU experts with their
+    # rounding allowance (the nemotron_h target), the FP8 KV cache and the chunked Mamba-2 walk.
+    for k in attention kv_cache mamba2; do
+        log "check-kernels $k"
+        "$MET" check-kernels --kernel "$k" 2>&1 | grep -E 'cases pass|FAIL' | tail -6
+    done | tee "$RES/unverified.txt"
+    log "check-kernels relu2, moe (nemotron_h)"
+    for k in relu2 moe; do
+        "$MET" check-kernels --kernel-target nemotron_h --kernel "$k" 2>&1 | grep -E 'cases pass|FAIL' | tail -6
+    done | tee -a "$RES/unverified.txt"
 }
 
 fp8() {
