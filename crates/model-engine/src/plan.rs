@@ -228,6 +228,19 @@ impl LayerPlan {
                 c.head_dim
             )));
         }
+        // The decode attention serves up to 8 query heads a block; a wider group takes several
+        // blocks of 8 (so it must be a multiple of 8).
+        let group = c.num_heads / c.num_kv_heads.max(1);
+        if c.num_kv_heads == 0
+            || !c.num_heads.is_multiple_of(c.num_kv_heads)
+            || (group > 8 && !group.is_multiple_of(8))
+        {
+            return Err(crate::ModelError::Unsupported(format!(
+                "{} query heads over {} kv heads: the attention kernels take whole groups of up \
+                 to 8 query heads a kv head, or a multiple of 8",
+                c.num_heads, c.num_kv_heads
+            )));
+        }
         let hybrid = c.hybrid.as_ref();
         let norm = match hybrid {
             Some(h) if h.norm_unit_offset => NormKind::RmsUnitOffset {
@@ -680,5 +693,30 @@ mod hybrid_tests {
         let p = LayerPlan::from_config(&qwen3).unwrap();
         assert!(p.check_runnable().is_ok());
         assert_eq!(p.recurrent_layers(), 0);
+    }
+
+    #[test]
+    fn query_groups_the_decode_attention_cannot_take_are_refused() {
+        let config = |heads: u32, kv: u32| {
+            metrale_config::from_config_json(&format!(
+                r#"{{"model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+                    "num_attention_heads": {heads}, "num_key_value_heads": {kv}, "head_dim": 64,
+                    "num_hidden_layers": 1, "vocab_size": 512, "rms_norm_eps": 1e-6,
+                    "rope_theta": 1000000.0, "max_position_embeddings": 256}}"#
+            ))
+            .expect("a qwen3 config")
+        };
+        // Up to 8 a kv head, or a multiple of 8 (Nemotron-3-Nano's 16).
+        for (heads, kv) in [(4, 2), (8, 1), (32, 2), (48, 2)] {
+            assert!(
+                LayerPlan::from_config(&config(heads, kv)).is_ok(),
+                "{heads}/{kv}"
+            );
+        }
+        let err = LayerPlan::from_config(&config(24, 2)).expect_err("12 a kv head");
+        assert!(
+            err.to_string().contains("24 query heads over 2 kv heads"),
+            "{err}"
+        );
     }
 }
