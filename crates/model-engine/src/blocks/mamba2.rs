@@ -251,43 +251,9 @@ impl Block for Mamba2 {
                     max_chunks,
                 };
                 l.launch(k.chunk_state, "mamba_ssd", &pass1)?;
-                let pass2 = Mamba2ChunkCarry {
-                    chunk_states: sc.chunk_states,
-                    chunk_decay: sc.chunk_decay,
-                    state: self.state,
-                    seq_starts: inputs.seq_starts,
-                    slots: inputs.state_slots,
-                    positions: inputs.positions,
-                    seqs: step.seqs,
-                    heads,
-                    head_dim,
-                    state_size,
-                    chunk_len,
-                    max_chunks,
-                };
+                let pass2 = pass1.carry(self.state, inputs.state_slots, inputs.positions);
                 l.launch(k.chunk_carry, "mamba_ssd", &pass2)?;
-                let pass3 = Mamba2ChunkScan {
-                    y: sc.y,
-                    chunk_states: sc.chunk_states,
-                    xbc: sc.xbc,
-                    dt_raw,
-                    a_log: self.w.a_log,
-                    dt_bias: self.w.dt_bias,
-                    d: self.w.d,
-                    seq_starts: inputs.seq_starts,
-                    seqs: step.seqs,
-                    heads,
-                    head_dim,
-                    state_size,
-                    groups,
-                    xbc_stride: channels,
-                    dt_stride: width,
-                    dt_min,
-                    dt_max,
-                    chunk_len,
-                    max_chunks,
-                };
-                l.launch(k.chunk_scan, "mamba_ssd", &pass3)?;
+                l.launch(k.chunk_scan, "mamba_ssd", &pass1.scan(sc.y))?;
             }
         }
         let group = inner / s.groups as u32;

@@ -283,6 +283,57 @@ fn walk_grid(head_dim: u32, heads: u32, seqs: u32, max_chunks: u32) -> LaunchCon
     }
 }
 
+impl Mamba2ChunkState {
+    /// The second pass over this one's scratch: the start states carried into the sequences'
+    /// `slots` of `state`.
+    pub fn carry(
+        &self,
+        state: DevicePtr,
+        slots: DevicePtr,
+        positions: DevicePtr,
+    ) -> Mamba2ChunkCarry {
+        Mamba2ChunkCarry {
+            chunk_states: self.chunk_states,
+            chunk_decay: self.chunk_decay,
+            state,
+            seq_starts: self.seq_starts,
+            slots,
+            positions,
+            seqs: self.seqs,
+            heads: self.heads,
+            head_dim: self.head_dim,
+            state_size: self.state_size,
+            chunk_len: self.chunk_len,
+            max_chunks: self.max_chunks,
+        }
+    }
+
+    /// The last pass over the same inputs and scratch, writing `y`.
+    pub fn scan(&self, y: DevicePtr) -> Mamba2ChunkScan {
+        Mamba2ChunkScan {
+            y,
+            chunk_states: self.chunk_states,
+            xbc: self.xbc,
+            dt_raw: self.dt_raw,
+            a_log: self.a_log,
+            dt_bias: self.dt_bias,
+            d: self.d,
+            seq_starts: self.seq_starts,
+            seqs: self.seqs,
+            heads: self.heads,
+            head_dim: self.head_dim,
+            state_size: self.state_size,
+            groups: self.groups,
+            xbc_stride: self.xbc_stride,
+            dt_stride: self.dt_stride,
+            dt_min: self.dt_min,
+            dt_max: self.dt_max,
+            chunk_len: self.chunk_len,
+            max_chunks: self.max_chunks,
+        }
+    }
+}
+
 impl Kernel for Mamba2ChunkState {
     fn launch_config(&self) -> LaunchConfig {
         walk_grid(self.head_dim, self.heads, self.seqs, self.max_chunks)
@@ -525,48 +576,9 @@ mod tests {
         }
         .reference(&mut mem)
         .unwrap();
-        Mamba2ChunkState {
+        let pass1 = Mamba2ChunkState {
             chunk_states,
             chunk_decay,
-            xbc: p.0,
-            dt_raw: p.1,
-            a_log: p.2,
-            dt_bias: p.3,
-            d: p.4,
-            seq_starts: p.5,
-            seqs: 2,
-            heads,
-            head_dim,
-            state_size,
-            groups,
-            xbc_stride: xs,
-            dt_stride: ds,
-            dt_min: 0.0,
-            dt_max: f32::INFINITY,
-            chunk_len,
-            max_chunks,
-        }
-        .reference(&mut mem)
-        .unwrap();
-        Mamba2ChunkCarry {
-            chunk_states,
-            chunk_decay,
-            state: state_chunk,
-            seq_starts: p.5,
-            slots: p.6,
-            positions: p.7,
-            seqs: 2,
-            heads,
-            head_dim,
-            state_size,
-            chunk_len,
-            max_chunks,
-        }
-        .reference(&mut mem)
-        .unwrap();
-        let scan = Mamba2ChunkScan {
-            y: y_chunk,
-            chunk_states,
             xbc: p.0,
             dt_raw: p.1,
             a_log: p.2,
@@ -585,6 +597,12 @@ mod tests {
             chunk_len,
             max_chunks,
         };
+        pass1.reference(&mut mem).unwrap();
+        pass1
+            .carry(state_chunk, p.6, p.7)
+            .reference(&mut mem)
+            .unwrap();
+        let scan = pass1.scan(y_chunk);
         scan.reference(&mut mem).unwrap();
         let close = |a: &[f32], b: &[f32], what: &str| {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
