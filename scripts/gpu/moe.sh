@@ -44,6 +44,10 @@
 #            streams with every third cancelled mid-stream, then /metrics must show nothing held
 #            and each uncancelled output is compared with the same request alone
 #            (serve_cancel_check.py)
+#   cuts     Nemotron-H at real widths cut to 2, 3 and 4 layers (patterns "M*", "M*M", "M*M-", same
+#            weights for both): transformers' logits, met parity on the cuda and the host backend
+#            (the error bisection begun on this machine's host in
+#            docs/results/2026-12-04-nemotron-h200/host-cuts)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h, tiny-nemotron-h-moe; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -322,6 +326,25 @@ hybridserve() {
     curl -s "http://127.0.0.1:$port/metrics" >"$RES/hybridserve-metrics.txt"
     kill -INT $pid; wait $pid
     grep -ci "error" "$log" | sed 's/^/serve log lines with "error": /'
+}
+
+cuts() {
+    # make_checkpoints.py names a checkpoint with overrides `<name>+smoke`. Both backends of met run
+    # on the same checkpoint and reference (the host backend on this machine's cores).
+    local pats=('M*' 'M*M' 'M*M-') pat n d m
+    for pat in "${pats[@]}"; do
+        n=${#pat} d=$CKPT/cut-$n m=$CKPT/cut-$n/nemotron-h-4l+smoke
+        log "cut $pat"
+        python3 scripts/gpu/make_checkpoints.py --out "$d" --models nemotron-h-4l --seed 0 --no-verify \
+            --override "hybrid_override_pattern=\"$pat\"" --override num_hidden_layers=$n 2>&1 | tail -1
+        python3 scripts/gpu/reference_logits.py --model "$m" --out "$REF/cut-$n.safetensors" \
+            --prompt-tokens 128 --decode-steps 4 --seed 0 --dtype float32 --also-bf16 2>&1 | tail -1
+        for b in cuda host; do
+            "$MET" parity --backend $b --model-from-path "$m" --reference "$REF/cut-$n.safetensors" \
+                --json "$RES/cut$n-$b-parity.json" 2>&1 | tee "$RES/cut$n-$b-parity.txt" | tail -4
+        done
+        rm -rf "$d"
+    done
 }
 
 hybridfixtures() {
