@@ -72,6 +72,30 @@ class Client:
         choice = json.loads(data)["choices"][0]
         return choice["token_ids"], choice["finish_reason"]
 
+    def greedy_with_margins(self, ids: list[int], max_tokens: int) -> dict:
+        """A non-streamed greedy completion with its token ids, usage and, per generated token,
+        the gap between the two most likely tokens' log-probabilities (`logprobs: 2`; None
+        where the two decode to the same text and the response keeps one)."""
+        body = json.dumps({"prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+                           "return_token_ids": True, "logprobs": 2})
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
+        reply = json.loads(data)
+        choice, usage = reply["choices"][0], reply.get("usage") or {}
+        gaps = []
+        for top in (choice.get("logprobs") or {}).get("top_logprobs") or []:
+            lps = sorted(top.values(), reverse=True)
+            gaps.append(lps[0] - lps[1] if len(lps) >= 2 else None)
+        return {"token_ids": choice["token_ids"], "text": choice["text"], "top2_gaps": gaps,
+                "prompt_tokens": usage.get("prompt_tokens", len(ids)),
+                "completion_tokens": usage.get("completion_tokens", 0),
+                "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
+
     def stream(self, ids: list[int], max_tokens: int) -> dict:
         """One streamed completion; returns ttft_s, total_s, completion_tokens, cached_tokens."""
         body = json.dumps({"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
@@ -188,9 +212,11 @@ def agent(c: Client, a) -> dict:
 
 
 def greedy(c: Client, a) -> dict:
-    """Greedy texts of prompts that hit the cache in every way (whole blocks, a divergence inside
-    a block, a prompt cached whole, the same prompt again), one request at a time: compared
-    between a server with the cache and one without (prefix_cache.sh's summary)."""
+    """Greedy answers of prompts that hit the cache in every way (whole blocks, a divergence
+    inside a block, a prompt cached whole, the same prompt again), one request at a time: compared
+    between a server with the cache and one without (prefix_cache.sh's summary), token ids and
+    the top-2 log-probability gap of every step, so that a divergence can be told from a near tie
+    (random weights put the two best tokens within rounding of each other at some steps)."""
     rng = random.Random(a.seed + 3)
     base = ids(rng, 1000)  # 62.5 blocks of 16: prompts over it diverge inside block 62
     prompts = [base + ids(rng, 40), base + ids(rng, 7), base[:992], base[:992] + ids(rng, 1),
@@ -198,9 +224,7 @@ def greedy(c: Client, a) -> dict:
     prompts.append(prompts[0])
     out = []
     for p in prompts:
-        r = c.stream(p, a.max_tokens)
-        out.append({"prompt_tokens": r["prompt_tokens"], "cached_tokens": r["cached_tokens"],
-                    "completion_tokens": r["completion_tokens"], "text": r["text"]})
+        out.append(c.greedy_with_margins(p, a.max_tokens))
     return {"requests": out}
 
 
