@@ -8,10 +8,11 @@
 #   parity   MODELS (default "qwen3-30b-a3b-4l qwen1.5-moe-a2.7b-4l"): checkpoint, transformers'
 #            f32 and bf16 logits (reference_logits.py), met parity --json, and the expert
 #            choices that flip between transformers f32 and bf16 (moe_route_flips.py)
-#   bench    met bench-model on qwen3-30b-a3b-4l under each tuning of BENCH_VARIANTS (entries
-#            `name` or `name:key=value+key=value`, passed as --tune), TTFT 128/1024/8192, decode
-#            batch 1/8/16/32/64 at 1024 keys (BENCH_ARGS replaces those), a per-launch profile;
-#            met check-kernels on moe first (BENCH_CHECK=0: not)
+#   bench    met bench-model on BENCH_MODEL (default qwen3-30b-a3b-4l) under each tuning of
+#            BENCH_VARIANTS (entries `name` or `name:key=value+key=value`, passed as --tune; a
+#            `q=fp8` entry passes --quantization fp8 instead), TTFT 128/1024/8192, decode batch
+#            1/8/16/32/64 at 1024 keys (BENCH_ARGS replaces those), a per-launch profile, into
+#            bench-<BENCH_TAG><name>.md; met check-kernels on moe first (BENCH_CHECK=0: not)
 #   full     Qwen3-30B-A3B at full depth (48 layers, 61 GB in /dev/shm): met generate batch 1,
 #            met bench-model (TTFT 1024/8192; batch 1/8/32/64), transformers eager and static
 #            cache + torch.compile decode at batch 1 (scripts/gpu/transformers_decode_speed.py)
@@ -94,7 +95,7 @@ parity() {
 }
 
 bench() {
-    local m=qwen3-30b-a3b-4l
+    local m=${BENCH_MODEL:-qwen3-30b-a3b-4l}
     checkpoint "$m"
     if [ "${BENCH_CHECK:-1}" = 1 ]; then
         log "check-kernels moe"
@@ -104,14 +105,16 @@ bench() {
         local name=${v%%:*} tune=()
         if [[ "$v" == *:* ]]; then
             IFS='+' read -ra kv <<<"${v#*:}"
-            for p in "${kv[@]}"; do tune+=(--tune "$p"); done
+            for p in "${kv[@]}"; do
+                if [ "$p" = q=fp8 ]; then tune+=(--quantization fp8); else tune+=(--tune "$p"); fi
+            done
         fi
-        log "bench $name ${tune[*]:-}"
+        log "bench $m $name ${tune[*]:-}"
         # shellcheck disable=SC2086
         "$MET" bench-model --model-from-path "$CKPT/$m" \
             ${BENCH_ARGS:---prefill 128,1024,8192 --batches 1,8,16,32,64} --context 1024 --profile \
-            "${tune[@]}" >"$RES/bench-$name.md" 2>&1
-        grep "^| " "$RES/bench-$name.md" | grep -v "device time" | head -12
+            "${tune[@]}" >"$RES/bench-${BENCH_TAG:-}$name.md" 2>&1
+        grep "^| " "$RES/bench-${BENCH_TAG:-}$name.md" | grep -v "device time" | head -12
     done
 }
 
