@@ -16,6 +16,11 @@ What "the same thing" means per row (bf16 tensors, as transformers runs the mode
   prefill attention  the same, causal, over [1, heads, tokens, head_dim]
   argmax             logits.argmax(-1) over f32 logits
   embedding          F.embedding(ids, table).float(): the gather widened to the f32 residual
+  fp8 (--fp8, dense shapes) torch._scaled_mm over e4m3 weights with a scale per output row, the
+                     bf16 activation quantized to e4m3 per row inside the timed op (amax, divide,
+                     cast: dynamic per-token scales, as vLLM's FP8 linear); rows below 16 are padded
+                     to 16 (the op's shape rule), the label keeps the real count. Its scales are
+                     per row, not met's 128 x 128 blocks: PyTorch has no block-scaled matmul op.
   moe (--shape qwen3-30b-a3b: bench-kernels' expert rows, the same routing: row r's slot s takes
   expert (r k + s) % E) what transformers' routed MLP runs in bf16 (its eager experts loop, as
                      Qwen3MoeSparseMoeBlock): route = F.linear logits' softmax in f32, topk,
@@ -220,6 +225,42 @@ def rows_for(name, s, prefill):
     return out
 
 
+def fp8_rows(name, s, prefill):
+    """torch._scaled_mm rows at bench-kernels' FP8 product labels (`<shape> fp8 <what> m= n= k=`)."""
+    h, i = s["hidden"], s["inter"]
+    qd, kvd = s["q_heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    dev, f8 = "cuda", torch.float8_e4m3fn
+    fmax = torch.finfo(f8).max
+    out = []
+
+    def row(what, m, n, k):
+        rows = max(16, m)
+        a = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+        w_scale = (w.float().abs().amax(dim=1, keepdim=True) / fmax).clamp(min=1e-12)
+        w8 = (w.float() / w_scale).to(f8)
+        w_scale_t = w_scale.t().contiguous()  # [1, n]
+
+        def f():
+            a_scale = (a.float().abs().amax(dim=1, keepdim=True) / fmax).clamp(min=1e-12)
+            a8 = (a.float() / a_scale).to(f8)
+            return torch._scaled_mm(a8, w8.t(), scale_a=a_scale, scale_b=w_scale_t, out_dtype=torch.bfloat16)
+
+        op = "torch._scaled_mm (rowwise, act. quantized in the op)" + (f", padded to {rows} rows" if rows != m else "")
+        out.append({"label": f"{name} fp8 {what} m={m} n={n} k={k}", "op": op, "us": timed(f),
+                    "bytes": n * k + n * 4 + m * k * 2 + m * n * 2, "flops": 2 * m * n * k})
+
+    for m in [1, 8] + list(prefill):
+        row("qkv_proj", m, qd + 2 * kvd, h)
+        row("o_proj", m, h, qd)
+        row("gate_up", m, 2 * i, h)
+        row("down", m, h, i)
+    for r in out:
+        r["gb_s"] = r["bytes"] / r["us"] / 1e3
+        r["tflop_s"] = r["flops"] / r["us"] / 1e6
+    return out
+
+
 def moe_rows(name, s, prefill):
     """The routed MLP's pieces at bench-kernels' MoE labels (bench/moe.rs)."""
     h, i, e, k = s["hidden"], s["inter"], s["experts"], s["k"]
@@ -335,6 +376,7 @@ def main():
     ap.add_argument("--shape", choices=sorted(SHAPES) + sorted(MOE_SHAPES), default="qwen3-8b")
     ap.add_argument("--prefill", default="128,1024,8192")
     ap.add_argument("--json", required=True, type=Path)
+    ap.add_argument("--fp8", action="store_true", help="also the FP8 product rows (dense shapes)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     prefill = [int(x) for x in args.prefill.split(",") if x]
@@ -343,6 +385,8 @@ def main():
             rows = moe_rows(args.shape, MOE_SHAPES[args.shape], prefill)
         else:
             rows = rows_for(args.shape, SHAPES[args.shape], prefill)
+            if args.fp8:
+                rows += fp8_rows(args.shape, SHAPES[args.shape], prefill)
     report = {"producer": "scripts/gpu/torch_kernels.py", "shape": args.shape, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "rows": rows}
