@@ -403,6 +403,26 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             Fp8DequantBf16::KINDS,
         ),
         (
+            GemvFp8Stream::NAME,
+            run::<GemvFp8Stream>,
+            GemvFp8Stream::KINDS,
+        ),
+        (
+            GemvFp8SwigluStream::NAME,
+            run::<GemvFp8SwigluStream>,
+            GemvFp8SwigluStream::KINDS,
+        ),
+        (
+            GemvFp8StreamNorm::NAME,
+            run::<GemvFp8StreamNorm>,
+            GemvFp8StreamNorm::KINDS,
+        ),
+        (
+            GemvFp8SwigluStreamNorm::NAME,
+            run::<GemvFp8SwigluStreamNorm>,
+            GemvFp8SwigluStreamNorm::KINDS,
+        ),
+        (
             GdnConv1dStep::NAME,
             run::<GdnConv1dStep>,
             GdnConv1dStep::KINDS,

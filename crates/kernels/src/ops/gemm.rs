@@ -746,7 +746,7 @@ fn check_staged_rows(name: metrale_core::KernelName, m: u32) -> Result<(), HostE
 /// rows of `rmsnorm(residual_out) * norm_weight` returned (what [`AddRmsNorm`](super::AddRmsNorm)
 /// would write).
 #[allow(clippy::too_many_arguments)]
-fn normalised_input(
+pub(super) fn normalised_input(
     name: metrale_core::KernelName,
     mem: &mut dyn HostMemory,
     residual: DevicePtr,
@@ -844,7 +844,7 @@ fn swiglu_columns(m: u32, n: u32, k: u32) -> u32 {
 }
 
 /// `silu(g) * u` of the bf16-rounded gate and up halves of each `[2 * inter]` row.
-fn swiglu_rows(gate_up: &[f32], inter: usize) -> Vec<f32> {
+pub(super) fn swiglu_rows(gate_up: &[f32], inter: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(gate_up.len() / 2);
     for row in gate_up.chunks_exact((2 * inter).max(1)) {
         let (gate, up) = row.split_at(inter);

@@ -136,6 +136,17 @@ fn product(
     (m, n, k): (usize, usize, usize),
 ) -> Result<Vec<f32>, HostError> {
     let a = host::load_bf16(mem, a, m * k)?;
+    fp8_product(mem, &a, w, bias, (m, n, k))
+}
+
+/// `A · Wᵀ (+ bias)` in f32 of rows `a` and a dequantised W (the FP8 streams' normalised A too).
+pub(super) fn fp8_product(
+    mem: &dyn HostMemory,
+    a: &[f32],
+    w: &[f32],
+    bias: DevicePtr,
+    (m, n, k): (usize, usize, usize),
+) -> Result<Vec<f32>, HostError> {
     let bias = if bias.is_null() {
         vec![0.0; n]
     } else {

@@ -12,6 +12,7 @@ pub mod gated_delta;
 pub mod gated_norm;
 mod gemm;
 mod gemv_fp8;
+mod gemv_fp8_stream;
 mod grid_barrier;
 mod kv_fp8;
 pub mod mamba2;
@@ -47,6 +48,10 @@ pub use gemm::{
 };
 pub use gemv_fp8::{
     FP8_SCALE_COLS, Fp8DequantBf16, GEMV_FP8_MAX_ROWS, GemvFp8, GemvFp8Swiglu, fp8_weight_f32,
+};
+pub use gemv_fp8_stream::{
+    GemvFp8Stream, GemvFp8StreamNorm, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
+    gemv_fp8_stream_fits, gemv_fp8_stream_smem_bytes,
 };
 pub use grid_barrier::GridBarrier;
 pub(crate) use kv_fp8::paged_attention_qkv_wide_fp8_reference;
