@@ -1811,6 +1811,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // Query groups wider than 8 (Nemotron-3-Nano: 32 query heads over 2 kv heads, two blocks a
     // kv head), after every other case for the same reason.
     out.extend(wide_group_attention_cases(&mut rng));
+    // The FP8 streams, after every other case for the same reason.
+    out.extend(gemv_fp8::gemv_fp8_stream_cases(&mut rng));
     out
 }
 

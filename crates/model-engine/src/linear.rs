@@ -18,20 +18,23 @@
 //!
 //! The weight's dtype is the linear's own ([`LinearWeight`]): BF16 `[n, k]` row-major, or FP8
 //! E4M3 with f32 scales per 128 columns and 128 (or 1) rows, from an FP8 checkpoint or quantized
-//! at load. An FP8 product takes the FP8 GEMV ([`GemvFp8`], [`GemvFp8Swiglu`]: the weight
-//! dequantised in registers) for up to `gemv_max_rows` rows (at most [`GEMV_FP8_MAX_ROWS`]),
-//! else the weight dequantised to BF16 into a shared scratch ([`Fp8DequantBf16`]) and the
-//! library GEMM (part 1; the e4m3 tensor-core GEMM replaces it). It folds no norm and takes no
-//! stream or stage. The blocks never see the difference.
+//! at load. An FP8 product of one row takes the FP8 bulk-copy stream ([`GemvFp8Stream`] and its
+//! SwiGLU and normalising forms) where the BF16 stream would (the tuning's labels and size) and
+//! the tuning's `gemv_fp8_stream` is on; else, up to `gemv_max_rows` rows (at most
+//! [`GEMV_FP8_MAX_ROWS`]), the FP8 GEMV ([`GemvFp8`], [`GemvFp8Swiglu`]: the weight dequantised
+//! in registers); above, the weight dequantised to BF16 into a shared scratch
+//! ([`Fp8DequantBf16`]) and the library GEMM (part 1; the e4m3 tensor-core GEMM replaces it). It
+//! folds a norm only in the stream, and takes no stage. The blocks never see the difference.
 
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmOp, GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     Fp8DequantBf16, GEMV_FMA_MAX_ROWS, GEMV_FP8_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvFp8, GemvFp8Swiglu, GemvNorm, GemvStaged, GemvStream, GemvStreamF32Out, GemvStreamNorm,
+    GemvFp8, GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream,
+    GemvFp8SwigluStreamNorm, GemvNorm, GemvStaged, GemvStream, GemvStreamF32Out, GemvStreamNorm,
     GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, GemvSwigluStream, GemvSwigluStreamNorm, SiluMul,
-    gemv_norm_fits, gemv_stages, gemv_stream_fits,
+    gemv_fp8_stream_fits, gemv_norm_fits, gemv_stages, gemv_stream_fits,
 };
 
 use crate::ModelError;
@@ -68,17 +71,17 @@ impl Tuning {
 }
 
 /// Whether the stream set `labels` with its weight threshold takes the `m x n x k` product of
-/// `label` (`n` counts the gate and up rows of gate_up).
+/// `label` (`n` counts the gate and up rows of gate_up), whose stream kernel `fits` its shape
+/// (`gemv_stream_fits` for a BF16 weight, `gemv_fp8_stream_fits` for FP8).
 pub(crate) fn stream_takes(
     labels: &[&str],
     min_weights: u64,
     label: &str,
     (m, n, k): (u32, u32, u32),
+    fits: fn(u32, u32, u32) -> bool,
 ) -> bool {
     let columns = if label == "gate_up" { n / 2 } else { n };
-    labels.contains(&label)
-        && u64::from(n) * u64::from(k) >= min_weights
-        && gemv_stream_fits(m, columns, k)
+    labels.contains(&label) && u64::from(n) * u64::from(k) >= min_weights && fits(m, columns, k)
 }
 
 /// The kernels every product may take.
@@ -101,6 +104,10 @@ pub(crate) struct LinearKernels {
     silu_mul: KernelHandle,
     gemv_fp8: KernelHandle,
     gemv_fp8_swiglu: KernelHandle,
+    gemv_fp8_stream: KernelHandle,
+    gemv_fp8_swiglu_stream: KernelHandle,
+    gemv_fp8_stream_norm: KernelHandle,
+    gemv_fp8_swiglu_stream_norm: KernelHandle,
     fp8_dequant: KernelHandle,
     /// bf16 scratch for the largest FP8 weight, which an FP8 product's library path dequantises
     /// into (one product runs at a time on the step's stream), or NULL without FP8 weights.
@@ -127,6 +134,10 @@ impl LinearKernels {
             silu_mul: g.kernel(SiluMul::NAME)?,
             gemv_fp8: g.kernel(GemvFp8::NAME)?,
             gemv_fp8_swiglu: g.kernel(GemvFp8Swiglu::NAME)?,
+            gemv_fp8_stream: g.kernel(GemvFp8Stream::NAME)?,
+            gemv_fp8_swiglu_stream: g.kernel(GemvFp8SwigluStream::NAME)?,
+            gemv_fp8_stream_norm: g.kernel(GemvFp8StreamNorm::NAME)?,
+            gemv_fp8_swiglu_stream_norm: g.kernel(GemvFp8SwigluStreamNorm::NAME)?,
             fp8_dequant: g.kernel(Fp8DequantBf16::NAME)?,
             fp8_scratch: DevicePtr::NULL,
         })
@@ -206,16 +217,18 @@ impl Linear {
         !self.fp8.0.is_null()
     }
 
-    /// How the product of `m` rows runs. An FP8 weight takes [`Path::Gemv`] (the FP8 GEMV) or
-    /// [`Path::Library`] (dequantised, then the library GEMM).
+    /// How the product of `m` rows runs. An FP8 weight takes [`Path::Stream`] (the FP8 stream),
+    /// [`Path::Gemv`] (the FP8 GEMV) or [`Path::Library`] (dequantised, then the library GEMM).
     pub(crate) fn path(&self, t: &Tuning, m: u32) -> Path {
         if self.is_fp8() {
             // Not gemv_rows' wide-K rule: that was measured against cuBLASLt on a BF16 weight; an
             // FP8 weight's library path first writes it out as BF16 (5 bytes moved a weight).
-            if (1..=t.gemv_max_rows.min(GEMV_FP8_MAX_ROWS)).contains(&m) {
-                Path::Gemv
-            } else {
+            if !(1..=t.gemv_max_rows.min(GEMV_FP8_MAX_ROWS)).contains(&m) {
                 Path::Library
+            } else if self.streams(t, m) {
+                Path::Stream
+            } else {
+                Path::Gemv
             }
         } else if !t.gemv_rows(m, self.k) {
             Path::Library
@@ -228,12 +241,16 @@ impl Linear {
         }
     }
 
+    /// Whether the product's dtype has a stream the tuning takes for it (the labels and size
+    /// of `gemv_stream`, and for FP8 the `gemv_fp8_stream` switch). The caller checks the rows.
     fn streams(&self, t: &Tuning, m: u32) -> bool {
-        if self.is_fp8() {
-            return false;
-        }
         let shape = (m, self.n, self.k);
-        stream_takes(&t.gemv_stream, t.gemv_stream_min_weights, self.label, shape)
+        let (labels, min) = (&t.gemv_stream, t.gemv_stream_min_weights);
+        if self.is_fp8() {
+            t.gemv_fp8_stream && stream_takes(labels, min, self.label, shape, gemv_fp8_stream_fits)
+        } else {
+            stream_takes(labels, min, self.label, shape, gemv_stream_fits)
+        }
     }
 
     /// Whether the product after a residual add + RMSNorm takes the norm into a register GEMV's
@@ -247,9 +264,10 @@ impl Linear {
             && t.gemv_norm.takes(m, self.n, self.k)
     }
 
-    /// Whether the streamed product does the add + RMSNorm itself ([`GemvStreamNorm`]).
+    /// Whether the streamed product does the add + RMSNorm itself ([`GemvStreamNorm`],
+    /// [`GemvFp8StreamNorm`]).
     fn stream_folds_norm(&self, t: &Tuning, m: u32) -> bool {
-        t.gemv_stream_norm && t.gemv_rows(m, self.k) && self.streams(t, m)
+        t.gemv_stream_norm && self.path(t, m) == Path::Stream
     }
 
     fn stage(&self, t: &Tuning, m: u32) -> u32 {
@@ -345,21 +363,41 @@ impl Linear {
         m: u32,
         before_fold: bool,
     ) -> Result<(), ModelError> {
+        let t = l.tuning;
         let (label, k) = (self.label, &self.kernels);
         let (scales, row_shift) = self.fp8;
-        if self.path(l.tuning, m) == Path::Gemv {
-            let gemv = GemvFp8 {
-                c: out,
-                a,
-                w: self.w,
-                scales,
-                bias: self.bias,
-                m,
-                n: self.n,
-                k: self.k,
-                row_shift,
-            };
-            return l.launch_product(k.gemv_fp8, label, &gemv, before_fold);
+        let gemv = GemvFp8 {
+            c: out,
+            a,
+            w: self.w,
+            scales,
+            bias: self.bias,
+            m,
+            n: self.n,
+            k: self.k,
+            row_shift,
+        };
+        match self.path(t, m) {
+            Path::Stream => {
+                let stream = GemvFp8Stream {
+                    c: out,
+                    a,
+                    w: self.w,
+                    scales,
+                    bias: self.bias,
+                    m,
+                    n: self.n,
+                    k: self.k,
+                    row_shift,
+                    prewait: t.gemv_stream_prewait,
+                    evict_first: t.gemv_stream_evict.into(),
+                };
+                return l.launch_product(k.gemv_fp8_stream, label, &stream, before_fold);
+            }
+            Path::Gemv | Path::Staged => {
+                return l.launch_product(k.gemv_fp8, label, &gemv, before_fold);
+            }
+            Path::Library => {}
         }
         self.dequantise(l)?;
         let op = GemmOp {
@@ -423,7 +461,28 @@ impl Linear {
             eps: norm.eps,
             stage: self.stage(t, m),
         };
-        if norm.folds() && self.stream_folds_norm(t, m) {
+        if norm.folds() && self.stream_folds_norm(t, m) && self.is_fp8() {
+            let (scales, row_shift) = self.fp8;
+            let stream = GemvFp8StreamNorm {
+                c: out,
+                residual: fold.residual,
+                residual_out: fold.residual_out,
+                input: fold.input,
+                norm_weight: norm.weight,
+                w: self.w,
+                scales,
+                bias: self.bias,
+                m,
+                n: self.n,
+                k: self.k,
+                eps: norm.eps,
+                row_shift,
+                prewait: t.gemv_stream_prewait,
+                evict_first: t.gemv_stream_evict.into(),
+            };
+            l.launch_product(k.gemv_fp8_stream_norm, self.label, &stream, false)?;
+            residual.advance(l, self.label);
+        } else if norm.folds() && self.stream_folds_norm(t, m) {
             let stream = GemvStreamNorm {
                 prewait: t.gemv_stream_prewait,
                 evict_first: t.gemv_stream_evict.into(),
@@ -486,7 +545,27 @@ impl SwigluLinear {
             eps: norm.eps,
             stage: lin.stage(t, m),
         };
-        if fused && norm.folds() && lin.stream_folds_norm(t, m) {
+        if fused && norm.folds() && lin.stream_folds_norm(t, m) && lin.is_fp8() {
+            let (scales, row_shift) = lin.fp8;
+            let stream = GemvFp8SwigluStreamNorm {
+                out: act,
+                residual: fold.residual,
+                residual_out: fold.residual_out,
+                input: fold.input,
+                norm_weight: norm.weight,
+                w: lin.w,
+                scales,
+                m,
+                inter,
+                k: lin.k,
+                eps: norm.eps,
+                row_shift,
+                prewait: t.gemv_stream_prewait,
+                evict_first: t.gemv_stream_evict.into(),
+            };
+            l.launch_product(k.gemv_fp8_swiglu_stream_norm, label, &stream, false)?;
+            residual.advance(l, label);
+        } else if fused && norm.folds() && lin.stream_folds_norm(t, m) {
             let stream = GemvSwigluStreamNorm {
                 prewait: t.gemv_stream_prewait,
                 evict_first: t.gemv_stream_evict.into(),
@@ -540,6 +619,21 @@ impl SwigluLinear {
         }
         if lin.is_fp8() {
             let (scales, row_shift) = lin.fp8;
+            if lin.path(t, m) == Path::Stream {
+                let stream = GemvFp8SwigluStream {
+                    out: act,
+                    a: x,
+                    w: lin.w,
+                    scales,
+                    m,
+                    inter: self.inter,
+                    k: lin.k,
+                    row_shift,
+                    prewait: t.gemv_stream_prewait,
+                    evict_first: t.gemv_stream_evict.into(),
+                };
+                return l.launch_product(k.gemv_fp8_swiglu_stream, label, &stream, false);
+            }
             let swiglu = GemvFp8Swiglu {
                 out: act,
                 a: x,
@@ -593,11 +687,12 @@ impl SwigluLinear {
 #[cfg(test)]
 mod tests {
     use super::stream_takes;
+    use metrale_kernels::ops::{gemv_fp8_stream_fits, gemv_stream_fits};
 
     #[test]
     fn the_default_stream_set_takes_qwen3_8b_products_not_qwen3_0_6b() {
         let labels = ["qkv", "o", "gate_up", "down"];
-        let default = |label, mnk| stream_takes(&labels, 8 << 20, label, mnk);
+        let default = |label, mnk| stream_takes(&labels, 8 << 20, label, mnk, gemv_stream_fits);
         // Qwen3-8B at batch 1: qkv, o, gate|up (both halves' rows), down.
         for (label, mnk) in [
             ("qkv", (1, 6144, 4096)),
@@ -620,10 +715,22 @@ mod tests {
         }
         // A set with no threshold streams whatever fits, however small: Qwen3-0.6B's o and qkv
         // (rows of 2 KiB, in half-size chunks), not SmolLM2's qkv (rows of 576 elements).
-        assert!(stream_takes(&["o"], 0, "o", (1, 1024, 2048)));
-        assert!(stream_takes(&["qkv"], 0, "qkv", (1, 4096, 1024)));
-        assert!(!stream_takes(&["qkv"], 0, "qkv", (1, 960, 576)));
+        let bf16 = gemv_stream_fits;
+        assert!(stream_takes(&["o"], 0, "o", (1, 1024, 2048), bf16));
+        assert!(stream_takes(&["qkv"], 0, "qkv", (1, 4096, 1024), bf16));
+        assert!(!stream_takes(&["qkv"], 0, "qkv", (1, 960, 576), bf16));
         // gate_up's columns are half its rows: 7 outputs over 14 rows fit.
-        assert!(stream_takes(&["gate_up"], 0, "gate_up", (1, 14, 2048)));
+        assert!(stream_takes(
+            &["gate_up"],
+            0,
+            "gate_up",
+            (1, 14, 2048),
+            bf16
+        ));
+        // The FP8 stream takes the same labels and sizes where its kernel fits: Qwen3-8B's four
+        // products, not Qwen3-4B's rows of 2560 inputs (not whole 1-KiB chunks).
+        let fp8 = |label, mnk| stream_takes(&labels, 8 << 20, label, mnk, gemv_fp8_stream_fits);
+        assert!(fp8("gate_up", (1, 24576, 4096)) && fp8("down", (1, 4096, 12288)));
+        assert!(!fp8("qkv", (1, 6144, 2560)) && !fp8("qkv", (2, 6144, 4096)));
     }
 }

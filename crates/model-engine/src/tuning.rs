@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 28] = [
+pub const KEYS: [&str; 29] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -133,6 +133,7 @@ pub const KEYS: [&str; 28] = [
     "gemv_stream_prewait",
     "gemv_stream_evict",
     "gemv_stream_norm",
+    "gemv_fp8_stream",
     "fused_swiglu",
     "fused_qkv_attention",
     "prefill_attention",
@@ -189,6 +190,9 @@ pub struct Tuning {
     pub gemv_stream_evict: bool,
     /// A streamed qkv or gate|up product after a residual add + RMSNorm does the norm itself.
     pub gemv_stream_norm: bool,
+    /// One-row FP8 products of the stream's labels and size take the FP8 bulk-copy stream
+    /// (`gemv_fp8_stream` and its SwiGLU and normalising forms) where it fits; off: the FP8 GEMV.
+    pub gemv_fp8_stream: bool,
     /// Gate|up products streamed through the GEMV run SiLU x up in their epilogue.
     pub fused_swiglu: bool,
     /// A decode step of one sequence runs QK-norm, RoPE and the cache write inside the decode
@@ -245,6 +249,7 @@ impl Tuning {
             gemv_stream_prewait: GEMV_STREAM_STAGES,
             gemv_stream_evict: true,
             gemv_stream_norm: false,
+            gemv_fp8_stream: false,
             fused_swiglu: false,
             fused_qkv_attention: false,
             prefill_attention: PrefillVersion::V1,
@@ -355,6 +360,7 @@ impl Tuning {
             "gemv_stream_prewait" => self.gemv_stream_prewait = count(v)?.min(GEMV_STREAM_STAGES),
             "gemv_stream_evict" => self.gemv_stream_evict = switch(v)?,
             "gemv_stream_norm" => self.gemv_stream_norm = switch(v)?,
+            "gemv_fp8_stream" => self.gemv_fp8_stream = switch(v)?,
             "fused_swiglu" => self.fused_swiglu = switch(v)?,
             "fused_qkv_attention" => self.fused_qkv_attention = switch(v)?,
             "prefill_attention" => {
@@ -465,6 +471,7 @@ mod tests {
             ("gemv_stream_prewait", "2"),
             ("gemv_stream_evict", "false"),
             ("gemv_stream_norm", "true"),
+            ("gemv_fp8_stream", "on"),
             ("fused_swiglu", "1"),
             ("fused_qkv_attention", "on"),
             ("prefill_attention", "v2"),

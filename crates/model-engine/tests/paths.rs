@@ -23,7 +23,7 @@ use metrale_gpu_runtime::{
 };
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::*;
-use metrale_model_engine::{Model, ModelOptions, StepInput, Tuning, expected_shape};
+use metrale_model_engine::{LinearFormat, Model, ModelOptions, StepInput, Tuning, expected_shape};
 use metrale_model_weights::{HostTensor, WeightError, WeightSource};
 
 /// The host backend, remembering the kernel of every launch.
@@ -206,6 +206,11 @@ const BLOCKS_PER_SEQ: usize = 4;
 
 /// The logits of every step of the script under `tuning`, and the kernels it launched.
 fn run(tuning: Tuning) -> (Vec<Vec<f32>>, BTreeSet<String>) {
+    run_with(tuning, &LinearFormat::Bf16)
+}
+
+/// [`run`] with the linears' weights in `format`.
+fn run_with(tuning: Tuning, format: &LinearFormat) -> (Vec<Vec<f32>>, BTreeSet<String>) {
     let c = config();
     let gpu = Arc::new(Recording::new());
     let options = ModelOptions {
@@ -219,12 +224,13 @@ fn run(tuning: Tuning) -> (Vec<Vec<f32>>, BTreeSet<String>) {
         state_slots: 0,
     };
     let backend: Arc<dyn GpuBackend> = gpu.clone();
-    let mut model = Model::load(
+    let mut model = Model::load_with(
         c.clone(),
         &Random(c),
         backend,
         options,
         tuning,
+        format,
         &mut |_, _, _| {},
     )
     .expect("the model loads on the host");
@@ -396,6 +402,68 @@ fn every_linear_and_attention_path_matches_the_plain_path() {
         PrefillAttentionV3::NAME,
         Embedding::NAME,
         Embedding::VEC_NAME,
+    ];
+    let missing: Vec<String> = names
+        .iter()
+        .map(|n| n.to_string())
+        .filter(|n| !seen.contains(n))
+        .collect();
+    assert!(missing.is_empty(), "never launched: {missing:?}");
+}
+
+/// The FP8 linears' paths (weights quantized at load): the FP8 GEMV against the plain path (each
+/// FP8 weight dequantised to BF16, then the library GEMM) within the BF16 rounding of the
+/// dequantised weights; the FP8 streams with and without the norm (rows of 1024 inputs, whole
+/// 1-KiB chunks) against the FP8 GEMV, exactly: on the host their references are the GEMV's
+/// (the GPU sums in another order), so any difference is a launch that passed the wrong
+/// weight, scales, row shift or input. Between them every FP8 product entry runs.
+#[test]
+fn every_fp8_linear_path_matches_the_plain_path() {
+    let fp8 = LinearFormat::Fp8Quantize;
+    let plain = Tuning::plain(metrale_kernels::HardwareSchedule::HOPPER);
+    let (want, plain_kernels) = run_with(plain, &fp8);
+    assert!(
+        plain_kernels.contains(&Fp8DequantBf16::NAME.to_string()),
+        "{plain_kernels:?}"
+    );
+    let streams = "gemv_stream=qkv+o+gate_up+down";
+    let (gemv, mut seen) = run_with(
+        tuned(&[streams, "gemv_stream_min_weights=0", "gemv_fp8_stream=off"]),
+        &fp8,
+    );
+    let err = relative_error(&gemv, &want);
+    println!("the FP8 GEMV: relative error {err:.3e}, kernels {seen:?}");
+    assert!(err < 2e-2, "the FP8 GEMV: relative logit error {err:.3e}");
+    let variants: Vec<(&str, Tuning)> = vec![
+        (
+            "FP8 streams with the norm",
+            tuned(&[streams, "gemv_stream_min_weights=0", "gemv_fp8_stream=on"]),
+        ),
+        (
+            "FP8 streams without the norm, no prewait",
+            tuned(&[
+                streams,
+                "gemv_stream_min_weights=0",
+                "gemv_fp8_stream=on",
+                "gemv_stream_norm=false",
+                "gemv_stream_prewait=0",
+                "gemv_stream_evict=false",
+            ]),
+        ),
+    ];
+    for (what, tuning) in variants {
+        let (got, kernels) = run_with(tuning, &fp8);
+        println!("{what}: kernels {kernels:?}");
+        assert!(got == gemv, "{what}: not the FP8 GEMV's logits");
+        seen.extend(kernels);
+    }
+    let names = [
+        GemvFp8::NAME,
+        GemvFp8Swiglu::NAME,
+        GemvFp8Stream::NAME,
+        GemvFp8SwigluStream::NAME,
+        GemvFp8StreamNorm::NAME,
+        GemvFp8SwigluStreamNorm::NAME,
     ];
     let missing: Vec<String> = names
         .iter()

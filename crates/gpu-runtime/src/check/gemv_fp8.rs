@@ -5,14 +5,22 @@
 //! multiple of 128 (a partial last block) and not of 16 (the scalar loop), N not a multiple of the
 //! 8 columns a block; the dequantisation to BF16 at a prefill shape and on the scalar path.
 //!
+//! The batch-1 stream entries (`gemv_stream.cu`'s `gemv_fp8_*`): [`gemv_fp8_stream_cases`].
+//!
 //! Weights are random E4M3 codes (NaN codes left out), so every binade and the subnormals occur;
 //! scales are drawn around `1 / (64 sqrt(k))`, which keeps the products near unit scale.
 
+use metrale_core::DevicePtr;
 use metrale_core::fp8::E4M3_NAN;
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{FP8_SCALE_COLS, Fp8DequantBf16, GemvFp8, GemvFp8Swiglu};
+use metrale_kernels::ops::{
+    FP8_SCALE_COLS, Fp8DequantBf16, GEMV_STREAM_BLOCKS, GemvFp8, GemvFp8Stream, GemvFp8StreamNorm,
+    GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
+};
 
-use super::{Buffer, Case, Init, OutputKind, Rng, bf16_normal, launch_of};
+use super::{
+    Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, launch_of, norm_weight, on_grid,
+};
 
 /// `n` random E4M3 codes, never NaN (0x7F, 0xFF), drawn on first read.
 fn e4m3_codes(rng: &mut Rng, n: usize) -> Init {
@@ -65,11 +73,7 @@ fn gemv_case(rng: &mut Rng, m: u32, n: u32, k: u32, row_shift: u32, bias: bool) 
                 a: p[1],
                 w: p[2],
                 scales: p[3],
-                bias: if bias {
-                    p[4]
-                } else {
-                    metrale_core::DevicePtr::NULL
-                },
+                bias: if bias { p[4] } else { DevicePtr::NULL },
                 m,
                 n,
                 k,
@@ -162,6 +166,236 @@ pub(super) fn gemv_fp8_cases(rng: &mut Rng) -> Vec<Case> {
         out.push(dequant_case(rng, n, k, row_shift));
     }
     out
+}
+
+/// The FP8 streams (`gemv_fp8_stream`, `gemv_fp8_swiglu_stream` and their `_norm` forms) on
+/// Qwen3-8B's batch-1 qkv, o, gate|up and down products in 128 x 128 blocks, with the first fill
+/// all, partly or not at all before the wait and with and without the evict-first hint; each of
+/// the three chunk sizes (rows of whole 4, 2 and 1 KiB: k 4096 and 12288, 2048 and 6144, 1024 and
+/// 3072); a scale per row; a bias; one column more than the grid's warps, fewer columns than
+/// warps, rows not filling their last 128-row block (and the up rows of a SwiGLU weight starting
+/// inside a block); the normalising forms at layer 0 (no input) and over a norm row longer than
+/// one pass; a grid cap. After every other FP8 case, so that those keep their random inputs.
+pub(super) fn gemv_fp8_stream_cases(rng: &mut Rng) -> Vec<Case> {
+    let warps = GEMV_STREAM_BLOCKS * 8;
+    let mut out = Vec::new();
+    // (n, k, row_shift, bias, prewait, evict_first)
+    for (n, k, row_shift, bias, prewait, evict_first) in [
+        (6144u32, 4096u32, 7u32, false, 4u32, 1u32),
+        (4096, 4096, 7, false, 4, 1),
+        (4096, 12288, 7, false, 1, 1),
+        (4096, 4096, 0, true, 0, 0),
+        (warps + 1, 2048, 7, false, 2, 0),
+        (300, 6144, 7, true, 4, 1),
+        (1000, 3072, 0, true, 4, 1),
+        (5, 1024, 7, true, 0, 0),
+    ] {
+        out.push(stream_case(
+            rng,
+            n,
+            k,
+            row_shift,
+            bias,
+            (prewait, evict_first),
+        ));
+    }
+    // (inter, k, row_shift, prewait, evict_first)
+    for (inter, k, row_shift, prewait, evict_first) in [
+        (12288u32, 4096u32, 7u32, 4u32, 1u32),
+        (3072, 1024, 7, 4, 1),
+        (1001, 2048, 0, 0, 0),
+        (100, 3072, 7, 2, 1),
+    ] {
+        out.push(swiglu_stream_case(
+            rng,
+            inter,
+            k,
+            row_shift,
+            (prewait, evict_first),
+        ));
+    }
+    // (n, k, swiglu, bias, input, row_shift, prewait, evict_first); for the SwiGLU form n counts
+    // gate and up rows.
+    for (n, k, swiglu, bias, input, row_shift, prewait, evict_first) in [
+        (6144u32, 4096u32, false, false, true, 7u32, 4u32, 1u32),
+        (24576, 4096, true, false, true, 7, 4, 1),
+        (6144, 4096, false, false, false, 7, 2, 0),
+        (1000, 3072, false, true, true, 0, 1, 0),
+        (4096, 1024, false, false, true, 0, 4, 1),
+        (600, 8192, true, false, true, 7, 4, 0),
+    ] {
+        let shape = NormShape {
+            n,
+            k,
+            swiglu,
+            bias,
+            input,
+        };
+        out.push(norm_stream_case(
+            rng,
+            shape,
+            row_shift,
+            (prewait, evict_first),
+        ));
+    }
+    // Fewer blocks than the host gives (a grid cap): longer runs of columns, the same sums.
+    for (n, k, grid) in [(1056u32, 4096u32, 33u32), (1056, 1024, 66)] {
+        out.push(on_grid(stream_case(rng, n, k, 7, false, (4, 1)), grid));
+    }
+    out
+}
+
+fn stream_case(
+    rng: &mut Rng,
+    n: u32,
+    k: u32,
+    row_shift: u32,
+    bias: bool,
+    (prewait, evict_first): (u32, u32),
+) -> Case {
+    let mut case = gemv_case(rng, 1, n, k, row_shift, bias);
+    case.kernel = GemvFp8Stream::NAME;
+    case.shape = format!("{} prewait={prewait} evict_first={evict_first}", case.shape);
+    case.build = Box::new(move |p| {
+        launch_of(GemvFp8Stream {
+            c: p[0],
+            a: p[1],
+            w: p[2],
+            scales: p[3],
+            bias: if bias { p[4] } else { DevicePtr::NULL },
+            m: 1,
+            n,
+            k,
+            row_shift,
+            prewait,
+            evict_first,
+        })
+    });
+    case
+}
+
+fn swiglu_stream_case(
+    rng: &mut Rng,
+    inter: u32,
+    k: u32,
+    row_shift: u32,
+    (prewait, evict_first): (u32, u32),
+) -> Case {
+    let mut case = swiglu_case(rng, 1, inter, k, row_shift);
+    case.kernel = GemvFp8SwigluStream::NAME;
+    case.shape = format!("{} prewait={prewait} evict_first={evict_first}", case.shape);
+    case.build = Box::new(move |p| {
+        launch_of(GemvFp8SwigluStream {
+            out: p[0],
+            a: p[1],
+            w: p[2],
+            scales: p[3],
+            m: 1,
+            inter,
+            k,
+            row_shift,
+            prewait,
+            evict_first,
+        })
+    });
+    case
+}
+
+/// A normalising stream's product: `n` weight rows (gate and up rows for `swiglu`) over `k`.
+#[derive(Clone, Copy)]
+struct NormShape {
+    n: u32,
+    k: u32,
+    swiglu: bool,
+    bias: bool,
+    input: bool,
+}
+
+/// A normalising FP8 stream: the residual (an output too: it must come back unchanged), the
+/// residual out, the input, the norm's weight, the e4m3 weight, its scales and a bias.
+fn norm_stream_case(
+    rng: &mut Rng,
+    shape: NormShape,
+    row_shift: u32,
+    (prewait, evict_first): (u32, u32),
+) -> Case {
+    let NormShape {
+        n,
+        k,
+        swiglu,
+        bias,
+        input: has_input,
+    } = shape;
+    let residual: Vec<f32> = (0..k).map(|_| 2.0 * rng.normal()).collect();
+    let columns = if swiglu { n / 2 } else { n };
+    Case {
+        kernel: if swiglu {
+            GemvFp8SwigluStreamNorm::NAME
+        } else {
+            GemvFp8StreamNorm::NAME
+        },
+        shape: format!(
+            "m=1 n={n} k={k} row_shift={row_shift} bias={bias} input={has_input} \
+             prewait={prewait} evict_first={evict_first}"
+        ),
+        buffers: vec![
+            output(columns as usize),
+            Buffer {
+                init: f32_bytes(&residual).into(),
+                output: Some(OutputKind::F32),
+            },
+            Buffer {
+                init: vec![0xAB; k as usize * 4].into(),
+                output: Some(OutputKind::F32),
+            },
+            input(bf16_normal(rng, k as usize, 2.0)),
+            input(norm_weight(rng, k as usize).into()),
+            input(e4m3_codes(rng, (n * k) as usize)),
+            input(scales(rng, n, k, row_shift)),
+            input(bf16_normal(rng, n as usize, 1.0)),
+        ],
+        build: Box::new(move |p| {
+            let input = if has_input { p[3] } else { DevicePtr::NULL };
+            if swiglu {
+                launch_of(GemvFp8SwigluStreamNorm {
+                    out: p[0],
+                    residual: p[1],
+                    residual_out: p[2],
+                    input,
+                    norm_weight: p[4],
+                    w: p[5],
+                    scales: p[6],
+                    m: 1,
+                    inter: n / 2,
+                    k,
+                    eps: 1e-6,
+                    row_shift,
+                    prewait,
+                    evict_first,
+                })
+            } else {
+                launch_of(GemvFp8StreamNorm {
+                    c: p[0],
+                    residual: p[1],
+                    residual_out: p[2],
+                    input,
+                    norm_weight: p[4],
+                    w: p[5],
+                    scales: p[6],
+                    bias: if bias { p[7] } else { DevicePtr::NULL },
+                    m: 1,
+                    n,
+                    k,
+                    eps: 1e-6,
+                    row_shift,
+                    prewait,
+                    evict_first,
+                })
+            }
+        }),
+        gemm: None,
+        allowance: None,
+    }
 }
 
 #[cfg(test)]
