@@ -42,13 +42,15 @@
 // stream over e4m3 rows with gemv_fp8.cu's scale layout: scales[ceil(rows / 2^row_shift),
 // k / 128] (row_shift 7: 128 x 128 blocks; 0: a scale per row and 128 columns), a weight being
 // e4m3 x its block's scale. A row is k bytes, so its chunks are 4, 2 or 1 KiB (k % 4096, 2048 or
-// 1024 == 0; the ring then of 4, 8 or 16 slots), and the producer copies each chunk's CHUNK / 128
-// scales with it into a ring of scales of as many slots, counted on the same mbarrier. A lane's 16-byte piece is 16 weights inside
-// one 128-column block: it widens them exactly (cvt e4m3x2 -> f16x2, then f32), sums their 16
-// products with a in f32, and adds that sum times the block's scale to its sums (the scale applied
-// once a piece, as gemv_fp8 does; one bf16 rounding at the output). A piece takes 32 bytes of a;
-// lanes 4 apart would read a in the same banks, so the FP8 form keeps a with the two 16-byte halves
-// of every piece p with p & 4 swapped (a_unit), which makes every lane's reads of a conflict-free.
+// 1024 == 0; the ring then of 4, 8 or 16 slots: the same 16 KiB in flight a warp), and the
+// producer copies each chunk's CHUNK / 128 scales with it into a ring of scales of as many slots,
+// counted on the same mbarrier. A lane's 16-byte piece is 16 weights inside one 128-column block:
+// it widens them exactly (cvt e4m3x2 -> f16x2, then f32), sums their 16 products with a in f32,
+// and adds that sum times the block's scale to its sums (the scale applied once a piece, as
+// gemv_fp8 does; one bf16 rounding at the output). A piece takes 32 bytes of a, so lanes 4 apart
+// would read a in the same banks: the FP8 form keeps a with the two 16-byte halves of every piece
+// p with p & 4 swapped (a_unit), which makes the lanes' reads of a conflict-free. The bf16
+// entries compile as they did before the FP8 ones joined the template (the same PTX).
 //
 // Dynamic shared memory: a (k bf16, rounded up to 128 bytes), then each warp's ring (RING bytes),
 // then each warp's mbarriers (8 bytes each: MAX_STAGES of the format's smallest chunk), then 32
