@@ -29,6 +29,7 @@ mod gemv_fp8;
 mod kv_fp8;
 mod mamba2;
 mod moe;
+mod moe_fused;
 mod moe_relu2;
 mod norm_offset;
 
@@ -1813,6 +1814,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(wide_group_attention_cases(&mut rng));
     // The FP8 streams, after every other case for the same reason.
     out.extend(gemv_fp8::gemv_fp8_stream_cases(&mut rng));
+    // The fused decode MoE launches, after every other case for the same reason.
+    out.extend(moe_fused::moe_fused_cases(&mut rng));
     out
 }
 

@@ -345,6 +345,7 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         (QkNormWhole::NAME, run::<QkNormWhole>, QkNormWhole::KINDS),
         (GridBarrier::NAME, run::<GridBarrier>, GridBarrier::KINDS),
         (MoeRoute::NAME, run::<MoeRoute>, MoeRoute::KINDS),
+        (MoeRouter::NAME, run::<MoeRouter>, MoeRouter::KINDS),
         (
             MoeGemvSwiglu::NAME,
             run::<MoeGemvSwiglu>,

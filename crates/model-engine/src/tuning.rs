@@ -145,6 +145,7 @@ pub const KEYS: [&str; 29] = [
     "moe_grouped_min_rows",
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
+    "moe_fused_router",
     "ssd_chunk_min_run",
     "carveout",
     "grid_caps",
@@ -220,6 +221,10 @@ pub struct Tuning {
     /// products on tensor cores, each touched expert's weights read once per 32 of its rows
     /// (off: the CUDA-core weight streams).
     pub moe_grouped_mma: bool,
+    /// MoE steps of at most `MOE_ROUTER_MAX_ROWS` (8) tokens run the router's product, the
+    /// shared expert's gate logit and the routing in one launch (`moe_router`; off: the f32
+    /// GEMV, the gate's own product and `moe_route`). The same logits and choices.
+    pub moe_fused_router: bool,
     /// Steps whose longest run has at least this many tokens walk the Mamba-2 recurrence in
     /// parallel chunks (`mamba2_chunk_*`, three launches; 0: never, token by token).
     pub ssd_chunk_min_run: u32,
@@ -261,6 +266,7 @@ impl Tuning {
             moe_grouped_min_rows: u32::MAX,
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
+            moe_fused_router: false,
             ssd_chunk_min_run: 0,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
@@ -379,6 +385,7 @@ impl Tuning {
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
+            "moe_fused_router" => self.moe_fused_router = switch(v)?,
             "ssd_chunk_min_run" => self.ssd_chunk_min_run = count(v)?,
             "carveout" => {
                 self.carveout = match v {
@@ -483,6 +490,7 @@ mod tests {
             ("moe_grouped_min_rows", "16"),
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
+            ("moe_fused_router", "on"),
             ("ssd_chunk_min_run", "128"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),

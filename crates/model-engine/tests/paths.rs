@@ -533,7 +533,7 @@ fn moe_prompt_logits_of(
 
 /// A MoE config's prompt logits agree within bf16 rounding between one prefill step and one
 /// token a step, under the plain path, the kernel tree's defaults and every form of the grouped
-/// expert products.
+/// expert products; one token a step, the router in one launch and in two agree exactly.
 fn moe_prefill_and_decode_agree(c: &ModelConfig) {
     let prompt: Vec<u32> = (0..21)
         .map(|i| (i * 37 + 11) % c.vocab_size as u32)
@@ -574,6 +574,11 @@ fn moe_prefill_and_decode_agree(c: &ModelConfig) {
         println!("{what}: relative error {err:.3e}");
         assert!(err < 2e-2, "{what}: {err:.3e}");
     }
+    // The router in one launch makes the logits, the shared gate's logit and the choices the
+    // separate launches make: on the host, the same bits.
+    let fused = moe_prompt_logits(c, &prompt, tuned(&[]), true);
+    let separate = moe_prompt_logits(c, &prompt, tuned(&["moe_fused_router=off"]), true);
+    assert!(fused == separate, "the fused router changed the logits");
 }
 
 /// A tiny Qwen3-MoE (16 experts, top 4) on the host, prefill against decode; layer 1 stays dense

@@ -14,7 +14,8 @@
 //   [E, inter, hidden]. Each pair of entries is one template over the activation (ExpertAct);
 //   down weights stacked [E, hidden, inter] for both.
 //
-// Decode (few rows): moe_route, then moe_gemv_swiglu (act [m k, inter], one row per assignment),
+// Decode (few rows): the router's product and moe_route, or both in one launch (moe_router, up to
+// 8 rows), then moe_gemv_swiglu (act [m k, inter], one row per assignment),
 // then moe_gemv_down (out [m, hidden], the weighted sum over slots inside each output's dot).
 // Both expert launches are weight streams like gemv.cu's FMA form: a warp computes one output
 // (both gate and up rows, or every slot's down row) with 16-byte L1-no-allocate loads, 4 KiB in
@@ -60,9 +61,8 @@ __device__ __forceinline__ bool route_better(float v, uint32_t e, float best, ui
     return best_e == FULL || v > best || (v == best && e < best_e);
 }
 
-}  // namespace
-
-// Per row: scores, the top k, their weights.
+// One row's routing by one warp (moe_route, and moe_router's last block): scores, the top k,
+// their weights.
 // - softmax: weight_e = softmax(logits)_e; the top k are chosen on the logits themselves (softmax
 //   is monotone, so they are the top k of the scores, and host and device choose from the same
 //   bits);
@@ -71,21 +71,14 @@ __device__ __forceinline__ bool route_better(float v, uint32_t e, float best, ui
 // Ties go to the lower expert id; a NaN key counts as -inf. Slots are in choice order (the best
 // first). Then with `renormalize` the k weights are divided by their sum (added in slot order;
 // a zero sum leaves them zero), and every weight is multiplied by `scale`.
-// Logits must be finite. Nothing is written when experts > MAX_EXPERTS, k > MAX_TOP_K, k > experts,
-// k == 0 or scoring is unknown (the host reference refuses these).
-// Launch: grid = ceil(rows / 4), block = 128: warp w of block b takes row 4 b + w.
-extern "C" __global__ void __launch_bounds__(ROUTE_THREADS) moe_route(
-    int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
-    const float* __restrict__ logits, const float* __restrict__ correction_bias, uint32_t rows,
-    uint32_t experts, uint32_t k, uint32_t scoring, uint32_t renormalize, float scale) {
-    metrale::grid_dependency_sync();
-    const uint32_t lane = threadIdx.x & 31;
-    const uint32_t row = blockIdx.x * (ROUTE_THREADS / 32) + (threadIdx.x >> 5);
-    // Warp-uniform exits; the kernel has no block barrier.
-    if (row >= rows || experts == 0 || experts > MAX_EXPERTS || k == 0 || k > MAX_TOP_K ||
-        k > experts || scoring > SCORING_SIGMOID)
-        return;
-    const float* in = logits + (size_t)row * experts;
+// The logits are read through L2 (ld.global.cg): moe_router's other blocks wrote them in the same
+// launch. The caller has checked experts, k and scoring (route_args_ok).
+__device__ __forceinline__ void route_row_warp(int32_t* __restrict__ ids_out,
+                                               float* __restrict__ weights_out,
+                                               const float* in,
+                                               const float* __restrict__ correction_bias,
+                                               uint32_t experts, uint32_t k, uint32_t scoring,
+                                               uint32_t renormalize, float scale, uint32_t lane) {
     // Lane l holds experts l, l + 32, ...: key (what the top k is chosen on) and score (what the
     // weight is made of; for softmax, exp(logit - max) before the division by the sum).
     float key[ROUTE_PER_LANE], score[ROUTE_PER_LANE];
@@ -98,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(ROUTE_THREADS) moe_route(
         score[j] = 0.0f;
         if (e < experts) {
             live |= 1u << j;
-            const float l = in[e];
+            const float l = __ldcg(in + e);
             if (scoring == SCORING_SOFTMAX) {
                 key[j] = isnan(l) ? -INFINITY : l;
                 max_logit = fmaxf(max_logit, key[j]);
@@ -164,9 +157,35 @@ extern "C" __global__ void __launch_bounds__(ROUTE_THREADS) moe_route(
         my_weight = total > 0.0f ? my_weight / total : 0.0f;
     }
     if (lane < k) {
-        topk_ids[(size_t)row * k + lane] = my_id;
-        topk_weights[(size_t)row * k + lane] = my_weight * scale;
+        ids_out[lane] = my_id;
+        weights_out[lane] = my_weight * scale;
     }
+}
+
+// The routing arguments both routing entries take.
+__device__ __forceinline__ bool route_args_ok(uint32_t experts, uint32_t k, uint32_t scoring) {
+    return experts != 0 && experts <= MAX_EXPERTS && k != 0 && k <= MAX_TOP_K && k <= experts &&
+           scoring <= SCORING_SIGMOID;
+}
+
+}  // namespace
+
+// Per row of router logits: scores, the top k, their weights (route_row_warp says how).
+// Logits must be finite. Nothing is written when experts > MAX_EXPERTS, k > MAX_TOP_K, k > experts,
+// k == 0 or scoring is unknown (the host reference refuses these).
+// Launch: grid = ceil(rows / 4), block = 128: warp w of block b takes row 4 b + w.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS) moe_route(
+    int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
+    const float* __restrict__ logits, const float* __restrict__ correction_bias, uint32_t rows,
+    uint32_t experts, uint32_t k, uint32_t scoring, uint32_t renormalize, float scale) {
+    metrale::grid_dependency_sync();
+    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t row = blockIdx.x * (ROUTE_THREADS / 32) + (threadIdx.x >> 5);
+    // Warp-uniform exits; the kernel has no block barrier.
+    if (row >= rows || !route_args_ok(experts, k, scoring)) return;
+    route_row_warp(topk_ids + (size_t)row * k, topk_weights + (size_t)row * k,
+                   logits + (size_t)row * experts, correction_bias, experts, k, scoring,
+                   renormalize, scale, lane);
 }
 
 namespace {
@@ -343,7 +362,116 @@ __device__ __forceinline__ void moe_gemv_act(__nv_bfloat16* __restrict__ act,
     if (lane == 0) *out = metrale::to_bf16(ExpertAct<A>::of(v));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode routing in one launch.
+
+// Rows moe_router takes: its last block routes one row a warp. Must match MOE_ROUTER_MAX_ROWS in
+// ops/moe/router.rs.
+constexpr uint32_t ROUTER_MAX_ROWS = 8;
+constexpr uint32_t ROUTER_WARPS = ROUTER_MAX_ROWS;
+
+// out[r] = x[r] . wr over n elements for every row r < rows (at most ROUTER_MAX_ROWS; x is
+// [rows, n]), on every lane: the weight row streamed once with BATCH loads a lane in flight, the
+// rows' activations through L1. Vector path: n % 8 == 0 and x, wr 16-byte aligned.
+__device__ __forceinline__ void router_dots(float (&out)[ROUTER_MAX_ROWS],
+                                            const __nv_bfloat16* __restrict__ wr,
+                                            const __nv_bfloat16* __restrict__ x, uint32_t rows,
+                                            uint32_t n, uint32_t lane) {
+    float acc[ROUTER_MAX_ROWS][2];
+#pragma unroll
+    for (uint32_t r = 0; r < ROUTER_MAX_ROWS; ++r) acc[r][0] = acc[r][1] = 0.0f;
+    if (n % 8 == 0 && aligned16(x) && aligned16(wr)) {
+        const uint32_t chunks = n / 8;
+        const uint4* w4 = reinterpret_cast<const uint4*>(wr);
+        const uint4* x4 = reinterpret_cast<const uint4*>(x);
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        for (uint32_t i = 0; i < chunks; i += 32 * BATCH) {
+            uint4 wv[BATCH];
+#pragma unroll
+            for (int q = 0; q < BATCH; ++q) {
+                const uint32_t c = i + lane + 32 * q;
+                wv[q] = c < chunks ? load_stream(w4 + c) : zero;
+            }
+#pragma unroll
+            for (int q = 0; q < BATCH; ++q) {
+                const uint32_t c = i + lane + 32 * q;
+                if (c < chunks) {
+#pragma unroll
+                    for (uint32_t r = 0; r < ROUTER_MAX_ROWS; ++r)
+                        if (r < rows) fma8(acc[r], wv[q], __ldg(x4 + (size_t)r * chunks + c));
+                }
+            }
+        }
+    } else {
+        for (uint32_t i = lane; i < n; i += 32) {
+            const float wv = metrale::to_f32(wr[i]);
+#pragma unroll
+            for (uint32_t r = 0; r < ROUTER_MAX_ROWS; ++r)
+                if (r < rows) acc[r][0] = fmaf(wv, metrale::to_f32(x[(size_t)r * n + i]), acc[r][0]);
+        }
+    }
+#pragma unroll
+    for (uint32_t r = 0; r < ROUTER_MAX_ROWS; ++r) out[r] = metrale::warp_sum(acc[r][0] + acc[r][1]);
+}
+
 }  // namespace
+
+// The router of a decode step in one launch: logits[r, e] = x[r] . w[e] (f32, as the f32-output
+// GEMV computes them), shared_logit[r] = x[r] . shared_gate_w where a shared expert's gate is
+// given (Qwen2-MoE, Qwen3-Next, Qwen3.5; its sigmoid is taken where the gate is applied), then
+// each row's routing as moe_route computes it from those logits (route_row_warp). Every block
+// computes 8 of the E (+ 1) columns for every row, one warp a column streaming its weight row
+// once; the last block to finish (counted in `counter`, which it sets back to zero, so the next
+// launch and a graph replay find it zero) routes the rows, one warp a row, reading the logits
+// the other blocks wrote. counter must be zero before the first launch.
+// Nothing is written when rows is 0 or above ROUTER_MAX_ROWS, or the routing arguments are ones
+// moe_route refuses (the host reference refuses these).
+// Launch: grid = ceil((E + (shared_gate_w ? 1 : 0)) / 8), block = 256.
+extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) moe_router(
+    int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights, float* logits,
+    float* __restrict__ shared_logit, uint32_t* __restrict__ counter,
+    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+    const __nv_bfloat16* __restrict__ shared_gate_w, const float* __restrict__ correction_bias,
+    uint32_t rows, uint32_t experts, uint32_t k, uint32_t scoring, uint32_t renormalize,
+    float scale, uint32_t hidden) {
+    __shared__ bool is_last;
+    metrale::grid_dependency_sync();
+    // Grid-uniform exits, before the count: every block takes part or none does.
+    if (rows == 0 || rows > ROUTER_MAX_ROWS || !route_args_ok(experts, k, scoring) ||
+        blockDim.x != ROUTER_WARPS * 32)
+        return;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t column = blockIdx.x * ROUTER_WARPS + warp;
+    const uint32_t columns = experts + (shared_gate_w != nullptr ? 1u : 0u);
+    if (column < columns) {
+        const __nv_bfloat16* wr =
+            column < experts ? w + (size_t)column * hidden : shared_gate_w;
+        float dots[ROUTER_MAX_ROWS];
+        router_dots(dots, wr, x, rows, hidden, lane);
+        if (lane == 0) {
+#pragma unroll
+            for (uint32_t r = 0; r < ROUTER_MAX_ROWS; ++r) {
+                if (r >= rows) break;
+                if (column < experts)
+                    logits[(size_t)r * experts + column] = dots[r];
+                else
+                    shared_logit[r] = dots[r];
+            }
+        }
+    }
+    // This block's logits are visible before it is counted; the last block sees every block's.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (warp < rows)
+        route_row_warp(topk_ids + (size_t)warp * k, topk_weights + (size_t)warp * k,
+                       logits + (size_t)warp * experts, correction_bias, experts, k, scoring,
+                       renormalize, scale, lane);
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
+}
 
 // act[a, j] = bf16(silu(g) * u) for every assignment a = r * k + s of expert e = ids[a], with
 // g = x[r] . w[e, j] and u = x[r] . w[e, inter + j] each rounded to bf16 first (the bits of a

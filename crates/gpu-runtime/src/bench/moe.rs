@@ -11,7 +11,7 @@ use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     ExpertActivation, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
     MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedMmaDown, MoeGroupedMmaRelu2,
-    MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert,
+    MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, group_by_expert,
 };
 
 use super::{BenchCase, i32_bytes, launch_of};
@@ -78,12 +78,60 @@ fn touched(s: &MoeShape, rows: u32) -> u64 {
     u64::from((rows * s.k).min(s.experts))
 }
 
-fn route_case(s: &MoeShape, rows: u32) -> BenchCase {
-    let (e, k) = (s.experts, s.k);
-    let scoring = match s.activation {
+/// The shape's router scoring: softmax for the SwiGLU models, sigmoid for Nemotron-H.
+fn scoring(s: &MoeShape) -> MoeScoring {
+    match s.activation {
         ExpertActivation::SwiGlu => MoeScoring::Softmax,
         ExpertActivation::Relu2 => MoeScoring::Sigmoid,
-    };
+    }
+}
+
+/// The router in one launch at a decode batch: bytes are the router's weight, the input rows,
+/// the logits written and read back, the choices.
+fn router_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (h, e, k, scoring) = (s.hidden, s.experts, s.k, scoring(s));
+    BenchCase {
+        kernel: MoeRouter::NAME,
+        label: format!("{} moe router rows={rows} experts={e} k={k}", s.name),
+        bytes: u64::from(e) * u64::from(h) * 2
+            + u64::from(rows) * (u64::from(h) * 2 + u64::from(e) * 8 + u64::from(k) * 8),
+        flops: 2 * u64::from(rows) * u64::from(e) * u64::from(h),
+        buffers: vec![
+            (rows as usize * k as usize * 4, 0),
+            (rows as usize * k as usize * 4, 0),
+            (rows as usize * e as usize * 4, 0),
+            (rows as usize * 4, 0),
+            (4, 0),
+            (rows as usize * h as usize * 2, 0x3C),
+            (e as usize * h as usize * 2, 0x3C),
+        ],
+        uploads: vec![],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(MoeRouter {
+                topk_ids: p[0],
+                topk_weights: p[1],
+                logits: p[2],
+                shared_logit: p[3],
+                counter: p[4],
+                x: p[5],
+                w: p[6],
+                shared_gate_w: DevicePtr::NULL,
+                correction_bias: DevicePtr::NULL,
+                rows,
+                experts: e,
+                k,
+                scoring,
+                renormalize: 1,
+                scale: 1.0,
+                hidden: h,
+            })
+        }),
+    }
+}
+
+fn route_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (e, k, scoring) = (s.experts, s.k, scoring(s));
     BenchCase {
         kernel: MoeRoute::NAME,
         label: format!("{} moe route rows={rows} experts={e} k={k}", s.name),
@@ -353,6 +401,9 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
 /// and the prefill path at `prefill_tokens`.
 pub fn moe_cases(s: &MoeShape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     let mut out = Vec::new();
+    for rows in [1u32, 8] {
+        out.push(router_case(s, rows));
+    }
     for rows in [1u32, 8, 32, 64] {
         out.push(route_case(s, rows));
         out.push(gemv_first_case(s, rows));

@@ -64,10 +64,11 @@ pub use mamba2::{
     Mamba2ChunkScan, Mamba2ChunkState, Mamba2Recurrent,
 };
 pub use moe::{
-    ExpertActivation, MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MoeCombine, MoeGemmDown, MoeGemmRelu2,
-    MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown,
-    MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaRelu2,
-    MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, group_by_expert, route_row,
+    ExpertActivation, MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown,
+    MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup,
+    MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
+    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, group_by_expert,
+    route_row,
 };
 pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};
 pub use rmsnorm::{AddRmsNorm, RmsNorm};

@@ -16,9 +16,10 @@
 //!   run.
 //!
 //! Two paths, one semantics:
-//! - **decode** ([`MoeRoute`], [`MoeGemvSwiglu`], [`MoeGemvDown`]): weight streams in the manner of
-//!   the GEMV, one launch for every selected expert of every row; the down launch weights and adds
-//!   the slots inside each output's dot, in f32, and rounds once;
+//! - **decode** ([`MoeRoute`] after the router's product, or [`MoeRouter`], both in one launch up
+//!   to [`MOE_ROUTER_MAX_ROWS`] rows; [`MoeGemvSwiglu`], [`MoeGemvDown`]): weight streams in the
+//!   manner of the GEMV, one launch for every selected expert of every row; the down launch
+//!   weights and adds the slots inside each output's dot, in f32, and rounds once;
 //! - **grouped** ([`MoeRoute`], [`MoeGroup`], [`MoeGemmSwiglu`], [`MoeGemmDown`], [`MoeCombine`]):
 //!   the assignments grouped by expert, grouped tensor-core products over each expert's rows, each
 //!   expert's output rounded to bf16 (as `transformers` in bf16 does) before the f32 combine. For
@@ -53,6 +54,7 @@ mod decode;
 mod grouped;
 mod grouped_mma;
 mod route;
+mod router;
 
 pub use decode::{MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu};
 pub use grouped::{
@@ -61,6 +63,7 @@ pub use grouped::{
 };
 pub use grouped_mma::{MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu};
 pub use route::{MoeRoute, MoeScoring, route_row};
+pub use router::{MOE_ROUTER_MAX_ROWS, MoeRouter};
 
 use half::bf16;
 use metrale_core::{DevicePtr, KernelName};

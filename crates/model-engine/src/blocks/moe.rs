@@ -2,7 +2,9 @@
 //! The Mixture-of-Experts MLP ([`crate::plan::MlpKind::Moe`]).
 //!
 //! `x = norm(h)`; router logits `x · Wrouterᵀ` (f32); the top k experts per token and their
-//! weights (`moe_route`: softmax or sigmoid scores, renormalised, scaled); every selected
+//! weights (`moe_route`: softmax or sigmoid scores, renormalised, scaled; steps of at most 8
+//! tokens with the tuning's `moe_fused_router` compute the logits, the shared expert's gate logit
+//! and the routing in one launch, `moe_router`); every selected
 //! expert's first product with its activation (`moe_gemv_swiglu`: gate|up with SiLU x up, or
 //! `moe_gemv_relu2`: up with squared ReLU, Nemotron-H's ungated experts); the down products
 //! weighted and summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
@@ -32,9 +34,10 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu,
-    MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
-    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeScoring, Relu2,
+    MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
+    MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2,
+    MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute,
+    MoeRouter, MoeScoring, Relu2,
 };
 
 use super::{Arena, Block, Step};
@@ -49,6 +52,7 @@ use crate::weights::MoeWeights;
 #[derive(Clone, Copy, Debug)]
 struct Kernels {
     route: KernelHandle,
+    router: KernelHandle,
     first: FirstProduct,
     down: KernelHandle,
     group: KernelHandle,
@@ -142,6 +146,8 @@ impl FirstProduct {
 struct Scratch {
     /// f32 `[tokens, experts]`.
     logits: DevicePtr,
+    /// u32 `[1]`: `moe_router`'s arrival count, zeroed at allocation; each launch leaves it zero.
+    router_counter: DevicePtr,
     /// i32 `[tokens, top_k]`.
     ids: DevicePtr,
     /// f32 `[tokens, top_k]`.
@@ -183,6 +189,7 @@ impl Shared {
     ) -> Result<Shared, ModelError> {
         let kernels = Kernels {
             route: gpu.kernel(MoeRoute::NAME)?,
+            router: gpu.kernel(MoeRouter::NAME)?,
             first: FirstProduct::new(gpu, spec.activation)?,
             down: gpu.kernel(MoeGemvDown::NAME)?,
             group: gpu.kernel(MoeGroup::NAME)?,
@@ -206,6 +213,7 @@ impl Shared {
         );
         let scratch = Scratch {
             logits: arena.alloc(t * spec.experts * 4)?,
+            router_counter: arena.alloc(4)?,
             ids: arena.alloc(t * k * 4)?,
             weights: arena.alloc(t * k * 4)?,
             act: arena.alloc(t * k * spec.intermediate * 2)?,
@@ -218,6 +226,7 @@ impl Shared {
             shared_out,
             shared_logit,
         };
+        gpu.memset(scratch.router_counter, 0, 4, gpu.default_stream())?;
         Ok(Shared {
             spec,
             kernels,
@@ -235,6 +244,10 @@ impl Shared {
 pub(crate) struct Moe {
     norm: RmsNorm,
     router: Linear,
+    /// bf16 `[experts, hidden]`: the router's weight, for `moe_router`.
+    router_w: DevicePtr,
+    /// bf16 `[hidden]`: the shared expert's sigmoid gate (one output column), or null.
+    shared_gate_w: DevicePtr,
     /// bf16 `[experts, 2 * intermediate, hidden]` (SwiGLU), or `[experts, intermediate, hidden]`
     /// (squared ReLU: the up rows only).
     experts_gate_up: DevicePtr,
@@ -330,6 +343,8 @@ impl Moe {
                 (experts, hidden),
                 linear,
             ),
+            router_w: w.router,
+            shared_gate_w: w.shared_gate,
             experts_gate_up: w.experts_gate_up,
             experts_down: w.experts_down,
             correction_bias: w.correction_bias,
@@ -337,6 +352,39 @@ impl Moe {
             shared,
             hidden,
         }
+    }
+
+    /// The router, the shared expert's gate logit and the routing in one launch.
+    fn router(&self, x: DevicePtr, rows: u32) -> MoeRouter {
+        let (route, sc) = (self.route(rows), &self.shared.scratch);
+        let gated = matches!(self.shared_expert, Some(SharedExpert::SwiGlu { .. }));
+        MoeRouter {
+            topk_ids: route.topk_ids,
+            topk_weights: route.topk_weights,
+            logits: route.logits,
+            shared_logit: sc.shared_logit,
+            counter: sc.router_counter,
+            x,
+            w: self.router_w,
+            shared_gate_w: if gated {
+                self.shared_gate_w
+            } else {
+                DevicePtr::NULL
+            },
+            correction_bias: route.correction_bias,
+            rows,
+            experts: route.experts,
+            k: route.k,
+            scoring: route.scoring,
+            renormalize: route.renormalize,
+            scale: route.scale,
+            hidden: self.hidden,
+        }
+    }
+
+    /// Whether a step of `rows` tokens routes in one launch ([`MoeRouter`]).
+    fn fused_router(t: &Tuning, rows: u32) -> bool {
+        t.moe_fused_router && (1..=MOE_ROUTER_MAX_ROWS).contains(&rows)
     }
 
     fn route(&self, rows: u32) -> MoeRoute {
@@ -371,8 +419,15 @@ impl Moe {
         }
     }
 
-    /// The shared expert's products on the normalised rows `x`, if the layer has one.
-    fn run_shared_expert(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
+    /// The shared expert's products on the normalised rows `x`, if the layer has one; its gate
+    /// logit too unless the router's launch made it (`gate_done`).
+    fn run_shared_expert(
+        &self,
+        l: &Launcher,
+        x: DevicePtr,
+        rows: u32,
+        gate_done: bool,
+    ) -> Result<(), ModelError> {
         let sc = &self.shared.scratch;
         match &self.shared_expert {
             None => Ok(()),
@@ -383,7 +438,10 @@ impl Moe {
             }) => {
                 gate_up.run(l, sc.shared_act, x, rows)?;
                 down.run(l, sc.shared_out, sc.shared_act, rows, false)?;
-                gate.run_f32(l, sc.shared_logit, x, rows)
+                match gate_done {
+                    true => Ok(()),
+                    false => gate.run_f32(l, sc.shared_logit, x, rows),
+                }
             }
             Some(SharedExpert::Relu2 { up, down, inter }) => {
                 up.run(l, sc.shared_gate_up, x, rows, false)?;
@@ -525,12 +583,17 @@ impl Block for Moe {
         let (sc, kernels) = (&self.shared.scratch, &self.shared.kernels);
         let rows = step.tokens;
         let x = residual.add_norm(l, self.norm, rows)?;
-        self.router.run_f32(l, sc.logits, x, rows)?;
-        l.launch(kernels.route, "router", &self.route(rows))?;
+        let fused_router = Moe::fused_router(l.tuning, rows);
+        if fused_router {
+            l.launch(kernels.router, "router", &self.router(x, rows))?;
+        } else {
+            self.router.run_f32(l, sc.logits, x, rows)?;
+            l.launch(kernels.route, "router", &self.route(rows))?;
+        }
         if let Some(capture) = l.routing {
             capture.record(l.gpu, sc.ids, rows as usize * self.shared.spec.top_k * 4)?;
         }
-        self.run_shared_expert(l, x, rows)?;
+        self.run_shared_expert(l, x, rows, fused_router)?;
         if rows >= l.tuning.moe_grouped_min_rows {
             self.grouped(l, x, rows)?;
         } else {
