@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 29] = [
+pub const KEYS: [&str; 30] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -146,6 +146,7 @@ pub const KEYS: [&str; 29] = [
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
     "moe_fused_router",
+    "moe_fused_shared_expert",
     "ssd_chunk_min_run",
     "carveout",
     "grid_caps",
@@ -225,6 +226,11 @@ pub struct Tuning {
     /// shared expert's gate logit and the routing in one launch (`moe_router`; off: the f32
     /// GEMV, the gate's own product and `moe_route`). The same logits and choices.
     pub moe_fused_router: bool,
+    /// MoE steps on the per-assignment expert launches (fewer than
+    /// [`Tuning::moe_grouped_min_rows`] tokens) run the shared expert as extra slots of those
+    /// two launches (off: its own gate|up and down products, three launches for squared ReLU),
+    /// its output then unrounded before the combine.
+    pub moe_fused_shared_expert: bool,
     /// Steps whose longest run has at least this many tokens walk the Mamba-2 recurrence in
     /// parallel chunks (`mamba2_chunk_*`, three launches; 0: never, token by token).
     pub ssd_chunk_min_run: u32,
@@ -267,6 +273,7 @@ impl Tuning {
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
             moe_fused_router: false,
+            moe_fused_shared_expert: false,
             ssd_chunk_min_run: 0,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
@@ -386,6 +393,7 @@ impl Tuning {
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
             "moe_fused_router" => self.moe_fused_router = switch(v)?,
+            "moe_fused_shared_expert" => self.moe_fused_shared_expert = switch(v)?,
             "ssd_chunk_min_run" => self.ssd_chunk_min_run = count(v)?,
             "carveout" => {
                 self.carveout = match v {
@@ -491,6 +499,7 @@ mod tests {
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
             ("moe_fused_router", "on"),
+            ("moe_fused_shared_expert", "on"),
             ("ssd_chunk_min_run", "128"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),

@@ -546,6 +546,11 @@ fn moe_prefill_and_decode_agree(c: &ModelConfig) {
         ("tree, one prefill step", tuned(&[]), false),
         ("tree, one token a step", tuned(&[]), true),
         (
+            "tree with the shared expert's own launches, one token a step",
+            tuned(&["moe_fused_shared_expert=off"]),
+            true,
+        ),
+        (
             "grouped experts on tensor cores, one prefill step",
             tuned(&["moe_grouped_min_rows=2", "moe_tensor_core_min_rows=2"]),
             false,

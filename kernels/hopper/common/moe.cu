@@ -335,19 +335,42 @@ __device__ __forceinline__ const __nv_bfloat16* expert_row(const __nv_bfloat16* 
     return w + ((size_t)e * R * inter + (size_t)r * inter + j) * hidden;
 }
 
+// Shared-expert slots of a row: its shared_inter columns in pieces of the routed width (the last
+// piece partial).
+__device__ __forceinline__ uint32_t shared_slots(const void* shared_w, uint32_t inter,
+                                                 uint32_t shared_inter) {
+    return shared_w != nullptr && inter != 0 ? (shared_inter + inter - 1) / inter : 0;
+}
+
 // The decode experts' first product (moe_gemv_swiglu, moe_gemv_relu2).
 template <Act A>
-__device__ __forceinline__ void moe_gemv_act(__nv_bfloat16* __restrict__ act,
-                                             const __nv_bfloat16* __restrict__ x,
-                                             const __nv_bfloat16* __restrict__ w,
-                                             const int32_t* __restrict__ ids, uint32_t rows,
-                                             uint32_t k, uint32_t experts, uint32_t inter,
-                                             uint32_t hidden) {
+__device__ __forceinline__ void moe_gemv_act(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
+    __nv_bfloat16* __restrict__ shared_act, const __nv_bfloat16* __restrict__ shared_w,
+    uint32_t rows, uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden,
+    uint32_t shared_inter) {
     constexpr int R = ExpertAct<A>::ROWS;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t a = blockIdx.x, j = blockIdx.y * WARPS + warp;
+    const uint32_t routed = rows * k;
     // Warp-uniform exits; the kernel has no block barrier.
-    if (k == 0 || a >= rows * k || j >= inter) return;
+    if (k == 0 || j >= inter) return;
+    if (a >= routed) {
+        // A shared-expert slot: a = routed + p * rows + r takes columns p * inter + j of row r
+        // (the rows of one piece adjacent, as the routed assignments of one column block are).
+        const uint32_t sa = a - routed, r = sa % rows, col = (sa / rows) * inter + j;
+        if (sa >= rows * shared_slots(shared_w, inter, shared_inter) || col >= shared_inter)
+            return;
+        const __nv_bfloat16* wr[R];
+#pragma unroll
+        for (int q = 0; q < R; ++q) wr[q] = expert_row<A>(shared_w, 0, q, col, shared_inter, hidden);
+        float v[R];
+        row_dots<R>(v, wr, x + (size_t)r * hidden, hidden, lane);
+        if (lane == 0)
+            shared_act[(size_t)r * shared_inter + col] = metrale::to_bf16(ExpertAct<A>::of(v));
+        return;
+    }
     const int32_t e = ids[a];
     __nv_bfloat16* out = act + (size_t)a * inter + j;
     if (!valid_expert(e, experts)) {
@@ -478,46 +501,63 @@ extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) moe_router(
 // bf16 gate|up product followed by silu_mul_bf16). An assignment with no expert gets zeros.
 // Rows that chose the same expert each read its weights (from L2 when their blocks run together:
 // a block's neighbours in launch order are the other assignments' blocks of the same columns).
-// Launch: grid = (rows * k, ceil(inter / 8)), block = 256: warp w of block (a, b) computes column
-// 8 b + w of assignment a, streaming its gate row and its up row together.
+// With a shared expert (shared_w non-null: its gate|up [2 shared_inter, hidden], gate rows
+// first) every row also takes it in extra slots after the routed assignments, each of at most
+// inter of its columns: shared_act[r, c] = the same function of shared_w's rows c and
+// shared_inter + c (the bits of the shared expert's own gate|up product and silu_mul_bf16).
+// Launch: grid = (rows * (k + ceil(shared_inter / inter)), ceil(inter / 8)) (no shared slots
+// where shared_w is null), block = 256: warp w of block (a, b) computes column 8 b + w of slot a,
+// streaming its gate row and its up row together.
 extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_swiglu(
     __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids, uint32_t rows,
-    uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden) {
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
+    __nv_bfloat16* __restrict__ shared_act, const __nv_bfloat16* __restrict__ shared_w,
+    uint32_t rows, uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden,
+    uint32_t shared_inter) {
     metrale::grid_dependency_sync();
-    moe_gemv_act<Act::SwiGlu>(act, x, w, ids, rows, k, experts, inter, hidden);
+    moe_gemv_act<Act::SwiGlu>(act, x, w, ids, shared_act, shared_w, rows, k, experts, inter,
+                              hidden, shared_inter);
 }
 
 // act[a, j] = bf16(relu(u)^2) for every assignment a = r * k + s of expert e = ids[a], with
 // u = x[r] . w[e, j] rounded to bf16 first (the bits of a bf16 up product followed by relu2_bf16);
-// w is the squared-ReLU experts' up stack [E, inter, hidden]. Otherwise moe_gemv_swiglu: zeros
-// for an assignment with no expert, the same launch, a warp streaming its one up row.
+// w is the squared-ReLU experts' up stack [E, inter, hidden], shared_w the shared expert's up
+// rows [shared_inter, hidden] (Nemotron-H's, ungated). Otherwise moe_gemv_swiglu: zeros for an
+// assignment with no expert, the shared slots, the same launch, a warp streaming its one up row.
 extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_relu2(
     __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids, uint32_t rows,
-    uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden) {
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
+    __nv_bfloat16* __restrict__ shared_act, const __nv_bfloat16* __restrict__ shared_w,
+    uint32_t rows, uint32_t k, uint32_t experts, uint32_t inter, uint32_t hidden,
+    uint32_t shared_inter) {
     metrale::grid_dependency_sync();
-    moe_gemv_act<Act::Relu2>(act, x, w, ids, rows, k, experts, inter, hidden);
+    moe_gemv_act<Act::Relu2>(act, x, w, ids, shared_act, shared_w, rows, k, experts, inter,
+                             hidden, shared_inter);
 }
 
 // out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r k + s] . w[ids[r, s], h])
-// + g_r * shared[r, h]), f32 throughout: the expert outputs are not rounded before they are
-// weighted and added. The shared expert's term (Qwen2-MoE) is added last, its gate
-// g_r = sigmoid(shared_gate[r]) taken here (shared_gate null: g_r = 1; shared null: no term). A warp
-// computes one output as a single dot over the k slots' rows laid end to end (k * inter elements,
-// each 16-byte chunk's partial dot scaled by its slot's weight), so every warp streams all of its
-// row's experts: k * inter * 2 bytes (12 KiB for Qwen3-30B-A3B). Slots with no expert add
-// nothing and are not read. The order of the sum is fixed by the shape (deterministic). Output
-// bf16: the MLP's output as the dense down product gives it, which the next residual add + norm
-// takes.
+// + g_r * (shared_act[r] . shared_w[h]) + g_r * shared[r, h]), f32 throughout: the expert outputs
+// are not rounded before they are weighted and added. The shared expert (Qwen2-MoE, Qwen3-Next,
+// Qwen3.5 behind its sigmoid gate; Nemotron-H ungated) comes in one of two forms: as extra slots
+// of this launch (shared_w non-null: its down weight [hidden, shared_inter] and moe_gemv_swiglu's
+// or moe_gemv_relu2's shared_act [rows, shared_inter]; its output is not rounded either), or as
+// its output computed by the dense products (shared non-null: bf16, added last). Its gate
+// g_r = sigmoid(shared_gate[r]) is taken here (shared_gate null: g_r = 1). A warp computes one
+// output as a single dot over the k slots' rows and the shared expert's row laid end to end
+// (k * inter + shared_inter elements, each 16-byte chunk's partial dot scaled by its slot's
+// weight), so every warp streams all of its row's experts: k * inter * 2 bytes (12 KiB for
+// Qwen3-30B-A3B) and shared_inter * 2 more. Slots with no expert add nothing and are not read.
+// The order of the sum is fixed by the shape (deterministic). Output bf16: the MLP's output as
+// the dense down product gives it, which the next residual add + norm takes.
 // Launch: grid = (ceil(hidden / 8), rows), block = 256: warp w of block (b, r) computes column
 // 8 b + w of row r. rows <= 65535.
 extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
     __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ act,
     const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ ids,
     const float* __restrict__ weights, const __nv_bfloat16* __restrict__ shared,
-    const float* __restrict__ shared_gate, uint32_t rows, uint32_t k, uint32_t experts,
-    uint32_t hidden, uint32_t inter) {
+    const float* __restrict__ shared_gate, const __nv_bfloat16* __restrict__ shared_act,
+    const __nv_bfloat16* __restrict__ shared_w, uint32_t rows, uint32_t k, uint32_t experts,
+    uint32_t hidden, uint32_t inter, uint32_t shared_inter) {
     metrale::grid_dependency_sync();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t r = blockIdx.y, h = blockIdx.x * WARPS + warp;
@@ -533,11 +573,19 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
             my_w = weights[(size_t)r * k + lane];
         }
     }
+    // The shared expert's slots, where this launch computes them: its gate, activations and row.
+    const bool slots = shared_w != nullptr;
+    const float g = shared_gate != nullptr ? 1.0f / (1.0f + expf(-shared_gate[r])) : 1.0f;
+    const uint32_t shared_n = slots ? shared_inter : 0;
+    const __nv_bfloat16* shared_row = shared_act + (size_t)r * shared_n;
+    const __nv_bfloat16* shared_wr = shared_w + (size_t)h * shared_n;
     const __nv_bfloat16* act_row = act + (size_t)r * k * inter;
-    bool vec = inter % 8 == 0 && aligned16(act) && aligned16(w);
+    const bool vec = inter % 8 == 0 && aligned16(act) && aligned16(w) &&
+                     (!slots || (shared_n % 8 == 0 && aligned16(shared_act) && aligned16(shared_w)));
     float acc[2] = {0.0f, 0.0f};
     if (vec) {
-        const uint32_t row_chunks = inter / 8, chunks = k * row_chunks;
+        const uint32_t row_chunks = inter / 8, routed = k * row_chunks;
+        const uint32_t chunks = routed + shared_n / 8;
         const uint4 zero = make_uint4(0, 0, 0, 0);
         for (uint32_t i = 0; i < chunks; i += 32 * BATCH) {
             uint4 wv[BATCH];
@@ -548,21 +596,25 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
                 const uint32_t s = min(c / row_chunks, k - 1);
                 // Every lane takes part in the shuffle, in range or not.
                 es[q] = __shfl_sync(FULL, my_e, s);
-                const uint32_t cc = c - s * row_chunks;
-                wv[q] = c < chunks && es[q] >= 0
-                            ? load_stream(reinterpret_cast<const uint4*>(
-                                              w + ((size_t)es[q] * hidden + h) * inter) +
-                                          cc)
-                            : zero;
+                const uint4* src = nullptr;
+                if (c < routed && es[q] >= 0)
+                    src = reinterpret_cast<const uint4*>(w + ((size_t)es[q] * hidden + h) * inter) +
+                          (c - s * row_chunks);
+                else if (c >= routed && c < chunks)
+                    src = reinterpret_cast<const uint4*>(shared_wr) + (c - routed);
+                wv[q] = src != nullptr ? load_stream(src) : zero;
             }
 #pragma unroll
             for (int q = 0; q < BATCH; ++q) {
                 const uint32_t c = i + lane + 32 * q;
                 const uint32_t s = min(c / row_chunks, k - 1);
                 const float ws = __shfl_sync(FULL, my_w, s);
-                if (c < chunks && es[q] >= 0) {
+                if (c < routed && es[q] >= 0) {
                     const uint4 av = __ldg(reinterpret_cast<const uint4*>(act_row) + c);
                     acc[q & 1] = fmaf(ws, dot8(wv[q], av), acc[q & 1]);
+                } else if (c >= routed && c < chunks) {
+                    const uint4 av = __ldg(reinterpret_cast<const uint4*>(shared_row) + (c - routed));
+                    acc[q & 1] = fmaf(g, dot8(wv[q], av), acc[q & 1]);
                 }
             }
         }
@@ -578,6 +630,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) moe_gemv_down(
                 part = fmaf(metrale::to_f32(wr[i]), metrale::to_f32(ar[i]), part);
             acc[0] = fmaf(ws, part, acc[0]);
         }
+        float part = 0.0f;
+        for (uint32_t i = lane; i < shared_n; i += 32)
+            part = fmaf(metrale::to_f32(shared_wr[i]), metrale::to_f32(shared_row[i]), part);
+        acc[1] = fmaf(g, part, acc[1]);
     }
     const float sum = metrale::warp_sum(acc[0] + acc[1]);
     if (lane == 0)

@@ -189,6 +189,9 @@ fn gemv_first_case(s: &MoeShape, rows: u32) -> BenchCase {
         library_gemm: None,
         build: Box::new(move |p| {
             let args = MoeGemvSwiglu {
+                shared_act: DevicePtr::NULL,
+                shared_w: DevicePtr::NULL,
+                shared_inter: 0,
                 act: p[0],
                 x: p[1],
                 w: p[2],
@@ -232,6 +235,9 @@ fn gemv_down_case(s: &MoeShape, rows: u32) -> BenchCase {
         library_gemm: None,
         build: Box::new(move |p| {
             launch_of(MoeGemvDown {
+                shared_act: DevicePtr::NULL,
+                shared_w: DevicePtr::NULL,
+                shared_inter: 0,
                 out: p[0],
                 act: p[1],
                 w: p[2],

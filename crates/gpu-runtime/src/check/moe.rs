@@ -182,6 +182,9 @@ fn decode_cases(rng: &mut Rng) -> Vec<Case> {
             ],
             build: Box::new(move |p| {
                 launch_of(MoeGemvSwiglu {
+                    shared_act: DevicePtr::NULL,
+                    shared_w: DevicePtr::NULL,
+                    shared_inter: 0,
                     act: p[0],
                     x: p[1],
                     w: p[2],
@@ -216,6 +219,9 @@ fn decode_cases(rng: &mut Rng) -> Vec<Case> {
             ],
             build: Box::new(move |p| {
                 launch_of(MoeGemvDown {
+                    shared_act: DevicePtr::NULL,
+                    shared_w: DevicePtr::NULL,
+                    shared_inter: 0,
                     out: p[0],
                     act: p[1],
                     w: p[2],
@@ -497,6 +503,9 @@ fn shared_expert_cases(rng: &mut Rng) -> Vec<Case> {
             ],
             build: Box::new(move |p| {
                 launch_of(MoeGemvDown {
+                    shared_act: DevicePtr::NULL,
+                    shared_w: DevicePtr::NULL,
+                    shared_inter: 0,
                     out: p[0],
                     act: p[1],
                     w: p[2],

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Parity cases of the fused decode MoE launches: the router in one launch (`moe_router`) at
-//! every router kind the engine serves and every decode batch of 1 to 8 rows.
+//! every router kind the engine serves and every decode batch of 1 to 8 rows; the shared expert
+//! as extra slots of the decode expert launches (`moe_gemv_swiglu`, `moe_gemv_relu2`,
+//! `moe_gemv_down` with `shared_w`) at widths other than the routed experts' (Qwen1.5-MoE-A2.7B:
+//! four slots of 1408; Nemotron-3-Nano: two of 1856; Qwen3.5-35B-A3B: one of 512; a partial last
+//! slot; the scalar path), behind the sigmoid gate and ungated, with empty routed slots.
 //!
 //! The router's inputs lie on coarse grids (activations multiples of 1/4, weights of 1/128), so
 //! that every partial sum of a logit is exact in f32: host and device compute the same logits
@@ -10,14 +14,18 @@
 
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{MoeRouter, MoeScoring};
+use metrale_kernels::ops::{
+    ExpertActivation, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu, MoeRouter, MoeScoring,
+};
 
-use super::moe::{input, output};
-use super::{Case, Init, OutputKind, Rng, f32_bytes, launch_of};
+use super::moe::{input, output, routed_ids, routed_weights};
+use super::{Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of};
 
 /// Every fused MoE case, in a fixed order.
 pub(super) fn moe_fused_cases(rng: &mut Rng) -> Vec<Case> {
-    router_cases(rng)
+    let mut out = router_cases(rng);
+    out.extend(shared_slot_cases(rng));
+    out
 }
 
 /// `n` bf16 values `round(N(0, spread²)) * step`, clamped to `±limit * step`, drawn from `rng`
@@ -227,6 +235,237 @@ fn router_case(rng: &mut Rng, rows: u32, s: RouterShape, zero_row: bool) -> Case
                 renormalize,
                 scale,
                 hidden,
+            })
+        }),
+    }
+}
+
+/// A decode expert shape with a shared expert.
+#[derive(Clone, Copy)]
+struct SlotShape {
+    name: &'static str,
+    rows: u32,
+    experts: u32,
+    k: u32,
+    inter: u32,
+    hidden: u32,
+    shared_inter: u32,
+    activation: ExpertActivation,
+    gated: bool,
+    /// Routed slots left empty (ids outside the experts), as `routed_ids` places them.
+    empty: usize,
+}
+
+/// The shared expert as slots of the decode expert launches: both launches at each shape (the
+/// routed experts over fewer experts than the model's, as the other decode cases).
+fn shared_slot_cases(rng: &mut Rng) -> Vec<Case> {
+    let qwen1_5 = SlotShape {
+        name: "Qwen1.5-MoE-A2.7B",
+        rows: 1,
+        experts: 6,
+        k: 4,
+        inter: 1408,
+        hidden: 2048,
+        shared_inter: 5632,
+        activation: ExpertActivation::SwiGlu,
+        gated: true,
+        empty: 0,
+    };
+    let qwen3_5 = SlotShape {
+        name: "Qwen3.5-35B-A3B",
+        experts: 10,
+        k: 8,
+        inter: 512,
+        shared_inter: 512,
+        ..qwen1_5
+    };
+    let nano = SlotShape {
+        name: "Nemotron-3-Nano",
+        experts: 8,
+        k: 6,
+        inter: 1856,
+        hidden: 2688,
+        shared_inter: 3712,
+        activation: ExpertActivation::Relu2,
+        gated: false,
+        ..qwen1_5
+    };
+    let partial = SlotShape {
+        name: "partial last slot, scalar path",
+        rows: 2,
+        experts: 7,
+        k: 3,
+        inter: 37,
+        hidden: 130,
+        shared_inter: 90,
+        empty: 1,
+        ..qwen1_5
+    };
+    let narrow = SlotShape {
+        name: "shared narrower than routed",
+        rows: 3,
+        experts: 6,
+        k: 2,
+        inter: 64,
+        hidden: 64,
+        shared_inter: 24,
+        activation: ExpertActivation::Relu2,
+        gated: true,
+        empty: 2,
+    };
+    let mut out = Vec::new();
+    for s in [
+        qwen1_5,
+        SlotShape { rows: 3, ..qwen1_5 },
+        qwen3_5,
+        SlotShape { rows: 8, ..qwen3_5 },
+        nano,
+        SlotShape { rows: 4, ..nano },
+        partial,
+        narrow,
+    ] {
+        out.push(first_slot_case(rng, s));
+        out.push(down_slot_case(rng, s));
+    }
+    out
+}
+
+fn slot_shape_label(s: &SlotShape) -> String {
+    format!(
+        "rows={} experts={} k={} inter={} hidden={} shared_inter={} {:?} gated={} empty={} ({})",
+        s.rows,
+        s.experts,
+        s.k,
+        s.inter,
+        s.hidden,
+        s.shared_inter,
+        s.activation,
+        s.gated,
+        s.empty,
+        s.name
+    )
+}
+
+/// The first launch with the shared expert's slots: both activations written.
+fn first_slot_case(rng: &mut Rng, s: SlotShape) -> Case {
+    let (r, n, i, h, si) = (
+        s.rows as usize,
+        (s.rows * s.k) as usize,
+        s.inter as usize,
+        s.hidden as usize,
+        s.shared_inter as usize,
+    );
+    let per = s.activation.rows_per_column();
+    let ids = routed_ids(rng, s.rows, s.experts, s.k, s.empty);
+    let scale = 2.0 / (h as f32).sqrt();
+    let SlotShape {
+        rows,
+        experts,
+        k,
+        inter,
+        hidden,
+        shared_inter,
+        activation,
+        ..
+    } = s;
+    Case {
+        kernel: match activation {
+            ExpertActivation::SwiGlu => MoeGemvSwiglu::NAME,
+            ExpertActivation::Relu2 => MoeGemvRelu2::NAME,
+        },
+        gemm: None,
+        allowance: None,
+        shape: slot_shape_label(&s),
+        buffers: vec![
+            output(vec![0; n * i * 2], OutputKind::Bf16),
+            input(bf16_normal(rng, r * h, 1.0)),
+            input(bf16_normal(rng, experts as usize * per * i * h, scale)),
+            input(i32_bytes(&ids)),
+            output(vec![0; r * si * 2], OutputKind::Bf16),
+            input(bf16_normal(rng, per * si * h, scale)),
+        ],
+        build: Box::new(move |p| {
+            let a = MoeGemvSwiglu {
+                act: p[0],
+                x: p[1],
+                w: p[2],
+                ids: p[3],
+                shared_act: p[4],
+                shared_w: p[5],
+                rows,
+                k,
+                experts,
+                inter,
+                hidden,
+                shared_inter,
+            };
+            match activation {
+                ExpertActivation::SwiGlu => launch_of(a),
+                ExpertActivation::Relu2 => launch_of(MoeGemvRelu2::from(a)),
+            }
+        }),
+    }
+}
+
+/// The down launch with the shared expert's slot after the routed ones, behind its gate (gate
+/// logits spread over sigmoid's range) or ungated.
+fn down_slot_case(rng: &mut Rng, s: SlotShape) -> Case {
+    let (r, n, i, h, si) = (
+        s.rows as usize,
+        (s.rows * s.k) as usize,
+        s.inter as usize,
+        s.hidden as usize,
+        s.shared_inter as usize,
+    );
+    let ids = routed_ids(rng, s.rows, s.experts, s.k, s.empty);
+    let weights = routed_weights(rng, n);
+    let gates: Vec<f32> = (0..r).map(|_| rng.normal() * 4.0).collect();
+    let SlotShape {
+        rows,
+        experts,
+        k,
+        inter,
+        hidden,
+        shared_inter,
+        gated,
+        ..
+    } = s;
+    Case {
+        kernel: MoeGemvDown::NAME,
+        gemm: None,
+        allowance: None,
+        shape: slot_shape_label(&s),
+        buffers: vec![
+            output(vec![0; r * h * 2], OutputKind::Bf16),
+            input(bf16_normal(rng, n * i, 1.0)),
+            input(bf16_normal(
+                rng,
+                experts as usize * h * i,
+                1.0 / (i as f32).sqrt(),
+            )),
+            input(i32_bytes(&ids)),
+            input(f32_bytes(&weights)),
+            input(f32_bytes(&gates)),
+            input(bf16_normal(rng, r * si, 1.0)),
+            input(bf16_normal(rng, h * si, 1.0 / (si as f32).sqrt())),
+        ],
+        build: Box::new(move |p| {
+            launch_of(MoeGemvDown {
+                out: p[0],
+                act: p[1],
+                w: p[2],
+                ids: p[3],
+                weights: p[4],
+                shared: DevicePtr::NULL,
+                shared_gate: if gated { p[5] } else { DevicePtr::NULL },
+                shared_act: p[6],
+                shared_w: p[7],
+                rows,
+                k,
+                experts,
+                hidden,
+                inter,
+                shared_inter,
             })
         }),
     }

@@ -111,6 +111,9 @@ fn decode_cases(rng: &mut Rng) -> Vec<Case> {
             ],
             build: Box::new(move |p| {
                 launch_of(MoeGemvRelu2 {
+                    shared_act: DevicePtr::NULL,
+                    shared_w: DevicePtr::NULL,
+                    shared_inter: 0,
                     act: p[0],
                     x: p[1],
                     w: p[2],
@@ -151,6 +154,9 @@ fn decode_cases(rng: &mut Rng) -> Vec<Case> {
         ],
         build: Box::new(move |p| {
             launch_of(MoeGemvDown {
+                shared_act: DevicePtr::NULL,
+                shared_w: DevicePtr::NULL,
+                shared_inter: 0,
                 out: p[0],
                 act: p[1],
                 w: p[2],

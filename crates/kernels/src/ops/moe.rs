@@ -19,7 +19,9 @@
 //! - **decode** ([`MoeRoute`] after the router's product, or [`MoeRouter`], both in one launch up
 //!   to [`MOE_ROUTER_MAX_ROWS`] rows; [`MoeGemvSwiglu`], [`MoeGemvDown`]): weight streams in the
 //!   manner of the GEMV, one launch for every selected expert of every row; the down launch
-//!   weights and adds the slots inside each output's dot, in f32, and rounds once;
+//!   weights and adds the slots inside each output's dot, in f32, and rounds once; a shared
+//!   expert may ride in both as extra slots (the first launch's `shared_w`, the down launch's),
+//!   its output then unrounded like the routed ones;
 //! - **grouped** ([`MoeRoute`], [`MoeGroup`], [`MoeGemmSwiglu`], [`MoeGemmDown`], [`MoeCombine`]):
 //!   the assignments grouped by expert, grouped tensor-core products over each expert's rows, each
 //!   expert's output rounded to bf16 (as `transformers` in bf16 does) before the f32 combine. For
@@ -157,7 +159,8 @@ fn expert_act(
         .collect()
 }
 
-/// The shared expert's term (Qwen2-MoE), added last to every row's routed sum in f32:
+/// The shared expert's term from its own products' bf16 output (Qwen2-MoE), added last to every
+/// row's routed sum in f32:
 /// `out[r, h] += g_r * shared[r, h]` with `g_r = sigmoid(shared_gate[r])` (1 where `shared_gate`
 /// is null); nothing where `shared` is null. `out` is `[rows, hidden]`.
 fn add_shared(
@@ -172,13 +175,7 @@ fn add_shared(
     }
     let rows = out.len() / hidden;
     let y = host::load_bf16(mem, shared, rows * hidden)?;
-    let gates = match shared_gate.is_null() {
-        true => vec![1.0; rows],
-        false => host::load::<f32>(mem, shared_gate, rows)?
-            .into_iter()
-            .map(|g| 1.0 / (1.0 + (-g).exp()))
-            .collect(),
-    };
+    let gates = shared_gates(mem, shared_gate, rows)?;
     for ((row, y), g) in out
         .chunks_exact_mut(hidden)
         .zip(y.chunks_exact(hidden))
@@ -189,6 +186,22 @@ fn add_shared(
         }
     }
     Ok(())
+}
+
+/// The shared expert's gate of each of `rows` rows: `sigmoid(shared_gate[r])`, or 1 where
+/// `shared_gate` is null (an ungated shared expert).
+fn shared_gates(
+    mem: &dyn HostMemory,
+    shared_gate: DevicePtr,
+    rows: usize,
+) -> Result<Vec<f32>, HostError> {
+    Ok(match shared_gate.is_null() {
+        true => vec![1.0; rows],
+        false => host::load::<f32>(mem, shared_gate, rows)?
+            .into_iter()
+            .map(|g| 1.0 / (1.0 + (-g).exp()))
+            .collect(),
+    })
 }
 
 /// One assignment's down product in f32: `act . w[expert, h]` for every `h` of the stacked `w`

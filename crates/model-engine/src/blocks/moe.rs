@@ -21,13 +21,16 @@
 //! forms of the first product (`_swiglu` or `_relu2` entries, one CUDA template each) and the
 //! shared expert's form; routing, grouping, down products and combine are the same launches.
 //!
-//! A shared expert is a dense MLP every token takes, run by the ordinary products between the
-//! routing and the experts' down launch: Qwen2-MoE's SwiGLU one (gate|up with SiLU x up, its
-//! down, and its gate logit `x · g`, an f32 product of one column), or Nemotron-H's ungated
-//! squared-ReLU one (up, `relu2_bf16`, down); its down output bf16, rounded as transformers rounds
-//! the shared expert's output. The down launch of either path (`moe_gemv_down`, `moe_combine`)
-//! adds `sigmoid(logit) * shared` (or `shared`, ungated) to the routed sum in f32 before its one
-//! rounding.
+//! A shared expert is a dense MLP every token takes: Qwen2-MoE's SwiGLU one (gate|up with SiLU x
+//! up, its down, and its gate logit `x · g`, an f32 product of one column, made by `moe_router`
+//! where that runs), or Nemotron-H's ungated squared-ReLU one (up, `relu2_bf16`, down). On the
+//! per-assignment path with the tuning's `moe_fused_shared_expert` it is extra slots of the two
+//! expert launches (`ceil(shared_intermediate / intermediate)` slots a row in the first, its
+//! down row after the routed ones in `moe_gemv_down`), its output unrounded like a routed
+//! expert's. Otherwise the ordinary products run it between the routing and the experts' down
+//! launch, its down output bf16 (rounded as transformers rounds the shared expert's output). The
+//! down launch of either path (`moe_gemv_down`, `moe_combine`) adds `sigmoid(logit) * shared`
+//! (or `shared`, ungated) to the routed sum in f32 before its one rounding.
 
 use metrale_config::{MlpActivation, RouterKind};
 use metrale_core::DevicePtr;
@@ -256,8 +259,30 @@ pub(crate) struct Moe {
     /// f32 `[experts]`: the sigmoid router's correction bias (MiniMax-M2), or null.
     correction_bias: DevicePtr,
     shared_expert: Option<SharedExpert>,
+    /// The shared expert's weights as the decode expert launches take them.
+    shared_slots: Option<SharedSlots>,
     shared: Shared,
     hidden: u32,
+}
+
+/// The shared expert as extra slots of the decode expert launches (`moe_gemv_*`'s `shared_w`).
+#[derive(Clone, Copy, Debug)]
+struct SharedSlots {
+    /// bf16 `[2 * inter, hidden]` gate|up (SwiGLU) or `[inter, hidden]` up (squared ReLU).
+    first: DevicePtr,
+    /// bf16 `[hidden, inter]`.
+    down: DevicePtr,
+    /// The shared expert's width.
+    inter: u32,
+}
+
+/// Which of the shared expert's launches the MLP still runs on its own.
+#[derive(Clone, Copy, Debug)]
+struct SharedLaunches {
+    /// The gate's logit (not made by `moe_router`).
+    gate_logit: bool,
+    /// Its products (not slots of the expert launches).
+    products: bool,
 }
 
 /// The shared expert's products, in the block's activation.
@@ -345,6 +370,11 @@ impl Moe {
             ),
             router_w: w.router,
             shared_gate_w: w.shared_gate,
+            shared_slots: shared.spec.shared_intermediate.map(|si| SharedSlots {
+                first: w.shared_gate_up,
+                down: w.shared_down,
+                inter: si as u32,
+            }),
             experts_gate_up: w.experts_gate_up,
             experts_down: w.experts_down,
             correction_bias: w.correction_bias,
@@ -380,6 +410,11 @@ impl Moe {
             scale: route.scale,
             hidden: self.hidden,
         }
+    }
+
+    /// Whether the decode expert launches take the shared expert as slots of their own.
+    fn shared_in_experts(&self, t: &Tuning) -> bool {
+        t.moe_fused_shared_expert && self.shared_slots.is_some()
     }
 
     /// Whether a step of `rows` tokens routes in one launch ([`MoeRouter`]).
@@ -419,14 +454,14 @@ impl Moe {
         }
     }
 
-    /// The shared expert's products on the normalised rows `x`, if the layer has one; its gate
-    /// logit too unless the router's launch made it (`gate_done`).
+    /// The shared expert's launches of its own on the normalised rows `x`, if the layer has
+    /// one: those `run` names.
     fn run_shared_expert(
         &self,
         l: &Launcher,
         x: DevicePtr,
         rows: u32,
-        gate_done: bool,
+        run: SharedLaunches,
     ) -> Result<(), ModelError> {
         let sc = &self.shared.scratch;
         match &self.shared_expert {
@@ -436,13 +471,16 @@ impl Moe {
                 down,
                 gate,
             }) => {
-                gate_up.run(l, sc.shared_act, x, rows)?;
-                down.run(l, sc.shared_out, sc.shared_act, rows, false)?;
-                match gate_done {
-                    true => Ok(()),
-                    false => gate.run_f32(l, sc.shared_logit, x, rows),
+                if run.products {
+                    gate_up.run(l, sc.shared_act, x, rows)?;
+                    down.run(l, sc.shared_out, sc.shared_act, rows, false)?;
+                }
+                match run.gate_logit {
+                    true => gate.run_f32(l, sc.shared_logit, x, rows),
+                    false => Ok(()),
                 }
             }
+            Some(SharedExpert::Relu2 { .. }) if !run.products => Ok(()),
             Some(SharedExpert::Relu2 { up, down, inter }) => {
                 up.run(l, sc.shared_gate_up, x, rows, false)?;
                 let act = Relu2 {
@@ -456,7 +494,8 @@ impl Moe {
         }
     }
 
-    /// The decode form: every (row, slot) pair reads its expert's weights.
+    /// The decode form: every (row, slot) pair reads its expert's weights; with the tuning's
+    /// `moe_fused_shared_expert` the shared expert is slots of the same two launches.
     fn per_assignment(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
         let (spec, sc, kernels) = (
             &self.shared.spec,
@@ -468,7 +507,18 @@ impl Moe {
             spec.intermediate as u32,
             spec.experts as u32,
         );
+        let slots = match self.shared_in_experts(l.tuning) {
+            true => self.shared_slots,
+            false => None,
+        };
+        let (shared_first, shared_down, shared_inter) = slots
+            .map_or((DevicePtr::NULL, DevicePtr::NULL, 0), |s| {
+                (s.first, s.down, s.inter)
+            });
         let gate_up = MoeGemvSwiglu {
+            shared_act: sc.shared_act,
+            shared_w: shared_first,
+            shared_inter,
             act: sc.act,
             x,
             w: self.experts_gate_up,
@@ -480,8 +530,14 @@ impl Moe {
             hidden: self.hidden,
         };
         kernels.first.decode(l, gate_up)?;
-        let (shared, shared_gate) = self.shared_term();
+        let (shared, shared_gate) = match slots {
+            Some(_) => (DevicePtr::NULL, self.shared_term().1),
+            None => self.shared_term(),
+        };
         let down = MoeGemvDown {
+            shared_act: sc.shared_act,
+            shared_w: shared_down,
+            shared_inter,
             out: sc.out,
             act: sc.act,
             w: self.experts_down,
@@ -593,8 +649,13 @@ impl Block for Moe {
         if let Some(capture) = l.routing {
             capture.record(l.gpu, sc.ids, rows as usize * self.shared.spec.top_k * 4)?;
         }
-        self.run_shared_expert(l, x, rows, fused_router)?;
-        if rows >= l.tuning.moe_grouped_min_rows {
+        let grouped = rows >= l.tuning.moe_grouped_min_rows;
+        let run = SharedLaunches {
+            gate_logit: !fused_router,
+            products: grouped || !self.shared_in_experts(l.tuning),
+        };
+        self.run_shared_expert(l, x, rows, run)?;
+        if grouped {
             self.grouped(l, x, rows)?;
         } else {
             self.per_assignment(l, x, rows)?;

@@ -14,6 +14,7 @@ use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::{
     ExpertActivation, add_shared, bad_args, check_experts, expert_act, expert_down, expert_of,
+    shared_gates,
 };
 use crate::host::{self, HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
@@ -24,7 +25,9 @@ kernel_args!(
     /// of expert `e = ids[a]`, `act[a, j] = bf16(silu(g) * u)` of `g = x[r] . w[e, j]` and
     /// `u = x[r] . w[e, inter + j]`, each rounded to bf16 first (the bits of
     /// [`GemvSwiglu`](crate::ops::GemvSwiglu) on expert `e`'s slice, up to summation order). An
-    /// assignment with no expert gets zeros.
+    /// assignment with no expert gets zeros. With a shared expert (`shared_w` not null) every
+    /// row also takes it, in `ceil(shared_inter / inter)` extra slots of at most `inter` columns:
+    /// `shared_act[r, c]` the same function of `shared_w`'s rows `c` and `shared_inter + c`.
     MoeGemvSwiglu => names::moe::MOE_GEMV_SWIGLU {
         /// bf16 `[rows * k, inter]`, one row per assignment.
         act: DevicePtr,
@@ -34,6 +37,12 @@ kernel_args!(
         w: DevicePtr,
         /// i32 `[rows, k]`: the router's choices.
         ids: DevicePtr,
+        /// bf16 `[rows, shared_inter]`: the shared expert's activations; unused where `shared_w`
+        /// is null.
+        shared_act: DevicePtr,
+        /// bf16 `[2 * shared_inter, hidden]`: the shared expert's gate rows, then its up rows;
+        /// null for none.
+        shared_w: DevicePtr,
         /// Rows (tokens).
         rows: u32,
         /// Slots a row.
@@ -44,6 +53,8 @@ kernel_args!(
         inter: u32,
         /// The model's width.
         hidden: u32,
+        /// The shared expert's width (any; 0 where `shared_w` is null).
+        shared_inter: u32,
     }
 );
 
@@ -52,7 +63,7 @@ kernel_args!(
     /// `a = r * k + s` of expert `e = ids[a]`, `act[a, j] = bf16(relu(u)^2)` of
     /// `u = x[r] . w[e, j]` rounded to bf16 first (the bits of a bf16 up product followed by
     /// [`Relu2`](crate::ops::Relu2), up to summation order). An assignment with no expert gets
-    /// zeros. [`MoeGemvSwiglu`]'s launch, one weight row a column.
+    /// zeros. The shared expert's slots and [`MoeGemvSwiglu`]'s launch, one weight row a column.
     MoeGemvRelu2 => names::moe::MOE_GEMV_RELU2 {
         /// bf16 `[rows * k, inter]`, one row per assignment.
         act: DevicePtr,
@@ -62,6 +73,12 @@ kernel_args!(
         w: DevicePtr,
         /// i32 `[rows, k]`: the router's choices.
         ids: DevicePtr,
+        /// bf16 `[rows, shared_inter]`: the shared expert's activations; unused where `shared_w`
+        /// is null.
+        shared_act: DevicePtr,
+        /// bf16 `[shared_inter, hidden]`: the shared expert's up rows (Nemotron-H's, ungated);
+        /// null for none.
+        shared_w: DevicePtr,
         /// Rows (tokens).
         rows: u32,
         /// Slots a row.
@@ -72,20 +89,25 @@ kernel_args!(
         inter: u32,
         /// The model's width.
         hidden: u32,
+        /// The shared expert's width (0 where `shared_w` is null).
+        shared_inter: u32,
     }
 );
 
 same_args!(MoeGemvSwiglu <-> MoeGemvRelu2 {
-    act, x, w, ids, rows, k, experts, inter, hidden
+    act, x, w, ids, shared_act, shared_w, rows, k, experts, inter, hidden, shared_inter
 });
 
 kernel_args!(
-    /// The selected experts' down products, weighted and added, and the shared expert's output
-    /// behind its gate: `out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r * k + s] .
-    /// w[ids[r, s], h]) + g_r * shared[r, h])`, in f32 throughout (the expert outputs are not
-    /// rounded before they are weighted and added; slots with no expert add nothing; the shared
-    /// term is added last). bf16 out, as the dense down product: the residual add + norm after
-    /// the MLP takes it as it takes the dense MLP's output.
+    /// The selected experts' down products, weighted and added, and the shared expert's behind
+    /// its gate: `out[r, h] = bf16(sum over slots s of weights[r, s] * (act[r * k + s] .
+    /// w[ids[r, s], h]) + g_r * (shared_act[r] . shared_w[h]) + g_r * shared[r, h])`, in f32
+    /// throughout and added in that order (the expert outputs, the shared one computed here
+    /// included, are not rounded before they are weighted and added; slots with no expert add
+    /// nothing; a null `shared_w` or `shared` adds no term). The shared expert comes either as
+    /// slots of this launch (`shared_w`, after [`MoeGemvSwiglu`]'s shared slots) or as its
+    /// output from the dense products (`shared`, bf16). bf16 out, as the dense down product: the
+    /// residual add + norm after the MLP takes it as it takes the dense MLP's output.
     MoeGemvDown => names::moe::MOE_GEMV_DOWN {
         /// bf16 `[rows, hidden]`.
         out: DevicePtr,
@@ -102,6 +124,11 @@ kernel_args!(
         /// f32 `[rows]`: the shared expert's gate logits, `g_r = sigmoid(shared_gate[r])`; null
         /// for `g_r = 1`.
         shared_gate: DevicePtr,
+        /// bf16 `[rows, shared_inter]`: the shared expert's activations; unused where `shared_w`
+        /// is null.
+        shared_act: DevicePtr,
+        /// bf16 `[hidden, shared_inter]`: the shared expert's down weight, or null.
+        shared_w: DevicePtr,
         /// Rows (tokens), at most 65535 (grid y).
         rows: u32,
         /// Slots a row.
@@ -112,19 +139,32 @@ kernel_args!(
         hidden: u32,
         /// Each expert's width.
         inter: u32,
+        /// The shared expert's width (0 where `shared_w` is null).
+        shared_inter: u32,
     }
 );
 
 /// Warps (output columns) of a decode expert block (`WARPS` in moe.cu).
 const COLUMNS_PER_BLOCK: u32 = 8;
 
+impl MoeGemvSwiglu {
+    /// The shared expert's slots a row: its columns in pieces of `inter` (none without one).
+    pub fn shared_slots(&self) -> u32 {
+        match self.shared_w.is_null() || self.inter == 0 {
+            true => 0,
+            false => self.shared_inter.div_ceil(self.inter),
+        }
+    }
+}
+
 impl Kernel for MoeGemvSwiglu {
-    /// One block per assignment and 8 columns (grid x: assignments, so that the blocks launched
-    /// together read the same columns of the experts the rows share).
+    /// One block per slot (the assignments, then each row's shared-expert slots) and 8 columns
+    /// (grid x: slots, so that the blocks launched together read the same columns of the
+    /// experts the rows share).
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig {
             grid: [
-                (self.rows * self.k).max(1),
+                (self.rows * (self.k + self.shared_slots())).max(1),
                 self.inter.div_ceil(COLUMNS_PER_BLOCK).max(1),
                 1,
             ],
@@ -182,7 +222,20 @@ fn first_reference(
         }
     }
     drop(w);
-    host::store_bf16(mem, a.act, &act)
+    host::store_bf16(mem, a.act, &act)?;
+    if a.shared_w.is_null() {
+        return Ok(());
+    }
+    // The shared expert: one expert of `shared_inter` columns every row takes.
+    let si = a.shared_inter as usize;
+    let w = host::view::<bf16>(mem, a.shared_w, activation.rows_per_column() * si * hidden)?;
+    let shared: Vec<f32> = x
+        .chunks_exact(hidden.max(1))
+        .take(rows)
+        .flat_map(|xr| expert_act(xr, &w, 0, si, hidden, activation))
+        .collect();
+    drop(w);
+    host::store_bf16(mem, a.shared_act, &shared)
 }
 
 impl Kernel for MoeGemvDown {
@@ -226,6 +279,22 @@ impl Kernel for MoeGemvDown {
             }
         }
         drop(w);
+        if !self.shared_w.is_null() {
+            // The shared expert's slots: its down product in f32, unrounded, behind its gate.
+            let si = self.shared_inter as usize;
+            let gates = shared_gates(mem, self.shared_gate, rows)?;
+            let act = host::load_bf16(mem, self.shared_act, rows * si)?;
+            let w = host::view::<bf16>(mem, self.shared_w, hidden * si)?;
+            for ((row, a), g) in out
+                .chunks_exact_mut(hidden.max(1))
+                .zip(act.chunks_exact(si.max(1)))
+                .zip(gates)
+            {
+                for (o, y) in row.iter_mut().zip(expert_down(a, &w, 0, hidden, si)) {
+                    *o = g.mul_add(y, *o);
+                }
+            }
+        }
         add_shared(mem, &mut out, self.shared, self.shared_gate, hidden)?;
         host::store_bf16(mem, self.out, &out)
     }
@@ -283,6 +352,9 @@ mod tests {
         let out = m.put(&bf16s(&vec![9.0; rows * hidden]));
         let (rows_u, k_u) = (rows as u32, k as u32);
         MoeGemvSwiglu {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             act,
             x: xp,
             w: wgu,
@@ -299,6 +371,9 @@ mod tests {
         let acts = f32s(&m.get(act, rows * k * inter));
         assert!(acts[3 * inter..4 * inter].iter().all(|&v| v == 0.0));
         MoeGemvDown {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             out,
             act,
             w: wd,
@@ -361,6 +436,9 @@ mod tests {
         let act = m.put(&bf16s(&vec![9.0; rows * k * inter]));
         let out = m.put(&bf16s(&vec![9.0; rows * hidden]));
         let first = MoeGemvRelu2 {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             act,
             x: xp,
             w: wu,
@@ -377,6 +455,9 @@ mod tests {
             MoeGemvSwiglu::from(first).launch_config()
         );
         MoeGemvDown {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             out,
             act,
             w: wd,
@@ -437,6 +518,9 @@ mod tests {
         // Qwen3-30B-A3B at batch 1: 8 assignments x 96 column groups, then 256 blocks of 8 outputs.
         let p = DevicePtr::NULL;
         let gu = MoeGemvSwiglu {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             act: p,
             x: p,
             w: p,
@@ -453,6 +537,9 @@ mod tests {
             [8, 5, 1]
         );
         let down = MoeGemvDown {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             out: p,
             act: p,
             w: p,
@@ -468,5 +555,159 @@ mod tests {
         };
         assert_eq!(down.launch_config().grid, [256, 4, 1]);
         assert_eq!(MoeGemvDown::from_args(&down.args()).unwrap(), down);
+        // A shared expert adds its slots a row: Qwen1.5-MoE-A2.7B's 5632 columns are four of
+        // 1408, Nemotron-3-Nano's 3712 two of 1856, Qwen3.5's 512 one of 512; a width that is not
+        // a multiple of the routed one ends in a partial slot.
+        let with = |inter: u32, shared_inter: u32, k: u32| MoeGemvSwiglu {
+            shared_w: DevicePtr(256),
+            shared_inter,
+            inter,
+            k,
+            ..gu
+        };
+        assert_eq!(with(1408, 5632, 4).launch_config().grid, [8, 176, 1]);
+        assert_eq!(with(1856, 3712, 6).launch_config().grid, [8, 232, 1]);
+        assert_eq!(with(512, 512, 8).launch_config().grid, [9, 64, 1]);
+        assert_eq!(with(10, 25, 2).shared_slots(), 3);
+        assert_eq!(
+            MoeGemvSwiglu {
+                rows: 3,
+                ..with(10, 25, 2)
+            }
+            .launch_config()
+            .grid,
+            [15, 2, 1]
+        );
+        // A null weight means no shared expert, whatever its width says.
+        assert_eq!(
+            MoeGemvSwiglu {
+                shared_w: DevicePtr::NULL,
+                ..with(10, 25, 2)
+            }
+            .shared_slots(),
+            0
+        );
+    }
+
+    #[test]
+    fn the_shared_expert_in_the_expert_launches_is_its_dense_mlp_behind_its_gate() {
+        // 3 rows, 5 experts, 2 slots each (one empty), and a shared expert of 25 columns (two
+        // slots of the routed 10 and a partial one) behind a sigmoid gate (SwiGLU), then ungated
+        // (squared ReLU, 15 columns).
+        let (rows, experts, k, hidden, inter) = (3usize, 5usize, 2usize, 24usize, 10usize);
+        let dot = |w: &[f32], v: &[f32]| w.iter().zip(v).map(|(a, b)| a * b).sum::<f32>();
+        for (activation, si) in [
+            (ExpertActivation::SwiGlu, 25usize),
+            (ExpertActivation::Relu2, 15),
+        ] {
+            let per = activation.rows_per_column();
+            let x = values(31, rows * hidden, 1.0);
+            let first = values(32, experts * per * inter * hidden, 0.4);
+            let down = values(33, experts * hidden * inter, 0.4);
+            let shared_first = values(34, per * si * hidden, 0.4);
+            let shared_down = values(35, hidden * si, 0.4);
+            let ids = [4i32, 0, 2, -1, 1, 4];
+            let weights = [0.7f32, 0.3, 1.0, 0.9, 0.25, 0.5];
+            let gate_logits = [0.5f32, -2.0, 3.0];
+            let gated = activation == ExpertActivation::SwiGlu;
+            let mut m = FlatMemory::new();
+            let (xp, wf, wd) = (
+                m.put(&bf16s(&x)),
+                m.put(&bf16s(&first)),
+                m.put(&bf16s(&down)),
+            );
+            let (sf, sd) = (m.put(&bf16s(&shared_first)), m.put(&bf16s(&shared_down)));
+            let (idp, wp, gp) = (m.put(&ids), m.put(&weights), m.put(&gate_logits));
+            let act = m.put(&bf16s(&vec![9.0; rows * k * inter]));
+            let shared_act = m.put(&bf16s(&vec![9.0; rows * si]));
+            let out = m.put(&bf16s(&vec![9.0; rows * hidden]));
+            let gate_up = MoeGemvSwiglu {
+                act,
+                x: xp,
+                w: wf,
+                ids: idp,
+                shared_act,
+                shared_w: sf,
+                rows: rows as u32,
+                k: k as u32,
+                experts: experts as u32,
+                inter: inter as u32,
+                hidden: hidden as u32,
+                shared_inter: si as u32,
+            };
+            match activation {
+                ExpertActivation::SwiGlu => gate_up.reference(&mut m).unwrap(),
+                ExpertActivation::Relu2 => MoeGemvRelu2::from(gate_up).reference(&mut m).unwrap(),
+            }
+            MoeGemvDown {
+                out,
+                act,
+                w: wd,
+                ids: idp,
+                weights: wp,
+                shared: DevicePtr::NULL,
+                shared_gate: if gated { gp } else { DevicePtr::NULL },
+                shared_act,
+                shared_w: sd,
+                rows: rows as u32,
+                k: k as u32,
+                experts: experts as u32,
+                hidden: hidden as u32,
+                inter: inter as u32,
+                shared_inter: si as u32,
+            }
+            .reference(&mut m)
+            .unwrap();
+            // One expert's MLP on one row: products rounded to bf16, the activation rounded to
+            // bf16, the down product in f32.
+            let mlp = |xr: &[f32], w1: &[f32], w2: &[f32], width: usize| -> Vec<f32> {
+                let h: Vec<f32> = (0..width)
+                    .map(|j| {
+                        let p = |row: usize| round_bf16(dot(&w1[row * hidden..][..hidden], xr));
+                        round_bf16(match activation {
+                            ExpertActivation::SwiGlu => silu(p(j)) * p(width + j),
+                            ExpertActivation::Relu2 => p(j).max(0.0).powi(2),
+                        })
+                    })
+                    .collect();
+                (0..hidden)
+                    .map(|o| dot(&w2[o * width..][..width], &h))
+                    .collect()
+            };
+            let got = f32s(&m.get(out, rows * hidden));
+            let acts = f32s(&m.get(shared_act, rows * si));
+            for r in 0..rows {
+                let xr = &x[r * hidden..(r + 1) * hidden];
+                let mut want = vec![0f32; hidden];
+                for s in 0..k {
+                    let Ok(e) = usize::try_from(ids[r * k + s]) else {
+                        continue;
+                    };
+                    let w1 = &first[e * per * inter * hidden..(e + 1) * per * inter * hidden];
+                    let w2 = &down[e * hidden * inter..(e + 1) * hidden * inter];
+                    for (o, y) in want.iter_mut().zip(mlp(xr, w1, w2, inter)) {
+                        *o += weights[r * k + s] * y;
+                    }
+                }
+                let g = match gated {
+                    true => 1.0 / (1.0 + (-gate_logits[r]).exp()),
+                    false => 1.0,
+                };
+                for (o, y) in want
+                    .iter_mut()
+                    .zip(mlp(xr, &shared_first, &shared_down, si))
+                {
+                    *o += g * y;
+                }
+                assert!(acts[r * si..(r + 1) * si].iter().all(|&v| v != 9.0));
+                for h in 0..hidden {
+                    let (g, w) = (got[r * hidden + h], want[h]);
+                    assert!(
+                        (g - w).abs() <= 1e-5 + w.abs() / 128.0,
+                        "{activation:?} row {r} column {h}: {g} vs {w}"
+                    );
+                }
+            }
+        }
     }
 }

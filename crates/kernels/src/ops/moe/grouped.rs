@@ -700,6 +700,9 @@ mod tests {
         let dact = m.put(&bf16s(&vec![0.0; rows * k * inter]));
         let dout = m.put(&bf16s(&vec![9.0; rows * hidden]));
         MoeGemvSwiglu {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             act: dact,
             x: xp,
             w: wgu,
@@ -713,6 +716,9 @@ mod tests {
         .reference(&mut m)
         .unwrap();
         MoeGemvDown {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             out: dout,
             act: dact,
             w: wd,
@@ -767,6 +773,9 @@ mod tests {
         let n = rows * k;
         let decoded = m.put(&bf16s(&vec![0.0; n * inter]));
         MoeGemvRelu2 {
+            shared_act: DevicePtr::NULL,
+            shared_w: DevicePtr::NULL,
+            shared_inter: 0,
             act: decoded,
             x: xp,
             w: wu,
@@ -891,6 +900,9 @@ mod tests {
             .reference(&mut m)
             .unwrap();
             MoeGemvDown {
+                shared_act: DevicePtr::NULL,
+                shared_w: DevicePtr::NULL,
+                shared_inter: 0,
                 out: dout,
                 act: actp,
                 w: wd,
