@@ -355,7 +355,7 @@ __device__ __forceinline__ void moe_gemv_act(
     const uint32_t a = blockIdx.x, j = blockIdx.y * WARPS + warp;
     const uint32_t routed = rows * k;
     // Warp-uniform exits; the kernel has no block barrier.
-    if (k == 0 || j >= inter) return;
+    if (k == 0 || rows == 0 || j >= inter) return;
     if (a >= routed) {
         // A shared-expert slot: a = routed + p * rows + r takes columns p * inter + j of row r
         // (the rows of one piece adjacent, as the routed assignments of one column block are).
