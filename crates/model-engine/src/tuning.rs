@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 30] = [
+pub const KEYS: [&str; 31] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
