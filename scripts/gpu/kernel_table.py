@@ -12,7 +12,9 @@ block)" and " (resident grid of N columns per block)" for the GEMV at a split it
  " (uncapped grid)" for the GEMV on one block per column group, " (staged)" for the staged GEMV
 entries, " (stream)" for the one-row bulk-copy stream (gemv_bf16_stream), " (wide)" for the fused decode attention's 8-warp form); a split attention's combine kernel is added to its attention row, since PyTorch's one
 call does both. "speedup" is PyTorch time over met time:
-above 1, met is faster. Rows where met is not faster are listed after the table.
+above 1, met is faster. Rows where met is not faster are listed after the table, and then the
+PyTorch rows no met row matches (the FP8 products at prefill sizes, which the engine runs as a
+dequantisation to BF16 and the library GEMM: no one kernel to time).
 """
 
 import argparse
@@ -42,6 +44,12 @@ def base(label: str) -> str:
 # GEMV_MAX_ROWS rows, except that past GEMV_WIDE_K_MAX_ROWS rows a product over GEMV_WIDE_K or more
 # inputs goes to the library GEMM.
 GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
+# An FP8 weight's product (the bench's "<shape> fp8 ..." rows; crates/model-engine, Linear::path):
+# the FP8 GEMV (gemv_fp8) at 1 to GEMV_FP8_MAX_ROWS rows, with no wide-K rule (the library path
+# first writes the weight out as BF16) and no staged or normalising register entries; at one row
+# the FP8 stream under the same STREAM_PRODUCTS, threshold and STREAM_NORM as BF16 (the tuning's
+# gemv_fp8_stream, on in HARDWARE.toml).
+GEMV_FP8_MAX_ROWS = 8
 # Products the GEMV streams through its staged entries (crates/kernels, gemv_stages): 1 to
 # GEMV_FMA_MAX_ROWS rows and at most GEMV_STAGE_MAX_WEIGHTS weights.
 GEMV_FMA_MAX_ROWS, GEMV_STAGE_MAX_WEIGHTS = 4, 8 << 20
@@ -109,11 +117,15 @@ def on_path(r, wide_labels=frozenset(), stream_labels=frozenset()) -> bool:
     mk = re.search(r" m=(\d+) n=\d+ k=(\d+)", label)
     if mk:
         m, k = int(mk.group(1)), int(mk.group(2))
-        gemv = m <= GEMV_MAX_ROWS and (m <= GEMV_WIDE_K_MAX_ROWS or k < GEMV_WIDE_K)
+        fp8 = " fp8 " in label
+        if fp8:
+            gemv = 1 <= m <= GEMV_FP8_MAX_ROWS
+        else:
+            gemv = m <= GEMV_MAX_ROWS and (m <= GEMV_WIDE_K_MAX_ROWS or k < GEMV_WIDE_K)
         if gemv != r["kernel"].startswith("gemv"):
             return False
         n = int(re.search(r" n=(\d+)", label).group(1))
-        stages = 1 <= m <= GEMV_FMA_MAX_ROWS and n * k <= GEMV_STAGE_MAX_WEIGHTS
+        stages = not fp8 and 1 <= m <= GEMV_FMA_MAX_ROWS and n * k <= GEMV_STAGE_MAX_WEIGHTS
         folds = gemv and stages and m * k * 2 <= GEMV_NORM_MAX_A_BYTES
         what = re.search(r" (\S+) m=\d+ n=", label).group(1)
         product = what.removeprefix("add+rmsnorm+")
@@ -194,6 +206,12 @@ def main():
         print(f"\n{len(off)} rows are kernels the engine does not launch on CUDA for that shape (the WMMA GEMM "
               "fallback, the GEMV or library product on the other side of the engine's rule, prefill attention "
               "versions 1 and 2, version 3 on tiles of 64, the per-query kernel), kept for comparison.")
+    matched = {base(r["label"]) for r in met_rows}
+    unmatched = [t for label, t in torch_rows.items() if label not in matched]
+    if unmatched:
+        print(f"\n{len(unmatched)} PyTorch rows have no met row at their label:")
+        for t in unmatched:
+            print(f"- {t['label']} ({t['op']}): {t['us']:.2f} µs")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2) + "\n")
 

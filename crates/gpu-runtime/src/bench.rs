@@ -13,6 +13,7 @@ use metrale_kernels::{Kernel, KernelAbi};
 
 use crate::{GemmOp, GpuBackend, GpuError};
 
+mod fp8;
 mod moe;
 pub use moe::{MoeShape, NEMOTRON_3_NANO_EXPERTS, QWEN3_30B_A3B_EXPERTS, moe_cases};
 
@@ -902,7 +903,8 @@ fn grid_barrier_case(s: &Shape, blocks: u32, phases: u32) -> BenchCase {
 }
 
 /// The decode path's kernels at batch 1 (and the GEMV at batch 8), decode attention at several
-/// contexts, and the prefill GEMMs and attention at `prefill_tokens`, for one model shape.
+/// contexts, and the prefill GEMMs and attention at `prefill_tokens`, for one model shape; last,
+/// the FP8 KV cache's decode attention and the FP8-weight decode products ([`fp8`]).
 pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     let (h, i) = (s.hidden, s.inter);
     let (qd, kvd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
@@ -1074,6 +1076,9 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         }
         out.push(fp8_decode_attention_case(s, seqs, context));
     }
+    // The FP8-weight decode products beside torch._scaled_mm's rows (issue 32), last for the same
+    // reason.
+    out.extend(fp8::fp8_product_cases(s));
     out
 }
 
@@ -1245,6 +1250,19 @@ mod tests {
             },
             &[33],
         ));
+        // The FP8 stream takes k a multiple of 1024: its rows at a shape where it fits.
+        let fp8_tiny = Shape {
+            name: "tiny-fp8",
+            hidden: 1024,
+            inter: 1024,
+            q_heads: 8,
+            kv_heads: 2,
+            head_dim: 128,
+            vocab: 300,
+        };
+        let fp8_rows = fp8::fp8_product_cases(&fp8_tiny);
+        assert!(fp8_rows.iter().any(|c| c.label.ends_with(" (stream)")));
+        cases.extend(fp8_rows);
         let stream = gpu.default_stream();
         for case in &cases {
             let handle = gpu.kernel(case.kernel).unwrap();
