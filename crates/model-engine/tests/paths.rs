@@ -581,7 +581,7 @@ fn moe_prefill_and_decode_agree(c: &ModelConfig) {
     }
     // The router in one launch makes the logits, the shared gate's logit and the choices the
     // separate launches make: on the host, the same bits.
-    let fused = moe_prompt_logits(c, &prompt, tuned(&[]), true);
+    let fused = moe_prompt_logits(c, &prompt, tuned(&["moe_fused_router=on"]), true);
     let separate = moe_prompt_logits(c, &prompt, tuned(&["moe_fused_router=off"]), true);
     assert!(fused == separate, "the fused router changed the logits");
 }
