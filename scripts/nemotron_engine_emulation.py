@@ -209,7 +209,6 @@ def main():
             variants[f"only {n}"] = {n}
     else:
         for v in args.variants.split(","):
-            parts = v.split("-")
             if v == "engine":
                 continue
             if v.startswith("only:"):
