@@ -320,30 +320,45 @@ impl Fp8Tensor {
         };
         let (rb, cb) = (n.div_ceil(FP8_BLOCK), k.div_ceil(FP8_BLOCK));
         let mut scales = vec![0f32; rb * cb];
-        for (i, v) in t.data.iter().enumerate() {
-            let x = f32::from(*v);
-            if !x.is_finite() {
-                return Err(format!("element ({}, {}) is {x}", i / k, i % k));
-            }
-            let s = &mut scales[i / k / FP8_BLOCK * cb + i % k / FP8_BLOCK];
-            *s = s.max(x.abs());
+        let mut data = vec![0u8; n * k];
+        if n == 0 || k == 0 {
+            return Ok(Fp8Tensor {
+                n,
+                k,
+                data,
+                scales,
+                block_rows: FP8_BLOCK,
+            });
         }
-        for s in &mut scales {
-            *s = if *s > 0.0 && (*s / E4M3_MAX) > 0.0 {
-                *s / E4M3_MAX
-            } else {
-                1.0
-            };
-        }
-        let data = t
-            .data
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let s = scales[i / k / FP8_BLOCK * cb + i % k / FP8_BLOCK];
-                f32_to_e4m3(f32::from(*v) / s)
-            })
-            .collect();
+        // The 128-row bands are independent (their own scales, their own rows): spread over the
+        // machine's threads, a band at a time (an 8B model's linears take tens of seconds on
+        // one core). The result does not depend on the split.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |p| p.get())
+            .min(rb.max(1));
+        let bands_per = rb.div_ceil(threads.max(1)).max(1);
+        let band = FP8_BLOCK * k;
+        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = scales
+                .chunks_mut(bands_per * cb)
+                .zip(data.chunks_mut(bands_per * band))
+                .zip(t.data.chunks(bands_per * band))
+                .enumerate()
+                .map(|(i, ((scales, out), src))| {
+                    scope.spawn(move || {
+                        quantize_bands(src, out, scales, k, i * bands_per * FP8_BLOCK)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join()
+                        .unwrap_or_else(|_| Err("a quantizing thread panicked".into()))
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<(), String>>()?;
         Ok(Fp8Tensor {
             n,
             k,
@@ -468,6 +483,39 @@ impl Fp8Tensor {
         }
         out
     }
+}
+
+/// [`Fp8Tensor::quantize`] over whole 128-row bands: `src` and `out` are the bands' elements
+/// (`[rows, k]`, rows a multiple of 128 but for the last band), `scales` their scale rows;
+/// `first_row` names positions in errors.
+fn quantize_bands(
+    src: &[bf16],
+    out: &mut [u8],
+    scales: &mut [f32],
+    k: usize,
+    first_row: usize,
+) -> Result<(), String> {
+    let cb = k.div_ceil(FP8_BLOCK);
+    for (i, v) in src.iter().enumerate() {
+        let x = f32::from(*v);
+        if !x.is_finite() {
+            return Err(format!("element ({}, {}) is {x}", first_row + i / k, i % k));
+        }
+        let s = &mut scales[i / k / FP8_BLOCK * cb + i % k / FP8_BLOCK];
+        *s = s.max(x.abs());
+    }
+    for s in scales.iter_mut() {
+        *s = if *s > 0.0 && (*s / E4M3_MAX) > 0.0 {
+            *s / E4M3_MAX
+        } else {
+            1.0
+        };
+    }
+    for (i, (v, o)) in src.iter().zip(out.iter_mut()).enumerate() {
+        let s = scales[i / k / FP8_BLOCK * cb + i % k / FP8_BLOCK];
+        *o = f32_to_e4m3(f32::from(*v) / s);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -691,5 +739,32 @@ mod tests {
         ));
         assert!(pattern_matches("lm_head", "lm_head"));
         assert!(!pattern_matches("head", "lm_head"));
+    }
+
+    #[test]
+    fn quantizing_in_threads_gives_the_one_thread_result() {
+        // Three bands and a partial one, columns not a multiple of 128, values over many binades.
+        let (n, k) = (3 * 128 + 5, 200);
+        let data: Vec<bf16> = (0..n * k)
+            .map(|i| {
+                let x = ((i * 2654435761usize) % 1000) as f32 / 1000.0 - 0.5;
+                bf16::from_f32(x * (1 << (i % 7)) as f32)
+            })
+            .collect();
+        let t = HostTensor {
+            shape: vec![n, k],
+            data: data.clone(),
+        };
+        let q = Fp8Tensor::quantize(&t).unwrap();
+        let mut out = vec![0u8; n * k];
+        let mut scales = vec![0f32; n.div_ceil(128) * k.div_ceil(128)];
+        quantize_bands(&data, &mut out, &mut scales, k, 0).unwrap();
+        assert_eq!(q.data, out);
+        assert_eq!(q.scales, scales);
+        let empty = HostTensor {
+            shape: vec![0, 7],
+            data: vec![],
+        };
+        assert!(Fp8Tensor::quantize(&empty).unwrap().data.is_empty());
     }
 }
