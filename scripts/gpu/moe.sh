@@ -20,8 +20,9 @@
 #            sweep (SERVE_CONCURRENCY, default 1 8 32 64) of distinct 288-token prompts, 128 tokens
 #            each, through scripts/gpu/prefix_cache_bench.py's throughput workload
 #   table    the MoE rows of the kernel table: met bench-kernels --shape TABLE_SHAPE (default
-#            qwen3-30b-a3b; also nemotron-3-nano-30b-a3b) beside scripts/gpu/torch_kernels.py at
-#            the same shape, merged by kernel_table.py
+#            qwen3-30b-a3b; also nemotron-3-nano-30b-a3b, or a dense shape such as qwen3-8b) beside
+#            scripts/gpu/torch_kernels.py at the same shape (TABLE_TORCH_ARGS: e.g. --fp8),
+#            merged by kernel_table.py
 #   newkernels  met check-kernels on the kernels not yet run on a GPU (gemv_fp8, gated_delta,
 #            the squared-ReLU experts' moe_*_relu2) at SEEDS (default 1 2 3)
 #   unverified  met check-kernels on what changed since its last GPU run (attention with 32/2
@@ -183,7 +184,8 @@ table() {
     [ "$shape" = qwen3-30b-a3b ] || sfx=-$shape
     "$MET" bench-kernels --shape "$shape" --prefill 1024,8192 --json "$RES/bench-kernels-moe$sfx.json" \
         >"$RES/bench-kernels-moe$sfx.md" 2>&1
-    python3 scripts/gpu/torch_kernels.py --shape "$shape" --prefill 1024,8192 \
+    # shellcheck disable=SC2086
+    python3 scripts/gpu/torch_kernels.py --shape "$shape" --prefill 1024,8192 ${TABLE_TORCH_ARGS:-} \
         --json "$RES/torch-kernels-moe$sfx.json" >"$RES/torch-kernels-moe$sfx.txt" 2>&1 \
         || tail -5 "$RES/torch-kernels-moe$sfx.txt"
     python3 scripts/gpu/kernel_table.py --met "$RES/bench-kernels-moe$sfx.json" \

@@ -166,7 +166,7 @@ kernels)
   for shape in ${KERNEL_SHAPES:-qwen3-8b qwen3-0.6b}; do
     timeout 150 "$met" bench-kernels --shape $shape --json "$RES/bench-kernels-$shape.json" > "$RES/bench-kernels-$shape.md" 2>&1
     record "met bench-kernels $shape" "exit $?"
-    timeout 150 python3 scripts/gpu/torch_kernels.py --shape $shape --json "$RES/torch-kernels-$shape.json" \
+    timeout 240 python3 scripts/gpu/torch_kernels.py --shape $shape --fp8 --json "$RES/torch-kernels-$shape.json" \
       > "$RES/torch-kernels-$shape.log" 2>&1
     record "torch_kernels.py $shape" "exit $?"
     # TABLE_STREAM_PRODUCTS / TABLE_STREAM_NORM=0: another binary's stream defaults (kernel_table.py).
