@@ -335,7 +335,10 @@ fn a_hybrid_model_serves_concurrent_streams_frees_its_state_and_caches_prefixes(
 
     // (a) Concurrent streams, one dropped mid-stream.
     let prompts: Vec<String> = (1..5).map(|k| text(&ids(k, 10 + 7 * k as usize))).collect();
-    let solo: Vec<String> = prompts.iter().map(|p| on.complete(p, 24).0).collect();
+    let solo: Vec<Vec<Step>> = prompts
+        .iter()
+        .map(|p| on.complete_logprobs(p, 24).0)
+        .collect();
     let streamed: Vec<Vec<Value>> = std::thread::scope(|s| {
         let dropped = s.spawn(|| on.stream(&text(&ids(9, 12)), 200, Some(2)));
         let others: Vec<_> = prompts
@@ -359,15 +362,19 @@ fn a_hybrid_model_serves_concurrent_streams_frees_its_state_and_caches_prefixes(
         );
         // Batched with others (and from a cached prefix), a prompt's prefill runs in other
         // chunks than alone, and on this random model bf16 rounding of the linear-attention state
-        // moves logits by up to ~0.3 nats: near ties flip a few tokens in (prompt 2 of an earlier
+        // moves logits by up to ~0.3 nats: near ties flip tokens (prompt 2 of an earlier
         // workload: the 7th token's top two 0.22 nats apart alone, 0.07 the other way round
-        // batched). The first few tokens must agree.
-        let head = |t: &str| t.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
-        assert_eq!(
-            head(&joined),
-            head(want),
-            "stream {i}: batched vs alone\n  {joined}\n  {want}"
-        );
+        // batched; prompt 3 here at its 4th token once the shared expert joined the expert
+        // launches). So the two agree up to their first difference, and there the solo run's
+        // top two were within that noise (after it they are different texts).
+        let words: Vec<&str> = joined.split_whitespace().collect();
+        if let Some(at) = want.iter().zip(&words).position(|(a, b)| a.token != *b) {
+            assert!(
+                want[at].margin < 0.3,
+                "stream {i}: batched vs alone differ at token {at}, where alone led by {:.3} nats\n  {joined}\n  {want:?}",
+                want[at].margin
+            );
+        }
         assert!(
             joined.split_whitespace().count() >= 4,
             "stream {i}: {joined}"
