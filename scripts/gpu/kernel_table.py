@@ -10,7 +10,7 @@ library GEMM path, " splits=N" for split attention, " (tensor cores v2, N tiles 
 " (wgmma v3, N tiles of <=T)" for the prefill attention's versions 2 and 3, " (N columns per
 block)" and " (resident grid of N columns per block)" for the GEMV at a split it does not use,
  " (uncapped grid)" for the GEMV on one block per column group, " (staged)" for the staged GEMV
-entries, " (stream)" for the one-row bulk-copy stream (gemv_bf16_stream), " (wide)" for the fused decode attention's 8-warp form); a split attention's combine kernel is added to its attention row, since PyTorch's one
+entries, " (stream)" for the one-row bulk-copy stream (gemv_bf16_stream), " (mma)" for the tensor-core FP8 GEMV, " (wide)" for the fused decode attention's 8-warp form); a split attention's combine kernel is added to its attention row, since PyTorch's one
 call does both. "speedup" is PyTorch time over met time:
 above 1, met is faster. Rows where met is not faster are listed after the table, and then the
 PyTorch rows no met row matches (the FP8 products at prefill sizes, which the engine runs as a
@@ -34,7 +34,7 @@ def base(label: str) -> str:
     tiling suffixes."""
     label = re.sub(r" \(tensor cores, \d+ tiles\)$", "", shown(label))
     label = re.sub(r" \((resident grid of )?\d+ columns per block\)$", "", label)
-    label = re.sub(r" \((staged|stream)\)$", "", label)
+    label = re.sub(r" \((staged|stream|mma)\)$", "", label)
     label = label.replace(" (wide)", "")
     label = re.sub(r" \(uncapped grid\)$", "", label)
     return re.sub(r" \((tensor cores v2|wgmma v3), \d+ tiles of <=\d+\)$", "", label)
@@ -50,6 +50,10 @@ GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
 # the FP8 stream under the same STREAM_PRODUCTS, threshold and STREAM_NORM as BF16 (the tuning's
 # gemv_fp8_stream, on in HARDWARE.toml).
 GEMV_FP8_MAX_ROWS = 8
+# The tensor-core FP8 GEMV (gemv_fp8_mma, the bench's " (mma)" rows) in place of gemv_fp8 at 1 to
+# GEMV_FP8_MAX_ROWS rows where it fits (every speed-model product: K a multiple of 128): the
+# tuning's gemv_fp8_mma, on in HARDWARE.toml. The FP8 stream, where it streams, comes first.
+FP8_MMA = True
 # Products the GEMV streams through its staged entries (crates/kernels, gemv_stages): 1 to
 # GEMV_FMA_MAX_ROWS rows and at most GEMV_STAGE_MAX_WEIGHTS weights.
 GEMV_FMA_MAX_ROWS, GEMV_STAGE_MAX_WEIGHTS = 4, 8 << 20
@@ -137,6 +141,10 @@ def on_path(r, wide_labels=frozenset(), stream_labels=frozenset()) -> bool:
             return folds and not norm_streamed
         if label.endswith(" (stream)"):
             return streamed and not norm_streamed
+        if label.endswith(" (mma)"):
+            return FP8_MMA and not streamed and what != "gate_up"
+        if fp8 and gemv and FP8_MMA and r["kernel"] in ("gemv_fp8", "gemv_fp8_swiglu"):
+            return False
         if streamed and shown(label) + " (stream)" in stream_labels:
             return False
         if folds and what in NORMED_PRODUCTS:

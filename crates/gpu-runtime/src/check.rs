@@ -1816,6 +1816,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gemv_fp8::gemv_fp8_stream_cases(&mut rng));
     // The fused decode MoE launches, after every other case for the same reason.
     out.extend(moe_fused::moe_fused_cases(&mut rng));
+    // The tensor-core FP8 GEMV, after every other case for the same reason.
+    out.extend(gemv_fp8::gemv_fp8_mma_cases(&mut rng));
     out
 }
 

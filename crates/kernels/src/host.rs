@@ -403,6 +403,12 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             run::<Fp8DequantBf16>,
             Fp8DequantBf16::KINDS,
         ),
+        (GemvFp8Mma::NAME, run::<GemvFp8Mma>, GemvFp8Mma::KINDS),
+        (
+            GemvFp8MmaSwiglu::NAME,
+            run::<GemvFp8MmaSwiglu>,
+            GemvFp8MmaSwiglu::KINDS,
+        ),
         (
             GemvFp8Stream::NAME,
             run::<GemvFp8Stream>,

@@ -21,8 +21,10 @@
 //! at load. An FP8 product of one row takes the FP8 bulk-copy stream ([`GemvFp8Stream`] and its
 //! SwiGLU and normalising forms) where the BF16 stream would (the tuning's labels and size) and
 //! the tuning's `gemv_fp8_stream` is on; else, up to `gemv_max_rows` rows (at most
-//! [`GEMV_FP8_MAX_ROWS`]), the FP8 GEMV ([`GemvFp8`], [`GemvFp8Swiglu`]: the weight dequantised
-//! in registers); above, the weight dequantised to BF16 into a shared scratch
+//! [`GEMV_FP8_MAX_ROWS`]), the tensor-core FP8 GEMV ([`GemvFp8Mma`], [`GemvFp8MmaSwiglu`]: A
+//! taken as f16, so not the register GEMV's bits) where the tuning's `gemv_fp8_mma` is on and it
+//! fits, else the FP8 GEMV ([`GemvFp8`], [`GemvFp8Swiglu`]: the weight dequantised in
+//! registers); above, the weight dequantised to BF16 into a shared scratch
 //! ([`Fp8DequantBf16`]) and the library GEMM (part 1; the e4m3 tensor-core GEMM replaces it). It
 //! folds a norm only in the stream, and takes no stage. The blocks never see the difference.
 
@@ -31,10 +33,11 @@ use metrale_gpu_runtime::{GemmOp, GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     Fp8DequantBf16, GEMV_FMA_MAX_ROWS, GEMV_FP8_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvFp8, GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream,
-    GemvFp8SwigluStreamNorm, GemvNorm, GemvStaged, GemvStream, GemvStreamF32Out, GemvStreamNorm,
-    GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged, GemvSwigluStream, GemvSwigluStreamNorm, SiluMul,
-    gemv_fp8_stream_fits, gemv_norm_fits, gemv_stages, gemv_stream_fits,
+    GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu,
+    GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, GemvNorm, GemvStaged, GemvStream,
+    GemvStreamF32Out, GemvStreamNorm, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
+    GemvSwigluStream, GemvSwigluStreamNorm, SiluMul, gemv_fp8_mma_fits, gemv_fp8_stream_fits,
+    gemv_norm_fits, gemv_stages, gemv_stream_fits,
 };
 
 use crate::ModelError;
@@ -104,6 +107,8 @@ pub(crate) struct LinearKernels {
     silu_mul: KernelHandle,
     gemv_fp8: KernelHandle,
     gemv_fp8_swiglu: KernelHandle,
+    gemv_fp8_mma: KernelHandle,
+    gemv_fp8_mma_swiglu: KernelHandle,
     gemv_fp8_stream: KernelHandle,
     gemv_fp8_swiglu_stream: KernelHandle,
     gemv_fp8_stream_norm: KernelHandle,
@@ -134,6 +139,8 @@ impl LinearKernels {
             silu_mul: g.kernel(SiluMul::NAME)?,
             gemv_fp8: g.kernel(GemvFp8::NAME)?,
             gemv_fp8_swiglu: g.kernel(GemvFp8Swiglu::NAME)?,
+            gemv_fp8_mma: g.kernel(GemvFp8Mma::NAME)?,
+            gemv_fp8_mma_swiglu: g.kernel(GemvFp8MmaSwiglu::NAME)?,
             gemv_fp8_stream: g.kernel(GemvFp8Stream::NAME)?,
             gemv_fp8_swiglu_stream: g.kernel(GemvFp8SwigluStream::NAME)?,
             gemv_fp8_stream_norm: g.kernel(GemvFp8StreamNorm::NAME)?,
@@ -251,6 +258,13 @@ impl Linear {
         } else {
             stream_takes(labels, min, self.label, shape, gemv_stream_fits)
         }
+    }
+
+    /// Whether an FP8 product of `m` rows on [`Path::Gemv`] takes the tensor-core FP8 GEMV (the
+    /// tuning's `gemv_fp8_mma`, where [`gemv_fp8_mma_fits`]) rather than the register one; for
+    /// the SwiGLU form `n` is the gate rows, which fit as the output columns do.
+    fn fp8_mma(&self, t: &Tuning, m: u32) -> bool {
+        t.gemv_fp8_mma && gemv_fp8_mma_fits(m, self.n, self.k)
     }
 
     /// Whether the product after a residual add + RMSNorm takes the norm into a register GEMV's
@@ -393,6 +407,20 @@ impl Linear {
                     evict_first: t.gemv_stream_evict.into(),
                 };
                 return l.launch_product(k.gemv_fp8_stream, label, &stream, before_fold);
+            }
+            Path::Gemv | Path::Staged if self.fp8_mma(t, m) => {
+                let mma = GemvFp8Mma {
+                    c: out,
+                    a,
+                    w: self.w,
+                    scales,
+                    bias: self.bias,
+                    m,
+                    n: self.n,
+                    k: self.k,
+                    row_shift,
+                };
+                return l.launch_product(k.gemv_fp8_mma, label, &mma, before_fold);
             }
             Path::Gemv | Path::Staged => {
                 return l.launch_product(k.gemv_fp8, label, &gemv, before_fold);
@@ -633,6 +661,19 @@ impl SwigluLinear {
                     evict_first: t.gemv_stream_evict.into(),
                 };
                 return l.launch_product(k.gemv_fp8_swiglu_stream, label, &stream, false);
+            }
+            if lin.fp8_mma(t, m) {
+                let mma = GemvFp8MmaSwiglu {
+                    out: act,
+                    a: x,
+                    w: lin.w,
+                    scales,
+                    m,
+                    inter: self.inter,
+                    k: lin.k,
+                    row_shift,
+                };
+                return l.launch_product(k.gemv_fp8_mma_swiglu, label, &mma, false);
             }
             let swiglu = GemvFp8Swiglu {
                 out: act,

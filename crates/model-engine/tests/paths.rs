@@ -416,7 +416,9 @@ fn every_linear_and_attention_path_matches_the_plain_path() {
 /// dequantised weights; the FP8 streams with and without the norm (rows of 1024 inputs, whole
 /// 1-KiB chunks) against the FP8 GEMV, exactly: on the host their references are the GEMV's
 /// (the GPU sums in another order), so any difference is a launch that passed the wrong
-/// weight, scales, row shift or input. Between them every FP8 product entry runs.
+/// weight, scales, row shift or input. The tensor-core FP8 GEMV (A as f16, per-piece scale
+/// sums: not the register GEMV's bits) against the plain path as the FP8 GEMV is. Between them
+/// every FP8 product entry runs.
 #[test]
 fn every_fp8_linear_path_matches_the_plain_path() {
     let fp8 = LinearFormat::Fp8Quantize;
@@ -428,16 +430,42 @@ fn every_fp8_linear_path_matches_the_plain_path() {
     );
     let streams = "gemv_stream=qkv+o+gate_up+down";
     let (gemv, mut seen) = run_with(
-        tuned(&[streams, "gemv_stream_min_weights=0", "gemv_fp8_stream=off"]),
+        tuned(&[
+            streams,
+            "gemv_stream_min_weights=0",
+            "gemv_fp8_stream=off",
+            "gemv_fp8_mma=off",
+        ]),
         &fp8,
     );
     let err = relative_error(&gemv, &want);
     println!("the FP8 GEMV: relative error {err:.3e}, kernels {seen:?}");
     assert!(err < 2e-2, "the FP8 GEMV: relative logit error {err:.3e}");
+    let (mma, kernels) = run_with(
+        tuned(&[
+            streams,
+            "gemv_stream_min_weights=0",
+            "gemv_fp8_stream=off",
+            "gemv_fp8_mma=on",
+        ]),
+        &fp8,
+    );
+    let err = relative_error(&mma, &want);
+    println!("the tensor-core FP8 GEMV: relative error {err:.3e}, kernels {kernels:?}");
+    assert!(
+        err < 2e-2,
+        "the tensor-core FP8 GEMV: relative logit error {err:.3e}"
+    );
+    seen.extend(kernels);
     let variants: Vec<(&str, Tuning)> = vec![
         (
             "FP8 streams with the norm",
-            tuned(&[streams, "gemv_stream_min_weights=0", "gemv_fp8_stream=on"]),
+            tuned(&[
+                streams,
+                "gemv_stream_min_weights=0",
+                "gemv_fp8_stream=on",
+                "gemv_fp8_mma=off",
+            ]),
         ),
         (
             "FP8 streams without the norm, no prewait",
@@ -445,6 +473,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
                 streams,
                 "gemv_stream_min_weights=0",
                 "gemv_fp8_stream=on",
+                "gemv_fp8_mma=off",
                 "gemv_stream_norm=false",
                 "gemv_stream_prewait=0",
                 "gemv_stream_evict=false",
@@ -460,6 +489,8 @@ fn every_fp8_linear_path_matches_the_plain_path() {
     let names = [
         GemvFp8::NAME,
         GemvFp8Swiglu::NAME,
+        GemvFp8Mma::NAME,
+        GemvFp8MmaSwiglu::NAME,
         GemvFp8Stream::NAME,
         GemvFp8SwigluStream::NAME,
         GemvFp8StreamNorm::NAME,

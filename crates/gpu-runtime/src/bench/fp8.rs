@@ -7,8 +7,9 @@
 //! The rows are the kernels the engine launches for an FP8 product (crates/model-engine,
 //! `Linear::path`): at one row the FP8 stream where it fits (its SwiGLU form for gate|up, and for
 //! qkv and gate|up its forms with the residual add + RMSNorm before the product), up to
-//! [`GEMV_FP8_MAX_ROWS`] rows the register FP8 GEMV. As the BF16 rows, the register GEMV has the
-//! bare label and the stream's rows end in " (stream)". Above [`GEMV_FP8_MAX_ROWS`] rows the
+//! [`GEMV_FP8_MAX_ROWS`] rows the tensor-core FP8 GEMV (`gemv_fp8_mma.cu`, the tuning's
+//! `gemv_fp8_mma`) where it fits, else the register FP8 GEMV. As the BF16 rows, the register GEMV
+//! has the bare label, the stream's rows end in " (stream)" and the tensor-core GEMV's in " (mma)". Above [`GEMV_FP8_MAX_ROWS`] rows the
 //! engine writes the weight out as BF16 and runs the library GEMM: no one launch stands for that,
 //! so prefill-sized FP8 products have PyTorch rows only. The plain gate|up product, which the
 //! engine always runs with SiLU x up in its epilogue, is kept because PyTorch's row is the plain
@@ -22,9 +23,9 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    FP8_SCALE_COLS, GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemvFp8, GemvFp8Stream,
-    GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
-    gemv_fp8_stream_fits,
+    FP8_SCALE_COLS, GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu,
+    GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
+    gemv_fp8_mma_fits, gemv_fp8_stream_fits,
 };
 
 use super::{BenchCase, Shape, launch_of};
@@ -79,6 +80,11 @@ impl Fp8Product {
     /// Whether the FP8 stream takes the product (the engine's test, on its output columns).
     fn streams(self) -> bool {
         gemv_fp8_stream_fits(self.m, self.out_cols(), self.k)
+    }
+
+    /// Whether the tensor-core FP8 GEMV takes the product (the engine's test).
+    fn mmas(self) -> bool {
+        gemv_fp8_mma_fits(self.m, self.out_cols(), self.k)
     }
 }
 
@@ -177,6 +183,45 @@ fn stream_case(s: &Shape, p: Fp8Product) -> BenchCase {
     case
 }
 
+/// [`gemv_case`]'s product through the tensor-core FP8 GEMV ([`GemvFp8Mma`],
+/// [`GemvFp8MmaSwiglu`]) on its own grid, labelled with " (mma)".
+fn mma_case(s: &Shape, p: Fp8Product) -> BenchCase {
+    let mut case = gemv_case(s, p);
+    case.label = format!("{} (mma)", case.label);
+    let Fp8Product { m, n, k, .. } = p;
+    if p.swiglu {
+        case.kernel = GemvFp8MmaSwiglu::NAME;
+        case.build = Box::new(move |b| {
+            launch_of(GemvFp8MmaSwiglu {
+                out: b[0],
+                a: b[1],
+                w: b[2],
+                scales: b[3],
+                m,
+                inter: n / 2,
+                k,
+                row_shift: ROW_SHIFT,
+            })
+        });
+    } else {
+        case.kernel = GemvFp8Mma::NAME;
+        case.build = Box::new(move |b| {
+            launch_of(GemvFp8Mma {
+                c: b[0],
+                a: b[1],
+                w: b[2],
+                scales: b[3],
+                bias: DevicePtr::NULL,
+                m,
+                n,
+                k,
+                row_shift: ROW_SHIFT,
+            })
+        });
+    }
+    case
+}
+
 /// The residual add + RMSNorm and the one-row product after it in the FP8 stream's launch
 /// ([`GemvFp8StreamNorm`], [`GemvFp8SwigluStreamNorm`]), labelled `add+rmsnorm+<what>` as the
 /// BF16 normalising rows. Bytes: the weight and scales, the residual read and written (f32), the
@@ -247,7 +292,8 @@ fn stream_norm_case(s: &Shape, p: Fp8Product) -> BenchCase {
 
 /// The FP8 products of a dense model's decode step: the register FP8 GEMV at 1 and
 /// [`GEMV_FP8_MAX_ROWS`] rows, then at one row the FP8 stream where it fits, plain and after the
-/// add + RMSNorm (qkv, gate|up).
+/// add + RMSNorm (qkv, gate|up), then the tensor-core FP8 GEMV at 1 and [`GEMV_FP8_MAX_ROWS`] rows
+/// where it fits (after the others, so that their rows keep their places).
 pub(super) fn fp8_product_cases(s: &Shape) -> Vec<BenchCase> {
     let (h, i) = (s.hidden, s.inter);
     let (qd, kvd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
@@ -292,6 +338,14 @@ pub(super) fn fp8_product_cases(s: &Shape) -> Vec<BenchCase> {
             .filter(|p| p.streams() && p.after_norm)
             .map(|&p| stream_norm_case(s, p)),
     );
+    for m in [1, GEMV_FP8_MAX_ROWS] {
+        out.extend(
+            products(m)
+                .into_iter()
+                .filter(|p| p.mmas())
+                .map(|p| mma_case(s, p)),
+        );
+    }
     out
 }
 
@@ -323,12 +377,18 @@ mod tests {
             }
             let stream = format!("{} (stream)", label(1));
             assert_eq!(kernel(&stream), Some("gemv_fp8_stream"), "{stream}");
+            for m in [1, 8] {
+                let mma = format!("{} (mma)", label(m));
+                assert_eq!(kernel(&mma), Some("gemv_fp8_mma"), "{mma}");
+            }
             assert_eq!(kernel(&label(128)), None);
         }
         for (label, function) in [
             ("gate_up+silu*mul m=1", "gemv_fp8_swiglu"),
             ("gate_up+silu*mul m=8", "gemv_fp8_swiglu"),
             ("gate_up+silu*mul m=1", "gemv_fp8_swiglu_stream"),
+            ("gate_up+silu*mul m=1", "gemv_fp8_mma_swiglu"),
+            ("gate_up+silu*mul m=8", "gemv_fp8_mma_swiglu"),
             (
                 "add+rmsnorm+gate_up+silu*mul m=1",
                 "gemv_fp8_swiglu_stream_norm",
@@ -336,6 +396,8 @@ mod tests {
         ] {
             let suffix = if function.contains("stream") {
                 " (stream)"
+            } else if function.contains("mma") {
+                " (mma)"
             } else {
                 ""
             };

@@ -5,7 +5,8 @@
 //! multiple of 128 (a partial last block) and not of 16 (the scalar loop), N not a multiple of the
 //! 8 columns a block; the dequantisation to BF16 at a prefill shape and on the scalar path.
 //!
-//! The batch-1 stream entries (`gemv_stream.cu`'s `gemv_fp8_*`): [`gemv_fp8_stream_cases`].
+//! The batch-1 stream entries (`gemv_stream.cu`'s `gemv_fp8_*`): [`gemv_fp8_stream_cases`]; the
+//! tensor-core GEMV (`gemv_fp8_mma.cu`): [`gemv_fp8_mma_cases`].
 //!
 //! Weights are random E4M3 codes (NaN codes left out), so every binade and the subnormals occur;
 //! scales are drawn around `1 / (64 sqrt(k))`, which keeps the products near unit scale.
@@ -14,8 +15,8 @@ use metrale_core::DevicePtr;
 use metrale_core::fp8::E4M3_NAN;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    FP8_SCALE_COLS, Fp8DequantBf16, GEMV_STREAM_BLOCKS, GemvFp8, GemvFp8Stream, GemvFp8StreamNorm,
-    GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
+    FP8_SCALE_COLS, Fp8DequantBf16, GEMV_STREAM_BLOCKS, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu,
+    GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
 };
 
 use super::{
@@ -396,6 +397,77 @@ fn norm_stream_case(
         gemm: None,
         allowance: None,
     }
+}
+
+/// The tensor-core FP8 GEMV (`gemv_fp8_mma`, `gemv_fp8_mma_swiglu`) on Qwen3-8B's qkv, o,
+/// gate|up and down products in 128 x 128 blocks at 1 and 8 rows; a scale per row; a bias; N not
+/// a multiple of the 16 columns a block (and fewer than 16); fewer 128-column pieces than the 8
+/// warps of a block, and an odd count (the last piece alone); rows 2 to 7; up rows starting inside
+/// a 128-row block; a grid smaller than the tiles (the block-stride loop). After every other case,
+/// so that those keep their random inputs.
+pub(super) fn gemv_fp8_mma_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for (m, n, k, row_shift, bias) in [
+        (1u32, 6144u32, 4096u32, 7u32, false),
+        (1, 4096, 4096, 7, false),
+        (1, 4096, 12288, 7, false),
+        (8, 6144, 4096, 7, false),
+        (8, 4096, 4096, 7, true),
+        (8, 4096, 12288, 7, false),
+        (3, 1000, 1024, 0, true),
+        (5, 777, 384, 7, true),
+        (1, 9, 2176, 0, false),
+    ] {
+        out.push(mma_case(rng, m, n, k, row_shift, bias));
+    }
+    for (m, inter, k, row_shift) in [
+        (1u32, 12288u32, 4096u32, 7u32),
+        (8, 12288, 4096, 7),
+        (2, 1001, 1152, 0),
+        (7, 100, 256, 7),
+    ] {
+        out.push(swiglu_mma_case(rng, m, inter, k, row_shift));
+    }
+    out.push(on_grid(mma_case(rng, 1, 1056, 1024, 7, true), 20));
+    out.push(on_grid(swiglu_mma_case(rng, 4, 1056, 1024, 7), 20));
+    out
+}
+
+fn mma_case(rng: &mut Rng, m: u32, n: u32, k: u32, row_shift: u32, bias: bool) -> Case {
+    let mut case = gemv_case(rng, m, n, k, row_shift, bias);
+    case.kernel = GemvFp8Mma::NAME;
+    case.build = Box::new(move |p| {
+        launch_of(GemvFp8Mma {
+            c: p[0],
+            a: p[1],
+            w: p[2],
+            scales: p[3],
+            bias: if bias { p[4] } else { DevicePtr::NULL },
+            m,
+            n,
+            k,
+            row_shift,
+        })
+    });
+    case
+}
+
+fn swiglu_mma_case(rng: &mut Rng, m: u32, inter: u32, k: u32, row_shift: u32) -> Case {
+    let mut case = swiglu_case(rng, m, inter, k, row_shift);
+    case.kernel = GemvFp8MmaSwiglu::NAME;
+    case.build = Box::new(move |p| {
+        launch_of(GemvFp8MmaSwiglu {
+            out: p[0],
+            a: p[1],
+            w: p[2],
+            scales: p[3],
+            m,
+            inter,
+            k,
+            row_shift,
+        })
+    });
+    case
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod gated_delta;
 pub mod gated_norm;
 mod gemm;
 mod gemv_fp8;
+mod gemv_fp8_mma;
 mod gemv_fp8_stream;
 mod grid_barrier;
 mod kv_fp8;
@@ -48,6 +49,9 @@ pub use gemm::{
 };
 pub use gemv_fp8::{
     FP8_SCALE_COLS, Fp8DequantBf16, GEMV_FP8_MAX_ROWS, GemvFp8, GemvFp8Swiglu, fp8_weight_f32,
+};
+pub use gemv_fp8_mma::{
+    GemvFp8Mma, GemvFp8MmaSwiglu, activation_f16, gemv_fp8_mma_fits, gemv_fp8_mma_smem_bytes,
 };
 pub use gemv_fp8_stream::{
     GemvFp8Stream, GemvFp8StreamNorm, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
