@@ -48,8 +48,9 @@ GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
 # the FP8 GEMV (gemv_fp8) at 1 to GEMV_FP8_MAX_ROWS rows, with no wide-K rule (the library path
 # first writes the weight out as BF16) and no staged or normalising register entries; at one row
 # the FP8 stream under the same STREAM_PRODUCTS, threshold and STREAM_NORM as BF16 (the tuning's
-# gemv_fp8_stream, on in HARDWARE.toml).
+# gemv_fp8_stream: FP8_STREAM, as HARDWARE.toml sets it: off since stream-1062fda).
 GEMV_FP8_MAX_ROWS = 8
+FP8_STREAM = False
 # The tensor-core FP8 GEMV (gemv_fp8_mma, the bench's " (mma)" rows) in place of gemv_fp8 at 1 to
 # GEMV_FP8_MAX_ROWS rows where it fits (every speed-model product: K a multiple of 128): the
 # tuning's gemv_fp8_mma, on in HARDWARE.toml. The FP8 stream, where it streams, comes first.
@@ -133,7 +134,8 @@ def on_path(r, wide_labels=frozenset(), stream_labels=frozenset()) -> bool:
         folds = gemv and stages and m * k * 2 <= GEMV_NORM_MAX_A_BYTES
         what = re.search(r" (\S+) m=\d+ n=", label).group(1)
         product = what.removeprefix("add+rmsnorm+")
-        streamed = m == 1 and product in STREAM_PRODUCTS and n * k >= STREAM_MIN_WEIGHTS
+        streamed = (m == 1 and product in STREAM_PRODUCTS and n * k >= STREAM_MIN_WEIGHTS
+                    and (FP8_STREAM or not fp8))
         norm_streamed = streamed and STREAM_NORM and product in NORMED_STREAM_PRODUCTS
         if r["kernel"].endswith("_stream_norm"):
             return norm_streamed
