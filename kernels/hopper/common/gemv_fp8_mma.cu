@@ -151,16 +151,31 @@ __device__ __forceinline__ void consume_piece(float (&acc)[4], const PieceLoad& 
     acc[3] = fmaf(part[3], p.s_hi, acc[3]);
 }
 
-// This warp's pieces of A's m rows as f16 into a_s ([m][k + A_PAD]).
+// This warp's pieces of A's m rows as f16 into a_s ([m][k + A_PAD]): 4 elements a lane a piece
+// and row, 8 of those loads in flight before their stores.
 __device__ __forceinline__ void stage_a(__half* a_s, const __nv_bfloat16* __restrict__ a,
                                         uint32_t m, uint32_t k, int warp, int lane) {
     const uint32_t kb = k / PIECE_K;
-    for (uint32_t r = 0; r < m; ++r) {
-        for (uint32_t p = warp; p < kb; p += WARPS) {
-            const uint32_t e = p * PIECE_K + 4 * lane;  // 4 elements a lane
-            const uint2 x = *reinterpret_cast<const uint2*>(a + (size_t)r * k + e);
-            *reinterpret_cast<uint2*>(a_s + (size_t)r * (k + A_PAD) + e) =
-                make_uint2(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y));
+    const uint32_t pieces = (uint32_t)warp < kb ? (kb - warp + WARPS - 1) / WARPS : 0;
+    const uint32_t total = m * pieces;
+    constexpr int LOADS = 8;
+    for (uint32_t i0 = 0; i0 < total; i0 += LOADS) {
+        uint2 x[LOADS];
+        size_t at[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const uint32_t i = i0 + u;
+            if (i < total) {
+                const uint32_t r = i / pieces, e = (warp + (i % pieces) * WARPS) * PIECE_K + 4 * lane;
+                x[u] = *reinterpret_cast<const uint2*>(a + (size_t)r * k + e);
+                at[u] = (size_t)r * (k + A_PAD) + e;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            if (i0 + u < total)
+                *reinterpret_cast<uint2*>(a_s + at[u]) =
+                    make_uint2(bf16x2_to_f16x2(x[u].x), bf16x2_to_f16x2(x[u].y));
         }
     }
     __syncwarp();
@@ -201,7 +216,9 @@ __device__ __forceinline__ void run_tiles(const __nv_bfloat16* __restrict__ a, u
         }
     }
     metrale::grid_dependency_sync();
-    stage_a(a_s, a, m, k, warp, lane);
+    // A is staged by each warp after its first weight loads are out, so that its latency hides
+    // behind theirs; a warp with no pieces never reads it.
+    bool staged = false;
     const __half* a_row = a_s + (size_t)min((uint32_t)g, m - 1) * (k + A_PAD) + 16 * tg;
     for (uint32_t first = blockIdx.x * TILE; first < columns; first += gridDim.x * TILE) {
         Tile t[TILES];
@@ -214,14 +231,25 @@ __device__ __forceinline__ void run_tiles(const __nv_bfloat16* __restrict__ a, u
             for (int u = 0; u < BATCH; ++u)
 #pragma unroll
                 for (int i = 0; i < TILES; ++i) ld[i][u] = load_piece(t[i], p + u * WARPS);
+            if (!staged) {
+                stage_a(a_s, a, m, k, warp, lane);
+                staged = true;
+            }
 #pragma unroll
             for (int u = 0; u < BATCH; ++u)
 #pragma unroll
                 for (int i = 0; i < TILES; ++i) consume_piece(acc[i], ld[i][u], a_row, p + u * WARPS);
         }
         if (BATCH > 1 && p < kb) {
+            PieceLoad ld[TILES];
 #pragma unroll
-            for (int i = 0; i < TILES; ++i) consume_piece(acc[i], load_piece(t[i], p), a_row, p);
+            for (int i = 0; i < TILES; ++i) ld[i] = load_piece(t[i], p);
+            if (!staged) {
+                stage_a(a_s, a, m, k, warp, lane);
+                staged = true;
+            }
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) consume_piece(acc[i], ld[i], a_row, p);
         }
 #pragma unroll
         for (int i = 0; i < TILES; ++i)
