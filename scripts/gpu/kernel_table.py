@@ -51,10 +51,11 @@ GEMV_MAX_ROWS, GEMV_WIDE_K_MAX_ROWS, GEMV_WIDE_K = 8, 4, 4096
 # gemv_fp8_stream: FP8_STREAM, as HARDWARE.toml sets it: off since stream-1062fda).
 GEMV_FP8_MAX_ROWS = 8
 FP8_STREAM = False
-# The tensor-core FP8 GEMV (gemv_fp8_mma, the bench's " (mma)" rows) in place of gemv_fp8 at 1 to
-# GEMV_FP8_MAX_ROWS rows where it fits (every speed-model product: K a multiple of 128): the
-# tuning's gemv_fp8_mma, on in HARDWARE.toml. The FP8 stream, where it streams, comes first.
-FP8_MMA = True
+# The tensor-core FP8 GEMV (gemv_fp8_mma, the bench's " (mma)" rows) in place of gemv_fp8 from
+# FP8_MMA_MIN_ROWS to GEMV_FP8_MAX_ROWS rows where it fits (every speed-model product: K a
+# multiple of 128): the tuning's gemv_fp8_mma_min_rows, 2 in HARDWARE.toml. The FP8 stream,
+# where it streams, comes first.
+FP8_MMA_MIN_ROWS = 2
 # Products the GEMV streams through its staged entries (crates/kernels, gemv_stages): 1 to
 # GEMV_FMA_MAX_ROWS rows and at most GEMV_STAGE_MAX_WEIGHTS weights.
 GEMV_FMA_MAX_ROWS, GEMV_STAGE_MAX_WEIGHTS = 4, 8 << 20
@@ -144,8 +145,8 @@ def on_path(r, wide_labels=frozenset(), stream_labels=frozenset()) -> bool:
         if label.endswith(" (stream)"):
             return streamed and not norm_streamed
         if label.endswith(" (mma)"):
-            return FP8_MMA and not streamed and what != "gate_up"
-        if fp8 and gemv and FP8_MMA and r["kernel"] in ("gemv_fp8", "gemv_fp8_swiglu"):
+            return m >= FP8_MMA_MIN_ROWS and not streamed and what != "gate_up"
+        if fp8 and gemv and m >= FP8_MMA_MIN_ROWS and r["kernel"] in ("gemv_fp8", "gemv_fp8_swiglu"):
             return False
         if streamed and shown(label) + " (stream)" in stream_labels:
             return False

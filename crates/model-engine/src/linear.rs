@@ -22,7 +22,7 @@
 //! SwiGLU and normalising forms) where the BF16 stream would (the tuning's labels and size) and
 //! the tuning's `gemv_fp8_stream` is on; else, up to `gemv_max_rows` rows (at most
 //! [`GEMV_FP8_MAX_ROWS`]), the tensor-core FP8 GEMV ([`GemvFp8Mma`], [`GemvFp8MmaSwiglu`]: A
-//! taken as f16, so not the register GEMV's bits) where the tuning's `gemv_fp8_mma` is on and it
+//! taken as f16, so not the register GEMV's bits) from the tuning's `gemv_fp8_mma_min_rows` rows where it
 //! fits, else the FP8 GEMV ([`GemvFp8`], [`GemvFp8Swiglu`]: the weight dequantised in
 //! registers); above, the weight dequantised to BF16 into a shared scratch
 //! ([`Fp8DequantBf16`]) and the library GEMM (part 1; the e4m3 tensor-core GEMM replaces it). It
@@ -261,10 +261,10 @@ impl Linear {
     }
 
     /// Whether an FP8 product of `m` rows on [`Path::Gemv`] takes the tensor-core FP8 GEMV (the
-    /// tuning's `gemv_fp8_mma`, where [`gemv_fp8_mma_fits`]) rather than the register one; for
+    /// tuning's `gemv_fp8_mma_min_rows`, where [`gemv_fp8_mma_fits`]) rather than the register one; for
     /// the SwiGLU form `n` is the gate rows, which fit as the output columns do.
     fn fp8_mma(&self, t: &Tuning, m: u32) -> bool {
-        t.gemv_fp8_mma && gemv_fp8_mma_fits(m, self.n, self.k)
+        m >= t.gemv_fp8_mma_min_rows && gemv_fp8_mma_fits(m, self.n, self.k)
     }
 
     /// Whether the product after a residual add + RMSNorm takes the norm into a register GEMV's

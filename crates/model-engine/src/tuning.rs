@@ -134,7 +134,7 @@ pub const KEYS: [&str; 32] = [
     "gemv_stream_evict",
     "gemv_stream_norm",
     "gemv_fp8_stream",
-    "gemv_fp8_mma",
+    "gemv_fp8_mma_min_rows",
     "fused_swiglu",
     "fused_qkv_attention",
     "prefill_attention",
@@ -196,10 +196,10 @@ pub struct Tuning {
     /// One-row FP8 products of the stream's labels and size take the FP8 bulk-copy stream
     /// (`gemv_fp8_stream` and its SwiGLU and normalising forms) where it fits; off: the FP8 GEMV.
     pub gemv_fp8_stream: bool,
-    /// FP8 products of 1 to 8 rows that do not stream take the tensor-core FP8 GEMV
-    /// (`gemv_fp8_mma`, `gemv_fp8_mma_swiglu`: A as f16, mma.sync) where it fits; off: the
-    /// register FP8 GEMV.
-    pub gemv_fp8_mma: bool,
+    /// FP8 products of this many rows and more (up to 8) that do not stream take the
+    /// tensor-core FP8 GEMV (`gemv_fp8_mma`, `gemv_fp8_mma_swiglu`: A as f16, mma.sync) where it
+    /// fits; fewer rows take the register FP8 GEMV (`off`: u32::MAX, always the register one).
+    pub gemv_fp8_mma_min_rows: u32,
     /// Gate|up products streamed through the GEMV run SiLU x up in their epilogue.
     pub fused_swiglu: bool,
     /// A decode step of one sequence runs QK-norm, RoPE and the cache write inside the decode
@@ -266,7 +266,7 @@ impl Tuning {
             gemv_stream_evict: true,
             gemv_stream_norm: false,
             gemv_fp8_stream: false,
-            gemv_fp8_mma: false,
+            gemv_fp8_mma_min_rows: u32::MAX,
             fused_swiglu: false,
             fused_qkv_attention: false,
             prefill_attention: PrefillVersion::V1,
@@ -380,7 +380,12 @@ impl Tuning {
             "gemv_stream_evict" => self.gemv_stream_evict = switch(v)?,
             "gemv_stream_norm" => self.gemv_stream_norm = switch(v)?,
             "gemv_fp8_stream" => self.gemv_fp8_stream = switch(v)?,
-            "gemv_fp8_mma" => self.gemv_fp8_mma = switch(v)?,
+            "gemv_fp8_mma_min_rows" => {
+                self.gemv_fp8_mma_min_rows = match v {
+                    "off" => u32::MAX,
+                    v => count(v)?,
+                }
+            }
             "fused_swiglu" => self.fused_swiglu = switch(v)?,
             "fused_qkv_attention" => self.fused_qkv_attention = switch(v)?,
             "prefill_attention" => {
@@ -494,7 +499,7 @@ mod tests {
             ("gemv_stream_evict", "false"),
             ("gemv_stream_norm", "true"),
             ("gemv_fp8_stream", "on"),
-            ("gemv_fp8_mma", "on"),
+            ("gemv_fp8_mma_min_rows", "2"),
             ("fused_swiglu", "1"),
             ("fused_qkv_attention", "on"),
             ("prefill_attention", "v2"),

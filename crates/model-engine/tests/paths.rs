@@ -434,7 +434,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
             streams,
             "gemv_stream_min_weights=0",
             "gemv_fp8_stream=off",
-            "gemv_fp8_mma=off",
+            "gemv_fp8_mma_min_rows=off",
         ]),
         &fp8,
     );
@@ -446,7 +446,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
             streams,
             "gemv_stream_min_weights=0",
             "gemv_fp8_stream=off",
-            "gemv_fp8_mma=on",
+            "gemv_fp8_mma_min_rows=1",
         ]),
         &fp8,
     );
@@ -464,7 +464,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
                 streams,
                 "gemv_stream_min_weights=0",
                 "gemv_fp8_stream=on",
-                "gemv_fp8_mma=off",
+                "gemv_fp8_mma_min_rows=off",
             ]),
         ),
         (
@@ -473,7 +473,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
                 streams,
                 "gemv_stream_min_weights=0",
                 "gemv_fp8_stream=on",
-                "gemv_fp8_mma=off",
+                "gemv_fp8_mma_min_rows=off",
                 "gemv_stream_norm=false",
                 "gemv_stream_prewait=0",
                 "gemv_stream_evict=false",

@@ -7,8 +7,8 @@
 //! The rows are the kernels the engine launches for an FP8 product (crates/model-engine,
 //! `Linear::path`): at one row the FP8 stream where it fits (its SwiGLU form for gate|up, and for
 //! qkv and gate|up its forms with the residual add + RMSNorm before the product), up to
-//! [`GEMV_FP8_MAX_ROWS`] rows the tensor-core FP8 GEMV (`gemv_fp8_mma.cu`, the tuning's
-//! `gemv_fp8_mma`) where it fits, else the register FP8 GEMV. As the BF16 rows, the register GEMV
+//! [`GEMV_FP8_MAX_ROWS`] rows the tensor-core FP8 GEMV (`gemv_fp8_mma.cu`, from the tuning's
+//! `gemv_fp8_mma_min_rows`) where it fits, else the register FP8 GEMV. As the BF16 rows, the register GEMV
 //! has the bare label, the stream's rows end in " (stream)" and the tensor-core GEMV's in " (mma)". Above [`GEMV_FP8_MAX_ROWS`] rows the
 //! engine writes the weight out as BF16 and runs the library GEMM: no one launch stands for that,
 //! so prefill-sized FP8 products have PyTorch rows only. The plain gate|up product, which the
