@@ -21,7 +21,11 @@ directory under its final name is always complete; a second run skips it.
 
 Without a GPU (a smoke test of this script: `--device cpu`, and `--override KEY=JSON` to shrink a
 config, e.g. `--override hidden_size=256 --override num_experts=16`) the checkpoint is written
-under `<name>+smoke` instead, so it is never taken for the real one.
+under `<name>+smoke` instead, so it is never taken for the real one. Its weights are not the
+GPU's: the generator lives on the device the model is built on (`torch.Generator(device)`), and
+a CPU and a CUDA generator draw different numbers from the same seed. To compare two backends or
+machines position by position, run both on one checkpoint file (2026-12-04: a host-vs-H200
+comparison on two checkpoints of the same seed was read as a GPU kernel error; it was the weights).
 """
 
 import argparse
@@ -971,7 +975,8 @@ def main():
                     help="copy tokenizer.json (+ tokenizer_config.json) from DIR into every checkpoint of "
                          "FAMILY (qwen3 or llama3); repeatable")
     ap.add_argument("--device", default="cuda",
-                    help="cuda (the checkpoints), or cpu for a smoke test (written as <name>+smoke)")
+                    help="cuda (the checkpoints), or cpu for a smoke test (written as <name>+smoke; "
+                         "other weights than cuda's for the same seed)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=JSON",
                     help="set a key of the text model's config (a smoke test at shrunk widths; the "
                          "checkpoint is written as <name>+smoke); repeatable")
