@@ -222,14 +222,15 @@ pub trait GpuBackend: Send + Sync {
 }
 
 /// A dense product in HF Linear layout: `C[m, n] = A[m, k] · W[n, k]^T (+ bias[n])`, bf16 inputs,
-/// f32 accumulation, bf16 or f32 output.
+/// f32 accumulation, bf16 or f32 output; or, with [`GemmOp::fp8`], both inputs e4m3 with f32 block
+/// scales and a bf16 output (cuBLASLt's block-scaled FP8 matmul on CUDA).
 #[derive(Clone, Copy, Debug)]
 pub struct GemmOp {
     /// Output, bf16 or f32 `[m, n]`.
     pub c: DevicePtr,
-    /// bf16 `[m, k]`.
+    /// bf16 `[m, k]` (e4m3 with `fp8`).
     pub a: DevicePtr,
-    /// bf16 `[n, k]`.
+    /// bf16 `[n, k]` (e4m3 with `fp8`).
     pub w: DevicePtr,
     /// bf16 `[n]`, or null.
     pub bias: DevicePtr,
@@ -239,15 +240,30 @@ pub struct GemmOp {
     pub n: u32,
     /// Reduction length.
     pub k: u32,
-    /// Whether `c` is f32 (else bf16).
+    /// Whether `c` is f32 (else bf16). Never with `fp8`.
     pub f32_out: bool,
+    /// The operands' scales where both are e4m3 ([`metrale_kernels::ops::GemmFp8`]'s layouts),
+    /// or `None` for bf16 operands.
+    pub fp8: Option<GemmFp8Scales>,
+}
+
+/// The f32 scales of an FP8 [`GemmOp`]'s operands.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmFp8Scales {
+    /// `[ceil(k / 128), m]`: a scale per row of A and 128 columns, the row index fastest
+    /// ([`metrale_kernels::ops::Fp8QuantizeRows`] writes it; cuBLASLt's VEC128_32F mode).
+    pub a: DevicePtr,
+    /// `[ceil(n / 128), ceil(k / 128)]` row-major: W's 128 x 128 blocks (BLK128x128_32F).
+    pub w: DevicePtr,
 }
 
 impl GemmOp {
     /// The kernel that computes this product on backends without a library.
     pub fn kernel_name(&self) -> KernelName {
         use metrale_kernels::KernelAbi;
-        if self.f32_out {
+        if self.fp8.is_some() {
+            metrale_kernels::ops::GemmFp8::NAME
+        } else if self.f32_out {
             metrale_kernels::ops::GemmF32Out::NAME
         } else {
             metrale_kernels::ops::Gemm::NAME
@@ -257,7 +273,7 @@ impl GemmOp {
     /// That kernel's launch.
     pub fn kernel_launch(&self) -> (LaunchConfig, Vec<KernelArg>) {
         use metrale_kernels::KernelAbi;
-        use metrale_kernels::ops::{Gemm, GemmF32Out};
+        use metrale_kernels::ops::{Gemm, GemmF32Out, GemmFp8};
         let GemmOp {
             c,
             a,
@@ -267,8 +283,23 @@ impl GemmOp {
             n,
             k,
             f32_out,
+            fp8,
         } = *self;
-        if f32_out {
+        if let Some(scales) = fp8 {
+            debug_assert!(!f32_out, "the FP8 product writes bf16");
+            let g = GemmFp8 {
+                c,
+                a,
+                a_scales: scales.a,
+                w,
+                w_scales: scales.w,
+                bias,
+                m,
+                n,
+                k,
+            };
+            (g.launch_config(), g.args())
+        } else if f32_out {
             let g = GemmF32Out {
                 c,
                 a,

@@ -410,6 +410,7 @@ fn product(m: u32, n: u32, k: u32) -> GemmOp {
         n,
         k,
         f32_out: false,
+        fp8: None,
     }
 }
 

@@ -8,6 +8,18 @@
 //! and `A'` is `A` read as `[K, M]`: `transa = T`, `transb = N`, `m = N`, `n = M`, `k = K`. The
 //! bias is a per-row vector of `C'`, which is cuBLASLt's `EPILOGUE_BIAS`.
 //!
+//! The FP8 form ([`BlasLt::matmul`] with [`Fp8Operands`]; CUDA 12.9+ on Hopper) has both operands
+//! in e4m3 with f32 block scales, bf16 `C`, f32 accumulation. Under the mapping above the weight
+//! is cuBLASLt's `A` (transposed: the "TN" form FP8 requires) and takes
+//! `CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F`; its scales are `Fp8Tensor`'s
+//! `[ceil(N / 128), ceil(K / 128)]` row-major, which is the column-major block grid of `W'`
+//! (`[K, N]`) with leading dimension `ceil(K / 128)`. The activations are cuBLASLt's `B` and take
+//! `CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F`, a scale per 128 elements of `A'`'s columns (the
+//! inner dimension K) stored `[ceil(K / 128), M]` with M fastest (the layout `torch._scaled_mm`
+//! requires of its 1x128 operand and hands cuBLASLt). Fast accumulation stays off (the
+//! default). GPU-unverified (written without a device): check-kernels' `gemm_fp8` cases compare
+//! it with the host reference.
+//!
 //! A plan (descriptors and the heuristic's first algorithm) is built once per shape and reused.
 //! The heuristic is asked with cuBLASLt's default alignment assumptions (256-byte aligned
 //! operands): callers pass allocation bases or 256-byte aligned offsets into them. With
@@ -42,6 +54,17 @@ struct Key {
     k: u32,
     bias: bool,
     f32_out: bool,
+    /// Both operands e4m3 with block scales (bf16 out).
+    fp8: bool,
+}
+
+/// The scales of an FP8 product's operands (device pointers, f32).
+#[derive(Clone, Copy, Debug)]
+pub struct Fp8Operands {
+    /// The activations' scales, `[ceil(k / 128), m]` (VEC128_32F).
+    pub a_scales: u64,
+    /// The weight's scales, `[ceil(n / 128), ceil(k / 128)]` row-major (BLK128x128_32F).
+    pub w_scales: u64,
 }
 
 struct Plan {
@@ -145,6 +168,20 @@ impl BlasLt {
                     &(lt::cudaDataType_t::CUDA_R_16BF as i32),
                 )?;
             }
+            if key.fp8 {
+                // cuBLASLt's A is the weight (128 x 128 blocks), its B the activations (a scale
+                // per row and 128 columns): see the module comment.
+                set(
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    &(lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                        as i32),
+                )?;
+                set(
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                    &(lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                        as i32),
+                )?;
+            }
             let layout = |dtype, rows: u32, cols: u32, ld: u32| {
                 let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
                 check(
@@ -165,8 +202,13 @@ impl BlasLt {
             } else {
                 bf16
             };
-            let w_layout = layout(bf16, key.k, key.n, key.k)?;
-            let a_layout = layout(bf16, key.k, key.m, key.k)?;
+            let input = if key.fp8 {
+                lt::cudaDataType_t::CUDA_R_8F_E4M3
+            } else {
+                bf16
+            };
+            let w_layout = layout(input, key.k, key.n, key.k)?;
+            let a_layout = layout(input, key.k, key.m, key.k)?;
             let c_layout = layout(out, key.n, key.m, key.n)?;
             // The rows the heuristic is asked about (heuristic_rows): where they differ from the
             // product's, layouts of that many rows for the question only.
@@ -175,7 +217,7 @@ impl BlasLt {
                 None
             } else {
                 Some((
-                    layout(bf16, key.k, asked_m, key.k)?,
+                    layout(input, key.k, asked_m, key.k)?,
                     layout(out, key.n, asked_m, key.n)?,
                 ))
             };
@@ -245,8 +287,8 @@ impl BlasLt {
             lt::cublasLtMatmulPreferenceDestroy(pref);
             let Some(result) = result? else {
                 return Err(GpuError::Library(format!(
-                    "cuBLASLt has no algorithm for m={} n={} k={}",
-                    key.m, key.n, key.k
+                    "cuBLASLt has no algorithm for m={} n={} k={} fp8={}",
+                    key.m, key.n, key.k, key.fp8
                 )));
             };
             if self.log {
@@ -256,12 +298,13 @@ impl BlasLt {
                     String::new()
                 };
                 eprintln!(
-                    "met: cuBLASLt m={} n={} k={} bias={} f32_out={}: {}{from} (workspace {} bytes, {:.2} waves)",
+                    "met: cuBLASLt m={} n={} k={} bias={} f32_out={} fp8={}: {}{from} (workspace {} bytes, {:.2} waves)",
                     key.m,
                     key.n,
                     key.k,
                     key.bias,
                     key.f32_out,
+                    key.fp8,
                     describe(&result.algo),
                     result.workspaceSize,
                     result.wavesCount
@@ -277,7 +320,8 @@ impl BlasLt {
         }
     }
 
-    /// Queues `C = A · W^T (+ bias)` on `stream`; `c` is bf16, or f32 when `f32_out`.
+    /// Queues `C = A · W^T (+ bias)` on `stream`; `c` is bf16, or f32 when `f32_out`. With
+    /// `fp8`, `a` and `w` are e4m3 with those scales and `c` is bf16.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
@@ -289,14 +333,21 @@ impl BlasLt {
         n: u32,
         k: u32,
         f32_out: bool,
+        fp8: Option<Fp8Operands>,
         stream: sys::CUstream,
     ) -> Result<(), GpuError> {
+        if fp8.is_some() && f32_out {
+            return Err(GpuError::Library(
+                "the FP8 matmul writes bf16; f32_out is not supported".into(),
+            ));
+        }
         let key = Key {
             m,
             n,
             k,
             bias: bias != 0,
             f32_out,
+            fp8: fp8.is_some(),
         };
         let mut plans = self.plans.lock().expect("cuBLASLt plans poisoned");
         let plan = match plans.entry(key) {
@@ -305,8 +356,9 @@ impl BlasLt {
         };
         let (alpha, beta) = (1f32, 0f32);
         // SAFETY: the descriptors belong to this handle; the device pointers are the caller's
-        // allocations of the sizes the layouts describe; the bias pointer is set on the
-        // descriptor for this call only (plans are per bias-or-not, and used under the mutex).
+        // allocations of the sizes the layouts describe (with `fp8`, the scale tensors of the
+        // sizes the module comment gives); the bias and scale pointers are set on the descriptor
+        // for this call only (plans are per bias-or-not and fp8-or-not, and used under the mutex).
         unsafe {
             if key.bias {
                 check(
@@ -318,6 +370,31 @@ impl BlasLt {
                     ),
                     "bias pointer",
                 )?;
+            }
+            // The scale pointers too are set for this call only (plans are per fp8-or-not).
+            if let Some(scales) = fp8 {
+                for (attr, ptr, what) in [
+                    (
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                        scales.w_scales,
+                        "weight scale pointer",
+                    ),
+                    (
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                        scales.a_scales,
+                        "activation scale pointer",
+                    ),
+                ] {
+                    check(
+                        lt::cublasLtMatmulDescSetAttribute(
+                            plan.desc,
+                            attr,
+                            &ptr as *const u64 as *const c_void,
+                            8,
+                        ),
+                        what,
+                    )?;
+                }
             }
             check(
                 lt::cublasLtMatmul(

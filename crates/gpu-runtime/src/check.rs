@@ -23,6 +23,7 @@ use metrale_kernels::{HostError, HostMemory, Kernel, KernelAbi};
 use crate::{GemmOp, GpuBackend, GpuError};
 
 mod attention_variants;
+mod fp8_gemm;
 mod gated_delta;
 mod gated_norm;
 mod gemv_fp8;
@@ -326,6 +327,7 @@ fn product_case(
         n,
         k,
         f32_out,
+        fp8: None,
     };
     let bind = move |p: &[DevicePtr]| GemmOp {
         c: p[0],
@@ -1818,6 +1820,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(moe_fused::moe_fused_cases(&mut rng));
     // The tensor-core FP8 GEMV, after every other case for the same reason.
     out.extend(gemv_fp8::gemv_fp8_mma_cases(&mut rng));
+    // The FP8 prefill product (activation quantization, block-scaled FP8 GEMM), after every
+    // other case for the same reason.
+    out.extend(fp8_gemm::fp8_gemm_cases(&mut rng));
     out
 }
 

@@ -507,8 +507,12 @@ impl GpuBackend for CudaBackend {
             Some(lib) => {
                 let s = self.stream(stream)?;
                 self.bind()?;
+                let fp8 = op.fp8.map(|scales| crate::blaslt::Fp8Operands {
+                    a_scales: scales.a.0,
+                    w_scales: scales.w.0,
+                });
                 lib.matmul(
-                    op.c.0, op.a.0, op.w.0, op.bias.0, op.m, op.n, op.k, op.f32_out, s,
+                    op.c.0, op.a.0, op.w.0, op.bias.0, op.m, op.n, op.k, op.f32_out, fp8, s,
                 )
             }
             None => {

@@ -27,8 +27,8 @@ pub mod probe;
 pub mod trace;
 
 pub use backend::{
-    Event, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer, Stream,
-    launch_kernel,
+    Event, GemmFp8Scales, GemmOp, GpuBackend, GpuError, Graph, KernelHandle, PinnedHostBuffer,
+    Stream, launch_kernel,
 };
 pub use cuda::{CudaBackend, operator_switch};
 pub use host::HostBackend;

@@ -405,6 +405,12 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         ),
         (GemvFp8Mma::NAME, run::<GemvFp8Mma>, GemvFp8Mma::KINDS),
         (
+            Fp8QuantizeRows::NAME,
+            run::<Fp8QuantizeRows>,
+            Fp8QuantizeRows::KINDS,
+        ),
+        (GemmFp8::NAME, run::<GemmFp8>, GemmFp8::KINDS),
+        (
             GemvFp8MmaSwiglu::NAME,
             run::<GemvFp8MmaSwiglu>,
             GemvFp8MmaSwiglu::KINDS,

@@ -25,19 +25,22 @@
 //! taken as f16, so not the register GEMV's bits) from the tuning's `gemv_fp8_mma_min_rows` rows where it
 //! fits, else the FP8 GEMV ([`GemvFp8`], [`GemvFp8Swiglu`]: the weight dequantised in
 //! registers); above, the weight dequantised to BF16 into a shared scratch
-//! ([`Fp8DequantBf16`]) and the library GEMM (part 1; the e4m3 tensor-core GEMM replaces it). It
-//! folds a norm only in the stream, and takes no stage. The blocks never see the difference.
+//! ([`Fp8DequantBf16`]) and the library GEMM, or, with the tuning's `fp8_gemm` where the weight
+//! fits ([`gemm_fp8_fits`], 128 x 128 scale blocks), the activations quantized to e4m3 per row
+//! and 128 columns ([`Fp8QuantizeRows`]) and the library's block-scaled FP8 GEMM (`GemmOp::fp8`:
+//! cuBLASLt's VEC128 x BLK128x128 matmul on CUDA). It folds a norm only in the stream, and takes
+//! no stage. The blocks never see the difference.
 
 use metrale_core::DevicePtr;
-use metrale_gpu_runtime::{GemmOp, GpuBackend, KernelHandle};
+use metrale_gpu_runtime::{GemmFp8Scales, GemmOp, GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    Fp8DequantBf16, GEMV_FMA_MAX_ROWS, GEMV_FP8_MAX_ROWS, Gemm, GemmF32Out, Gemv, GemvF32Out,
-    GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu,
-    GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, GemvNorm, GemvStaged, GemvStream,
-    GemvStreamF32Out, GemvStreamNorm, GemvSwiglu, GemvSwigluNorm, GemvSwigluStaged,
-    GemvSwigluStream, GemvSwigluStreamNorm, SiluMul, gemv_fp8_mma_fits, gemv_fp8_stream_fits,
-    gemv_norm_fits, gemv_stages, gemv_stream_fits,
+    Fp8DequantBf16, Fp8QuantizeRows, GEMV_FMA_MAX_ROWS, GEMV_FP8_MAX_ROWS, Gemm, GemmF32Out,
+    GemmFp8, Gemv, GemvF32Out, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream,
+    GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, GemvNorm,
+    GemvStaged, GemvStream, GemvStreamF32Out, GemvStreamNorm, GemvSwiglu, GemvSwigluNorm,
+    GemvSwigluStaged, GemvSwigluStream, GemvSwigluStreamNorm, SiluMul, gemm_fp8_fits,
+    gemv_fp8_mma_fits, gemv_fp8_stream_fits, gemv_norm_fits, gemv_stages, gemv_stream_fits,
 };
 
 use crate::ModelError;
@@ -114,9 +117,24 @@ pub(crate) struct LinearKernels {
     gemv_fp8_stream_norm: KernelHandle,
     gemv_fp8_swiglu_stream_norm: KernelHandle,
     fp8_dequant: KernelHandle,
+    fp8_quantize: KernelHandle,
+    gemm_fp8: KernelHandle,
     /// bf16 scratch for the largest FP8 weight, which an FP8 product's library path dequantises
     /// into (one product runs at a time on the step's stream), or NULL without FP8 weights.
     pub(crate) fp8_scratch: DevicePtr,
+    /// The FP8 library product's quantized activations (e4m3 `[rows, k]`) and their scales
+    /// (f32 `[ceil(k / 128), rows]`) for the step's most rows and the widest FP8 weight, or NULL
+    /// where the tuning's `fp8_gemm` is off or there are no FP8 weights.
+    pub(crate) fp8_rows: Fp8Rows,
+}
+
+/// The scratch an FP8 library product quantizes its activations into.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Fp8Rows {
+    /// e4m3 values.
+    pub(crate) values: DevicePtr,
+    /// Their f32 scales.
+    pub(crate) scales: DevicePtr,
 }
 
 impl LinearKernels {
@@ -146,7 +164,10 @@ impl LinearKernels {
             gemv_fp8_stream_norm: g.kernel(GemvFp8StreamNorm::NAME)?,
             gemv_fp8_swiglu_stream_norm: g.kernel(GemvFp8SwigluStreamNorm::NAME)?,
             fp8_dequant: g.kernel(Fp8DequantBf16::NAME)?,
+            fp8_quantize: g.kernel(Fp8QuantizeRows::NAME)?,
+            gemm_fp8: g.kernel(GemmFp8::NAME)?,
             fp8_scratch: DevicePtr::NULL,
+            fp8_rows: Fp8Rows::default(),
         })
     }
 }
@@ -367,8 +388,17 @@ impl Linear {
         }
     }
 
-    /// The FP8 product: the FP8 GEMV, or the weight dequantised into the shared scratch and the
-    /// library GEMM over it.
+    /// Whether the FP8 product's library path takes the FP8 GEMM (the tuning's `fp8_gemm`, a
+    /// weight in 128 x 128 blocks that [`gemm_fp8_fits`], the activations' scratch allocated).
+    fn fp8_gemm(&self, t: &Tuning) -> bool {
+        t.fp8_gemm
+            && self.fp8.1 == 7
+            && gemm_fp8_fits(self.n, self.k)
+            && !self.kernels.fp8_rows.values.is_null()
+    }
+
+    /// The FP8 product: the FP8 GEMV; the activations quantized and the FP8 library GEMM; or the
+    /// weight dequantised into the shared scratch and the library GEMM over it.
     fn run_fp8(
         &self,
         l: &Launcher,
@@ -425,6 +455,7 @@ impl Linear {
             Path::Gemv | Path::Staged => {
                 return l.launch_product(k.gemv_fp8, label, &gemv, before_fold);
             }
+            Path::Library if self.fp8_gemm(t) => return self.run_fp8_gemm(l, out, a, m),
             Path::Library => {}
         }
         self.dequantise(l)?;
@@ -433,6 +464,37 @@ impl Linear {
             ..self.gemm_op(out, a, m, false)
         };
         l.gemm(label, &op, k.gemm)
+    }
+
+    /// `out = a · Wᵀ (+ bias)` through the FP8 library GEMM: `a` quantized into the shared
+    /// activation scratch (one product runs at a time on the step's stream), then the product of
+    /// the two e4m3 operands.
+    fn run_fp8_gemm(
+        &self,
+        l: &Launcher,
+        out: DevicePtr,
+        a: DevicePtr,
+        m: u32,
+    ) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let rows = k.fp8_rows;
+        let quantize = Fp8QuantizeRows {
+            q: rows.values,
+            scales: rows.scales,
+            a,
+            m,
+            k: self.k,
+        };
+        l.launch(k.fp8_quantize, "fp8_quantize", &quantize)?;
+        let op = GemmOp {
+            a: rows.values,
+            fp8: Some(GemmFp8Scales {
+                a: rows.scales,
+                w: self.fp8.0,
+            }),
+            ..self.gemm_op(out, a, m, false)
+        };
+        l.gemm(self.label, &op, k.gemm_fp8)
     }
 
     /// The FP8 weight as BF16 in the shared scratch.
@@ -459,6 +521,7 @@ impl Linear {
             n: self.n,
             k: self.k,
             f32_out,
+            fp8: None,
         }
     }
 

@@ -362,6 +362,16 @@ impl Model {
             if weights.fp8_max_weights > 0 {
                 linear.fp8_scratch = arena.alloc(weights.fp8_max_weights * 2)?;
             }
+            if weights.fp8_max_k > 0 && tuning.fp8_gemm {
+                let rows = options.max_tokens_per_step.max(1);
+                let (bytes, scales_at) =
+                    metrale_kernels::ops::fp8_rows_bytes(rows, weights.fp8_max_k);
+                let values = arena.alloc(bytes)?;
+                linear.fp8_rows = crate::linear::Fp8Rows {
+                    values,
+                    scales: values.offset(scales_at),
+                };
+            }
             let blocks =
                 Self::blocks(&config, &options, &plan, &weights, linear, rope, &mut arena)?;
             Ok((scratch, blocks))

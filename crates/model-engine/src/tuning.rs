@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 32] = [
+pub const KEYS: [&str; 33] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -135,6 +135,7 @@ pub const KEYS: [&str; 32] = [
     "gemv_stream_norm",
     "gemv_fp8_stream",
     "gemv_fp8_mma_min_rows",
+    "fp8_gemm",
     "fused_swiglu",
     "fused_qkv_attention",
     "prefill_attention",
@@ -200,6 +201,11 @@ pub struct Tuning {
     /// tensor-core FP8 GEMV (`gemv_fp8_mma`, `gemv_fp8_mma_swiglu`: A as f16, mma.sync) where it
     /// fits; fewer rows take the register FP8 GEMV (`off`: u32::MAX, always the register one).
     pub gemv_fp8_mma_min_rows: u32,
+    /// FP8 products above the GEMV's rows quantize their activations to e4m3 (a scale per row
+    /// and 128 columns, `fp8_quantize_rows`) and take the library's block-scaled FP8 GEMM
+    /// (cuBLASLt on CUDA) where the weight fits it (`gemm_fp8_fits`, 128 x 128 scale blocks);
+    /// off: the weight dequantised to BF16 and the BF16 library GEMM.
+    pub fp8_gemm: bool,
     /// Gate|up products streamed through the GEMV run SiLU x up in their epilogue.
     pub fused_swiglu: bool,
     /// A decode step of one sequence runs QK-norm, RoPE and the cache write inside the decode
@@ -267,6 +273,7 @@ impl Tuning {
             gemv_stream_norm: false,
             gemv_fp8_stream: false,
             gemv_fp8_mma_min_rows: u32::MAX,
+            fp8_gemm: false,
             fused_swiglu: false,
             fused_qkv_attention: false,
             prefill_attention: PrefillVersion::V1,
@@ -386,6 +393,7 @@ impl Tuning {
                     v => count(v)?,
                 }
             }
+            "fp8_gemm" => self.fp8_gemm = switch(v)?,
             "fused_swiglu" => self.fused_swiglu = switch(v)?,
             "fused_qkv_attention" => self.fused_qkv_attention = switch(v)?,
             "prefill_attention" => {
@@ -500,6 +508,7 @@ mod tests {
             ("gemv_stream_norm", "true"),
             ("gemv_fp8_stream", "on"),
             ("gemv_fp8_mma_min_rows", "2"),
+            ("fp8_gemm", "on"),
             ("fused_swiglu", "1"),
             ("fused_qkv_attention", "on"),
             ("prefill_attention", "v2"),

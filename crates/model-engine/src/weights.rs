@@ -474,6 +474,9 @@ pub struct DeviceWeights {
     /// Elements of the largest FP8 linear weight (0 without any): the BF16 scratch its library
     /// path dequantises into.
     pub(crate) fp8_max_weights: usize,
+    /// Inputs of the widest FP8 linear weight (0 without any): the FP8 library product's
+    /// quantized activations are that wide.
+    pub(crate) fp8_max_k: usize,
 }
 
 /// The FP8 KV cache scales of attention layer `l` in the checkpoint, `(k_scale, v_scale)`, where
@@ -739,6 +742,7 @@ struct Uploader<'a> {
     source: &'a dyn WeightSource,
     format: &'a LinearFormat,
     fp8_max_weights: usize,
+    fp8_max_k: usize,
     gpu: &'a dyn GpuBackend,
     progress: LoadProgress<'a>,
     allocations: &'a mut Vec<DevicePtr>,
@@ -807,6 +811,7 @@ impl Uploader<'_> {
         match fp8 {
             Some(t) => {
                 self.fp8_max_weights = self.fp8_max_weights.max(t.n * t.k);
+                self.fp8_max_k = self.fp8_max_k.max(t.k);
                 let w = self.put_bytes(&t.data, 0)?;
                 let scales = self.put_bytes(bytemuck::cast_slice(&t.scales), roles.len())?;
                 Ok(LinearWeight {
@@ -827,6 +832,7 @@ impl Uploader<'_> {
                 message: format!("quantizing a stacked product of {:?}: {e}", t.shape),
             })?;
             self.fp8_max_weights = self.fp8_max_weights.max(q.n * q.k);
+            self.fp8_max_k = self.fp8_max_k.max(q.k);
             let w = self.put_bytes(&q.data, 0)?;
             let scales = self.put_bytes(bytemuck::cast_slice(&q.scales), tensors)?;
             return Ok(LinearWeight {
@@ -1116,6 +1122,7 @@ fn load_inner(
         source,
         format,
         fp8_max_weights: 0,
+        fp8_max_k: 0,
         gpu,
         progress,
         allocations,
@@ -1194,9 +1201,10 @@ fn load_inner(
     } else {
         u.get(TensorRole::LmHead)?
     };
-    let (bytes, fp8_max_weights) = (u.bytes, u.fp8_max_weights);
+    let (bytes, fp8_max_weights, fp8_max_k) = (u.bytes, u.fp8_max_weights, u.fp8_max_k);
     Ok(DeviceWeights {
         fp8_max_weights,
+        fp8_max_k,
         kv_scaled_layers,
         embedding,
         final_norm,
@@ -1268,6 +1276,7 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
     };
     Ok(DeviceWeights {
         fp8_max_weights: u.fp8_max_weights,
+        fp8_max_k: u.fp8_max_k,
         // Nemotron-H's attention layers take no checkpoint KV scales (1.0).
         kv_scaled_layers: 0,
         embedding,

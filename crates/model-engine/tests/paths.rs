@@ -504,6 +504,40 @@ fn every_fp8_linear_path_matches_the_plain_path() {
     assert!(missing.is_empty(), "never launched: {missing:?}");
 }
 
+/// The FP8 library product (`fp8_gemm=on`: activations quantized to e4m3 per row and 128
+/// columns, then the block-scaled FP8 GEMM) against the dequantise path (`fp8_gemm=off`: each FP8
+/// weight dequantised to BF16, then the BF16 library GEMM) over the same script, whose prefills of
+/// 12, 8 and 7 rows take the library path (more rows than the FP8 GEMV's 8 in the first). Every
+/// FP8 product of this config fits (`k` 1024, 128 x 128 scale blocks), so the on run launches
+/// no dequantisation at all. The activations' e4m3 rounding (3 mantissa bits: up to 1/16 of a
+/// value, every input of every product of the prefills) is the error beyond the dequantise
+/// path's, which reaches the decode steps through the cache: 4.56e-2 of the logit spread when
+/// written, bound 6e-2; the activations' scales read in the other layout (row-major) give 0.40.
+#[test]
+fn fp8_gemm_matches_the_dequantise_path() {
+    let fp8 = LinearFormat::Fp8Quantize;
+    let (want, kernels) = run_with(tuned(&["fp8_gemm=off"]), &fp8);
+    assert!(
+        kernels.contains(&Fp8DequantBf16::NAME.to_string())
+            && !kernels.contains(&GemmFp8::NAME.to_string()),
+        "{kernels:?}"
+    );
+    let (got, kernels) = run_with(tuned(&["fp8_gemm=on"]), &fp8);
+    let err = relative_error(&got, &want);
+    println!("the FP8 library product: relative error {err:.3e}, kernels {kernels:?}");
+    assert!(
+        err < 6e-2,
+        "the FP8 library product: relative logit error {err:.3e}"
+    );
+    for name in [Fp8QuantizeRows::NAME, GemmFp8::NAME] {
+        assert!(kernels.contains(&name.to_string()), "{name}: {kernels:?}");
+    }
+    assert!(
+        !kernels.contains(&Fp8DequantBf16::NAME.to_string()),
+        "{kernels:?}"
+    );
+}
+
 /// A prompt's last logits on a MoE config with random weights, on the host: by one prefill
 /// step (the experts over many rows), or fed one token a step (the decode kernels at one row).
 fn moe_prompt_logits(

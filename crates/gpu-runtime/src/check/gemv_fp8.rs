@@ -24,7 +24,7 @@ use super::{
 };
 
 /// `n` random E4M3 codes, never NaN (0x7F, 0xFF), drawn on first read.
-fn e4m3_codes(rng: &mut Rng, n: usize) -> Init {
+pub(super) fn e4m3_codes(rng: &mut Rng, n: usize) -> Init {
     let mut from = rng.clone();
     rng.skip(n as u64);
     Init::new(move || {
@@ -39,21 +39,21 @@ fn e4m3_codes(rng: &mut Rng, n: usize) -> Init {
 
 /// The scales of an `[n, k]` weight with `2^row_shift` rows a scale: `1 / (64 sqrt(k))` times a
 /// factor in [0.5, 1.5).
-fn scales(rng: &mut Rng, n: u32, k: u32, row_shift: u32) -> Init {
+pub(super) fn scales(rng: &mut Rng, n: u32, k: u32, row_shift: u32) -> Init {
     let count = n.div_ceil(1 << row_shift) as usize * k.div_ceil(FP8_SCALE_COLS) as usize;
     let base = 1.0 / (64.0 * (k as f32).sqrt());
     let v: Vec<f32> = (0..count).map(|_| base * (0.5 + rng.uniform())).collect();
     bytemuck::cast_slice(&v).to_vec().into()
 }
 
-fn output(elements: usize) -> Buffer {
+pub(super) fn output(elements: usize) -> Buffer {
     Buffer {
         init: vec![0u8; elements * 2].into(),
         output: Some(OutputKind::Bf16),
     }
 }
 
-fn input(init: Init) -> Buffer {
+pub(super) fn input(init: Init) -> Buffer {
     Buffer { init, output: None }
 }
 

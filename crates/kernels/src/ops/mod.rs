@@ -8,6 +8,7 @@ mod argmax;
 mod attention;
 mod elementwise;
 mod embedding;
+mod fp8_gemm;
 pub mod gated_delta;
 pub mod gated_norm;
 mod gemm;
@@ -34,6 +35,7 @@ pub use attention::{
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
+pub use fp8_gemm::{Fp8QuantizeRows, GemmFp8, fp8_rows_bytes, gemm_fp8_fits};
 pub use gated_delta::{
     GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
     GdnGating, GdnRecurrent,
