@@ -37,7 +37,8 @@ pub struct BenchCase {
     /// Builds the launch from the allocated buffers, then the uploads, in order.
     build: BuildLaunch,
     /// Time [`GpuBackend::gemm`] (cuBLASLt on CUDA) for this product instead of the kernel; its
-    /// c, a and w are buffers 0, 1 and 2.
+    /// c, a and w are buffers 0, 1 and 2, an FP8 product's activation and weight scales buffers
+    /// 3 and 4.
     library_gemm: Option<GemmOp>,
 }
 
@@ -1080,6 +1081,12 @@ pub fn model_cases(s: &Shape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
     // The FP8-weight decode products beside torch._scaled_mm's rows (issue 32), last for the same
     // reason.
     out.extend(fp8::fp8_product_cases(s));
+    // The FP8 prefill product's launches (issue 32 part 2) at batch 64 and the prefill rows,
+    // last for the same reason.
+    let fp8_rows: Vec<u32> = std::iter::once(64)
+        .chain(prefill_tokens.iter().copied())
+        .collect();
+    out.extend(fp8::fp8_gemm_cases(s, &fp8_rows));
     out
 }
 
@@ -1180,6 +1187,10 @@ pub fn run(
             c: ptrs[0],
             a: ptrs[1],
             w: ptrs[2],
+            fp8: op.fp8.map(|_| crate::GemmFp8Scales {
+                a: ptrs[3],
+                w: ptrs[4],
+            }),
             ..op
         });
         let once = || match &op {

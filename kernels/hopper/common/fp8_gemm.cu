@@ -40,10 +40,12 @@ extern "C" __global__ void __launch_bounds__(256) fp8_quantize_rows(
     if (item >= (size_t)m * kb_count) return;
     const uint32_t row = (uint32_t)(item / kb_count), kb = (uint32_t)(item % kb_count);
     // Each lane takes 4 consecutive columns of the block: one 8-byte load and one 4-byte store
-    // where K is a multiple of 4 (rows then stay 8-byte aligned), else element by element.
+    // where K is a multiple of 4 and the bases are aligned (rows then stay aligned), else element
+    // by element.
     const uint32_t col = kb * SCALE_K + lane * 4;
     const __nv_bfloat16* src = a + (size_t)row * k + col;
-    const bool vector = (k % 4 == 0) && col + 4 <= k;
+    const bool aligned = ((uintptr_t)a % 8 == 0) && ((uintptr_t)q % 4 == 0);
+    const bool vector = aligned && (k % 4 == 0) && col + 4 <= k;
     uint2 v = make_uint2(0, 0);
     __nv_bfloat16 x[4];
     if (vector) {

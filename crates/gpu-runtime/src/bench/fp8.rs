@@ -15,6 +15,12 @@
 //! engine always runs with SiLU x up in its epilogue, is kept because PyTorch's row is the plain
 //! product.
 //!
+//! [`fp8_gemm_cases`]: the FP8 prefill product (`fp8_gemm.cu`, the engine's path with the
+//! tuning's `fp8_gemm` on): the activation quantization (`<shape> fp8 quantize m= k=`) and the
+//! block-scaled FP8 GEMM through `GpuBackend::gemm` (cuBLASLt on CUDA) under the product labels
+//! plus " (GpuBackend::gemm)". PyTorch's rows quantize the activations inside the op, so the
+//! quantize row of the product's k belongs to the sum.
+//!
 //! Weights are e4m3 1.5 (fill 0x3C) in 128 x 128 blocks whose f32 scales fill with 0x3C too
 //! (about 0.0115), as do the bf16 activations: outputs near 1, no NaN or subnormal anywhere. The
 //! kernels' work does not depend on the values (no zero skipping; the e4m3 conversion takes the
@@ -23,12 +29,14 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    FP8_SCALE_COLS, GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu,
-    GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
-    gemv_fp8_mma_fits, gemv_fp8_stream_fits,
+    FP8_SCALE_COLS, Fp8QuantizeRows, GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemmFp8, GemvFp8,
+    GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu,
+    GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, gemm_fp8_fits, gemv_fp8_mma_fits,
+    gemv_fp8_stream_fits,
 };
 
 use super::{BenchCase, Shape, launch_of};
+use crate::{GemmFp8Scales, GemmOp};
 
 /// log2 of the rows a scale covers: 128 x 128 blocks, as FP8 checkpoints ship them.
 const ROW_SHIFT: u32 = 7;
@@ -347,6 +355,105 @@ pub(super) fn fp8_product_cases(s: &Shape) -> Vec<BenchCase> {
         );
     }
     out
+}
+
+/// The FP8 prefill product at each of `rows`: the activation quantization at each input width
+/// of the step's products, then qkv, o, gate|up and down through `GpuBackend::gemm` with
+/// `GemmOp::fp8` where the weight fits ([`gemm_fp8_fits`]).
+pub(super) fn fp8_gemm_cases(s: &Shape, rows: &[u32]) -> Vec<BenchCase> {
+    let (h, i) = (s.hidden, s.inter);
+    let (qd, kvd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut out = Vec::new();
+    for &m in rows {
+        let mut widths = vec![h, qd, i];
+        widths.sort_unstable();
+        widths.dedup();
+        for k in widths {
+            out.push(quantize_case(s, m, k));
+        }
+        for (what, n, k) in [
+            ("qkv_proj", qd + 2 * kvd, h),
+            ("o_proj", h, qd),
+            ("gate_up", 2 * i, h),
+            ("down", h, i),
+        ] {
+            if gemm_fp8_fits(n, k) {
+                out.push(library_case(s, what, m, n, k));
+            }
+        }
+    }
+    out
+}
+
+fn quantize_case(s: &Shape, m: u32, k: u32) -> BenchCase {
+    let scales = (k.div_ceil(FP8_SCALE_COLS) * m) as usize * 4;
+    let (elements, floor) = ((m * k) as usize, u64::from(m) * u64::from(k));
+    BenchCase {
+        kernel: Fp8QuantizeRows::NAME,
+        label: format!("{} fp8 quantize m={m} k={k}", s.name),
+        bytes: floor * 3 + scales as u64,
+        flops: floor * 2,
+        buffers: vec![(elements, 0), (scales, 0), (elements * 2, FILL)],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            launch_of(Fp8QuantizeRows {
+                q: p[0],
+                scales: p[1],
+                a: p[2],
+                m,
+                k,
+            })
+        }),
+        library_gemm: None,
+    }
+}
+
+fn library_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
+    let kb = k.div_ceil(FP8_SCALE_COLS) as usize;
+    let a_scales = kb * m as usize * 4;
+    let w_scales = kb * n.div_ceil(FP8_SCALE_COLS) as usize * 4;
+    let (m64, n64, k64) = (u64::from(m), u64::from(n), u64::from(k));
+    BenchCase {
+        kernel: GemmFp8::NAME,
+        label: format!("{} fp8 {what} m={m} n={n} k={k} (GpuBackend::gemm)", s.name),
+        bytes: n64 * k64 + m64 * k64 + m64 * n64 * 2 + (a_scales + w_scales) as u64,
+        flops: 2 * m64 * n64 * k64,
+        buffers: vec![
+            ((m * n) as usize * 2, 0),
+            ((m * k) as usize, FILL),
+            ((n * k) as usize, FILL),
+            (a_scales, FILL),
+            (w_scales, FILL),
+        ],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            launch_of(GemmFp8 {
+                c: p[0],
+                a: p[1],
+                a_scales: p[3],
+                w: p[2],
+                w_scales: p[4],
+                bias: DevicePtr::NULL,
+                m,
+                n,
+                k,
+            })
+        }),
+        library_gemm: Some(GemmOp {
+            c: DevicePtr::NULL,
+            a: DevicePtr::NULL,
+            w: DevicePtr::NULL,
+            bias: DevicePtr::NULL,
+            m,
+            n,
+            k,
+            f32_out: false,
+            fp8: Some(GemmFp8Scales {
+                a: DevicePtr::NULL,
+                w: DevicePtr::NULL,
+            }),
+        }),
+    }
 }
 
 #[cfg(test)]
