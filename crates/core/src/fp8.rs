@@ -12,6 +12,17 @@
 /// The largest finite E4M3 magnitude.
 pub const E4M3_MAX: f32 = 448.0;
 
+/// The scale of a block (weight or activation) whose largest magnitude is `amax`, so that it maps
+/// to ±448: `amax / 448`, or 1 where that is not a positive number (an all-zero block, or one so
+/// small the quotient underflows). Every FP8 quantizer of the engine and its references uses it.
+pub fn e4m3_block_scale(amax: f32) -> f32 {
+    if amax > 0.0 && amax / E4M3_MAX > 0.0 {
+        amax / E4M3_MAX
+    } else {
+        1.0
+    }
+}
+
 /// The NaN encoding the encoder produces (`0x7F`; `0xFF` is NaN too).
 pub const E4M3_NAN: u8 = 0x7F;
 

@@ -12,7 +12,7 @@
 //! `block_rows` rows, serves every scheme.
 
 use half::bf16;
-use metrale_core::fp8::{E4M3_MAX, e4m3_to_f32, f32_to_e4m3};
+use metrale_core::fp8::{e4m3_block_scale, e4m3_to_f32, f32_to_e4m3};
 use serde_json::Value;
 
 use crate::{HostTensor, WeightError};
@@ -505,11 +505,7 @@ fn quantize_bands(
         *s = s.max(x.abs());
     }
     for s in scales.iter_mut() {
-        *s = if *s > 0.0 && (*s / E4M3_MAX) > 0.0 {
-            *s / E4M3_MAX
-        } else {
-            1.0
-        };
+        *s = e4m3_block_scale(*s);
     }
     for (i, (v, o)) in src.iter().zip(out.iter_mut()).enumerate() {
         let s = scales[i / k / FP8_BLOCK * cb + i % k / FP8_BLOCK];

@@ -16,7 +16,7 @@
 //! amax / 448, 1 where that is not positive; `f32_to_e4m3(x / scale)`); the product dequantises
 //! both operands to f32, sums in f32 and rounds once to bf16.
 
-use metrale_core::fp8::{E4M3_MAX, e4m3_to_f32, f32_to_e4m3};
+use metrale_core::fp8::{e4m3_block_scale, e4m3_to_f32, f32_to_e4m3};
 use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::blocks_for;
@@ -89,15 +89,6 @@ pub fn fp8_rows_bytes(m: usize, k: usize) -> (usize, usize) {
     (scales_at + scales, scales_at)
 }
 
-/// The scale of a block whose largest magnitude is `amax`: the weight quantizer's rule.
-fn block_scale(amax: f32) -> f32 {
-    if amax > 0.0 && amax / E4M3_MAX > 0.0 {
-        amax / E4M3_MAX
-    } else {
-        1.0
-    }
-}
-
 impl Kernel for Fp8QuantizeRows {
     fn launch_config(&self) -> LaunchConfig {
         let items = u64::from(self.m) * u64::from(self.k.div_ceil(FP8_SCALE_COLS));
@@ -117,7 +108,7 @@ impl Kernel for Fp8QuantizeRows {
             for b in 0..kb {
                 let block = r * k + b * cols..r * k + ((b + 1) * cols).min(k);
                 let amax = a[block.clone()].iter().fold(0f32, |s, x| s.max(x.abs()));
-                let scale = block_scale(amax);
+                let scale = e4m3_block_scale(amax);
                 scales[b * m + r] = scale;
                 for i in block {
                     q[i] = f32_to_e4m3(a[i] / scale);
