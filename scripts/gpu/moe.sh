@@ -50,6 +50,10 @@
 #            weights for both): transformers' logits, met parity on the cuda and the host backend
 #            (the error bisection begun on this machine's host in
 #            docs/results/2026-12-04-nemotron-h200/host-cuts)
+#   fp8gemm  the FP8 prefill GEMM (fp8_gemm.cu + cuBLASLt's block-scaled FP8, tuning fp8_gemm):
+#            check-kernels fp8_gemm with cuBLASLt's log, FP8_GEMM_MODEL (default qwen3-8b) parity
+#            with --quantization fp8 and fp8_gemm off / on, bench-model both (TTFT 1024/8192, decode
+#            batch 1/8/64 at 1024 keys), and the dense kernel table with torch._scaled_mm beside it
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h, tiny-nemotron-h-moe; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -358,6 +362,27 @@ hybridfixtures() {
     python3 scripts/gpu/tiny_hybrid_fixtures.py --out "$RES/fixtures" "${only[@]}" 2>&1 | tail -12
 }
 
+fp8gemm() {
+    local m=${FP8_GEMM_MODEL:-qwen3-8b}
+    log "check-kernels fp8_gemm"
+    METRALE_BLASLT_LOG=1 "$MET" check-kernels --kernel fp8_gemm >"$RES/fp8gemm-check.txt" 2>&1
+    tail -12 "$RES/fp8gemm-check.txt"
+    checkpoint "$m"
+    python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
+        --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
+        --dtype float32 --also-bf16 2>&1 | tail -2
+    for g in off on; do
+        log "fp8 $m fp8_gemm=$g"
+        "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
+            --quantization fp8 --tune fp8_gemm=$g --json "$RES/fp8gemm-parity-$m-$g.json" 2>&1 \
+            | tee "$RES/fp8gemm-parity-$m-$g.txt" | tail -6
+        "$MET" bench-model --model-from-path "$CKPT/$m" --quantization fp8 --tune fp8_gemm=$g \
+            --prefill 1024,8192 --batches 1,8,64 --context 1024 >"$RES/fp8gemm-bench-$m-$g.md" 2>&1
+        grep "^| " "$RES/fp8gemm-bench-$m-$g.md" | head -12
+    done
+    TABLE_SHAPE=$m TABLE_TORCH_ARGS=--fp8 table >/dev/null
+    grep -i "fp8" "$RES/kernel-table-moe-$m.md" | head -40
+}
 for phase in "$@"; do
     log "phase $phase"
     "$phase"
