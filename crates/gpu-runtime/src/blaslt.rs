@@ -126,7 +126,9 @@ impl BlasLt {
         }))
     }
 
-    fn plan(&self, key: Key) -> Result<Plan, GpuError> {
+    /// `scales`: the FP8 call's scale pointers, set on the descriptor before the heuristic is
+    /// asked (each call sets its own again before its matmul).
+    fn plan(&self, key: Key, scales: Option<Fp8Operands>) -> Result<Plan, GpuError> {
         let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
         // SAFETY: all calls below pass pointers to locals that outlive the call and sizes that
         // match the attribute types cuBLASLt documents.
@@ -181,6 +183,9 @@ impl BlasLt {
                     &(lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                         as i32),
                 )?;
+                if let Some(scales) = scales {
+                    set_scale_pointers(desc, scales)?;
+                }
             }
             let layout = |dtype, rows: u32, cols: u32, ld: u32| {
                 let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
@@ -352,7 +357,7 @@ impl BlasLt {
         let mut plans = self.plans.lock().expect("cuBLASLt plans poisoned");
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(key)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(key, fp8)?),
         };
         let (alpha, beta) = (1f32, 0f32);
         // SAFETY: the descriptors belong to this handle; the device pointers are the caller's
@@ -373,28 +378,7 @@ impl BlasLt {
             }
             // The scale pointers too are set for this call only (plans are per fp8-or-not).
             if let Some(scales) = fp8 {
-                for (attr, ptr, what) in [
-                    (
-                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                        scales.w_scales,
-                        "weight scale pointer",
-                    ),
-                    (
-                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                        scales.a_scales,
-                        "activation scale pointer",
-                    ),
-                ] {
-                    check(
-                        lt::cublasLtMatmulDescSetAttribute(
-                            plan.desc,
-                            attr,
-                            &ptr as *const u64 as *const c_void,
-                            8,
-                        ),
-                        what,
-                    )?;
-                }
+                set_scale_pointers(plan.desc, scales)?;
             }
             check(
                 lt::cublasLtMatmul(
@@ -419,6 +403,43 @@ impl BlasLt {
             )
         }
     }
+}
+
+/// Sets an FP8 product's scale pointers on `desc`: the weight's as cuBLASLt's A, the
+/// activations' as its B (the module comment's mapping).
+///
+/// # Safety
+/// `desc` is a live matmul descriptor of this module's handle.
+unsafe fn set_scale_pointers(
+    desc: lt::cublasLtMatmulDesc_t,
+    scales: Fp8Operands,
+) -> Result<(), GpuError> {
+    for (attr, ptr, what) in [
+        (
+            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            scales.w_scales,
+            "weight scale pointer",
+        ),
+        (
+            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            scales.a_scales,
+            "activation scale pointer",
+        ),
+    ] {
+        // SAFETY: a pointer-sized attribute read from a local that outlives the call.
+        check(
+            unsafe {
+                lt::cublasLtMatmulDescSetAttribute(
+                    desc,
+                    attr,
+                    &ptr as *const u64 as *const c_void,
+                    8,
+                )
+            },
+            what,
+        )?;
+    }
+    Ok(())
 }
 
 /// Rows below which a product takes the algorithm cuBLASLt's heuristic picks for this many rows
