@@ -247,14 +247,18 @@ pub struct GemmOp {
     pub fp8: Option<GemmFp8Scales>,
 }
 
-/// The f32 scales of an FP8 [`GemmOp`]'s operands.
+/// The f32 scales of an FP8 [`GemmOp`]'s operands, and the scratch its last rows use.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmFp8Scales {
-    /// `[ceil(k / 128), m]`: a scale per row of A and 128 columns, the row index fastest
-    /// ([`metrale_kernels::ops::Fp8QuantizeRows`] writes it; cuBLASLt's VEC128_32F mode).
+    /// A scale per row of A and 128 columns, the row index fastest, in row groups of 16
+    /// ([`metrale_kernels::ops::fp8_row_scale`]; [`metrale_kernels::ops::Fp8QuantizeRows`]
+    /// writes it; cuBLASLt's VEC128_32F mode). A holds `m` rounded up to 16 rows.
     pub a: DevicePtr,
     /// `[ceil(n / 128), ceil(k / 128)]` row-major: W's 128 x 128 blocks (BLK128x128_32F).
     pub w: DevicePtr,
+    /// bf16 `[16, n]` scratch: where `m` is not a multiple of 16, cuBLASLt's product of the last
+    /// 16 rows (the rest zero rows) lands here and its real rows are copied into `c`.
+    pub tail: DevicePtr,
 }
 
 impl GemmOp {

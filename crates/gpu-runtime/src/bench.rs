@@ -1190,6 +1190,7 @@ pub fn run(
             fp8: op.fp8.map(|_| crate::GemmFp8Scales {
                 a: ptrs[3],
                 w: ptrs[4],
+                tail: ptrs[5],
             }),
             ..op
         });

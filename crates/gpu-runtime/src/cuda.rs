@@ -507,13 +507,55 @@ impl GpuBackend for CudaBackend {
             Some(lib) => {
                 let s = self.stream(stream)?;
                 self.bind()?;
-                let fp8 = op.fp8.map(|scales| crate::blaslt::Fp8Operands {
-                    a_scales: scales.a.0,
-                    w_scales: scales.w.0,
-                });
-                lib.matmul(
-                    op.c.0, op.a.0, op.w.0, op.bias.0, op.m, op.n, op.k, op.f32_out, fp8, s,
-                )
+                let Some(scales) = op.fp8 else {
+                    return lib.matmul(
+                        op.c.0, op.a.0, op.w.0, op.bias.0, op.m, op.n, op.k, op.f32_out, None, s,
+                    );
+                };
+                // cuBLASLt's block-scaled FP8 takes multiples of 16 rows: the first `main` rows
+                // in one product, the rest (padded with zero rows by the quantization) in a
+                // product of 16 into the scratch, whose real rows are then copied out
+                // (metrale_kernels::ops::fp8_row_scale's layout).
+                let (main, tail) = metrale_kernels::ops::fp8_rows_split(op.m);
+                let group = metrale_kernels::ops::FP8_GEMM_ROW_GROUP;
+                let kb = u64::from(op.k.div_ceil(metrale_kernels::ops::FP8_SCALE_COLS));
+                if main > 0 {
+                    let fp8 = crate::blaslt::Fp8Operands {
+                        a_scales: scales.a.0,
+                        w_scales: scales.w.0,
+                    };
+                    lib.matmul(
+                        op.c.0, op.a.0, op.w.0, op.bias.0, main, op.n, op.k, false, Some(fp8), s,
+                    )?;
+                }
+                if tail > 0 {
+                    if scales.tail.is_null() {
+                        return Err(GpuError::Library(format!(
+                            "an FP8 product of {} rows (not a multiple of {group}) needs the \
+                             tail scratch",
+                            op.m
+                        )));
+                    }
+                    let fp8 = crate::blaslt::Fp8Operands {
+                        a_scales: scales.a.0 + kb * u64::from(main) * 4,
+                        w_scales: scales.w.0,
+                    };
+                    let a = op.a.0 + u64::from(main) * u64::from(op.k);
+                    lib.matmul(
+                        scales.tail.0, a, op.w.0, op.bias.0, group, op.n, op.k, false, Some(fp8), s,
+                    )?;
+                    let row_bytes = u64::from(op.n) * 2;
+                    // SAFETY: device addresses only; `c` holds `m` rows and the scratch 16.
+                    check("cuMemcpyDtoDAsync", unsafe {
+                        sys::cuMemcpyDtoDAsync_v2(
+                            op.c.0 + u64::from(main) * row_bytes,
+                            scales.tail.0,
+                            (u64::from(tail) * row_bytes) as usize,
+                            s,
+                        )
+                    })?;
+                }
+                Ok(())
             }
             None => {
                 let (config, args) = op.kernel_launch();

@@ -135,6 +135,9 @@ pub(crate) struct Fp8Rows {
     pub(crate) values: DevicePtr,
     /// Their f32 scales.
     pub(crate) scales: DevicePtr,
+    /// bf16 `[16, n]` for the widest `n`: the library product's last rows
+    /// ([`metrale_gpu_runtime::GemmFp8Scales::tail`]).
+    pub(crate) tail: DevicePtr,
 }
 
 impl LinearKernels {
@@ -491,6 +494,7 @@ impl Linear {
             fp8: Some(GemmFp8Scales {
                 a: rows.scales,
                 w: self.fp8.0,
+                tail: rows.tail,
             }),
             ..self.gemm_op(out, a, m, false)
         };

@@ -477,6 +477,9 @@ pub struct DeviceWeights {
     /// Inputs of the widest FP8 linear weight (0 without any): the FP8 library product's
     /// quantized activations are that wide.
     pub(crate) fp8_max_k: usize,
+    /// Outputs of the tallest FP8 linear weight (0 without any): the FP8 library product's
+    /// scratch for its last rows is that wide.
+    pub(crate) fp8_max_n: usize,
 }
 
 /// The FP8 KV cache scales of attention layer `l` in the checkpoint, `(k_scale, v_scale)`, where
@@ -743,6 +746,7 @@ struct Uploader<'a> {
     format: &'a LinearFormat,
     fp8_max_weights: usize,
     fp8_max_k: usize,
+    fp8_max_n: usize,
     gpu: &'a dyn GpuBackend,
     progress: LoadProgress<'a>,
     allocations: &'a mut Vec<DevicePtr>,
@@ -812,6 +816,7 @@ impl Uploader<'_> {
             Some(t) => {
                 self.fp8_max_weights = self.fp8_max_weights.max(t.n * t.k);
                 self.fp8_max_k = self.fp8_max_k.max(t.k);
+                self.fp8_max_n = self.fp8_max_n.max(t.n);
                 let w = self.put_bytes(&t.data, 0)?;
                 let scales = self.put_bytes(bytemuck::cast_slice(&t.scales), roles.len())?;
                 Ok(LinearWeight {
@@ -833,6 +838,7 @@ impl Uploader<'_> {
             })?;
             self.fp8_max_weights = self.fp8_max_weights.max(q.n * q.k);
             self.fp8_max_k = self.fp8_max_k.max(q.k);
+            self.fp8_max_n = self.fp8_max_n.max(q.n);
             let w = self.put_bytes(&q.data, 0)?;
             let scales = self.put_bytes(bytemuck::cast_slice(&q.scales), tensors)?;
             return Ok(LinearWeight {
@@ -1123,6 +1129,7 @@ fn load_inner(
         format,
         fp8_max_weights: 0,
         fp8_max_k: 0,
+        fp8_max_n: 0,
         gpu,
         progress,
         allocations,
@@ -1205,6 +1212,7 @@ fn load_inner(
     Ok(DeviceWeights {
         fp8_max_weights,
         fp8_max_k,
+        fp8_max_n: u.fp8_max_n,
         kv_scaled_layers,
         embedding,
         final_norm,
@@ -1277,6 +1285,7 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
     Ok(DeviceWeights {
         fp8_max_weights: u.fp8_max_weights,
         fp8_max_k: u.fp8_max_k,
+        fp8_max_n: u.fp8_max_n,
         // Nemotron-H's attention layers take no checkpoint KV scales (1.0).
         kv_scaled_layers: 0,
         embedding,

@@ -6,11 +6,15 @@
 // fp8_quantize_rows: bf16 activations [M, K] -> e4m3 [M, K] and a scale per row and 128 columns,
 // scale = amax / 448 (1 where that is not positive: an all-zero block), each element
 // e4m3(x / scale) (IEEE division, round to nearest even, saturating: kv_fp8.cuh's conversions).
-// The scales are written k-block major with the row index fastest, scales[kb * M + row]: the
-// "outer-dim-major" [M, ceil(K / 128)] layout the VEC128 mode reads (the M-contiguous layout
-// torch._scaled_mm asks of its 1x128 operand, which it hands cuBLASLt the same way).
-// Launch: one warp per (row, 128-column block), 8 warps a block: grid = ceil(M * ceil(K / 128) / 8),
-// block = 256.
+// The scales are written k-block major with the row index fastest: the "outer-dim-major"
+// [rows, ceil(K / 128)] layout the VEC128 mode reads (the M-contiguous layout torch._scaled_mm
+// asks of its 1x128 operand). cuBLASLt's block-scaled FP8 takes row counts that are multiples of
+// 16 only, so the rows come in two groups, each a product of its own: the first M rounded down to
+// 16 (MAIN rows, scales[kb * MAIN + row]) and, where M is not a multiple of 16, one group of 16
+// (rows MAIN..M and zero rows up to MAIN + 16, scales[ceil(K / 128) * MAIN + kb * 16 + row - MAIN]).
+// The zero rows' values are 0 and their scales 1. fp8_row_scale (below) is that index.
+// Launch: one warp per (row, 128-column block) over the padded rows, 8 warps a block:
+// grid = ceil(round_up(M, 16) * ceil(K / 128) / 8), block = 256.
 //
 // gemm_fp8_block_scaled: the same product without the library (backends where cuBLASLt is absent):
 // one thread per output element, per 128-column block an f32 dot of the e4m3 values, times the two
@@ -27,6 +31,16 @@ namespace {
 
 constexpr uint32_t SCALE_K = 128;
 constexpr float E4M3_MAX = 448.0f;
+// The row count a cuBLASLt block-scaled FP8 product takes a multiple of.
+constexpr uint32_t ROW_GROUP = 16;
+
+// The index of row `row`'s scale of k-block `kb` among M rows' scales (the header's layout).
+__device__ __forceinline__ size_t fp8_row_scale(uint32_t row, uint32_t kb, uint32_t m,
+                                                uint32_t kb_count) {
+    const uint32_t main = m / ROW_GROUP * ROW_GROUP;
+    return row < main ? (size_t)kb * main + row
+                      : (size_t)kb_count * main + (size_t)kb * ROW_GROUP + (row - main);
+}
 
 }  // namespace
 
@@ -37,8 +51,10 @@ extern "C" __global__ void __launch_bounds__(256) fp8_quantize_rows(
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t kb_count = (k + SCALE_K - 1) / SCALE_K;
     const size_t item = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (item >= (size_t)m * kb_count) return;
+    const uint32_t padded = (m + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    if (item >= (size_t)padded * kb_count) return;
     const uint32_t row = (uint32_t)(item / kb_count), kb = (uint32_t)(item % kb_count);
+    const bool real = row < m;  // else a zero row of the last group
     // Each lane takes 4 consecutive columns of the block: one 8-byte load and one 4-byte store
     // where K is a multiple of 4 and the bases are aligned (rows then stay aligned), else element
     // by element.
@@ -48,7 +64,10 @@ extern "C" __global__ void __launch_bounds__(256) fp8_quantize_rows(
     const bool vector = aligned && (k % 4 == 0) && col + 4 <= k;
     uint2 v = make_uint2(0, 0);
     __nv_bfloat16 x[4];
-    if (vector) {
+    if (!real) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x[j] = __float2bfloat16_rn(0.0f);
+    } else if (vector) {
         v = *reinterpret_cast<const uint2*>(src);
         x[0] = __ushort_as_bfloat16((unsigned short)(v.x & 0xffffu));
         x[1] = __ushort_as_bfloat16((unsigned short)(v.x >> 16));
@@ -66,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(256) fp8_quantize_rows(
     amax = metrale::warp_max(amax);
     float scale = __fdiv_rn(amax, E4M3_MAX);
     if (!(amax > 0.0f && scale > 0.0f)) scale = 1.0f;
-    if (lane == 0) scales[(size_t)kb * m + row] = scale;
+    if (lane == 0) scales[fp8_row_scale(row, kb, m, kb_count)] = scale;
     uint8_t* dst = q + (size_t)row * k + col;
     if (vector) {
         *reinterpret_cast<uint32_t*>(dst) = metrale::kv_fp8::quantize4(v, scale);
@@ -98,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_fp8_block_scaled(
             const __half_raw hw = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)wr[i], __NV_E4M3);
             dot = fmaf(__half2float(__half(ha)), __half2float(__half(hw)), dot);
         }
-        acc = fmaf(dot, a_scales[(size_t)kb * m + row] * w_scales[(size_t)(col / SCALE_K) * kb_count + kb], acc);
+        acc = fmaf(dot, a_scales[fp8_row_scale(row, kb, m, kb_count)] * w_scales[(size_t)(col / SCALE_K) * kb_count + kb], acc);
     }
     if (bias != nullptr) acc += metrale::to_f32(bias[col]);
     c[(size_t)row * n + col] = metrale::to_bf16(acc);

@@ -29,7 +29,7 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    FP8_SCALE_COLS, Fp8QuantizeRows, GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemmFp8, GemvFp8,
+    FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows, GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemmFp8, GemvFp8,
     GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu,
     GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, gemm_fp8_fits, gemv_fp8_mma_fits,
     gemv_fp8_stream_fits,
@@ -386,14 +386,15 @@ pub(super) fn fp8_gemm_cases(s: &Shape, rows: &[u32]) -> Vec<BenchCase> {
 }
 
 fn quantize_case(s: &Shape, m: u32, k: u32) -> BenchCase {
-    let scales = (k.div_ceil(FP8_SCALE_COLS) * m) as usize * 4;
+    let padded = m.next_multiple_of(FP8_GEMM_ROW_GROUP);
+    let scales = (k.div_ceil(FP8_SCALE_COLS) * padded) as usize * 4;
     let (elements, floor) = ((m * k) as usize, u64::from(m) * u64::from(k));
     BenchCase {
         kernel: Fp8QuantizeRows::NAME,
         label: format!("{} fp8 quantize m={m} k={k}", s.name),
         bytes: floor * 3 + scales as u64,
         flops: floor * 2,
-        buffers: vec![(elements, 0), (scales, 0), (elements * 2, FILL)],
+        buffers: vec![((padded * k) as usize, 0), (scales, 0), (elements * 2, FILL)],
         uploads: vec![],
         build: Box::new(move |p| {
             launch_of(Fp8QuantizeRows {
@@ -410,7 +411,8 @@ fn quantize_case(s: &Shape, m: u32, k: u32) -> BenchCase {
 
 fn library_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
     let kb = k.div_ceil(FP8_SCALE_COLS) as usize;
-    let a_scales = kb * m as usize * 4;
+    let padded = m.next_multiple_of(FP8_GEMM_ROW_GROUP);
+    let a_scales = kb * padded as usize * 4;
     let w_scales = kb * n.div_ceil(FP8_SCALE_COLS) as usize * 4;
     let (m64, n64, k64) = (u64::from(m), u64::from(n), u64::from(k));
     BenchCase {
@@ -420,10 +422,11 @@ fn library_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
         flops: 2 * m64 * n64 * k64,
         buffers: vec![
             ((m * n) as usize * 2, 0),
-            ((m * k) as usize, FILL),
+            ((padded * k) as usize, FILL),
             ((n * k) as usize, FILL),
             (a_scales, FILL),
             (w_scales, FILL),
+            ((FP8_GEMM_ROW_GROUP * n) as usize * 2, 0),
         ],
         uploads: vec![],
         build: Box::new(move |p| {
@@ -451,6 +454,7 @@ fn library_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
             fp8: Some(GemmFp8Scales {
                 a: DevicePtr::NULL,
                 w: DevicePtr::NULL,
+                tail: DevicePtr::NULL,
             }),
         }),
     }

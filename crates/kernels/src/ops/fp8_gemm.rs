@@ -5,8 +5,13 @@
 //! matmul and other backends through the kernel.
 //!
 //! Scale layouts, the ones cuBLASLt's modes read under blaslt.rs's operand mapping:
-//! - activations (`CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F`): `[ceil(k / 128), m]` row-major, a
-//!   scale per row and 128 columns at `kb * m + row` (the row index fastest);
+//! - activations (`CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F`): a scale per row and 128 columns,
+//!   the row index fastest, in row groups ([`fp8_row_scale`]): cuBLASLt's block-scaled FP8 takes
+//!   row counts that are multiples of [`FP8_GEMM_ROW_GROUP`] only (on the H200 17 rows are
+//!   `CUBLAS_STATUS_NOT_SUPPORTED`, 16, 32 and 1024 are accepted:
+//!   docs/results/2026-12-04-fp8-h200/gemm-3d6aa6e), so the first `m` rounded down to 16 rows
+//!   are one product (`[ceil(k / 128), main]`) and the rest, padded with zero rows to 16, another
+//!   (`[ceil(k / 128), 16]` after them);
 //! - the weight (`CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F`):
 //!   [`metrale_model_weights::Fp8Tensor`]'s `[ceil(n / 128), ceil(k / 128)]` row-major, which is
 //!   the column-major block grid of the weight as cuBLASLt's first operand, leading dimension
@@ -32,11 +37,11 @@ const GEMM_TILE: u32 = 16;
 
 kernel_args!(
     /// `q[m, k] = e4m3(a / scale)` with a scale per row and 128 columns (amax / 448; 1 where
-    /// the block is all zero), written `[ceil(k / 128), m]` (VEC128 layout).
+    /// the block is all zero), in the row groups cuBLASLt takes ([`fp8_row_scale`]).
     Fp8QuantizeRows => names::fp8_gemm::FP8_QUANTIZE_ROWS {
-        /// e4m3 `[m, k]`.
+        /// e4m3 `[round_up(m, 16), k]`, the rows past `m` zero.
         q: DevicePtr,
-        /// f32 `[ceil(k / 128), m]`.
+        /// f32, [`fp8_row_scale`]'s layout over `round_up(m, 16)` rows (the zero rows' 1).
         scales: DevicePtr,
         /// bf16 `[m, k]`.
         a: DevicePtr,
@@ -55,7 +60,7 @@ kernel_args!(
         c: DevicePtr,
         /// e4m3 `[m, k]`.
         a: DevicePtr,
-        /// f32 `[ceil(k / 128), m]` ([`Fp8QuantizeRows`]' layout).
+        /// f32, [`Fp8QuantizeRows`]' layout ([`fp8_row_scale`]).
         a_scales: DevicePtr,
         /// e4m3 `[n, k]`.
         w: DevicePtr,
@@ -81,17 +86,44 @@ pub fn gemm_fp8_fits(n: u32, k: u32) -> bool {
     n > 0 && n.is_multiple_of(16) && k > 0 && k.is_multiple_of(4 * FP8_SCALE_COLS)
 }
 
-/// Bytes of the quantized activations of `m x k`: the e4m3 values, then (at the next 256-byte
-/// boundary) the scales. Returns (bytes, offset of the scales).
+/// The row count cuBLASLt's block-scaled FP8 product takes a multiple of.
+pub const FP8_GEMM_ROW_GROUP: u32 = 16;
+
+/// An FP8 product of `m` rows as cuBLASLt takes it: `(main, tail)`, the first `main` rows (`m`
+/// rounded down to [`FP8_GEMM_ROW_GROUP`]) in one product and `tail` (`m - main`, fewer than 16)
+/// in a second one of 16 rows, the rest of them zero.
+pub fn fp8_rows_split(m: u32) -> (u32, u32) {
+    let main = m / FP8_GEMM_ROW_GROUP * FP8_GEMM_ROW_GROUP;
+    (main, m - main)
+}
+
+/// Where row `row`'s scale of k-block `kb` sits among the scales of `m` quantized rows
+/// (`kb_count` k-blocks): `kb * main + row` in the first group, after the first group's scales
+/// and 16 rows wide in the second ([`fp8_rows_split`]).
+pub fn fp8_row_scale(row: usize, kb: usize, m: usize, kb_count: usize) -> usize {
+    let g = FP8_GEMM_ROW_GROUP as usize;
+    let main = m / g * g;
+    if row < main {
+        kb * main + row
+    } else {
+        kb_count * main + kb * g + (row - main)
+    }
+}
+
+/// Bytes of the quantized activations of `m x k`: the e4m3 values of `m` rounded up to 16 rows,
+/// then (at the next 256-byte boundary) as many rows' scales. Returns (bytes, offset of the
+/// scales).
 pub fn fp8_rows_bytes(m: usize, k: usize) -> (usize, usize) {
-    let scales_at = (m * k).next_multiple_of(256);
-    let scales = k.div_ceil(FP8_SCALE_COLS as usize) * m * 4;
+    let rows = m.next_multiple_of(FP8_GEMM_ROW_GROUP as usize);
+    let scales_at = (rows * k).next_multiple_of(256);
+    let scales = k.div_ceil(FP8_SCALE_COLS as usize) * rows * 4;
     (scales_at + scales, scales_at)
 }
 
 impl Kernel for Fp8QuantizeRows {
     fn launch_config(&self) -> LaunchConfig {
-        let items = u64::from(self.m) * u64::from(self.k.div_ceil(FP8_SCALE_COLS));
+        let rows = self.m.next_multiple_of(FP8_GEMM_ROW_GROUP);
+        let items = u64::from(rows) * u64::from(self.k.div_ceil(FP8_SCALE_COLS));
         LaunchConfig::linear(
             blocks_for(items, QUANTIZE_WARPS).max(1),
             32 * QUANTIZE_WARPS,
@@ -101,15 +133,17 @@ impl Kernel for Fp8QuantizeRows {
         let (m, k) = (self.m as usize, self.k as usize);
         let cols = FP8_SCALE_COLS as usize;
         let kb = k.div_ceil(cols);
-        let a = host::load_bf16(mem, self.a, m * k)?;
-        let mut q = vec![0u8; m * k];
-        let mut scales = vec![0f32; kb * m];
-        for r in 0..m {
+        let rows = m.next_multiple_of(FP8_GEMM_ROW_GROUP as usize);
+        let mut a = host::load_bf16(mem, self.a, m * k)?;
+        a.resize(rows * k, 0.0);
+        let mut q = vec![0u8; rows * k];
+        let mut scales = vec![0f32; kb * rows];
+        for r in 0..rows {
             for b in 0..kb {
                 let block = r * k + b * cols..r * k + ((b + 1) * cols).min(k);
                 let amax = a[block.clone()].iter().fold(0f32, |s, x| s.max(x.abs()));
                 let scale = e4m3_block_scale(amax);
-                scales[b * m + r] = scale;
+                scales[fp8_row_scale(r, b, m, kb)] = scale;
                 for i in block {
                     q[i] = f32_to_e4m3(a[i] / scale);
                 }
@@ -137,11 +171,12 @@ impl Kernel for GemmFp8 {
         let cols = FP8_SCALE_COLS as usize;
         let kb = k.div_ceil(cols);
         let bytes = host::view::<u8>(mem, self.a, m * k)?;
-        let s = host::load::<f32>(mem, self.a_scales, kb * m)?;
+        let rows = m.next_multiple_of(FP8_GEMM_ROW_GROUP as usize);
+        let s = host::load::<f32>(mem, self.a_scales, kb * rows)?;
         let a: Vec<f32> = (0..m * k)
             .map(|i| {
                 let (r, c) = (i / k, i % k);
-                e4m3_to_f32(bytes[i]) * s[c / cols * m + r]
+                e4m3_to_f32(bytes[i]) * s[fp8_row_scale(r, c / cols, m, kb)]
             })
             .collect();
         let w = fp8_weight_f32(Self::NAME, mem, self.w, self.w_scales, (n, k), 7)?;
