@@ -53,7 +53,8 @@
 #   fp8gemm  the FP8 prefill GEMM (fp8_gemm.cu + cuBLASLt's block-scaled FP8, tuning fp8_gemm):
 #            check-kernels fp8_gemm with cuBLASLt's log, FP8_GEMM_MODEL (default qwen3-8b) parity
 #            with --quantization fp8 and fp8_gemm off / on, bench-model both (TTFT 1024/8192, decode
-#            batch 1/8/64 at 1024 keys), and the dense kernel table with torch._scaled_mm beside it
+#            batch 1/8/63/64 at 1024 keys; FP8_GEMM_PROFILE=1: with --profile), and the dense kernel
+#            table with torch._scaled_mm beside it (FP8_GEMM_TABLE=0: not)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h, tiny-nemotron-h-moe; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -377,11 +378,14 @@ fp8gemm() {
             --quantization fp8 --tune fp8_gemm=$g --json "$RES/fp8gemm-parity-$m-$g.json" 2>&1 \
             | tee "$RES/fp8gemm-parity-$m-$g.txt" | tail -6
         "$MET" bench-model --model-from-path "$CKPT/$m" --quantization fp8 --tune fp8_gemm=$g \
-            --prefill 1024,8192 --batches 1,8,64 --context 1024 >"$RES/fp8gemm-bench-$m-$g.md" 2>&1
+            --prefill 1024,8192 --batches 1,8,63,64 --context 1024 ${FP8_GEMM_PROFILE:+--profile} \
+            >"$RES/fp8gemm-bench-$m-$g.md" 2>&1
         grep "^| " "$RES/fp8gemm-bench-$m-$g.md" | head -12
     done
-    TABLE_SHAPE=$m TABLE_TORCH_ARGS=--fp8 table >/dev/null
-    grep -i "fp8" "$RES/kernel-table-moe-$m.md" | head -40
+    if [ "${FP8_GEMM_TABLE:-1}" = 1 ]; then
+        TABLE_SHAPE=$m TABLE_TORCH_ARGS=--fp8 table >/dev/null
+        grep -i "fp8" "$RES/kernel-table-moe-$m.md" | head -40
+    fi
 }
 for phase in "$@"; do
     log "phase $phase"
