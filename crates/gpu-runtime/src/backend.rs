@@ -256,8 +256,10 @@ pub struct GemmFp8Scales {
     pub a: DevicePtr,
     /// `[ceil(n / 128), ceil(k / 128)]` row-major: W's 128 x 128 blocks (BLK128x128_32F).
     pub w: DevicePtr,
-    /// bf16 `[16, n]` scratch: where `m` is not a multiple of 16, cuBLASLt's product of the last
-    /// 16 rows (the rest zero rows) lands here and its real rows are copied into `c`.
+    /// bf16 `[FP8_GEMM_PAD_ROWS, n]` scratch: where `m` is not a multiple of 16, cuBLASLt's
+    /// product of the rows past the last multiple of 16 (all of them up to 256 rows), padded with
+    /// zero rows, lands here and its real rows are copied into `c`
+    /// ([`metrale_kernels::ops::fp8_rows_split`]).
     pub tail: DevicePtr,
 }
 

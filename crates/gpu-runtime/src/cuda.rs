@@ -514,10 +514,10 @@ impl GpuBackend for CudaBackend {
                 };
                 // cuBLASLt's block-scaled FP8 takes multiples of 16 rows: the first `main` rows
                 // in one product, the rest (padded with zero rows by the quantization) in a
-                // product of 16 into the scratch, whose real rows are then copied out
-                // (metrale_kernels::ops::fp8_row_scale's layout).
+                // product into the scratch, whose real rows are then copied out
+                // (metrale_kernels::ops::fp8_rows_split, fp8_row_scale's layout).
                 let (main, tail) = metrale_kernels::ops::fp8_rows_split(op.m);
-                let group = metrale_kernels::ops::FP8_GEMM_ROW_GROUP;
+                let group = tail.next_multiple_of(metrale_kernels::ops::FP8_GEMM_ROW_GROUP);
                 let kb = u64::from(op.k.div_ceil(metrale_kernels::ops::FP8_SCALE_COLS));
                 if main > 0 {
                     let fp8 = crate::blaslt::Fp8Operands {
@@ -525,15 +525,25 @@ impl GpuBackend for CudaBackend {
                         w_scales: scales.w.0,
                     };
                     lib.matmul(
-                        op.c.0, op.a.0, op.w.0, op.bias.0, main, op.n, op.k, false, Some(fp8), s,
+                        op.c.0,
+                        op.a.0,
+                        op.w.0,
+                        op.bias.0,
+                        main,
+                        op.n,
+                        op.k,
+                        false,
+                        Some(fp8),
+                        s,
                     )?;
                 }
                 if tail > 0 {
                     if scales.tail.is_null() {
                         return Err(GpuError::Library(format!(
-                            "an FP8 product of {} rows (not a multiple of {group}) needs the \
+                            "an FP8 product of {} rows (not a multiple of {}) needs the \
                              tail scratch",
-                            op.m
+                            op.m,
+                            metrale_kernels::ops::FP8_GEMM_ROW_GROUP
                         )));
                     }
                     let fp8 = crate::blaslt::Fp8Operands {
@@ -542,10 +552,19 @@ impl GpuBackend for CudaBackend {
                     };
                     let a = op.a.0 + u64::from(main) * u64::from(op.k);
                     lib.matmul(
-                        scales.tail.0, a, op.w.0, op.bias.0, group, op.n, op.k, false, Some(fp8), s,
+                        scales.tail.0,
+                        a,
+                        op.w.0,
+                        op.bias.0,
+                        group,
+                        op.n,
+                        op.k,
+                        false,
+                        Some(fp8),
+                        s,
                     )?;
                     let row_bytes = u64::from(op.n) * 2;
-                    // SAFETY: device addresses only; `c` holds `m` rows and the scratch 16.
+                    // SAFETY: device addresses only; `c` holds `m` rows and the scratch `group`.
                     check("cuMemcpyDtoDAsync", unsafe {
                         sys::cuMemcpyDtoDAsync_v2(
                             op.c.0 + u64::from(main) * row_bytes,

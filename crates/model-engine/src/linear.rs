@@ -135,7 +135,7 @@ pub(crate) struct Fp8Rows {
     pub(crate) values: DevicePtr,
     /// Their f32 scales.
     pub(crate) scales: DevicePtr,
-    /// bf16 `[16, n]` for the widest `n`: the library product's last rows
+    /// bf16 `[FP8_GEMM_PAD_ROWS, n]` for the widest `n`: the library product's padded rows
     /// ([`metrale_gpu_runtime::GemmFp8Scales::tail`]).
     pub(crate) tail: DevicePtr,
 }

@@ -367,7 +367,7 @@ impl Model {
                 let (bytes, scales_at) =
                     metrale_kernels::ops::fp8_rows_bytes(rows, weights.fp8_max_k);
                 let values = arena.alloc(bytes)?;
-                let group = metrale_kernels::ops::FP8_GEMM_ROW_GROUP as usize;
+                let group = metrale_kernels::ops::FP8_GEMM_PAD_ROWS as usize;
                 linear.fp8_rows = crate::linear::Fp8Rows {
                     values,
                     scales: values.offset(scales_at),

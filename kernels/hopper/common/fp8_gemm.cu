@@ -9,10 +9,11 @@
 // The scales are written k-block major with the row index fastest: the "outer-dim-major"
 // [rows, ceil(K / 128)] layout the VEC128 mode reads (the M-contiguous layout torch._scaled_mm
 // asks of its 1x128 operand). cuBLASLt's block-scaled FP8 takes row counts that are multiples of
-// 16 only, so the rows come in two groups, each a product of its own: the first M rounded down to
-// 16 (MAIN rows, scales[kb * MAIN + row]) and, where M is not a multiple of 16, one group of 16
-// (rows MAIN..M and zero rows up to MAIN + 16, scales[ceil(K / 128) * MAIN + kb * 16 + row - MAIN]).
-// The zero rows' values are 0 and their scales 1. fp8_row_scale (below) is that index.
+// 16 only, so the rows come in at most two groups, each a product of its own and each
+// [ceil(K / 128), rows] with the row index fastest: M a multiple of 16 is one group; M up to
+// PAD_ROWS (256) is one group padded with zero rows to a multiple of 16; longer M is M rounded
+// down to 16 (MAIN) rows, then the other M % 16 padded to 16 (ops/fp8_gemm.rs fp8_rows_split).
+// The zero rows' values are 0 and their scales 1. fp8_row_scale (below) is the index.
 // Launch: one warp per (row, 128-column block) over the padded rows, 8 warps a block:
 // grid = ceil(round_up(M, 16) * ceil(K / 128) / 8), block = 256.
 //
@@ -31,15 +32,18 @@ namespace {
 
 constexpr uint32_t SCALE_K = 128;
 constexpr float E4M3_MAX = 448.0f;
-// The row count a cuBLASLt block-scaled FP8 product takes a multiple of.
+// The row count a cuBLASLt block-scaled FP8 product takes a multiple of, and the longest product
+// padded whole (ops/fp8_gemm.rs FP8_GEMM_ROW_GROUP, FP8_GEMM_PAD_ROWS).
 constexpr uint32_t ROW_GROUP = 16;
+constexpr uint32_t PAD_ROWS = 256;
 
 // The index of row `row`'s scale of k-block `kb` among M rows' scales (the header's layout).
 __device__ __forceinline__ size_t fp8_row_scale(uint32_t row, uint32_t kb, uint32_t m,
                                                 uint32_t kb_count) {
-    const uint32_t main = m / ROW_GROUP * ROW_GROUP;
-    return row < main ? (size_t)kb * main + row
-                      : (size_t)kb_count * main + (size_t)kb * ROW_GROUP + (row - main);
+    const uint32_t main = m % ROW_GROUP == 0 ? m : (m <= PAD_ROWS ? 0 : m / ROW_GROUP * ROW_GROUP);
+    if (row < main) return (size_t)kb * main + row;
+    const uint32_t padded = (m - main + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    return (size_t)kb_count * main + (size_t)kb * padded + (row - main);
 }
 
 }  // namespace

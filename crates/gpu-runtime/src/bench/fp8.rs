@@ -29,10 +29,10 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows, GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemmFp8, GemvFp8,
-    GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu,
-    GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, gemm_fp8_fits, gemv_fp8_mma_fits,
-    gemv_fp8_stream_fits,
+    FP8_GEMM_PAD_ROWS, FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows, GEMV_FP8_MAX_ROWS,
+    GEMV_STREAM_STAGES, GemmFp8, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream,
+    GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, gemm_fp8_fits,
+    gemv_fp8_mma_fits, gemv_fp8_stream_fits,
 };
 
 use super::{BenchCase, Shape, launch_of};
@@ -394,7 +394,11 @@ fn quantize_case(s: &Shape, m: u32, k: u32) -> BenchCase {
         label: format!("{} fp8 quantize m={m} k={k}", s.name),
         bytes: floor * 3 + scales as u64,
         flops: floor * 2,
-        buffers: vec![((padded * k) as usize, 0), (scales, 0), (elements * 2, FILL)],
+        buffers: vec![
+            ((padded * k) as usize, 0),
+            (scales, 0),
+            (elements * 2, FILL),
+        ],
         uploads: vec![],
         build: Box::new(move |p| {
             launch_of(Fp8QuantizeRows {
@@ -426,7 +430,7 @@ fn library_case(s: &Shape, what: &str, m: u32, n: u32, k: u32) -> BenchCase {
             ((n * k) as usize, FILL),
             (a_scales, FILL),
             (w_scales, FILL),
-            ((FP8_GEMM_ROW_GROUP * n) as usize * 2, 0),
+            ((FP8_GEMM_PAD_ROWS * n) as usize * 2, 0),
         ],
         uploads: vec![],
         build: Box::new(move |p| {

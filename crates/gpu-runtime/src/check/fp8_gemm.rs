@@ -14,7 +14,9 @@
 use half::bf16;
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows, GemmFp8};
+use metrale_kernels::ops::{
+    FP8_GEMM_PAD_ROWS, FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows, GemmFp8,
+};
 
 use super::gemv_fp8::{e4m3_codes, input, output, scales};
 use super::{Buffer, Case, GemmBuild, Init, OutputKind, Rng, bf16_normal, f32_bytes, launch_of};
@@ -25,6 +27,7 @@ pub(super) fn fp8_gemm_cases(rng: &mut Rng) -> Vec<Case> {
     let mut out = Vec::new();
     for (m, k, zero_block) in [
         (37u32, 4096u32, false),
+        (270, 1024, false),
         (8, 12288, false),
         (5, 300, true),
         (3, 130, false),
@@ -39,6 +42,7 @@ pub(super) fn fp8_gemm_cases(rng: &mut Rng) -> Vec<Case> {
         (5, 1024, 4096, false, true),
         (32, 1024, 4096, true, true),
         (47, 768, 1024, true, true),
+        (300, 512, 1024, true, true),
         (20, 256, 1024, true, false),
     ] {
         out.push(gemm_case(rng, m, n, k, bias, library));
@@ -126,13 +130,16 @@ fn gemm_case(rng: &mut Rng, m: u32, n: u32, k: u32, bias: bool, library: bool) -
             output((m * n) as usize),
             // The rows padded to 16, as the quantization leaves them (the pad rows' products are
             // computed and dropped).
-            input(e4m3_codes(rng, (m.next_multiple_of(FP8_GEMM_ROW_GROUP) * k) as usize)),
+            input(e4m3_codes(
+                rng,
+                (m.next_multiple_of(FP8_GEMM_ROW_GROUP) * k) as usize,
+            )),
             input(activation_scales(rng, m, k)),
             input(e4m3_codes(rng, (n * k) as usize)),
             input(scales(rng, n, k, 7)),
             input(bytemuck::cast_slice(&bias_values).to_vec().into()),
-            // The library's product of the last 16 rows lands here first.
-            input(vec![0u8; (FP8_GEMM_ROW_GROUP * n) as usize * 2].into()),
+            // The library's product of the padded rows lands here first.
+            input(vec![0u8; (FP8_GEMM_PAD_ROWS * n) as usize * 2].into()),
         ],
         build: Box::new(move |p| {
             let op = bind(p);

@@ -9,9 +9,9 @@
 //!   the row index fastest, in row groups ([`fp8_row_scale`]): cuBLASLt's block-scaled FP8 takes
 //!   row counts that are multiples of [`FP8_GEMM_ROW_GROUP`] only (on the H200 17 rows are
 //!   `CUBLAS_STATUS_NOT_SUPPORTED`, 16, 32 and 1024 are accepted:
-//!   docs/results/2026-12-04-fp8-h200/gemm-3d6aa6e), so the first `m` rounded down to 16 rows
-//!   are one product (`[ceil(k / 128), main]`) and the rest, padded with zero rows to 16, another
-//!   (`[ceil(k / 128), 16]` after them);
+//!   docs/results/2026-12-04-fp8-h200/gemm-3d6aa6e), so rows come in at most two groups
+//!   ([`fp8_rows_split`]), each `[ceil(k / 128), rows]`, the second padded with zero rows to a
+//!   multiple of 16;
 //! - the weight (`CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F`):
 //!   [`metrale_model_weights::Fp8Tensor`]'s `[ceil(n / 128), ceil(k / 128)]` row-major, which is
 //!   the column-major block grid of the weight as cuBLASLt's first operand, leading dimension
@@ -89,24 +89,40 @@ pub fn gemm_fp8_fits(n: u32, k: u32) -> bool {
 /// The row count cuBLASLt's block-scaled FP8 product takes a multiple of.
 pub const FP8_GEMM_ROW_GROUP: u32 = 16;
 
-/// An FP8 product of `m` rows as cuBLASLt takes it: `(main, tail)`, the first `main` rows (`m`
-/// rounded down to [`FP8_GEMM_ROW_GROUP`]) in one product and `tail` (`m - main`, fewer than 16)
-/// in a second one of 16 rows, the rest of them zero.
+/// Products of at most this many rows that are not a multiple of 16 run as one product of the
+/// rows padded to 16 into a scratch of this many rows (then copied out); longer ones as two
+/// ([`fp8_rows_split`]). A second product reads the whole weight again, which at decode sizes
+/// doubles the step's products (Qwen3-8B FP8 batch 63 as 48 + 16 rows: 10.34 ms against 7.25 at
+/// batch 64, docs/results/2026-12-04-fp8-h200/gemm-b93969e).
+pub const FP8_GEMM_PAD_ROWS: u32 = 256;
+
+/// An FP8 product of `m` rows as cuBLASLt takes it: `(main, rest)`, the first `main` rows (a
+/// multiple of 16) as one product straight into the output, and the `rest` as one product of
+/// `rest` rounded up to 16 rows (the quantization's zero rows after them) into the scratch, whose
+/// `rest` real rows are copied out. Multiples of 16: `(m, 0)`; up to [`FP8_GEMM_PAD_ROWS`]:
+/// `(0, m)`; longer: `(m` rounded down to 16`, m % 16)`.
 pub fn fp8_rows_split(m: u32) -> (u32, u32) {
-    let main = m / FP8_GEMM_ROW_GROUP * FP8_GEMM_ROW_GROUP;
-    (main, m - main)
+    let g = FP8_GEMM_ROW_GROUP;
+    if m.is_multiple_of(g) {
+        (m, 0)
+    } else if m <= FP8_GEMM_PAD_ROWS {
+        (0, m)
+    } else {
+        (m / g * g, m % g)
+    }
 }
 
 /// Where row `row`'s scale of k-block `kb` sits among the scales of `m` quantized rows
-/// (`kb_count` k-blocks): `kb * main + row` in the first group, after the first group's scales
-/// and 16 rows wide in the second ([`fp8_rows_split`]).
+/// (`kb_count` k-blocks): each group of [`fp8_rows_split`] is its own `[kb_count, rows]` block
+/// with the row index fastest, the padded group (rounded up to 16 rows) after the first.
 pub fn fp8_row_scale(row: usize, kb: usize, m: usize, kb_count: usize) -> usize {
-    let g = FP8_GEMM_ROW_GROUP as usize;
-    let main = m / g * g;
+    let (main, rest) = fp8_rows_split(m as u32);
+    let (main, rest) = (main as usize, rest as usize);
     if row < main {
         kb * main + row
     } else {
-        kb_count * main + kb * g + (row - main)
+        let padded = rest.next_multiple_of(FP8_GEMM_ROW_GROUP as usize);
+        kb_count * main + kb * padded + (row - main)
     }
 }
 
@@ -191,8 +207,35 @@ mod tests {
     use crate::ops::testing::{FlatMemory, bf16s, f32s, uniform};
     use half::bf16;
 
+    /// Every row count's scales fill `[ceil(k / 128), round_up(m, 16)]` once each, each group of
+    /// [`fp8_rows_split`] a whole number of 16 rows, and the padded group only where `m` is not a
+    /// multiple of 16.
+    #[test]
+    fn row_scales_cover_the_padded_rows_once() {
+        for m in (1..=600).chain([4095, 4096, 4097, 8191, 8192]) {
+            let (main, rest) = fp8_rows_split(m);
+            assert_eq!(main % FP8_GEMM_ROW_GROUP, 0, "m={m}");
+            assert_eq!(main + rest, m, "m={m}");
+            assert_eq!(rest == 0, m % FP8_GEMM_ROW_GROUP == 0, "m={m}");
+            assert!(rest <= FP8_GEMM_PAD_ROWS, "m={m}");
+            let padded = m.next_multiple_of(FP8_GEMM_ROW_GROUP) as usize;
+            for kb_count in [1usize, 3, 96] {
+                let mut seen = vec![false; padded * kb_count];
+                for row in 0..padded {
+                    for kb in 0..kb_count {
+                        let i = fp8_row_scale(row, kb, m as usize, kb_count);
+                        assert!(!seen[i], "m={m} row={row} kb={kb}: index {i} twice");
+                        seen[i] = true;
+                    }
+                }
+                assert!(seen.iter().all(|&s| s), "m={m}");
+            }
+        }
+    }
+
     /// The quantized rows dequantise to the input within half an e4m3 step of each block's
-    /// scale; an all-zero block has scale 1; the scales lie k-block major.
+    /// scale; an all-zero block has scale 1; the scales lie k-block major; the rows padding the
+    /// product to 16 are zero with scale 1.
     #[test]
     fn quantized_rows_dequantise_to_the_input() {
         let (m, k) = (3u32, 300u32);
@@ -202,8 +245,9 @@ mod tests {
         let a = bf16s(&v);
         let mut mem = FlatMemory::new();
         let pa = mem.put(&a);
-        let pq = mem.put(&vec![0u8; (m * k) as usize]);
-        let ps = mem.put(&[0f32; 9]);
+        let padded = 16usize;
+        let pq = mem.put(&vec![0xffu8; padded * k as usize]);
+        let ps = mem.put(&[0f32; 3 * 16]);
         Fp8QuantizeRows {
             q: pq,
             scales: ps,
@@ -213,12 +257,22 @@ mod tests {
         }
         .reference(&mut mem)
         .unwrap();
-        let q = mem.get::<u8>(pq, (m * k) as usize);
-        let s = mem.get::<f32>(ps, 9);
-        assert_eq!(s[m as usize + 1], 1.0, "row 1, block 1: {s:?}");
+        let q = mem.get::<u8>(pq, padded * k as usize);
+        let s = mem.get::<f32>(ps, 3 * 16);
+        // 3 rows are one group padded to 16: scale (row, kb) at kb * 16 + row.
+        assert_eq!(s[16 + 1], 1.0, "row 1, block 1: {s:?}");
+        assert!(
+            q[(m * k) as usize..].iter().all(|&b| b == 0),
+            "pad rows zero"
+        );
+        for row in m as usize..padded {
+            for kb in 0..3 {
+                assert_eq!(s[fp8_row_scale(row, kb, m as usize, 3)], 1.0);
+            }
+        }
         for (i, x) in f32s(&a).iter().enumerate() {
             let (r, c) = (i / k as usize, i % k as usize);
-            let scale = s[c / 128 * m as usize + r];
+            let scale = s[fp8_row_scale(r, c / 128, m as usize, 3)];
             let back = e4m3_to_f32(q[i]) * scale;
             // e4m3 keeps 3 mantissa bits: within 1/16 of the value, or of 2^-9 scale below.
             assert!(
@@ -245,7 +299,8 @@ mod tests {
             .iter()
             .map(|&v| f32_to_e4m3(v))
             .collect();
-        let a_scales: Vec<f32> = (0..2 * m).map(|i| 0.001 * (i + 1) as f32).collect();
+        // 5 rows are one group padded to 16: 2 k-blocks x 16 scales.
+        let a_scales: Vec<f32> = (0..2 * 16).map(|i| 0.001 * (i + 1) as f32).collect();
         let w_scales = [0.002f32, 0.003];
         let mut mem = FlatMemory::new();
         let (pa, pw) = (mem.put(&a), mem.put(&w));
@@ -278,7 +333,7 @@ mod tests {
                         })
                         .sum()
                 };
-                let want = dot(&|b| a_scales[b * m + r]);
+                let want = dot(&|b| a_scales[fp8_row_scale(r, b, m, 2)]);
                 let g = got[r * n + j];
                 assert!((g - want).abs() <= want.abs() / 128.0 + 1e-4, "{g} {want}");
                 let other = dot(&|b| a_scales[r * 2 + b]);
@@ -296,7 +351,9 @@ mod tests {
         assert!(gemm_fp8_fits(4096, 12288));
         assert!(!gemm_fp8_fits(4096, 384));
         assert!(!gemm_fp8_fits(4100, 4096));
-        assert_eq!(fp8_rows_bytes(3, 1024), (3072 + 8 * 3 * 4, 3072));
-        assert_eq!(fp8_rows_bytes(3, 100).1, 512);
+        // 3 rows take 16 (the padded group): 16 x 1024 values, then 8 k-blocks x 16 scales.
+        assert_eq!(fp8_rows_bytes(3, 1024), (16384 + 8 * 16 * 4, 16384));
+        assert_eq!(fp8_rows_bytes(3, 100).1, 1792);
+        assert_eq!(fp8_rows_bytes(32, 512), (16384 + 4 * 32 * 4, 16384));
     }
 }

@@ -36,8 +36,8 @@ pub use attention::{
 pub use elementwise::Add;
 pub use embedding::Embedding;
 pub use fp8_gemm::{
-    FP8_GEMM_ROW_GROUP, Fp8QuantizeRows, GemmFp8, fp8_row_scale, fp8_rows_bytes, fp8_rows_split,
-    gemm_fp8_fits,
+    FP8_GEMM_PAD_ROWS, FP8_GEMM_ROW_GROUP, Fp8QuantizeRows, GemmFp8, fp8_row_scale, fp8_rows_bytes,
+    fp8_rows_split, gemm_fp8_fits,
 };
 pub use gated_delta::{
     GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
