@@ -418,7 +418,8 @@ fn every_linear_and_attention_path_matches_the_plain_path() {
 /// (the GPU sums in another order), so any difference is a launch that passed the wrong
 /// weight, scales, row shift or input. The tensor-core FP8 GEMV (A as f16, per-piece scale
 /// sums: not the register GEMV's bits) against the plain path as the FP8 GEMV is. Between them
-/// every FP8 product entry runs.
+/// every FP8 product entry runs. The prefill rows take the dequantise path here (`fp8_gemm` off:
+/// the FP8 GEMM's quantized activations are `fp8_gemm_matches_the_dequantise_path`'s subject).
 #[test]
 fn every_fp8_linear_path_matches_the_plain_path() {
     let fp8 = LinearFormat::Fp8Quantize;
@@ -433,6 +434,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
         tuned(&[
             streams,
             "gemv_stream_min_weights=0",
+            "fp8_gemm=off",
             "gemv_fp8_stream=off",
             "gemv_fp8_mma_min_rows=off",
         ]),
@@ -445,6 +447,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
         tuned(&[
             streams,
             "gemv_stream_min_weights=0",
+            "fp8_gemm=off",
             "gemv_fp8_stream=off",
             "gemv_fp8_mma_min_rows=1",
         ]),
@@ -463,6 +466,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
             tuned(&[
                 streams,
                 "gemv_stream_min_weights=0",
+            "fp8_gemm=off",
                 "gemv_fp8_stream=on",
                 "gemv_fp8_mma_min_rows=off",
             ]),
@@ -472,6 +476,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
             tuned(&[
                 streams,
                 "gemv_stream_min_weights=0",
+            "fp8_gemm=off",
                 "gemv_fp8_stream=on",
                 "gemv_fp8_mma_min_rows=off",
                 "gemv_stream_norm=false",
