@@ -10,6 +10,11 @@ accepted form on random data and compares it with a float32 product of the dequa
 (scales laid out as blaslt.rs documents). Needs torch with CUDA (for memory and the reference).
 
     python3 scripts/gpu/blaslt_fp8_probe.py [--n 2048 --k 4096]
+    python3 scripts/gpu/blaslt_fp8_probe.py --time [--rows 16,64,128,1024]
+
+`--time`: instead, at Qwen3-8B's four product shapes and each row count, ask the heuristic for up
+to 16 algorithms of the engine's form and time each (CUDA events, median of 20 after 5 warm-up
+runs): the first (what the engine takes) against the fastest, with the weight's read bandwidth.
 """
 import argparse
 import ctypes
@@ -27,6 +32,9 @@ SCALAR, VEC128, BLK128 = 0, 4, 5
 EPI_DEFAULT, EPI_BIAS = 1, 4
 PREF_WORKSPACE = 1
 WORKSPACE = 32 << 20
+# sizeof(cublasLtMatmulHeuristicResult_t): the 64-byte algorithm, size_t workspace, status, waves,
+# int[4].
+RESULT_BYTES = 96
 
 
 def load():
@@ -90,23 +98,82 @@ class Lt:
                                          ctypes.c_uint64(cols), ctypes.c_int64(ld)), "layout")
         return lay
 
-    def heuristic(self, d, wl, al, cl):
+    def heuristic(self, d, wl, al, cl, count=1):
         pref = c_p()
         ok(LT.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "pref")
         ws = ctypes.c_uint64(WORKSPACE)
         ok(LT.cublasLtMatmulPreferenceSetAttribute(pref, PREF_WORKSPACE, ctypes.byref(ws), 8), "pref attr")
-        result = ctypes.create_string_buffer(256)
+        result = ctypes.create_string_buffer(RESULT_BYTES * count)
         found = ctypes.c_int32(0)
-        status = LT.cublasLtMatmulAlgoGetHeuristic(self.handle, d, wl, al, cl, cl, pref, 1, result,
+        status = LT.cublasLtMatmulAlgoGetHeuristic(self.handle, d, wl, al, cl, cl, pref, count, result,
                                                    ctypes.byref(found))
+        LT.cublasLtMatmulPreferenceDestroy(pref)
         return status, found.value, result
+
+
+def time_algorithms(rows):
+    """The engine's FP8 form at Qwen3-8B's product shapes: every algorithm the heuristic offers."""
+    lt = Lt()
+    stream = torch.cuda.current_stream()
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    print("| product | m | algorithms | first us | best us (index) | weight GB/s first / best |")
+    print("|---|---|---|---|---|---|")
+    for name, n, k in [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)]:
+        kb, nb = k // 128, n // 128
+        w8 = torch.randint(0, 120, (n, k), dtype=torch.uint8, device="cuda")
+        w_scale = torch.full((nb, kb), 0.01, device="cuda")
+        for m in rows:
+            a8 = torch.randint(0, 120, (m, k), dtype=torch.uint8, device="cuda")
+            a_scale = torch.full((kb, m), 0.01, device="cuda")
+            c = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            d = lt.desc(BLK128, VEC128, w_scale.data_ptr(), a_scale.data_ptr(), None)
+            wl, al, cl = lt.layout(R_8F_E4M3, k, n, k), lt.layout(R_8F_E4M3, k, m, k), lt.layout(R_16BF, n, m, n)
+            status, found, results = lt.heuristic(d, wl, al, cl, count=16)
+            times = []
+            for i in range(found):
+                algo = ctypes.byref(results, i * RESULT_BYTES)
+
+                def run():
+                    return LT.cublasLtMatmul(lt.handle, d, ctypes.byref(alpha), c_p(w8.data_ptr()), wl,
+                                             c_p(a8.data_ptr()), al, ctypes.byref(beta), c_p(c.data_ptr()), cl,
+                                             c_p(c.data_ptr()), cl, algo, c_p(lt.ws.data_ptr()),
+                                             ctypes.c_size_t(WORKSPACE), c_p(stream.cuda_stream))
+                if run() != 0:
+                    times.append(float("inf"))
+                    continue
+                for _ in range(5):
+                    run()
+                samples = []
+                for _ in range(20):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    run()
+                    e1.record()
+                    e1.synchronize()
+                    samples.append(e0.elapsed_time(e1) * 1000)
+                times.append(sorted(samples)[len(samples) // 2])
+            if not times:
+                print(f"| {name} | {m} | 0 (status {status}) | - | - | - |")
+                continue
+            best = min(range(len(times)), key=lambda i: times[i])
+            gb = n * k / 1e3
+            print(f"| {name} | {m} | {found} | {times[0]:.2f} | {times[best]:.2f} ({best}) | "
+                  f"{gb / times[0]:.0f} / {gb / times[best]:.0f} |")
+            for x in (wl, al, cl):
+                LT.cublasLtMatrixLayoutDestroy(x)
+            LT.cublasLtMatmulDescDestroy(d)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--time", action="store_true")
+    ap.add_argument("--rows", default="16,64,128,1024")
     args = ap.parse_args()
+    if args.time:
+        time_algorithms([int(r) for r in args.rows.split(",")])
+        return
     n, k = args.n, args.k
     LT.cublasLtGetVersion.restype = ctypes.c_size_t
     print(f"library {LT_NAME} version {LT.cublasLtGetVersion()}; GPU {torch.cuda.get_device_name()}")
