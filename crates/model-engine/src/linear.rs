@@ -503,6 +503,15 @@ impl Linear {
 
     /// The FP8 weight as BF16 in the shared scratch.
     fn dequantise(&self, l: &Launcher) -> Result<(), ModelError> {
+        if self.kernels.fp8_scratch.is_null() {
+            // Sized at load for the weights the load's tuning dequantises (with `fp8_gemm`, only
+            // those the FP8 GEMM cannot take): a step under another tuning must not write it.
+            return Err(ModelError::InvalidStep(format!(
+                "the FP8 product {} needs the BF16 dequantise scratch, which this model's tuning \
+                 at load did not allocate (load it with the tuning it runs with)",
+                self.label
+            )));
+        }
         let (scales, row_shift) = self.fp8;
         let args = Fp8DequantBf16 {
             out: self.kernels.fp8_scratch,

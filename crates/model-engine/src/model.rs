@@ -359,8 +359,15 @@ impl Model {
             owned: Vec::new(),
         };
         let built = Self::buffers(&config, &options, &mut arena).and_then(|(scratch, rope)| {
-            if weights.fp8_max_weights > 0 {
-                linear.fp8_scratch = arena.alloc(weights.fp8_max_weights * 2)?;
+            // The BF16 scratch FP8 weights dequantise into on the library path: with the FP8
+            // GEMM only those it cannot take do (Qwen3-8B: none, where it was 201 MB).
+            let dequantised = if tuning.fp8_gemm {
+                weights.fp8_max_dequant_weights
+            } else {
+                weights.fp8_max_weights
+            };
+            if dequantised > 0 {
+                linear.fp8_scratch = arena.alloc(dequantised * 2)?;
             }
             if weights.fp8_max_k > 0 && tuning.fp8_gemm {
                 let rows = options.max_tokens_per_step.max(1);
@@ -607,7 +614,9 @@ impl Model {
 
     /// Replaces the schedule (for experiments: `met bench-model --tune`). Captured graphs are set
     /// aside (not freed: this is a measuring tool) so that the next decode steps are captured
-    /// under the new one.
+    /// under the new one. Scratch sized at load for the load's tuning stays as it was (the FP8
+    /// products' quantize and dequantise scratches): a step that needs one its load did not
+    /// allocate fails with [`ModelError::InvalidStep`].
     pub fn set_tuning(&mut self, tuning: Tuning) {
         self.tuning = tuning;
         self.graphs.clear();

@@ -480,6 +480,10 @@ pub struct DeviceWeights {
     /// Outputs of the tallest FP8 linear weight (0 without any): the FP8 library product's
     /// scratch for its last rows is that wide.
     pub(crate) fp8_max_n: usize,
+    /// Elements of the largest FP8 linear weight the FP8 library product cannot take (not in
+    /// 128 x 128 blocks, or not [`metrale_kernels::ops::gemm_fp8_fits`]; 0 without any): with
+    /// the tuning's `fp8_gemm` on, only those dequantise into the BF16 scratch.
+    pub(crate) fp8_max_dequant_weights: usize,
 }
 
 /// The FP8 KV cache scales of attention layer `l` in the checkpoint, `(k_scale, v_scale)`, where
@@ -747,6 +751,7 @@ struct Uploader<'a> {
     fp8_max_weights: usize,
     fp8_max_k: usize,
     fp8_max_n: usize,
+    fp8_max_dequant_weights: usize,
     gpu: &'a dyn GpuBackend,
     progress: LoadProgress<'a>,
     allocations: &'a mut Vec<DevicePtr>,
@@ -756,6 +761,18 @@ struct Uploader<'a> {
 }
 
 impl Uploader<'_> {
+    /// Counts an FP8 weight of `n x k` in blocks of `2^row_shift` rows towards the BF16 scratch
+    /// where the FP8 library product cannot take it.
+    fn note_fp8_dequant(&mut self, n: usize, k: usize, row_shift: u32) {
+        let fits = row_shift == 7
+            && u32::try_from(n).is_ok_and(|n| {
+                u32::try_from(k).is_ok_and(|k| metrale_kernels::ops::gemm_fp8_fits(n, k))
+            });
+        if !fits {
+            self.fp8_max_dequant_weights = self.fp8_max_dequant_weights.max(n * k);
+        }
+    }
+
     fn put(&mut self, t: &HostTensor, tensors: usize) -> Result<DevicePtr, ModelError> {
         self.put_bytes(bytemuck::cast_slice(&t.data), tensors)
     }
@@ -817,6 +834,7 @@ impl Uploader<'_> {
                 self.fp8_max_weights = self.fp8_max_weights.max(t.n * t.k);
                 self.fp8_max_k = self.fp8_max_k.max(t.k);
                 self.fp8_max_n = self.fp8_max_n.max(t.n);
+                self.note_fp8_dequant(t.n, t.k, t.row_shift());
                 let w = self.put_bytes(&t.data, 0)?;
                 let scales = self.put_bytes(bytemuck::cast_slice(&t.scales), roles.len())?;
                 Ok(LinearWeight {
@@ -839,6 +857,7 @@ impl Uploader<'_> {
             self.fp8_max_weights = self.fp8_max_weights.max(q.n * q.k);
             self.fp8_max_k = self.fp8_max_k.max(q.k);
             self.fp8_max_n = self.fp8_max_n.max(q.n);
+            self.note_fp8_dequant(q.n, q.k, q.row_shift());
             let w = self.put_bytes(&q.data, 0)?;
             let scales = self.put_bytes(bytemuck::cast_slice(&q.scales), tensors)?;
             return Ok(LinearWeight {
@@ -1130,6 +1149,7 @@ fn load_inner(
         fp8_max_weights: 0,
         fp8_max_k: 0,
         fp8_max_n: 0,
+        fp8_max_dequant_weights: 0,
         gpu,
         progress,
         allocations,
@@ -1213,6 +1233,7 @@ fn load_inner(
         fp8_max_weights,
         fp8_max_k,
         fp8_max_n: u.fp8_max_n,
+        fp8_max_dequant_weights: u.fp8_max_dequant_weights,
         kv_scaled_layers,
         embedding,
         final_norm,
@@ -1286,6 +1307,7 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
         fp8_max_weights: u.fp8_max_weights,
         fp8_max_k: u.fp8_max_k,
         fp8_max_n: u.fp8_max_n,
+        fp8_max_dequant_weights: u.fp8_max_dequant_weights,
         // Nemotron-H's attention layers take no checkpoint KV scales (1.0).
         kv_scaled_layers: 0,
         embedding,

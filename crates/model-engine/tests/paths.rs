@@ -466,7 +466,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
             tuned(&[
                 streams,
                 "gemv_stream_min_weights=0",
-            "fp8_gemm=off",
+                "fp8_gemm=off",
                 "gemv_fp8_stream=on",
                 "gemv_fp8_mma_min_rows=off",
             ]),
@@ -476,7 +476,7 @@ fn every_fp8_linear_path_matches_the_plain_path() {
             tuned(&[
                 streams,
                 "gemv_stream_min_weights=0",
-            "fp8_gemm=off",
+                "fp8_gemm=off",
                 "gemv_fp8_stream=on",
                 "gemv_fp8_mma_min_rows=off",
                 "gemv_stream_norm=false",
