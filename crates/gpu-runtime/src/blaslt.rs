@@ -427,17 +427,10 @@ unsafe fn set_scale_pointers(
         ),
     ] {
         // SAFETY: a pointer-sized attribute read from a local that outlives the call.
-        check(
-            unsafe {
-                lt::cublasLtMatmulDescSetAttribute(
-                    desc,
-                    attr,
-                    &ptr as *const u64 as *const c_void,
-                    8,
-                )
-            },
-            what,
-        )?;
+        let status = unsafe {
+            lt::cublasLtMatmulDescSetAttribute(desc, attr, &ptr as *const u64 as *const c_void, 8)
+        };
+        check(status, what)?;
     }
     Ok(())
 }
