@@ -51,8 +51,9 @@
 #            (the error bisection begun on this machine's host in
 #            docs/results/2026-12-04-nemotron-h200/host-cuts)
 #   fp8gemm  the FP8 prefill GEMM (fp8_gemm.cu + cuBLASLt's block-scaled FP8, tuning fp8_gemm):
-#            check-kernels fp8_gemm with cuBLASLt's log, FP8_GEMM_MODEL (default qwen3-8b) parity
-#            with --quantization fp8 and fp8_gemm off / on, bench-model both (TTFT 1024/8192, decode
+#            check-kernels fp8_gemm with cuBLASLt's log and _fp8_rows, FP8_GEMM_MODEL (default
+#            qwen3-8b) parity with --quantization fp8 and fp8_gemm off / on, bench-model both and
+#            on with fp8_fused_quantize=off (TTFT 1024/8192, decode
 #            batch 1/8/63/64 at 1024 keys; FP8_GEMM_PROFILE=1: with --profile), and the dense kernel
 #            table with torch._scaled_mm beside it (FP8_GEMM_TABLE=0: not)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
@@ -368,6 +369,9 @@ fp8gemm() {
     log "check-kernels fp8_gemm"
     METRALE_BLASLT_LOG=1 "$MET" check-kernels --kernel fp8_gemm >"$RES/fp8gemm-check.txt" 2>&1
     tail -12 "$RES/fp8gemm-check.txt"
+    log "check-kernels _fp8_rows (the add + RMSNorm and SiLU x up that write the e4m3 rows)"
+    "$MET" check-kernels --kernel _fp8_rows >"$RES/fp8rows-check.txt" 2>&1
+    tail -8 "$RES/fp8rows-check.txt"
     checkpoint "$m"
     python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
         --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
@@ -382,6 +386,11 @@ fp8gemm() {
             >"$RES/fp8gemm-bench-$m-$g.md" 2>&1
         grep "^| " "$RES/fp8gemm-bench-$m-$g.md" | head -12
     done
+    log "fp8 $m fp8_gemm=on fp8_fused_quantize=off (the separate quantize launches)"
+    "$MET" bench-model --model-from-path "$CKPT/$m" --quantization fp8 --tune fp8_gemm=on \
+        --tune fp8_fused_quantize=off --prefill 1024,8192 --batches 1,8,63,64 --context 1024 \
+        ${FP8_GEMM_PROFILE:+--profile} >"$RES/fp8gemm-bench-$m-unfused.md" 2>&1
+    grep "^| " "$RES/fp8gemm-bench-$m-unfused.md" | head -12
     if [ "${FP8_GEMM_TABLE:-1}" = 1 ]; then
         TABLE_SHAPE=$m TABLE_TORCH_ARGS=--fp8 table >/dev/null
         grep -i "fp8" "$RES/kernel-table-moe-$m.md" | head -40

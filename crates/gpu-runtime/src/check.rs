@@ -1823,6 +1823,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // The FP8 prefill product (activation quantization, block-scaled FP8 GEMM), after every
     // other case for the same reason.
     out.extend(fp8_gemm::fp8_gemm_cases(&mut rng));
+    // The launches that write the FP8 product's quantized rows themselves, after every other
+    // case for the same reason.
+    out.extend(fp8_gemm::fp8_row_producer_cases(&mut rng));
     out
 }
 

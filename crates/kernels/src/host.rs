@@ -227,8 +227,18 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         (Embedding::VEC_NAME, run::<Embedding>, Embedding::KINDS),
         (RmsNorm::NAME, run::<RmsNorm>, RmsNorm::KINDS),
         (AddRmsNorm::NAME, run::<AddRmsNorm>, AddRmsNorm::KINDS),
+        (
+            AddRmsNormFp8Rows::NAME,
+            run::<AddRmsNormFp8Rows>,
+            AddRmsNormFp8Rows::KINDS,
+        ),
         (RopeNeox::NAME, run::<RopeNeox>, RopeNeox::KINDS),
         (SiluMul::NAME, run::<SiluMul>, SiluMul::KINDS),
+        (
+            SiluMulFp8Rows::NAME,
+            run::<SiluMulFp8Rows>,
+            SiluMulFp8Rows::KINDS,
+        ),
         (Relu2::NAME, run::<Relu2>, Relu2::KINDS),
         (Add::NAME, run::<Add>, Add::KINDS),
         (ArgmaxBf16::NAME, run::<ArgmaxBf16>, ArgmaxBf16::KINDS),

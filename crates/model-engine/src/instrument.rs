@@ -77,7 +77,9 @@ impl Model {
     /// RMSNorm before them, labelled "qkv" and "gate_up"), "qkv_post", "silu_mul" and
     /// "add_rmsnorm" leave out nothing of them and the fused label leaves out every part: turn
     /// the fusions off (`--tune fused_qkv_attention=false`, `fused_swiglu=false`,
-    /// `gemv_norm=off`) to time the parts apart.
+    /// `gemv_norm=off`) to time the parts apart. The add + RMSNorm and SiLU x up launches that
+    /// write an FP8 product's e4m3 rows keep their labels and take the quantization with them
+    /// (`fp8_fused_quantize=off` times it apart: then it is the `fp8_quantize` launch).
     pub fn set_skip(&mut self, labels: &[&str]) -> Result<(), ModelError> {
         self.skip = labels
             .iter()

@@ -30,6 +30,14 @@
 //! and 128 columns ([`Fp8QuantizeRows`]) and the library's block-scaled FP8 GEMM (`GemmOp::fp8`:
 //! cuBLASLt's VEC128 x BLK128x128 matmul on CUDA). It folds a norm only in the stream, and takes
 //! no stage. The blocks never see the difference.
+//!
+//! A product's input comes as [`Rows`]: bf16 rows, or, for an FP8 product that
+//! [`Linear::takes_fp8_rows`] (the FP8 GEMM with the tuning's `fp8_fused_quantize`), the e4m3
+//! rows and scales already in the shared scratch, written by the launch that produced them (the
+//! residual add + RMSNorm, [`Residual::add_norm_into`]; SiLU x up, [`SwigluLinear`]) with the
+//! bits the quantize launch would have written. The producer asks the consumer's
+//! [`Linear::input_rows`] which form to write, and the consumer runs from it ([`Linear::run_rows`]):
+//! the decision is the linear's, so a block has one code path for both.
 
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GemmFp8Scales, GemmOp, GpuBackend, KernelHandle};
@@ -39,8 +47,9 @@ use metrale_kernels::ops::{
     GemmFp8, Gemv, GemvF32Out, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream,
     GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, GemvNorm,
     GemvStaged, GemvStream, GemvStreamF32Out, GemvStreamNorm, GemvSwiglu, GemvSwigluNorm,
-    GemvSwigluStaged, GemvSwigluStream, GemvSwigluStreamNorm, SiluMul, gemm_fp8_fits,
-    gemv_fp8_mma_fits, gemv_fp8_stream_fits, gemv_norm_fits, gemv_stages, gemv_stream_fits,
+    GemvSwigluStaged, GemvSwigluStream, GemvSwigluStreamNorm, SiluMul, SiluMulFp8Rows,
+    gemm_fp8_fits, gemv_fp8_mma_fits, gemv_fp8_stream_fits, gemv_norm_fits, gemv_stages,
+    gemv_stream_fits,
 };
 
 use crate::ModelError;
@@ -108,6 +117,7 @@ pub(crate) struct LinearKernels {
     gemv_swiglu_norm: KernelHandle,
     gemv_swiglu_stream_norm: KernelHandle,
     silu_mul: KernelHandle,
+    silu_mul_fp8_rows: KernelHandle,
     gemv_fp8: KernelHandle,
     gemv_fp8_swiglu: KernelHandle,
     gemv_fp8_mma: KernelHandle,
@@ -128,8 +138,9 @@ pub(crate) struct LinearKernels {
     pub(crate) fp8_rows: Fp8Rows,
 }
 
-/// The scratch an FP8 library product quantizes its activations into.
-#[derive(Clone, Copy, Debug, Default)]
+/// The scratch an FP8 library product quantizes its activations into (or their producer writes
+/// them to: [`Rows::Fp8`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Fp8Rows {
     /// e4m3 values.
     pub(crate) values: DevicePtr,
@@ -138,6 +149,17 @@ pub(crate) struct Fp8Rows {
     /// bf16 `[FP8_GEMM_PAD_ROWS, n]` for the widest `n`: the library product's padded rows
     /// ([`metrale_gpu_runtime::GemmFp8Scales::tail`]).
     pub(crate) tail: DevicePtr,
+}
+
+/// A product's input rows as their producer wrote them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// bf16 `[m, k]` at this address.
+    Bf16(DevicePtr),
+    /// e4m3 rows and their scales in the FP8 product's scratch, as [`Fp8QuantizeRows`] writes
+    /// them (`m` rounded up to 16 rows, the rows past `m` zero with scale 1): only for a product
+    /// that [`Linear::takes_fp8_rows`].
+    Fp8(Fp8Rows),
 }
 
 impl LinearKernels {
@@ -158,6 +180,7 @@ impl LinearKernels {
             gemv_swiglu_norm: g.kernel(GemvSwigluNorm::NAME)?,
             gemv_swiglu_stream_norm: g.kernel(GemvSwigluStreamNorm::NAME)?,
             silu_mul: g.kernel(SiluMul::NAME)?,
+            silu_mul_fp8_rows: g.kernel(SiluMulFp8Rows::NAME)?,
             gemv_fp8: g.kernel(GemvFp8::NAME)?,
             gemv_fp8_swiglu: g.kernel(GemvFp8Swiglu::NAME)?,
             gemv_fp8_mma: g.kernel(GemvFp8Mma::NAME)?,
@@ -400,6 +423,47 @@ impl Linear {
             && !self.kernels.fp8_rows.values.is_null()
     }
 
+    /// Whether the product of `m` rows reads its input as e4m3 rows its producer wrote into the
+    /// shared scratch ([`Rows::Fp8`]) rather than quantizing bf16 rows itself: the FP8 GEMM
+    /// ([`Path::Library`] and the tuning's `fp8_gemm` where the weight fits) and the tuning's
+    /// `fp8_fused_quantize`. A producer asks this (through [`Linear::input_rows`]) before it
+    /// chooses its form.
+    pub(crate) fn takes_fp8_rows(&self, t: &Tuning, m: u32) -> bool {
+        t.fp8_fused_quantize && self.path(t, m) == Path::Library && self.fp8_gemm(t)
+    }
+
+    /// The form the product's `m` input rows should be written in: the e4m3 rows in the shared
+    /// scratch where it [`takes_fp8_rows`](Linear::takes_fp8_rows), else bf16 at `bf16`.
+    pub(crate) fn input_rows(&self, t: &Tuning, m: u32, bf16: DevicePtr) -> Rows {
+        match self.takes_fp8_rows(t, m) {
+            true => Rows::Fp8(self.kernels.fp8_rows),
+            false => Rows::Bf16(bf16),
+        }
+    }
+
+    /// [`Linear::run`] over input rows in either form ([`Linear::input_rows`]'s for this `m`):
+    /// e4m3 rows go straight to the FP8 GEMM.
+    pub(crate) fn run_rows(
+        &self,
+        l: &Launcher,
+        out: DevicePtr,
+        a: Rows,
+        m: u32,
+        before_fold: bool,
+    ) -> Result<(), ModelError> {
+        match a {
+            Rows::Bf16(a) => self.run(l, out, a, m, before_fold),
+            Rows::Fp8(rows) => {
+                debug_assert!(
+                    self.takes_fp8_rows(l.tuning, m),
+                    "{}: e4m3 rows",
+                    self.label
+                );
+                self.run_fp8_product(l, out, rows, m)
+            }
+        }
+    }
+
     /// The FP8 product: the FP8 GEMV; the activations quantized and the FP8 library GEMM; or the
     /// weight dequantised into the shared scratch and the library GEMM over it.
     fn run_fp8(
@@ -489,16 +553,27 @@ impl Linear {
             k: self.k,
         };
         l.launch(k.fp8_quantize, "fp8_quantize", &quantize)?;
+        self.run_fp8_product(l, out, rows, m)
+    }
+
+    /// `out = a · Wᵀ (+ bias)` through the FP8 library GEMM from rows already quantized into
+    /// `rows` (by [`Fp8QuantizeRows`] or by the producer that wrote them: [`Rows::Fp8`]).
+    fn run_fp8_product(
+        &self,
+        l: &Launcher,
+        out: DevicePtr,
+        rows: Fp8Rows,
+        m: u32,
+    ) -> Result<(), ModelError> {
         let op = GemmOp {
-            a: rows.values,
             fp8: Some(GemmFp8Scales {
                 a: rows.scales,
                 w: self.fp8.0,
                 tail: rows.tail,
             }),
-            ..self.gemm_op(out, a, m, false)
+            ..self.gemm_op(out, rows.values, m, false)
         };
-        l.gemm(self.label, &op, k.gemm_fp8)
+        l.gemm(self.label, &op, self.kernels.gemm_fp8)
     }
 
     /// The FP8 weight as BF16 in the shared scratch.
@@ -540,7 +615,8 @@ impl Linear {
 
     /// The residual fold, then the product: `h += pending; out = norm(h) · Wᵀ (+ bias)`, in the
     /// product's launch where a normalising form takes it (never a norm with a weight offset:
-    /// [`RmsNorm::folds`]), else as two launches.
+    /// [`RmsNorm::folds`]), else as two launches, the fold writing the rows in the form the
+    /// product reads ([`Linear::input_rows`]).
     pub(crate) fn run_normed(
         &self,
         l: &Launcher,
@@ -598,8 +674,9 @@ impl Linear {
             l.launch(k.gemv_norm, self.label, &fold)?;
             residual.advance(l, self.label);
         } else {
-            let x = residual.add_norm(l, norm, m)?;
-            self.run(l, out, x, m, false)?;
+            let x = self.input_rows(t, m, residual.normed());
+            residual.add_norm_into(l, norm, m, x)?;
+            self.run_rows(l, out, x, m, false)?;
         }
         Ok(())
     }
@@ -615,29 +692,37 @@ pub(crate) struct SwigluLinear {
 }
 
 impl SwigluLinear {
-    /// Whether the product runs SiLU x up in its epilogue this step.
-    /// (A GEMV path: for BF16 exactly the rows [`Tuning::gemv_rows`] takes; for FP8 up to
-    /// `gemv_max_rows`, at most [`GEMV_FP8_MAX_ROWS`].)
-    fn fused(&self, t: &Tuning, m: u32) -> bool {
-        t.fused_swiglu && self.gate_up.path(t, m) != Path::Library
+    /// Whether the product runs SiLU x up in its epilogue this step, into bf16 `act`: returns
+    /// that buffer. (A GEMV path: for BF16 exactly the rows [`Tuning::gemv_rows`] takes; for FP8
+    /// up to `gemv_max_rows`, at most [`GEMV_FP8_MAX_ROWS`]. Not where the activations are to be
+    /// e4m3 rows: the epilogue writes bf16.)
+    fn fused(&self, t: &Tuning, m: u32, act: Rows) -> Option<DevicePtr> {
+        match act {
+            Rows::Bf16(act) if t.fused_swiglu && self.gate_up.path(t, m) != Path::Library => {
+                Some(act)
+            }
+            _ => None,
+        }
     }
 
-    /// `h += pending; act = silu(norm(h) · Wgateᵀ) * (norm(h) · Wupᵀ)`, bf16 `[m, inter]`; the
-    /// norm in the product's launch as [`Linear::run_normed`] decides.
+    /// `h += pending; act = silu(norm(h) · Wgateᵀ) * (norm(h) · Wupᵀ)`, `[m, inter]` in the form
+    /// `act` names (the down product's [`Linear::input_rows`]); the norm in the product's launch
+    /// as [`Linear::run_normed`] decides.
     pub(crate) fn run_normed(
         &self,
         l: &Launcher,
         residual: &mut Residual,
         norm: RmsNorm,
-        act: DevicePtr,
+        act: Rows,
         m: u32,
     ) -> Result<(), ModelError> {
         let t = l.tuning;
         let lin = &self.gate_up;
         let (k, label, inter) = (&lin.kernels, lin.label, self.inter);
-        let fused = self.fused(t, m);
+        let fused = self.fused(t, m, act);
+        let streams_norm = norm.folds() && lin.stream_folds_norm(t, m);
         let fold = GemvSwigluNorm {
-            out: act,
+            out: fused.unwrap_or(DevicePtr::NULL),
             residual: residual.current(),
             residual_out: residual.other(),
             input: residual.pending(),
@@ -649,38 +734,39 @@ impl SwigluLinear {
             eps: norm.eps,
             stage: lin.stage(t, m),
         };
-        if fused && norm.folds() && lin.stream_folds_norm(t, m) && lin.is_fp8() {
-            let (scales, row_shift) = lin.fp8;
-            let stream = GemvFp8SwigluStreamNorm {
-                out: act,
-                residual: fold.residual,
-                residual_out: fold.residual_out,
-                input: fold.input,
-                norm_weight: norm.weight,
-                w: lin.w,
-                scales,
-                m,
-                inter,
-                k: lin.k,
-                eps: norm.eps,
-                row_shift,
-                prewait: t.gemv_stream_prewait,
-                evict_first: t.gemv_stream_evict.into(),
-            };
-            l.launch_product(k.gemv_fp8_swiglu_stream_norm, label, &stream, false)?;
-            residual.advance(l, label);
-        } else if fused && norm.folds() && lin.stream_folds_norm(t, m) {
-            let stream = GemvSwigluStreamNorm {
-                prewait: t.gemv_stream_prewait,
-                evict_first: t.gemv_stream_evict.into(),
-                ..GemvSwigluStreamNorm::from(fold)
-            };
-            l.launch_product(k.gemv_swiglu_stream_norm, label, &stream, false)?;
-            residual.advance(l, label);
-        } else if norm.folds() && lin.folds_norm(t, m) {
-            if fused {
+        match fused {
+            Some(out) if streams_norm && lin.is_fp8() => {
+                let (scales, row_shift) = lin.fp8;
+                let stream = GemvFp8SwigluStreamNorm {
+                    out,
+                    residual: fold.residual,
+                    residual_out: fold.residual_out,
+                    input: fold.input,
+                    norm_weight: norm.weight,
+                    w: lin.w,
+                    scales,
+                    m,
+                    inter,
+                    k: lin.k,
+                    eps: norm.eps,
+                    row_shift,
+                    prewait: t.gemv_stream_prewait,
+                    evict_first: t.gemv_stream_evict.into(),
+                };
+                l.launch_product(k.gemv_fp8_swiglu_stream_norm, label, &stream, false)?;
+            }
+            Some(_) if streams_norm => {
+                let stream = GemvSwigluStreamNorm {
+                    prewait: t.gemv_stream_prewait,
+                    evict_first: t.gemv_stream_evict.into(),
+                    ..GemvSwigluStreamNorm::from(fold)
+                };
+                l.launch_product(k.gemv_swiglu_stream_norm, label, &stream, false)?;
+            }
+            Some(_) if norm.folds() && lin.folds_norm(t, m) => {
                 l.launch(k.gemv_swiglu_norm, label, &fold)?;
-            } else {
+            }
+            None if norm.folds() && lin.folds_norm(t, m) => {
                 let product = GemvNorm {
                     c: self.scratch,
                     residual: fold.residual,
@@ -698,16 +784,33 @@ impl SwigluLinear {
                 l.launch(k.gemv_norm, label, &product)?;
                 self.silu_mul(l, act, m)?;
             }
-            residual.advance(l, label);
-        } else {
-            let x = residual.add_norm(l, norm, m)?;
-            self.run(l, act, x, m)?;
+            _ => {
+                let x = lin.input_rows(t, m, residual.normed());
+                residual.add_norm_into(l, norm, m, x)?;
+                return self.run(l, act, x, m);
+            }
         }
+        residual.advance(l, label);
         Ok(())
     }
 
-    /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)` over rows already normalised.
-    pub(crate) fn run(
+    /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)` over rows already normalised, `x` and `act` each in
+    /// the form their product reads ([`Linear::input_rows`]): SiLU x up in the product's epilogue
+    /// where both are bf16 and the path takes it, else the product into the scratch and SiLU x
+    /// up in a launch of its own, which writes `act`'s form.
+    pub(crate) fn run(&self, l: &Launcher, act: Rows, x: Rows, m: u32) -> Result<(), ModelError> {
+        let lin = &self.gate_up;
+        match (self.fused(l.tuning, m, act), x) {
+            (Some(act), Rows::Bf16(x)) => self.run_fused(l, act, x, m),
+            _ => {
+                lin.run_rows(l, self.scratch, x, m, false)?;
+                self.silu_mul(l, act, m)
+            }
+        }
+    }
+
+    /// The product with SiLU x up in its epilogue, bf16 `x` to bf16 `act`.
+    fn run_fused(
         &self,
         l: &Launcher,
         act: DevicePtr,
@@ -717,10 +820,6 @@ impl SwigluLinear {
         let t = l.tuning;
         let lin = &self.gate_up;
         let (k, label) = (&lin.kernels, lin.label);
-        if !self.fused(t, m) {
-            lin.run(l, self.scratch, x, m, false)?;
-            return self.silu_mul(l, act, m);
-        }
         if lin.is_fp8() {
             let (scales, row_shift) = lin.fp8;
             if lin.path(t, m) == Path::Stream {
@@ -790,14 +889,33 @@ impl SwigluLinear {
         }
     }
 
-    fn silu_mul(&self, l: &Launcher, act: DevicePtr, m: u32) -> Result<(), ModelError> {
-        let args = SiluMul {
-            out: act,
-            gate_up: self.scratch,
-            tokens: m,
-            inter: self.inter,
-        };
-        l.launch(self.gate_up.kernels.silu_mul, "silu_mul", &args)
+    /// SiLU x up of the product in the scratch, into `act`'s form: bf16 ([`SiluMul`]) or the
+    /// down product's e4m3 rows ([`SiluMulFp8Rows`]: the bits [`SiluMul`] then the quantize
+    /// launch would write).
+    fn silu_mul(&self, l: &Launcher, act: Rows, m: u32) -> Result<(), ModelError> {
+        let (gate_up, inter) = (self.scratch, self.inter);
+        let k = &self.gate_up.kernels;
+        match act {
+            Rows::Bf16(out) => {
+                let args = SiluMul {
+                    out,
+                    gate_up,
+                    tokens: m,
+                    inter,
+                };
+                l.launch(k.silu_mul, "silu_mul", &args)
+            }
+            Rows::Fp8(rows) => {
+                let args = SiluMulFp8Rows {
+                    q: rows.values,
+                    scales: rows.scales,
+                    gate_up,
+                    tokens: m,
+                    inter,
+                };
+                l.launch(k.silu_mul_fp8_rows, "silu_mul", &args)
+            }
+        }
     }
 }
 

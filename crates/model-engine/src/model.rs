@@ -266,7 +266,7 @@ pub(crate) struct Buffers {
 pub(crate) struct Kernels {
     embedding: KernelHandle,
     embedding_vec: KernelHandle,
-    add_rmsnorm: KernelHandle,
+    add_rmsnorm: crate::residual::NormKernels,
     pub(crate) argmax: KernelHandle,
 }
 
@@ -349,7 +349,10 @@ impl Model {
         let kernels = Kernels {
             embedding: g.kernel(Embedding::NAME)?,
             embedding_vec: g.kernel(Embedding::VEC_NAME)?,
-            add_rmsnorm: g.kernel(metrale_kernels::ops::AddRmsNorm::NAME)?,
+            add_rmsnorm: crate::residual::NormKernels {
+                bf16: g.kernel(metrale_kernels::ops::AddRmsNorm::NAME)?,
+                fp8_rows: g.kernel(metrale_kernels::ops::AddRmsNormFp8Rows::NAME)?,
+            },
             argmax: g.kernel(ArgmaxF32::NAME)?,
         };
         let mut linear = LinearKernels::resolve(g)?;

@@ -7,14 +7,17 @@
 //! product after it does it in its launch (the normalising GEMVs): their blocks run concurrently,
 //! so they read the stream from one buffer and block 0 writes the sum to the other, which becomes
 //! the stream ([`Residual::advance`]). The stream therefore alternates between its two buffers;
-//! nothing else moves it.
+//! nothing else moves it. The launch of its own writes the normalised rows as bf16, or, for a
+//! product that reads e4m3 rows ([`crate::linear::Linear::takes_fp8_rows`]), as those rows and
+//! their scales ([`Residual::add_norm_into`]).
 
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::KernelHandle;
-use metrale_kernels::ops::AddRmsNorm;
+use metrale_kernels::ops::{AddRmsNorm, AddRmsNormFp8Rows};
 
 use crate::ModelError;
 use crate::launch::Launcher;
+use crate::linear::Rows;
 use crate::plan::NormKind;
 
 /// An RMSNorm's weight, epsilon and weight offset.
@@ -58,7 +61,16 @@ pub(crate) struct Residual {
     /// bf16 `[tokens, hidden]`: where [`Residual::add_norm`] writes the normalised rows.
     normed: DevicePtr,
     cols: u32,
-    add_rmsnorm: KernelHandle,
+    kernels: NormKernels,
+}
+
+/// The launches of [`Residual::add_norm_into`]: its bf16 and e4m3-rows forms.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NormKernels {
+    /// [`AddRmsNorm`].
+    pub(crate) bf16: KernelHandle,
+    /// [`AddRmsNormFp8Rows`].
+    pub(crate) fp8_rows: KernelHandle,
 }
 
 impl Residual {
@@ -67,7 +79,7 @@ impl Residual {
         buffers: [DevicePtr; 2],
         normed: DevicePtr,
         cols: u32,
-        add_rmsnorm: KernelHandle,
+        kernels: NormKernels,
     ) -> Residual {
         Residual {
             buffers,
@@ -75,8 +87,13 @@ impl Residual {
             pending: DevicePtr::NULL,
             normed,
             cols,
-            add_rmsnorm,
+            kernels,
         }
+    }
+
+    /// The bf16 `[tokens, hidden]` buffer [`Residual::add_norm`] writes the normalised rows to.
+    pub(crate) fn normed(&self) -> DevicePtr {
+        self.normed
     }
 
     /// The buffer holding the stream.
@@ -116,18 +133,53 @@ impl Residual {
         norm: RmsNorm,
         rows: u32,
     ) -> Result<DevicePtr, ModelError> {
-        let args = AddRmsNorm {
-            out: self.normed,
-            residual: self.current(),
-            input: self.pending,
-            weight: norm.weight,
-            rows,
-            cols: self.cols,
-            eps: norm.eps,
-            weight_offset: norm.weight_offset,
-        };
-        launcher.launch(self.add_rmsnorm, "add_rmsnorm", &args)?;
-        self.pending = DevicePtr::NULL;
+        self.add_norm_into(launcher, norm, rows, Rows::Bf16(self.normed))?;
         Ok(self.normed)
+    }
+
+    /// `h += pending` in place, then the normalised rows in the form `into` names, in one launch
+    /// labelled `add_rmsnorm`: bf16 rows ([`AddRmsNorm`]), or e4m3 rows and their scales for an
+    /// FP8 product ([`AddRmsNormFp8Rows`]: the bits [`AddRmsNorm`] then the quantize launch
+    /// would write).
+    pub(crate) fn add_norm_into(
+        &mut self,
+        launcher: &Launcher,
+        norm: RmsNorm,
+        rows: u32,
+        into: Rows,
+    ) -> Result<(), ModelError> {
+        let (residual, input, cols) = (self.current(), self.pending, self.cols);
+        let (weight, eps, weight_offset) = (norm.weight, norm.eps, norm.weight_offset);
+        match into {
+            Rows::Bf16(out) => {
+                let args = AddRmsNorm {
+                    out,
+                    residual,
+                    input,
+                    weight,
+                    rows,
+                    cols,
+                    eps,
+                    weight_offset,
+                };
+                launcher.launch(self.kernels.bf16, "add_rmsnorm", &args)?;
+            }
+            Rows::Fp8(fp8) => {
+                let args = AddRmsNormFp8Rows {
+                    q: fp8.values,
+                    scales: fp8.scales,
+                    residual,
+                    input,
+                    weight,
+                    rows,
+                    cols,
+                    eps,
+                    weight_offset,
+                };
+                launcher.launch(self.kernels.fp8_rows, "add_rmsnorm", &args)?;
+            }
+        }
+        self.pending = DevicePtr::NULL;
+        Ok(())
     }
 }

@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 33] = [
+pub const KEYS: [&str; 34] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -136,6 +136,7 @@ pub const KEYS: [&str; 33] = [
     "gemv_fp8_stream",
     "gemv_fp8_mma_min_rows",
     "fp8_gemm",
+    "fp8_fused_quantize",
     "fused_swiglu",
     "fused_qkv_attention",
     "prefill_attention",
@@ -206,6 +207,14 @@ pub struct Tuning {
     /// (cuBLASLt on CUDA) where the weight fits it (`gemm_fp8_fits`, 128 x 128 scale blocks);
     /// off: the weight dequantised to BF16 and the BF16 library GEMM.
     pub fp8_gemm: bool,
+    /// Where an FP8 product takes the FP8 GEMM ([`Tuning::fp8_gemm`]) after one of the engine's
+    /// own elementwise launches (the residual add + RMSNorm before qkv and gate|up, SiLU x up
+    /// before down), that launch writes the product's e4m3 rows and scales itself
+    /// (`add_rmsnorm_f32res_fp8_rows`, `silu_mul_fp8_rows`) instead of bf16 rows for
+    /// `fp8_quantize_rows` (off: the separate quantize launch). The same bits either way, one
+    /// launch fewer a product; on in the plain path too, where it changes nothing until
+    /// `fp8_gemm` is on.
+    pub fp8_fused_quantize: bool,
     /// Gate|up products streamed through the GEMV run SiLU x up in their epilogue.
     pub fused_swiglu: bool,
     /// A decode step of one sequence runs QK-norm, RoPE and the cache write inside the decode
@@ -253,7 +262,8 @@ pub struct Tuning {
 
 impl Tuning {
     /// The plain path on `hardware`: the library GEMM for every product, no fusion, no stream,
-    /// no fold, separate launches, the driver's carveouts, graphs on.
+    /// no fold, separate launches, the driver's carveouts, graphs on. (`fp8_fused_quantize` is
+    /// on: it takes effect only with `fp8_gemm`, which is off, and changes no bits.)
     pub fn plain(hardware: HardwareSchedule) -> Tuning {
         Tuning {
             hardware,
@@ -274,6 +284,7 @@ impl Tuning {
             gemv_fp8_stream: false,
             gemv_fp8_mma_min_rows: u32::MAX,
             fp8_gemm: false,
+            fp8_fused_quantize: true,
             fused_swiglu: false,
             fused_qkv_attention: false,
             prefill_attention: PrefillVersion::V1,
@@ -394,6 +405,7 @@ impl Tuning {
                 }
             }
             "fp8_gemm" => self.fp8_gemm = switch(v)?,
+            "fp8_fused_quantize" => self.fp8_fused_quantize = switch(v)?,
             "fused_swiglu" => self.fused_swiglu = switch(v)?,
             "fused_qkv_attention" => self.fused_qkv_attention = switch(v)?,
             "prefill_attention" => {
@@ -509,6 +521,7 @@ mod tests {
             ("gemv_fp8_stream", "on"),
             ("gemv_fp8_mma_min_rows", "2"),
             ("fp8_gemm", "on"),
+            ("fp8_fused_quantize", "off"),
             ("fused_swiglu", "1"),
             ("fused_qkv_attention", "on"),
             ("prefill_attention", "v2"),

@@ -543,6 +543,42 @@ fn fp8_gemm_matches_the_dequantise_path() {
     );
 }
 
+/// With the FP8 library product, the residual add + RMSNorm before qkv and gate|up and SiLU x up
+/// before down write those products' e4m3 rows and scales themselves (`fp8_fused_quantize`, on
+/// by default: `add_rmsnorm_f32res_fp8_rows`, `silu_mul_fp8_rows`) instead of bf16 rows that
+/// `fp8_quantize_rows` then quantizes (off): the same logits, bit for bit, over the script, with
+/// the hopper tuning (the 12-row prefill on the FP8 GEMM) and with every product on it
+/// (`gemv_max_rows=0`: every step, 1 to 20 rows, padded to 16). The o projection, fed by the
+/// attention, keeps its quantize launch.
+#[test]
+fn fused_fp8_quantize_gives_the_separate_launches_bits() {
+    let fp8 = LinearFormat::Fp8Quantize;
+    let fused = [AddRmsNormFp8Rows::NAME, SiluMulFp8Rows::NAME];
+    for extra in [None, Some("gemv_max_rows=0")] {
+        let with = |pairs: &[&str]| {
+            let mut all = pairs.to_vec();
+            all.extend(extra);
+            tuned(&all)
+        };
+        let (want, kernels) = run_with(with(&["fp8_gemm=on", "fp8_fused_quantize=off"]), &fp8);
+        for name in fused {
+            assert!(!kernels.contains(&name.to_string()), "{name}: {kernels:?}");
+        }
+        let (got, kernels) = run_with(with(&["fp8_gemm=on"]), &fp8);
+        println!("{extra:?}: kernels {kernels:?}");
+        for name in fused.iter().chain(&[Fp8QuantizeRows::NAME, GemmFp8::NAME]) {
+            assert!(kernels.contains(&name.to_string()), "{name}: {kernels:?}");
+        }
+        let bits =
+            |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+        assert!(
+            bits(&got) == bits(&want),
+            "{extra:?}: the fused quantization changed the logits (relative error {:.3e})",
+            relative_error(&got, &want)
+        );
+    }
+}
+
 /// A prompt's last logits on a MoE config with random weights, on the host: by one prefill
 /// step (the experts over many rows), or fed one token a step (the decode kernels at one row).
 fn moe_prompt_logits(

@@ -13,7 +13,8 @@
 // [ceil(K / 128), rows] with the row index fastest: M a multiple of 16 is one group; M up to
 // PAD_ROWS (256) is one group padded with zero rows to a multiple of 16; longer M is M rounded
 // down to 16 (MAIN) rows, then the other M % 16 padded to 16 (ops/fp8_gemm.rs fp8_rows_split).
-// The zero rows' values are 0 and their scales 1. fp8_row_scale (below) is the index.
+// The zero rows' values are 0 and their scales 1. fp8_rows.cuh (shared with the producers that
+// write these rows themselves) holds the index (row_scale) and the per-block quantization.
 // Launch: one warp per (row, 128-column block) over the padded rows, 8 warps a block:
 // grid = ceil(round_up(M, 16) * ceil(K / 128) / 8), block = 256.
 //
@@ -26,25 +27,14 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
-#include "kv_fp8.cuh"
+#include "fp8_rows.cuh"
 
 namespace {
 
-constexpr uint32_t SCALE_K = 128;
-constexpr float E4M3_MAX = 448.0f;
-// The row count a cuBLASLt block-scaled FP8 product takes a multiple of, and the longest product
-// padded whole (ops/fp8_gemm.rs FP8_GEMM_ROW_GROUP, FP8_GEMM_PAD_ROWS).
-constexpr uint32_t ROW_GROUP = 16;
-constexpr uint32_t PAD_ROWS = 256;
-
+using metrale::fp8_rows::SCALE_K;
+using metrale::fp8_rows::padded_rows;
 // The index of row `row`'s scale of k-block `kb` among M rows' scales (the header's layout).
-__device__ __forceinline__ size_t fp8_row_scale(uint32_t row, uint32_t kb, uint32_t m,
-                                                uint32_t kb_count) {
-    const uint32_t main = m % ROW_GROUP == 0 ? m : (m <= PAD_ROWS ? 0 : m / ROW_GROUP * ROW_GROUP);
-    if (row < main) return (size_t)kb * main + row;
-    const uint32_t padded = (m - main + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
-    return (size_t)kb_count * main + (size_t)kb * padded + (row - main);
-}
+using metrale::fp8_rows::row_scale;
 
 }  // namespace
 
@@ -55,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(256) fp8_quantize_rows(
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t kb_count = (k + SCALE_K - 1) / SCALE_K;
     const size_t item = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const uint32_t padded = (m + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    const uint32_t padded = padded_rows(m);
     if (item >= (size_t)padded * kb_count) return;
     const uint32_t row = (uint32_t)(item / kb_count), kb = (uint32_t)(item % kb_count);
     const bool real = row < m;  // else a zero row of the last group
@@ -67,38 +57,17 @@ extern "C" __global__ void __launch_bounds__(256) fp8_quantize_rows(
     const bool aligned = ((uintptr_t)a % 8 == 0) && ((uintptr_t)q % 4 == 0);
     const bool vector = aligned && (k % 4 == 0) && col + 4 <= k;
     uint2 v = make_uint2(0, 0);
-    __nv_bfloat16 x[4];
-    if (!real) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x[j] = __float2bfloat16_rn(0.0f);
-    } else if (vector) {
+    if (real && vector) {
         v = *reinterpret_cast<const uint2*>(src);
-        x[0] = __ushort_as_bfloat16((unsigned short)(v.x & 0xffffu));
-        x[1] = __ushort_as_bfloat16((unsigned short)(v.x >> 16));
-        x[2] = __ushort_as_bfloat16((unsigned short)(v.y & 0xffffu));
-        x[3] = __ushort_as_bfloat16((unsigned short)(v.y >> 16));
-    } else {
+    } else if (real) {
+        __nv_bfloat16 x[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            x[j] = col + j < k ? src[j] : __float2bfloat16_rn(0.0f);
-        }
+        for (int j = 0; j < 4; ++j) x[j] = col + j < k ? src[j] : __float2bfloat16_rn(0.0f);
+        v = metrale::fp8_rows::pack(x);
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(metrale::to_f32(x[j])));
-    amax = metrale::warp_max(amax);
-    float scale = __fdiv_rn(amax, E4M3_MAX);
-    if (!(amax > 0.0f && scale > 0.0f)) scale = 1.0f;
-    if (lane == 0) scales[fp8_row_scale(row, kb, m, kb_count)] = scale;
-    uint8_t* dst = q + (size_t)row * k + col;
-    if (vector) {
-        *reinterpret_cast<uint32_t*>(dst) = metrale::kv_fp8::quantize4(v, scale);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if (col + j < k) dst[j] = metrale::kv_fp8::quantize1(x[j], scale);
-        }
-    }
+    metrale::fp8_rows::store_block4(q + (size_t)row * k + col, scales,
+                                    row_scale(row, kb, m, kb_count), v,
+                                    metrale::fp8_rows::valid_columns(col, k), vector);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_fp8_block_scaled(
@@ -121,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_fp8_block_scaled(
             const __half_raw hw = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)wr[i], __NV_E4M3);
             dot = fmaf(__half2float(__half(ha)), __half2float(__half(hw)), dot);
         }
-        acc = fmaf(dot, a_scales[fp8_row_scale(row, kb, m, kb_count)] * w_scales[(size_t)(col / SCALE_K) * kb_count + kb], acc);
+        acc = fmaf(dot, a_scales[row_scale(row, kb, m, kb_count)] * w_scales[(size_t)(col / SCALE_K) * kb_count + kb], acc);
     }
     if (bias != nullptr) acc += metrale::to_f32(bias[col]);
     c[(size_t)row * n + col] = metrale::to_bf16(acc);

@@ -29,10 +29,10 @@
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    FP8_GEMM_PAD_ROWS, FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows, GEMV_FP8_MAX_ROWS,
-    GEMV_STREAM_STAGES, GemmFp8, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu, GemvFp8Stream,
-    GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm, gemm_fp8_fits,
-    gemv_fp8_mma_fits, gemv_fp8_stream_fits,
+    AddRmsNormFp8Rows, FP8_GEMM_PAD_ROWS, FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows,
+    GEMV_FP8_MAX_ROWS, GEMV_STREAM_STAGES, GemmFp8, GemvFp8, GemvFp8Mma, GemvFp8MmaSwiglu,
+    GemvFp8Stream, GemvFp8StreamNorm, GemvFp8Swiglu, GemvFp8SwigluStream, GemvFp8SwigluStreamNorm,
+    SiluMulFp8Rows, gemm_fp8_fits, gemv_fp8_mma_fits, gemv_fp8_stream_fits,
 };
 
 use super::{BenchCase, Shape, launch_of};
@@ -358,8 +358,9 @@ pub(super) fn fp8_product_cases(s: &Shape) -> Vec<BenchCase> {
 }
 
 /// The FP8 prefill product at each of `rows`: the activation quantization at each input width
-/// of the step's products, then qkv, o, gate|up and down through `GpuBackend::gemm` with
-/// `GemmOp::fp8` where the weight fits ([`gemm_fp8_fits`]).
+/// of the step's products, the add + RMSNorm and SiLU x up that write the quantized rows
+/// themselves (the engine's default with `fp8_gemm`), then qkv, o, gate|up and down through
+/// `GpuBackend::gemm` with `GemmOp::fp8` where the weight fits ([`gemm_fp8_fits`]).
 pub(super) fn fp8_gemm_cases(s: &Shape, rows: &[u32]) -> Vec<BenchCase> {
     let (h, i) = (s.hidden, s.inter);
     let (qd, kvd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
@@ -371,6 +372,8 @@ pub(super) fn fp8_gemm_cases(s: &Shape, rows: &[u32]) -> Vec<BenchCase> {
         for k in widths {
             out.push(quantize_case(s, m, k));
         }
+        out.push(norm_rows_case(s, m));
+        out.push(silu_rows_case(s, m));
         for (what, n, k) in [
             ("qkv_proj", qd + 2 * kvd, h),
             ("o_proj", h, qd),
@@ -407,6 +410,76 @@ fn quantize_case(s: &Shape, m: u32, k: u32) -> BenchCase {
                 a: p[2],
                 m,
                 k,
+            })
+        }),
+        library_gemm: None,
+    }
+}
+
+/// The quantized rows' buffers of `m x k` (e4m3 values over `m` rounded up to 16 rows, then their
+/// scales) and their bytes written.
+fn quantized_rows(m: u32, k: u32) -> ([(usize, u8); 2], u64) {
+    let padded = m.next_multiple_of(FP8_GEMM_ROW_GROUP);
+    let scales = (k.div_ceil(FP8_SCALE_COLS) * padded) as usize * 4;
+    let values = (padded * k) as usize;
+    ([(values, 0), (scales, 0)], (values + scales) as u64)
+}
+
+/// The residual add + RMSNorm over `m` rows writing the quantized rows ([`AddRmsNormFp8Rows`]):
+/// the residual read and written in f32, the input and the weight read.
+fn norm_rows_case(s: &Shape, m: u32) -> BenchCase {
+    let h = s.hidden;
+    let ([q, scales], written) = quantized_rows(m, h);
+    let elements = u64::from(m) * u64::from(h);
+    BenchCase {
+        kernel: AddRmsNormFp8Rows::NAME,
+        label: format!("{} add+rmsnorm fp8 rows m={m} k={h}", s.name),
+        bytes: elements * (4 + 4 + 2) + written,
+        flops: elements * 6,
+        buffers: vec![
+            q,
+            scales,
+            ((m * h) as usize * 4, 0),
+            ((m * h) as usize * 2, FILL),
+            (h as usize * 2, FILL),
+        ],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            launch_of(AddRmsNormFp8Rows {
+                q: p[0],
+                scales: p[1],
+                residual: p[2],
+                input: p[3],
+                weight: p[4],
+                rows: m,
+                cols: h,
+                eps: 1e-6,
+                weight_offset: 0.0,
+            })
+        }),
+        library_gemm: None,
+    }
+}
+
+/// SiLU x up over `m` rows writing the quantized rows ([`SiluMulFp8Rows`]).
+fn silu_rows_case(s: &Shape, m: u32) -> BenchCase {
+    let i = s.inter;
+    let ([q, scales], written) = quantized_rows(m, i);
+    let elements = u64::from(m) * u64::from(i);
+    BenchCase {
+        kernel: SiluMulFp8Rows::NAME,
+        label: format!("{} silu*mul fp8 rows m={m} k={i}", s.name),
+        bytes: elements * 4 + written,
+        flops: elements * 7,
+        buffers: vec![q, scales, ((m * i) as usize * 4, FILL)],
+        uploads: vec![],
+        build: Box::new(move |p| {
+            launch_of(SiluMulFp8Rows {
+                q: p[0],
+                scales: p[1],
+                gate_up: p[2],
+                tokens: m,
+                inter: i,
             })
         }),
         library_gemm: None,

@@ -7,7 +7,10 @@
 //! fallback kernel (`gemm_fp8_block_scaled`), at row counts that are multiples of 16, below 16
 //! and neither (cuBLASLt takes multiples of 16: the rest goes through a padded second product).
 //! The library cases are the first check of the scale layouts blaslt.rs assumes: a wrong one
-//! fails them.
+//! fails them. The launches that write the quantized rows in place of their bf16 output
+//! (`add_rmsnorm_f32res_fp8_rows`, `silu_mul_fp8_rows`: [`fp8_row_producer_cases`]) on Qwen3-8B's
+//! and Qwen3-0.6B's widths at row counts that are and are not multiples of 16 and above the
+//! padded group's 256 (two groups), and on the awkward paths.
 //!
 //! [`GpuBackend::gemm`]: crate::GpuBackend::gemm
 
@@ -15,11 +18,14 @@ use half::bf16;
 use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    FP8_GEMM_PAD_ROWS, FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows, GemmFp8,
+    AddRmsNormFp8Rows, FP8_GEMM_PAD_ROWS, FP8_GEMM_ROW_GROUP, FP8_SCALE_COLS, Fp8QuantizeRows,
+    GemmFp8, SiluMulFp8Rows,
 };
 
 use super::gemv_fp8::{e4m3_codes, input, output, scales};
-use super::{Buffer, Case, GemmBuild, Init, OutputKind, Rng, bf16_normal, f32_bytes, launch_of};
+use super::{
+    Buffer, Case, GemmBuild, Init, OutputKind, Rng, bf16_normal, f32_bytes, launch_of, norm_weight,
+};
 use crate::{GemmFp8Scales, GemmOp};
 
 /// Every case, in a fixed order.
@@ -156,6 +162,120 @@ fn gemm_case(rng: &mut Rng, m: u32, n: u32, k: u32, bias: bool, library: bool) -
             })
         }),
         gemm: library.then(|| Box::new(bind) as GemmBuild),
+        allowance: None,
+    }
+}
+
+/// The producers that write the FP8 product's quantized rows themselves, each against its host
+/// reference (its bf16 form's, then the quantization's): the residual add + RMSNorm
+/// (`add_rmsnorm_f32res_fp8_rows`; the residual compared too) and SiLU x up
+/// (`silu_mul_fp8_rows`) at 5, 32, 47 and 300 rows over 4096 and 1024 columns; the norm over
+/// 8192 columns without an input (a row longer than one pass), 1000 columns (a partial last
+/// 128-column block) and 130 columns with a weight offset (the scalar path); SiLU x up over
+/// Qwen3-8B's 12288, 1000 and 130. The codes and scales start as garbage, so rows and blocks left
+/// unwritten fail (the rows past the count must be zero with scale 1).
+pub(super) fn fp8_row_producer_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    let main = [5u32, 32, 47, 300]
+        .into_iter()
+        .flat_map(|m| [4096u32, 1024].map(|k| (m, k)));
+    for (rows, cols) in main.clone() {
+        out.push(add_rmsnorm_case(rng, rows, cols, true, 0.0));
+    }
+    for (rows, cols, with_input, offset) in [
+        (3u32, 8192u32, false, 0.0f32),
+        (7, 1000, true, 0.0),
+        (2, 130, true, 1.0),
+    ] {
+        out.push(add_rmsnorm_case(rng, rows, cols, with_input, offset));
+    }
+    for (tokens, inter) in main.chain([(17, 12288), (3, 1000), (2, 130)]) {
+        out.push(silu_mul_case(rng, tokens, inter));
+    }
+    out
+}
+
+/// The quantized rows' two outputs for `m x k`, filled with garbage: e4m3 codes (0x55) for `m`
+/// rounded up to 16 rows, and as many rows' scales (-1).
+fn quantized_outputs(m: u32, k: u32) -> [Buffer; 2] {
+    let rows = m.next_multiple_of(FP8_GEMM_ROW_GROUP) as usize;
+    let kb = k.div_ceil(FP8_SCALE_COLS) as usize;
+    [
+        Buffer {
+            init: vec![0x55u8; rows * k as usize].into(),
+            output: Some(OutputKind::E4m3),
+        },
+        Buffer {
+            init: f32_bytes(&vec![-1f32; rows * kb]).into(),
+            output: Some(OutputKind::F32),
+        },
+    ]
+}
+
+/// `n` f32 values of N(0, scale²), drawn on first read as [`bf16_normal`] draws.
+fn f32_normal(rng: &mut Rng, n: usize, scale: f32) -> Init {
+    let mut from = rng.clone();
+    rng.skip(2 * n as u64);
+    Init::new(move || {
+        let v: Vec<f32> = (0..n).map(|_| from.normal() * scale).collect();
+        f32_bytes(&v)
+    })
+}
+
+fn add_rmsnorm_case(rng: &mut Rng, rows: u32, cols: u32, with_input: bool, offset: f32) -> Case {
+    let n = (rows * cols) as usize;
+    let [q, scales] = quantized_outputs(rows, cols);
+    Case {
+        kernel: AddRmsNormFp8Rows::NAME,
+        shape: format!("rows={rows} cols={cols} input={with_input} offset={offset}"),
+        buffers: vec![
+            q,
+            scales,
+            Buffer {
+                init: f32_normal(rng, n, 2.0),
+                output: Some(OutputKind::F32),
+            },
+            input(bf16_normal(rng, n, 2.0)),
+            input(norm_weight(rng, cols as usize).into()),
+        ],
+        build: Box::new(move |p| {
+            launch_of(AddRmsNormFp8Rows {
+                q: p[0],
+                scales: p[1],
+                residual: p[2],
+                input: if with_input { p[3] } else { DevicePtr::NULL },
+                weight: p[4],
+                rows,
+                cols,
+                eps: 1e-6,
+                weight_offset: offset,
+            })
+        }),
+        gemm: None,
+        allowance: None,
+    }
+}
+
+fn silu_mul_case(rng: &mut Rng, tokens: u32, inter: u32) -> Case {
+    let [q, scales] = quantized_outputs(tokens, inter);
+    Case {
+        kernel: SiluMulFp8Rows::NAME,
+        shape: format!("tokens={tokens} inter={inter}"),
+        buffers: vec![
+            q,
+            scales,
+            input(bf16_normal(rng, (tokens * inter * 2) as usize, 2.0)),
+        ],
+        build: Box::new(move |p| {
+            launch_of(SiluMulFp8Rows {
+                q: p[0],
+                scales: p[1],
+                gate_up: p[2],
+                tokens,
+                inter,
+            })
+        }),
+        gemm: None,
         allowance: None,
     }
 }

@@ -136,38 +136,55 @@ pub fn fp8_rows_bytes(m: usize, k: usize) -> (usize, usize) {
     (scales_at + scales, scales_at)
 }
 
+/// The launch of a kernel that writes `m x k` quantized rows a warp per (row, 128-column block)
+/// over `m` rounded up to 16 rows, 8 warps a block ([`Fp8QuantizeRows`],
+/// [`SiluMulFp8Rows`](super::SiluMulFp8Rows)).
+pub(crate) fn block_warps_launch(m: u32, k: u32) -> LaunchConfig {
+    let rows = m.next_multiple_of(FP8_GEMM_ROW_GROUP);
+    let items = u64::from(rows) * u64::from(k.div_ceil(FP8_SCALE_COLS));
+    LaunchConfig::linear(
+        blocks_for(items, QUANTIZE_WARPS).max(1),
+        32 * QUANTIZE_WARPS,
+    )
+}
+
 impl Kernel for Fp8QuantizeRows {
     fn launch_config(&self) -> LaunchConfig {
-        let rows = self.m.next_multiple_of(FP8_GEMM_ROW_GROUP);
-        let items = u64::from(rows) * u64::from(self.k.div_ceil(FP8_SCALE_COLS));
-        LaunchConfig::linear(
-            blocks_for(items, QUANTIZE_WARPS).max(1),
-            32 * QUANTIZE_WARPS,
-        )
+        block_warps_launch(self.m, self.k)
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
         let (m, k) = (self.m as usize, self.k as usize);
-        let cols = FP8_SCALE_COLS as usize;
-        let kb = k.div_ceil(cols);
-        let rows = m.next_multiple_of(FP8_GEMM_ROW_GROUP as usize);
-        let mut a = host::load_bf16(mem, self.a, m * k)?;
-        a.resize(rows * k, 0.0);
-        let mut q = vec![0u8; rows * k];
-        let mut scales = vec![0f32; kb * rows];
-        for r in 0..rows {
-            for b in 0..kb {
-                let block = r * k + b * cols..r * k + ((b + 1) * cols).min(k);
-                let amax = a[block.clone()].iter().fold(0f32, |s, x| s.max(x.abs()));
-                let scale = e4m3_block_scale(amax);
-                scales[fp8_row_scale(r, b, m, kb)] = scale;
-                for i in block {
-                    q[i] = f32_to_e4m3(a[i] / scale);
-                }
-            }
-        }
+        let a = host::load_bf16(mem, self.a, m * k)?;
+        let (q, scales) = quantize_rows(&a, m, k);
         host::store(mem, self.q, &q)?;
         host::store(mem, self.scales, &scales)
     }
+}
+
+/// The e4m3 rows and scales [`Fp8QuantizeRows`] writes for the `m x k` values `a` (bf16 values,
+/// as f32): the values of `m` rounded up to 16 rows (the rows past `m` zero), then the scales in
+/// [`fp8_row_scale`]'s layout (the zero rows' 1). The reference of every launch that writes these
+/// rows, so that all write the same bits from the same bf16 values.
+pub(crate) fn quantize_rows(a: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let cols = FP8_SCALE_COLS as usize;
+    let kb = k.div_ceil(cols);
+    let rows = m.next_multiple_of(FP8_GEMM_ROW_GROUP as usize);
+    let mut q = vec![0u8; rows * k];
+    let mut scales = vec![0f32; kb * rows];
+    for r in 0..rows {
+        for b in 0..kb {
+            let block = r * k + b * cols..r * k + ((b + 1) * cols).min(k);
+            // The rows past `m` are zero.
+            let values = a.get(block.clone()).unwrap_or(&[]);
+            let amax = values.iter().fold(0f32, |s, x| s.max(x.abs()));
+            let scale = e4m3_block_scale(amax);
+            scales[fp8_row_scale(r, b, m, kb)] = scale;
+            for (i, x) in block.zip(values) {
+                q[i] = f32_to_e4m3(x / scale);
+            }
+        }
+    }
+    (q, scales)
 }
 
 impl Kernel for GemmFp8 {

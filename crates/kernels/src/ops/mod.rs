@@ -23,7 +23,7 @@ mod qkv_post;
 mod rmsnorm;
 mod rope;
 
-pub use activation::{Relu2, SiluMul};
+pub use activation::{Relu2, SiluMul, SiluMulFp8Rows};
 pub use argmax::{ArgmaxBf16, ArgmaxF32, argmax_scratch_bytes};
 pub(crate) use attention::paged_attention_qkv_wide_reference;
 pub use attention::{
@@ -80,7 +80,7 @@ pub use moe::{
     route_row,
 };
 pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};
-pub use rmsnorm::{AddRmsNorm, RmsNorm};
+pub use rmsnorm::{AddRmsNorm, AddRmsNormFp8Rows, RmsNorm};
 pub use rope::RopeNeox;
 
 /// Threads per block of the row-wise kernels (a multiple of 32, at most 1024).

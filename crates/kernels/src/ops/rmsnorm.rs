@@ -4,6 +4,7 @@
 use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::ROW_THREADS;
+use super::fp8_gemm::{FP8_GEMM_ROW_GROUP, quantize_rows};
 use crate::host::{self, HostError, HostMemory, Kernel, kernel_args};
 use crate::names;
 
@@ -50,6 +51,35 @@ kernel_args!(
     }
 );
 
+kernel_args!(
+    /// [`AddRmsNorm`] with its output as the FP8 library product's activation rows: the residual
+    /// updated as there, each row's `bf16(rmsnorm(residual) * (weight_offset + weight))` as there,
+    /// then those bf16 rows quantized as [`Fp8QuantizeRows`](super::Fp8QuantizeRows) quantizes
+    /// them (e4m3 with a scale per row and 128 columns, [`fp8_row_scale`](super::fp8_row_scale)'s
+    /// layout over `rows` rounded up to 16, the rows past `rows` zero with scale 1): the two
+    /// launches' bits in one.
+    AddRmsNormFp8Rows => names::rmsnorm::ADD_RMSNORM_F32RES_FP8_ROWS {
+        /// e4m3 `[round_up(rows, 16), cols]`.
+        q: DevicePtr,
+        /// f32, [`fp8_row_scale`](super::fp8_row_scale)'s layout over `round_up(rows, 16)` rows.
+        scales: DevicePtr,
+        /// f32 `[rows, cols]`, the residual stream, updated in place.
+        residual: DevicePtr,
+        /// bf16 `[rows, cols]`, or null to normalise the residual as it is.
+        input: DevicePtr,
+        /// bf16 `[cols]`.
+        weight: DevicePtr,
+        /// Rows.
+        rows: u32,
+        /// Row width.
+        cols: u32,
+        /// Added to the mean square.
+        eps: f32,
+        /// As [`AddRmsNorm`]'s.
+        weight_offset: f32,
+    }
+);
+
 /// The scale a norm weight applies, `offset + w` in f32; an offset of 0 leaves `w` as it is
 /// (`-0.0` included), as the kernels' `norm_scale` (norm.cuh) does.
 pub(crate) fn norm_scale(w: f32, offset: f32) -> f32 {
@@ -84,11 +114,10 @@ impl Kernel for RmsNorm {
     }
 }
 
-impl Kernel for AddRmsNorm {
-    fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(self.rows, ROW_THREADS)
-    }
-    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+impl AddRmsNorm {
+    /// The reference's work before the store: the residual updated in memory, the normalised
+    /// rows returned in f32 (the kernel rounds each to bf16 as it stores it).
+    fn add_and_normalise(&self, mem: &mut dyn HostMemory) -> Result<Vec<f32>, HostError> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
         let mut res = host::load::<f32>(mem, self.residual, rows * cols)?;
         let w = norm_scales(
@@ -100,7 +129,49 @@ impl Kernel for AddRmsNorm {
             res.iter_mut().zip(&x).for_each(|(r, x)| *r += x);
             host::store(mem, self.residual, &res)?;
         }
-        host::store_bf16(mem, self.out, &normalize(&res, &w, cols, self.eps))
+        Ok(normalize(&res, &w, cols, self.eps))
+    }
+}
+
+impl Kernel for AddRmsNorm {
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(self.rows, ROW_THREADS)
+    }
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let y = self.add_and_normalise(mem)?;
+        host::store_bf16(mem, self.out, &y)
+    }
+}
+
+impl Kernel for AddRmsNormFp8Rows {
+    fn launch_config(&self) -> LaunchConfig {
+        // A block a row, the rows past `rows` up to the multiple of 16 included.
+        LaunchConfig::linear(
+            self.rows.next_multiple_of(FP8_GEMM_ROW_GROUP).max(1),
+            ROW_THREADS,
+        )
+    }
+    /// [`AddRmsNorm`]'s reference, then [`Fp8QuantizeRows`](super::Fp8QuantizeRows)' of its bf16
+    /// rows.
+    fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        let bf16_form = AddRmsNorm {
+            out: DevicePtr::NULL,
+            residual: self.residual,
+            input: self.input,
+            weight: self.weight,
+            rows: self.rows,
+            cols: self.cols,
+            eps: self.eps,
+            weight_offset: self.weight_offset,
+        };
+        let y: Vec<f32> = bf16_form
+            .add_and_normalise(mem)?
+            .into_iter()
+            .map(host::round_bf16)
+            .collect();
+        let (q, scales) = quantize_rows(&y, self.rows as usize, self.cols as usize);
+        host::store(mem, self.q, &q)?;
+        host::store(mem, self.scales, &scales)
     }
 }
 
@@ -201,6 +272,81 @@ mod tests {
             got, folded,
             "the f32 sum differs from the bf16-rounded one somewhere"
         );
+    }
+
+    /// The FP8-rows form writes what AddRmsNorm then Fp8QuantizeRows write (codes, scales, the
+    /// residual), bit for bit, at row counts that are and are not multiples of 16, above the
+    /// padded group's 256 rows (two groups), with and without an input, and with a weight
+    /// offset; the rows past `rows` are zero with scale 1.
+    #[test]
+    fn the_fp8_rows_form_is_add_rmsnorm_then_fp8_quantize_rows() {
+        use crate::ops::{FP8_GEMM_ROW_GROUP, Fp8QuantizeRows, fp8_row_scale};
+        for (rows, cols, with_input, offset) in [
+            (5u32, 1024u32, true, 0.0f32),
+            (32, 256, true, 0.0),
+            (47, 384, false, 0.0),
+            (300, 128, true, 1.0),
+            (3, 130, true, 0.0),
+        ] {
+            let n = (rows * cols) as usize;
+            let padded = rows.next_multiple_of(FP8_GEMM_ROW_GROUP) as usize;
+            let kb = cols.div_ceil(128) as usize;
+            let mut m = FlatMemory::new();
+            let res = m.put(&uniform(21, n, 4.0));
+            let input = m.put(&bf16s(&uniform(22, n, 2.0)));
+            let weight = m.put(&bf16s(&uniform(23, cols as usize, 1.5)));
+            let out = m.put(&bf16s(&vec![0.0; n]));
+            let q = m.put(&vec![0x55u8; padded * cols as usize]);
+            let scales = m.put(&vec![-1f32; padded * kb]);
+            let mut two = m.clone();
+            let norm = AddRmsNorm {
+                out,
+                residual: res,
+                input: if with_input { input } else { DevicePtr::NULL },
+                weight,
+                rows,
+                cols,
+                eps: 1e-6,
+                weight_offset: offset,
+            };
+            norm.reference(&mut two).unwrap();
+            Fp8QuantizeRows {
+                q,
+                scales,
+                a: out,
+                m: rows,
+                k: cols,
+            }
+            .reference(&mut two)
+            .unwrap();
+            AddRmsNormFp8Rows {
+                q,
+                scales,
+                residual: res,
+                input: norm.input,
+                weight,
+                rows,
+                cols,
+                eps: 1e-6,
+                weight_offset: offset,
+            }
+            .reference(&mut m)
+            .unwrap();
+            let shape = format!("rows={rows} cols={cols}");
+            let codes = m.get::<u8>(q, padded * cols as usize);
+            assert_eq!(codes, two.get::<u8>(q, padded * cols as usize), "{shape}");
+            let s = m.get::<f32>(scales, padded * kb);
+            assert_eq!(s, two.get::<f32>(scales, padded * kb), "{shape}");
+            assert_eq!(m.get::<f32>(res, n), two.get::<f32>(res, n), "{shape}");
+            assert!(codes[n..].iter().all(|&c| c == 0), "{shape}: pad rows zero");
+            for row in rows as usize..padded {
+                for b in 0..kb {
+                    assert_eq!(s[fp8_row_scale(row, b, rows as usize, kb)], 1.0, "{shape}");
+                }
+            }
+            // Not all zero: the codes carry the rows.
+            assert!(codes[..n].iter().any(|&c| c != 0), "{shape}");
+        }
     }
 
     #[test]

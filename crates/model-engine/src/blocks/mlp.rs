@@ -87,8 +87,10 @@ impl Block for DenseMlp {
         before_fold: bool,
     ) -> Result<(), ModelError> {
         let (sc, n) = (&self.scratch, step.tokens);
-        self.gate_up.run_normed(l, residual, self.norm, sc.act, n)?;
-        self.down.run(l, sc.out, sc.act, n, before_fold)?;
+        // SiLU x up writes the rows the down product reads: bf16 in `act`, or its e4m3 rows.
+        let act = self.down.input_rows(l.tuning, n, sc.act);
+        self.gate_up.run_normed(l, residual, self.norm, act, n)?;
+        self.down.run_rows(l, sc.out, act, n, before_fold)?;
         residual.set_pending(sc.out);
         Ok(())
     }

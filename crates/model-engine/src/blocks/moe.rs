@@ -46,7 +46,7 @@ use metrale_kernels::ops::{
 use super::{Arena, Block, Step};
 use crate::ModelError;
 use crate::launch::Launcher;
-use crate::linear::{Linear, LinearKernels, SwigluLinear};
+use crate::linear::{Linear, LinearKernels, Rows, SwigluLinear};
 use crate::plan::MoeSpec;
 use crate::residual::{Residual, RmsNorm};
 use crate::tuning::Tuning;
@@ -286,6 +286,9 @@ struct SharedLaunches {
 }
 
 /// The shared expert's products, in the block's activation.
+// One a layer, built at load and matched by reference: the variants differ by two products'
+// copies of the kernel handles (`LinearKernels`), which boxing would only move to the heap.
+#[allow(clippy::large_enum_variant)]
 enum SharedExpert {
     /// Qwen2-MoE's, behind a sigmoid gate.
     SwiGlu {
@@ -472,8 +475,9 @@ impl Moe {
                 gate,
             }) => {
                 if run.products {
-                    gate_up.run(l, sc.shared_act, x, rows)?;
-                    down.run(l, sc.shared_out, sc.shared_act, rows, false)?;
+                    let act = down.input_rows(l.tuning, rows, sc.shared_act);
+                    gate_up.run(l, act, Rows::Bf16(x), rows)?;
+                    down.run_rows(l, sc.shared_out, act, rows, false)?;
                 }
                 match run.gate_logit {
                     true => gate.run_f32(l, sc.shared_logit, x, rows),
