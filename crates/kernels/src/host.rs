@@ -452,6 +452,8 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         ),
         (GdnConv1d::NAME, run::<GdnConv1d>, GdnConv1d::KINDS),
         (GdnRecurrent::NAME, run::<GdnRecurrent>, GdnRecurrent::KINDS),
+        (GdnChunkPrep::NAME, run::<GdnChunkPrep>, GdnChunkPrep::KINDS),
+        (GdnChunkScan::NAME, run::<GdnChunkScan>, GdnChunkScan::KINDS),
         (GdnGating::NAME, run::<GdnGating>, GdnGating::KINDS),
         (GatedRmsNorm::NAME, run::<GatedRmsNorm>, GatedRmsNorm::KINDS),
         (

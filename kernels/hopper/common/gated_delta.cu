@@ -285,3 +285,435 @@ extern "C" __global__ void __launch_bounds__(256) gdn_gating(
     g[i] = -expf(a_log[h]) * softplus;
     beta[i] = 1.0f / (1.0f + expf(-b));
 }
+
+// The chunked prefill of the gated delta rule, in two launches over the same runs as
+// gdn_recurrent (host references and the algebra: crates/kernels/src/ops/gated_delta.rs,
+// chunk_factors and chunk_apply). Chunk c of sequence s is its tokens begin + c L .. min(begin +
+// (c + 1) L, end), L = chunk_len <= GDN_CHUNK_MAX. Within a chunk of n tokens of value head h,
+// with q and k normalised as gdn_recurrent does them, G_i = g_0 + ... + g_i (the chunk's running
+// log-decay) and D_ij = exp(G_i - G_j) for j <= i:
+//   T    = (I + L)^-1, L_ij = beta_i D_ij k_i.k_j strictly below the diagonal (the delta rule's
+//          writes within the chunk solved at once: the UT transform)
+//   P_ij = D_ij q_i.k_j for j <= i, else 0 (the decay-masked scores)
+// and from the state S entering the chunk (dk x dv):
+//   X  = diag(beta) (V - diag(exp(G)) K S)         n x dv
+//   V' = T X                                       the values the rule writes, corrected
+//   O  = diag(exp(G)) Q S + P V'
+//   S  = exp(G_{n-1}) S + (diag(exp(G_{n-1} - G)) K)^T V'
+// (the rule's W = T diag(beta exp(G)) K and U = T diag(beta) V, with V' = U - W S, kept as T).
+//   1. gdn_chunk_prep, parallel over (chunk, value head, sequence): T and P of every chunk, one
+//      row of L floats a token: t_mat and attn f32 [tokens][hv][chunk_len], row i of token
+//      first + i (zero right of the diagonal and past the chunk's tokens).
+//   2. gdn_chunk_scan, parallel over (block of GDN_SCAN_COLS value columns, value head,
+//      sequence), sequential over a run's chunks: each column of S evolves on its own given T, P
+//      and the chunk's q, k, v, g, beta, so a block holds its columns of S in shared memory from
+//      and back into the slot (zero for a run at position 0, as gdn_recurrent), writing o.
+// The sums run in another order than the token-by-token walk's, so the outputs agree with it to
+// f32 rounding, not bit for bit. A run with more chunks than max_chunks (the prep's grid) is left
+// alone by both launches (its state and outputs unwritten); an empty run leaves its state as it
+// is. Shapes outside the limits (dk above GDN_MAX_DK, chunk_len 0 or above GDN_CHUNK_MAX, hv not
+// a multiple of hk) write nothing.
+namespace {
+// Longest chunk (rows of T and P).
+constexpr uint32_t GDN_CHUNK_MAX = 64;
+// Threads of a block of either launch: four a chunk row, and (the scan's state update) two a row
+// of S.
+constexpr uint32_t GDN_CHUNK_THREADS = 256;
+// Value columns (of S, v and o) one scan block owns.
+constexpr uint32_t GDN_SCAN_COLS = 16;
+// Shared row strides (floats): a chunk's q or k row, and a row of T, L or P. Four floats past a
+// multiple of 32 banks, so the float4 reads of eight consecutive rows fall in distinct banks.
+constexpr uint32_t GDN_QK_STRIDE = GDN_MAX_DK + 4;
+constexpr uint32_t GDN_T_STRIDE = GDN_CHUNK_MAX + 4;
+constexpr uint32_t GDN_QK_FLOATS = GDN_CHUNK_MAX * GDN_QK_STRIDE;
+constexpr uint32_t GDN_T_FLOATS = GDN_CHUNK_MAX * GDN_T_STRIDE;
+// Dynamic shared memory of gdn_chunk_prep: q, k, L, T, G, beta.
+constexpr uint32_t GDN_PREP_SMEM = 4 * (2 * GDN_QK_FLOATS + 2 * GDN_T_FLOATS + 2 * GDN_CHUNK_MAX);
+// Dynamic shared memory of gdn_chunk_scan: k, q (then T and P over it), S's columns, X, V', G,
+// beta and the state update's decays.
+constexpr uint32_t GDN_SCAN_QT_FLOATS =
+    GDN_QK_FLOATS > 2 * GDN_T_FLOATS ? GDN_QK_FLOATS : 2 * GDN_T_FLOATS;
+constexpr uint32_t GDN_SCAN_SMEM =
+    4 * (GDN_QK_FLOATS + GDN_SCAN_QT_FLOATS + GDN_MAX_DK * GDN_SCAN_COLS +
+         2 * GDN_CHUNK_MAX * GDN_SCAN_COLS + 3 * GDN_CHUNK_MAX);
+// The byte counts the host side launches with (GDN_CHUNK_PREP_SMEM, GDN_CHUNK_SCAN_SMEM in
+// crates/kernels/src/ops/gated_delta/chunked.rs).
+static_assert(GDN_PREP_SMEM == 102912, "the host's gdn_chunk_prep shared memory");
+static_assert(GDN_SCAN_SMEM == 85760, "the host's gdn_chunk_scan shared memory");
+static_assert(GDN_CHUNK_THREADS == 4 * GDN_CHUNK_MAX, "four threads a chunk row");
+static_assert(GDN_CHUNK_THREADS == 2 * GDN_MAX_DK, "two threads a row of S");
+static_assert(GDN_SCAN_COLS == 16, "the state update's two halves of eight columns");
+static_assert(GDN_MAX_DK % 32 == 0, "whole rounds of a warp over a q or k row");
+
+// The argument limits both launches share.
+__device__ __forceinline__ bool gdn_chunk_shape_ok(uint32_t hv, uint32_t hk, uint32_t dk,
+                                                   uint32_t chunk_len, uint32_t max_chunks) {
+    return hk != 0 && hv % hk == 0 && dk != 0 && dk <= GDN_MAX_DK && chunk_len != 0 &&
+           chunk_len <= GDN_CHUNK_MAX && max_chunks != 0;
+}
+
+// Chunks of a run of len tokens.
+__device__ __forceinline__ uint32_t gdn_chunks_of(int32_t begin, int32_t end, uint32_t chunk_len) {
+    return (uint32_t)(((int64_t)end - begin + chunk_len - 1) / chunk_len);
+}
+
+// Rows 0 .. n - 1 of qs and ks (GDN_QK_STRIDE apart): the chunk's tokens' q (scaled by dk^-1/2)
+// and k of key head kh, L2-normalised as gdn_recurrent does; every other element of the
+// GDN_CHUNK_MAX x GDN_QK_STRIDE tiles zero. A warp a row, eight rows a warp.
+__device__ __forceinline__ void gdn_load_qk(float* qs, float* ks, const __nv_bfloat16* q,
+                                            const __nv_bfloat16* k, int32_t first, uint32_t n,
+                                            uint32_t kh, uint32_t dk, uint32_t qkv_stride) {
+    constexpr uint32_t PER_LANE = GDN_QK_STRIDE / 32 + 1;
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float q_scale = rsqrtf((float)dk);
+    for (uint32_t i = warp; i < GDN_CHUNK_MAX; i += GDN_CHUNK_THREADS / 32) {
+        const size_t at = (size_t)(first + (int32_t)i) * qkv_stride + (size_t)kh * dk;
+        float qv[PER_LANE], kv[PER_LANE], qq = 0.0f, kk = 0.0f;
+#pragma unroll
+        for (uint32_t r = 0; r < PER_LANE; ++r) {
+            const uint32_t a = lane + 32 * r;
+            const bool live = i < n && a < dk;
+            qv[r] = live ? metrale::to_f32(q[at + a]) : 0.0f;
+            kv[r] = live ? metrale::to_f32(k[at + a]) : 0.0f;
+            qq += qv[r] * qv[r];
+            kk += kv[r] * kv[r];
+        }
+        const float q_norm = q_scale / sqrtf(metrale::warp_sum(qq) + GDN_L2NORM_EPS);
+        const float k_norm = 1.0f / sqrtf(metrale::warp_sum(kk) + GDN_L2NORM_EPS);
+#pragma unroll
+        for (uint32_t r = 0; r < PER_LANE; ++r) {
+            const uint32_t a = lane + 32 * r;
+            if (a < GDN_QK_STRIDE) {
+                qs[i * GDN_QK_STRIDE + a] = qv[r] * q_norm;
+                ks[i * GDN_QK_STRIDE + a] = kv[r] * k_norm;
+            }
+        }
+    }
+}
+
+// gs[i] = G_i, the running sum of the chunk's log-decays of head h (tokens past n add 0), and
+// bs[i] = beta_i (0 past n); the first warp, as an inclusive scan of two halves of 32.
+__device__ __forceinline__ void gdn_load_decays(float* gs, float* bs, const float* g,
+                                                const float* beta, int32_t first, uint32_t n,
+                                                uint32_t h, uint32_t hv) {
+    static_assert(GDN_CHUNK_MAX == 64, "two tokens a lane");
+    if (threadIdx.x >= 32) return;
+    const uint32_t lane = threadIdx.x;
+    const size_t lo_at = (size_t)(first + (int32_t)lane) * hv + h;
+    const size_t hi_at = lo_at + (size_t)32 * hv;
+    float lo = lane < n ? g[lo_at] : 0.0f, hi = lane + 32 < n ? g[hi_at] : 0.0f;
+    bs[lane] = lane < n ? beta[lo_at] : 0.0f;
+    bs[lane + 32] = lane + 32 < n ? beta[hi_at] : 0.0f;
+#pragma unroll
+    for (uint32_t off = 1; off < 32; off *= 2) {
+        const float x = __shfl_up_sync(0xffffffffu, lo, off);
+        const float y = __shfl_up_sync(0xffffffffu, hi, off);
+        if (lane >= off) {
+            lo += x;
+            hi += y;
+        }
+    }
+    hi += __shfl_sync(0xffffffffu, lo, 31);
+    gs[lane] = lo;
+    gs[lane + 32] = hi;
+}
+
+// The chunk (seq, c) a block of the prep takes, or false: past its run's end, or its run has more
+// chunks than max_chunks.
+__device__ __forceinline__ bool gdn_chunk_at(const int32_t* seq_starts, uint32_t seq, uint32_t c,
+                                             uint32_t chunk_len, uint32_t max_chunks,
+                                             int32_t* first, uint32_t* n) {
+    const int32_t begin = seq_starts[seq], end = seq_starts[seq + 1];
+    const int64_t at = (int64_t)begin + (int64_t)c * chunk_len;
+    if (at >= end || gdn_chunks_of(begin, end, chunk_len) > max_chunks) return false;
+    *first = (int32_t)at;
+    *n = (uint32_t)min((int64_t)chunk_len, (int64_t)end - at);
+    return true;
+}
+
+}  // namespace
+
+// Pass 1: per (chunk, value head, sequence), T and P of the chunk (see above) into the rows of
+// its tokens. Four threads a row i compute L and P at columns j = i % 4 + 4 m from shared q and k;
+// then T by forward substitution column by column (row i of T is e_i - sum_{m<i} L_im T_m, and
+// column j needs only column j), four threads a column splitting each sum.
+// Launch: grid = (max_chunks, hv, seqs), block = GDN_CHUNK_THREADS, GDN_PREP_SMEM bytes of
+// dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
+    gdn_chunk_prep(float* __restrict__ t_mat, float* __restrict__ attn,
+                   const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                   const float* __restrict__ g, const float* __restrict__ beta,
+                   const int32_t* __restrict__ seq_starts, uint32_t seqs, uint32_t hv,
+                   uint32_t hk, uint32_t dk, uint32_t qkv_stride, uint32_t chunk_len,
+                   uint32_t max_chunks) {
+    metrale::grid_dependency_sync();
+    if (!gdn_chunk_shape_ok(hv, hk, dk, chunk_len, max_chunks) || blockIdx.z >= seqs ||
+        blockIdx.y >= hv || blockIdx.x >= max_chunks) {
+        return;
+    }
+    const uint32_t h = blockIdx.y, kh = h / (hv / hk);
+    int32_t first = 0;
+    uint32_t n = 0;
+    if (!gdn_chunk_at(seq_starts, blockIdx.z, blockIdx.x, chunk_len, max_chunks, &first, &n)) {
+        return;
+    }
+    extern __shared__ __align__(16) float gdn_smem[];
+    float* qs = gdn_smem;
+    float* ks = qs + GDN_QK_FLOATS;
+    float* ls = ks + GDN_QK_FLOATS;
+    float* ts = ls + GDN_T_FLOATS;
+    float* gs = ts + GDN_T_FLOATS;
+    float* bs = gs + GDN_CHUNK_MAX;
+    gdn_load_qk(qs, ks, q, k, first, n, kh, dk, qkv_stride);
+    gdn_load_decays(gs, bs, g, beta, first, n, h, hv);
+    __syncthreads();
+
+    const uint32_t tid = threadIdx.x;
+    const uint32_t i = tid / 4, j0 = tid % 4;
+    constexpr uint32_t JS = GDN_CHUNK_MAX / 4;
+    float kk[JS], qk[JS];
+#pragma unroll
+    for (uint32_t m = 0; m < JS; ++m) kk[m] = qk[m] = 0.0f;
+    const uint32_t dk4 = (dk + 3) & ~3u;
+    for (uint32_t a = 0; a < dk4; a += 4) {
+        const float4 ki = *reinterpret_cast<const float4*>(ks + i * GDN_QK_STRIDE + a);
+        const float4 qi = *reinterpret_cast<const float4*>(qs + i * GDN_QK_STRIDE + a);
+#pragma unroll
+        for (uint32_t m = 0; m < JS; ++m) {
+            const float4 kj =
+                *reinterpret_cast<const float4*>(ks + (j0 + 4 * m) * GDN_QK_STRIDE + a);
+            kk[m] += ki.x * kj.x + ki.y * kj.y + ki.z * kj.z + ki.w * kj.w;
+            qk[m] += qi.x * kj.x + qi.y * kj.y + qi.z * kj.z + qi.w * kj.w;
+        }
+    }
+    float* attn_row = attn + ((size_t)(first + (int32_t)i) * hv + h) * chunk_len;
+#pragma unroll
+    for (uint32_t m = 0; m < JS; ++m) {
+        const uint32_t j = j0 + 4 * m;
+        const float d = (i < n && j <= i) ? expf(gs[i] - gs[j]) : 0.0f;
+        ls[i * GDN_T_STRIDE + j] = j < i ? bs[i] * d * kk[m] : 0.0f;
+        if (i < n && j < chunk_len) attn_row[j] = d * qk[m];
+    }
+    __syncthreads();
+
+    // Column j of T, rows 0 .. n - 1: T_jj = 1, T_ij = -sum_{j<=m<i} L_im T_mj below, 0 above.
+    {
+        const uint32_t j = tid / 4, part = tid % 4;
+        for (uint32_t r = 0; r < n; ++r) {
+            float sum = 0.0f;
+            if (r > j) {
+                for (uint32_t m = j + part; m < r; m += 4) {
+                    sum += ls[r * GDN_T_STRIDE + m] * ts[m * GDN_T_STRIDE + j];
+                }
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (part == 0) ts[r * GDN_T_STRIDE + j] = r == j ? 1.0f : (r > j ? -sum : 0.0f);
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    for (uint32_t e = tid; e < n * chunk_len; e += GDN_CHUNK_THREADS) {
+        const uint32_t r = e / chunk_len, j = e % chunk_len;
+        t_mat[((size_t)(first + (int32_t)r) * hv + h) * chunk_len + j] = ts[r * GDN_T_STRIDE + j];
+    }
+}
+
+// Pass 2: per (block of GDN_SCAN_COLS value columns, value head, sequence), the run's chunks in
+// order from the slot's state (zero at position 0) and back into it, writing o (see above). Per
+// chunk: k and q into shared memory; four threads a chunk row i take four columns each of K S
+// and Q S (float4 reads of S), then X; T and P over q's tile; V' = T X and O = exp(G) Q S + P V'
+// by the same threads; two threads a row of S (eight columns each) update it from k and V'.
+// Launch: grid = (ceil(dv / GDN_SCAN_COLS), hv, seqs), block = GDN_CHUNK_THREADS, GDN_SCAN_SMEM
+// bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
+    gdn_chunk_scan(__nv_bfloat16* __restrict__ o, float* __restrict__ state,
+                   const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                   const __nv_bfloat16* __restrict__ v, const float* __restrict__ g,
+                   const float* __restrict__ beta, const float* __restrict__ t_mat,
+                   const float* __restrict__ attn, const int32_t* __restrict__ seq_starts,
+                   const int32_t* __restrict__ slots, const int32_t* __restrict__ positions,
+                   uint32_t seqs, uint32_t hv, uint32_t hk, uint32_t dk, uint32_t dv,
+                   uint32_t qkv_stride, uint32_t chunk_len, uint32_t max_chunks) {
+    metrale::grid_dependency_sync();
+    if (!gdn_chunk_shape_ok(hv, hk, dk, chunk_len, max_chunks) || blockIdx.z >= seqs ||
+        blockIdx.y >= hv) {
+        return;
+    }
+    const uint32_t seq = blockIdx.z, h = blockIdx.y, kh = h / (hv / hk);
+    const int32_t begin = seq_starts[seq], end = seq_starts[seq + 1];
+    // An empty run has no first position: its state is left as it is.
+    if (begin >= end || gdn_chunks_of(begin, end, chunk_len) > max_chunks) return;
+    const bool fresh = positions[begin] == 0;
+    const uint32_t col0 = blockIdx.x * GDN_SCAN_COLS;
+    float* slot = state + ((size_t)slots[seq] * hv + h) * dk * dv;
+
+    extern __shared__ __align__(16) float gdn_smem[];
+    float* ks = gdn_smem;
+    float* qs = ks + GDN_QK_FLOATS;
+    float* ts = qs;  // T and P over q's tile once K S and Q S are read
+    float* ps = ts + GDN_T_FLOATS;
+    float* ss = qs + GDN_SCAN_QT_FLOATS;
+    float* xs = ss + GDN_MAX_DK * GDN_SCAN_COLS;
+    float* vs = xs + GDN_CHUNK_MAX * GDN_SCAN_COLS;
+    float* gs = vs + GDN_CHUNK_MAX * GDN_SCAN_COLS;
+    float* bs = gs + GDN_CHUNK_MAX;
+    float* kdec = bs + GDN_CHUNK_MAX;
+
+    const uint32_t tid = threadIdx.x;
+    for (uint32_t e = tid; e < GDN_MAX_DK * GDN_SCAN_COLS; e += GDN_CHUNK_THREADS) {
+        const uint32_t a = e / GDN_SCAN_COLS, col = col0 + e % GDN_SCAN_COLS;
+        ss[e] = (!fresh && a < dk && col < dv) ? slot[(size_t)a * dv + col] : 0.0f;
+    }
+    // Chunk rows: row i, columns c4 .. c4 + 3 of the block's. State rows: row a, columns
+    // c8 .. c8 + 7.
+    const uint32_t i = tid / 4, c4 = (tid % 4) * 4;
+    const uint32_t a = tid / 2, c8 = (tid % 2) * 8;
+    const uint32_t dk4 = (dk + 3) & ~3u;
+    const uint32_t chunks = gdn_chunks_of(begin, end, chunk_len);
+    for (uint32_t c = 0; c < chunks; ++c) {
+        const int32_t first = begin + (int32_t)(c * chunk_len);
+        const uint32_t n = (uint32_t)min((int64_t)chunk_len, (int64_t)end - first);
+        const uint32_t n4 = (n + 3) & ~3u;
+        __syncthreads();  // the previous chunk's reads of k, T, P and V' are done
+        gdn_load_qk(qs, ks, q, k, first, n, kh, dk, qkv_stride);
+        gdn_load_decays(gs, bs, g, beta, first, n, h, hv);
+        float vv[4];
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) {
+            const uint32_t col = col0 + c4 + e;
+            vv[e] = (i < n && col < dv)
+                        ? metrale::to_f32(v[(size_t)(first + (int32_t)i) * qkv_stride +
+                                            (size_t)h * dv + col])
+                        : 0.0f;
+        }
+        __syncthreads();
+
+        // K S and Q S at row i, columns c4 ..
+        float kS[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qS[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint32_t b = 0; b < dk4; b += 4) {
+            const float4 kv = *reinterpret_cast<const float4*>(ks + i * GDN_QK_STRIDE + b);
+            const float4 qv = *reinterpret_cast<const float4*>(qs + i * GDN_QK_STRIDE + b);
+            const float kb[4] = {kv.x, kv.y, kv.z, kv.w}, qb[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+            for (uint32_t e = 0; e < 4; ++e) {
+                const float4 s =
+                    *reinterpret_cast<const float4*>(ss + (b + e) * GDN_SCAN_COLS + c4);
+                kS[0] += kb[e] * s.x;
+                kS[1] += kb[e] * s.y;
+                kS[2] += kb[e] * s.z;
+                kS[3] += kb[e] * s.w;
+                qS[0] += qb[e] * s.x;
+                qS[1] += qb[e] * s.y;
+                qS[2] += qb[e] * s.z;
+                qS[3] += qb[e] * s.w;
+            }
+        }
+        const float eg = expf(gs[i]);
+        {
+            float4 x;
+            x.x = bs[i] * (vv[0] - eg * kS[0]);
+            x.y = bs[i] * (vv[1] - eg * kS[1]);
+            x.z = bs[i] * (vv[2] - eg * kS[2]);
+            x.w = bs[i] * (vv[3] - eg * kS[3]);
+            *reinterpret_cast<float4*>(xs + i * GDN_SCAN_COLS + c4) = x;
+        }
+        if (tid < GDN_CHUNK_MAX) {
+            kdec[tid] = tid < n ? expf(gs[n - 1] - gs[tid]) : 0.0f;
+        }
+        __syncthreads();  // q's tile is free; X is whole
+
+        // T and P of the chunk's rows, zero past its tokens and its chunk_len columns.
+        for (uint32_t e = tid; e < GDN_CHUNK_MAX * GDN_CHUNK_MAX; e += GDN_CHUNK_THREADS) {
+            const uint32_t r = e / GDN_CHUNK_MAX, j = e % GDN_CHUNK_MAX;
+            const bool live = r < n && j < chunk_len;
+            const size_t at = ((size_t)(first + (int32_t)r) * hv + h) * chunk_len + j;
+            ts[r * GDN_T_STRIDE + j] = live ? t_mat[at] : 0.0f;
+            ps[r * GDN_T_STRIDE + j] = live ? attn[at] : 0.0f;
+        }
+        __syncthreads();
+
+        // V' = T X.
+        {
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (uint32_t j = 0; j < n4; j += 4) {
+                const float4 t = *reinterpret_cast<const float4*>(ts + i * GDN_T_STRIDE + j);
+                const float tj[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) {
+                    const float4 x =
+                        *reinterpret_cast<const float4*>(xs + (j + e) * GDN_SCAN_COLS + c4);
+                    acc.x += tj[e] * x.x;
+                    acc.y += tj[e] * x.y;
+                    acc.z += tj[e] * x.z;
+                    acc.w += tj[e] * x.w;
+                }
+            }
+            *reinterpret_cast<float4*>(vs + i * GDN_SCAN_COLS + c4) = acc;
+        }
+        __syncthreads();
+
+        // O = exp(G) Q S + P V', row i.
+        {
+            float out[4] = {eg * qS[0], eg * qS[1], eg * qS[2], eg * qS[3]};
+            for (uint32_t j = 0; j < n4; j += 4) {
+                const float4 p = *reinterpret_cast<const float4*>(ps + i * GDN_T_STRIDE + j);
+                const float pj[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) {
+                    const float4 w =
+                        *reinterpret_cast<const float4*>(vs + (j + e) * GDN_SCAN_COLS + c4);
+                    out[0] += pj[e] * w.x;
+                    out[1] += pj[e] * w.y;
+                    out[2] += pj[e] * w.z;
+                    out[3] += pj[e] * w.w;
+                }
+            }
+            if (i < n) {
+                __nv_bfloat16* orow = o + ((size_t)(first + (int32_t)i) * hv + h) * dv;
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) {
+                    const uint32_t col = col0 + c4 + e;
+                    if (col < dv) orow[col] = metrale::to_bf16(out[e]);
+                }
+            }
+        }
+        // S = exp(G_{n-1}) S + (diag(exp(G_{n-1} - G)) K)^T V', row a (S is not read again
+        // before the next chunk's barrier; k and V' are not written).
+        if (a < dk) {
+            const float total = expf(gs[n - 1]);
+            float* srow = ss + a * GDN_SCAN_COLS + c8;
+            float4 lo = *reinterpret_cast<const float4*>(srow);
+            float4 hi = *reinterpret_cast<const float4*>(srow + 4);
+            lo.x *= total;
+            lo.y *= total;
+            lo.z *= total;
+            lo.w *= total;
+            hi.x *= total;
+            hi.y *= total;
+            hi.z *= total;
+            hi.w *= total;
+            for (uint32_t j = 0; j < n; ++j) {
+                const float kj = kdec[j] * ks[j * GDN_QK_STRIDE + a];
+                const float4 w0 = *reinterpret_cast<const float4*>(vs + j * GDN_SCAN_COLS + c8);
+                const float4 w1 =
+                    *reinterpret_cast<const float4*>(vs + j * GDN_SCAN_COLS + c8 + 4);
+                lo.x += kj * w0.x;
+                lo.y += kj * w0.y;
+                lo.z += kj * w0.z;
+                lo.w += kj * w0.w;
+                hi.x += kj * w1.x;
+                hi.y += kj * w1.y;
+                hi.z += kj * w1.z;
+                hi.w += kj * w1.w;
+            }
+            *reinterpret_cast<float4*>(srow) = lo;
+            *reinterpret_cast<float4*>(srow + 4) = hi;
+        }
+    }
+    __syncthreads();
+    for (uint32_t e = tid; e < GDN_MAX_DK * GDN_SCAN_COLS; e += GDN_CHUNK_THREADS) {
+        const uint32_t r = e / GDN_SCAN_COLS, col = col0 + e % GDN_SCAN_COLS;
+        if (r < dk && col < dv) slot[(size_t)r * dv + col] = ss[e];
+    }
+}

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Host references for the Gated DeltaNet token mixer (Qwen3-Next, Qwen3.5): the causal short
 //! conv with its state, and the gated delta rule, step by step (the decode form) and chunk by
-//! chunk (the prefill form a tensor-core kernel will take), checked here against each other.
-//! The entry points of `gated_delta.cu` (the conv's decode and run forms, the recurrent rule, the
-//! gating) are in `kernels`: their arguments read the device layouts and run these references,
-//! a run at position 0 starting from zero states. The gated output norm is `ops::gated_norm`.
+//! chunk (the chunked prefill's form), checked here against each other. The entry points of
+//! `gated_delta.cu` (the conv's decode and run forms, the recurrent rule, the gating) are in
+//! `kernels`, the chunked prefill's two launches (`gdn_chunk_prep`, `gdn_chunk_scan`) in
+//! `chunked`: their arguments read the device layouts and run these references, a run at
+//! position 0 starting from zero states. The gated output norm is `ops::gated_norm`.
 //!
 //! The rule, per value head, over a state `S` of `dk x dv` f32 (`dk` the key width, `dv` the
 //! value width), for each token with query `q`, key `k` (both L2-normalised, `q` then scaled by
@@ -18,8 +19,13 @@
 //!
 //! Everything is f32 here; the kernels read bf16 activations and keep the state in f32.
 
+mod chunked;
 mod kernels;
 
+pub use chunked::{
+    GDN_CHUNK_MAX, GDN_CHUNK_PREP_SMEM, GDN_CHUNK_SCAN_SMEM, GDN_CHUNK_THREADS, GDN_SCAN_COLS,
+    GdnChunkPrep, GdnChunkScan,
+};
 pub use kernels::{
     GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
     GdnGating, GdnRecurrent,
@@ -109,105 +115,176 @@ pub fn gated_delta_recurrent(x: &GatedDeltaInputs, state: &mut [f32]) -> Vec<f32
 }
 
 /// The chunked form: the same outputs and final state as [`gated_delta_recurrent`], computed
-/// `chunk` tokens at a time with matrix products (the form a tensor-core prefill takes).
+/// `chunk` tokens at a time with matrix products (the form the chunked prefill kernels take):
+/// [`chunk_factors`] then [`chunk_apply`] for each chunk in order.
 ///
 /// Within a chunk of `c` tokens, with `G_i` the running sum of `g` up to token `i` (inclusive)
 /// and `D_ij = exp(G_i - G_j)` for `j <= i`: the delta rule's writes are solved for all tokens
 /// at once. `T = (I + L)^-1` with `L_ij = beta_i D_ij k_i.k_j` strictly below the diagonal
 /// (forward substitution); `U = T (beta v)` and `W = T (beta exp(G) k)`. Then, from the state
-/// `S` entering the chunk, the corrected values are `V' = U - W S`, the outputs
-/// `O = (exp(G) q) S + ((q k^T) * D, lower triangle with the diagonal) V'`, and the state
-/// leaving it `exp(G_c) S + (exp(G_c - G) k)^T V'`.
+/// `S` entering the chunk, the corrected values are `V' = U - W S = T (beta (v - exp(G) k S))`,
+/// the outputs `O = (exp(G) q) S + ((q k^T) * D, lower triangle with the diagonal) V'`, and the
+/// state leaving it `exp(G_c) S + (exp(G_c - G) k)^T V'`.
 pub fn gated_delta_chunked(x: &GatedDeltaInputs, state: &mut [f32], chunk: usize) -> Vec<f32> {
     let (dk, dv) = (x.dk, x.dv);
     assert!(chunk > 0);
     assert_eq!(state.len(), dk * dv);
-    let mut out = vec![0.0; x.len() * dv];
+    let mut out = Vec::with_capacity(x.len() * dv);
     let mut start = 0;
     while start < x.len() {
         let c = chunk.min(x.len() - start);
-        let tokens = start..start + c;
-        let (q, k): (Vec<Vec<f32>>, Vec<Vec<f32>>) = tokens.clone().map(|t| x.qk(t)).unzip();
-        let beta = &x.beta[tokens.clone()];
-        let mut cum = vec![0.0f32; c];
-        let mut acc = 0.0;
-        for (i, g) in x.g[tokens.clone()].iter().enumerate() {
-            acc += g;
-            cum[i] = acc;
-        }
-        let decay = |i: usize, j: usize| (cum[i] - cum[j]).exp();
-        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-        // T = (I + L)^-1, lower triangular with a unit diagonal, by forward substitution:
-        // row i of T is e_i - sum_{m<i} L_im T_m.
-        let mut t_mat = vec![0.0f32; c * c];
-        for i in 0..c {
-            t_mat[i * c + i] = 1.0;
-            for m in 0..i {
-                let l_im = beta[i] * decay(i, m) * dot(&k[i], &k[m]);
-                for j in 0..=m {
-                    t_mat[i * c + j] -= l_im * t_mat[m * c + j];
-                }
-            }
-        }
-        // U = T (beta v), W = T (beta exp(G) k).
-        let mut u = vec![0.0f32; c * dv];
-        let mut w = vec![0.0f32; c * dk];
-        for i in 0..c {
-            for j in 0..=i {
-                let tij = t_mat[i * c + j];
-                let vj = &x.v[(start + j) * dv..(start + j + 1) * dv];
-                for (o, v) in u[i * dv..(i + 1) * dv].iter_mut().zip(vj) {
-                    *o += tij * beta[j] * v;
-                }
-                let scale = tij * beta[j] * cum[j].exp();
-                for (o, kv) in w[i * dk..(i + 1) * dk].iter_mut().zip(&k[j]) {
-                    *o += scale * kv;
-                }
-            }
-        }
-        // V' = U - W S.
-        let mut v_new = u;
-        for i in 0..c {
-            for (a, &wa) in w[i * dk..(i + 1) * dk].iter().enumerate() {
-                for (o, s) in v_new[i * dv..(i + 1) * dv]
-                    .iter_mut()
-                    .zip(&state[a * dv..(a + 1) * dv])
-                {
-                    *o -= wa * s;
-                }
-            }
-        }
-        // O = (exp(G) q) S + (q k^T * D)_{j<=i} V'.
-        for i in 0..c {
-            let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
-            let gi = cum[i].exp();
-            for (a, &qa) in q[i].iter().enumerate() {
-                for (o, s) in o.iter_mut().zip(&state[a * dv..(a + 1) * dv]) {
-                    *o += gi * qa * s;
-                }
-            }
-            for j in 0..=i {
-                let score = dot(&q[i], &k[j]) * decay(i, j);
-                for (o, v) in o.iter_mut().zip(&v_new[j * dv..(j + 1) * dv]) {
-                    *o += score * v;
-                }
-            }
-        }
-        // S = exp(G_c) S + (exp(G_c - G) k)^T V'.
-        let last = cum[c - 1];
-        state.iter_mut().for_each(|s| *s *= last.exp());
-        for j in 0..c {
-            let scale = (last - cum[j]).exp();
-            for (a, &ka) in k[j].iter().enumerate() {
-                for (s, v) in state[a * dv..(a + 1) * dv]
-                    .iter_mut()
-                    .zip(&v_new[j * dv..(j + 1) * dv])
-                {
-                    *s += scale * ka * v;
-                }
-            }
-        }
+        let part = x.part(start..start + c);
+        let factors = chunk_factors(&part);
+        out.extend(chunk_apply(&part, &factors, state));
         start += c;
+    }
+    out
+}
+
+/// What [`chunk_factors`] makes of one chunk of `c` tokens: both `c x c`, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkFactors {
+    /// `T = (I + L)^-1`, `L_ij = beta_i exp(G_i - G_j) k_i.k_j` strictly below the diagonal:
+    /// lower triangular with a unit diagonal.
+    pub t: Vec<f32>,
+    /// `P_ij = exp(G_i - G_j) q_i.k_j` for `j <= i`, zero above the diagonal.
+    pub attn: Vec<f32>,
+}
+
+impl GatedDeltaInputs<'_> {
+    /// Tokens `range` of these inputs.
+    fn part(&self, range: std::ops::Range<usize>) -> GatedDeltaInputs<'_> {
+        let (dk, dv) = (self.dk, self.dv);
+        GatedDeltaInputs {
+            dk,
+            dv,
+            q: &self.q[range.start * dk..range.end * dk],
+            k: &self.k[range.start * dk..range.end * dk],
+            v: &self.v[range.start * dv..range.end * dv],
+            g: &self.g[range.clone()],
+            beta: &self.beta[range],
+        }
+    }
+
+    /// The running sums of `g`: `G_i = g_0 + ... + g_i`.
+    fn cumulative_decay(&self) -> Vec<f32> {
+        self.g
+            .iter()
+            .scan(0.0f32, |acc, g| {
+                *acc += g;
+                Some(*acc)
+            })
+            .collect()
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The state-independent part of one chunk (all of `x`'s tokens): `T` by forward substitution
+/// (row `i` of `T` is `e_i - sum_{m<i} L_im T_m`) and the decay-masked scores. Reads `q`, `k`,
+/// `g` and `beta` (not `v`).
+pub fn chunk_factors(x: &GatedDeltaInputs) -> ChunkFactors {
+    let c = x.len();
+    let (q, k): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (0..c).map(|t| x.qk(t)).unzip();
+    let cum = x.cumulative_decay();
+    let mut t = vec![0.0f32; c * c];
+    let mut attn = vec![0.0f32; c * c];
+    for i in 0..c {
+        t[i * c + i] = 1.0;
+        for m in 0..i {
+            let l_im = x.beta[i] * (cum[i] - cum[m]).exp() * dot(&k[i], &k[m]);
+            for j in 0..=m {
+                t[i * c + j] -= l_im * t[m * c + j];
+            }
+        }
+        for j in 0..=i {
+            attn[i * c + j] = (cum[i] - cum[j]).exp() * dot(&q[i], &k[j]);
+        }
+    }
+    ChunkFactors { t, attn }
+}
+
+/// One chunk (all of `x`'s tokens) from the `state` entering it (`dk x dv`, updated to the state
+/// leaving it), given its [`chunk_factors`]; returns the outputs, `len x dv`:
+/// `X = beta (v - exp(G) k S)`, `V' = T X`, `O = exp(G) q S + P V'`,
+/// `S = exp(G_last) S + (exp(G_last - G) k)^T V'`.
+pub fn chunk_apply(x: &GatedDeltaInputs, f: &ChunkFactors, state: &mut [f32]) -> Vec<f32> {
+    let (c, dk, dv) = (x.len(), x.dk, x.dv);
+    assert_eq!(state.len(), dk * dv);
+    assert_eq!(f.t.len(), c * c);
+    assert_eq!(f.attn.len(), c * c);
+    let mut out = vec![0.0f32; c * dv];
+    if c == 0 {
+        return out;
+    }
+    let (q, k): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (0..c).map(|t| x.qk(t)).unzip();
+    let cum = x.cumulative_decay();
+    // v^T S for a row vector v: what the state recalls for it.
+    let recall = |v: &[f32], state: &[f32]| -> Vec<f32> {
+        let mut r = vec![0.0f32; dv];
+        for (a, &va) in v.iter().enumerate() {
+            for (o, s) in r.iter_mut().zip(&state[a * dv..(a + 1) * dv]) {
+                *o += va * s;
+            }
+        }
+        r
+    };
+    // X = beta (v - exp(G) k S).
+    let mut xs = vec![0.0f32; c * dv];
+    for i in 0..c {
+        let ks = recall(&k[i], state);
+        let (decay, beta) = (cum[i].exp(), x.beta[i]);
+        for ((o, v), r) in xs[i * dv..(i + 1) * dv]
+            .iter_mut()
+            .zip(&x.v[i * dv..(i + 1) * dv])
+            .zip(&ks)
+        {
+            *o = beta * (v - decay * r);
+        }
+    }
+    // V' = T X.
+    let mut v_new = vec![0.0f32; c * dv];
+    for i in 0..c {
+        for j in 0..=i {
+            let tij = f.t[i * c + j];
+            for (o, xv) in v_new[i * dv..(i + 1) * dv]
+                .iter_mut()
+                .zip(&xs[j * dv..(j + 1) * dv])
+            {
+                *o += tij * xv;
+            }
+        }
+    }
+    // O = exp(G) q S + P V'.
+    for i in 0..c {
+        let qs = recall(&q[i], state);
+        let decay = cum[i].exp();
+        let o = &mut out[i * dv..(i + 1) * dv];
+        for (o, r) in o.iter_mut().zip(&qs) {
+            *o = decay * r;
+        }
+        for j in 0..=i {
+            let p = f.attn[i * c + j];
+            for (o, v) in o.iter_mut().zip(&v_new[j * dv..(j + 1) * dv]) {
+                *o += p * v;
+            }
+        }
+    }
+    // S = exp(G_last) S + (exp(G_last - G) k)^T V'.
+    let last = cum[c - 1];
+    state.iter_mut().for_each(|s| *s *= last.exp());
+    for j in 0..c {
+        let scale = (last - cum[j]).exp();
+        for (a, &ka) in k[j].iter().enumerate() {
+            for (s, v) in state[a * dv..(a + 1) * dv]
+                .iter_mut()
+                .zip(&v_new[j * dv..(j + 1) * dv])
+            {
+                *s += scale * ka * v;
+            }
+        }
     }
     out
 }

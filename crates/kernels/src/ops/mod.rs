@@ -40,8 +40,9 @@ pub use fp8_gemm::{
     fp8_rows_split, gemm_fp8_fits,
 };
 pub use gated_delta::{
-    GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
-    GdnGating, GdnRecurrent,
+    GDN_CHUNK_MAX, GDN_CHUNK_PREP_SMEM, GDN_CHUNK_SCAN_SMEM, GDN_CHUNK_THREADS, GDN_CONV_CHUNK,
+    GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GDN_SCAN_COLS, GdnChunkPrep, GdnChunkScan,
+    GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent,
 };
 pub use gated_norm::{GATED_NORM_THREADS, GateOrder, GatedRmsNorm, SigmoidGateMul};
 pub use gemm::{

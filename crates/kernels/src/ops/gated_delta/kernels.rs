@@ -143,7 +143,8 @@ kernel_args!(
     }
 );
 
-fn bad_args(kernel: KernelName, message: String) -> HostError {
+/// A refusal of `kernel`'s arguments.
+pub(super) fn bad_args(kernel: KernelName, message: String) -> HostError {
     HostError::BadArgs { kernel, message }
 }
 
@@ -158,12 +159,16 @@ fn check_kernel(name: KernelName, kernel: u32) -> Result<(), HostError> {
 }
 
 /// A bf16 tensor at `ptr + offset` elements.
-fn at_bf16(ptr: DevicePtr, offset: usize) -> DevicePtr {
+pub(super) fn at_bf16(ptr: DevicePtr, offset: usize) -> DevicePtr {
     ptr.offset(offset * std::mem::size_of::<bf16>())
 }
 
 /// The position of token `index` (a run's first): 0 starts a sequence.
-fn position_at(mem: &dyn HostMemory, positions: DevicePtr, index: usize) -> Result<i32, HostError> {
+pub(super) fn position_at(
+    mem: &dyn HostMemory,
+    positions: DevicePtr,
+    index: usize,
+) -> Result<i32, HostError> {
     Ok(host::load::<i32>(mem, positions.offset(index * std::mem::size_of::<i32>()), 1)?[0])
 }
 
