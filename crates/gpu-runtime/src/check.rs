@@ -248,12 +248,13 @@ impl Allowance {
 
 /// Runs `bound` on host memory holding `buffers`' initial contents, with the kernel arguments
 /// `make` builds from their addresses: an allowance computed from a case's inputs by the
-/// kernel's host model (which may write to that scratch copy, as the kernel would).
-fn host_allowance<K>(
+/// kernel's host model (which may write to that scratch copy, as the kernel would), or any other
+/// value worked out so (a later launch's inputs made by an earlier launch's reference).
+fn host_allowance<K, T>(
     buffers: &[Buffer],
     make: impl Fn(&[DevicePtr]) -> K,
-    bound: impl FnOnce(&K, &mut crate::pool::HostPool) -> Result<Vec<f32>, HostError>,
-) -> Vec<f32> {
+    bound: impl FnOnce(&K, &mut crate::pool::HostPool) -> Result<T, HostError>,
+) -> T {
     let mut pool = crate::pool::HostPool::new(u64::MAX);
     let ptrs: Vec<DevicePtr> = buffers
         .iter()
@@ -1826,6 +1827,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     // The launches that write the FP8 product's quantized rows themselves, after every other
     // case for the same reason.
     out.extend(fp8_gemm::fp8_row_producer_cases(&mut rng));
+    // The gated delta rule's chunked prefill, after every other case for the same reason.
+    out.extend(gated_delta::gdn_chunk_cases(&mut rng));
     out
 }
 

@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 34] = [
+pub const KEYS: [&str; 35] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -151,6 +151,7 @@ pub const KEYS: [&str; 34] = [
     "moe_fused_router",
     "moe_fused_shared_expert",
     "ssd_chunk_min_run",
+    "gdn_chunk_min_run",
     "carveout",
     "grid_caps",
 ];
@@ -254,6 +255,9 @@ pub struct Tuning {
     /// Steps whose longest run has at least this many tokens walk the Mamba-2 recurrence in
     /// parallel chunks (`mamba2_chunk_*`, three launches; 0: never, token by token).
     pub ssd_chunk_min_run: u32,
+    /// Steps whose longest run has at least this many tokens run the gated delta rule in chunks
+    /// of 64 (`gdn_chunk_prep`, then `gdn_chunk_scan`; 0: never, token by token).
+    pub gdn_chunk_min_run: u32,
     /// Shared-memory carveouts.
     pub carveout: Carveout,
     /// GEMV launches of these labels take at most this many blocks.
@@ -299,6 +303,7 @@ impl Tuning {
             moe_fused_router: false,
             moe_fused_shared_expert: false,
             ssd_chunk_min_run: 0,
+            gdn_chunk_min_run: 0,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
         }
@@ -427,6 +432,7 @@ impl Tuning {
             "moe_fused_router" => self.moe_fused_router = switch(v)?,
             "moe_fused_shared_expert" => self.moe_fused_shared_expert = switch(v)?,
             "ssd_chunk_min_run" => self.ssd_chunk_min_run = count(v)?,
+            "gdn_chunk_min_run" => self.gdn_chunk_min_run = count(v)?,
             "carveout" => {
                 self.carveout = match v {
                     "rule" => Carveout::Rule,
@@ -536,6 +542,7 @@ mod tests {
             ("moe_fused_router", "on"),
             ("moe_fused_shared_expert", "on"),
             ("ssd_chunk_min_run", "128"),
+            ("gdn_chunk_min_run", "256"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),
         ];

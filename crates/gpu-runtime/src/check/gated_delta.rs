@@ -15,10 +15,13 @@
 //! (position 0) must ignore its slot's old state, which is random and nonzero in every case, and
 //! a continuing one must read it. Every state buffer holds more slots than the case touches, so a
 //! write to the wrong slot shows as a difference; the recurrent state is compared with the f32
-//! metric, outputs with bf16's.
+//! metric, outputs with bf16's. The chunked prefill's two launches have cases of their own
+//! ([`gdn_chunk_cases`]).
 
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent};
+use metrale_kernels::ops::{
+    GdnChunkPrep, GdnChunkScan, GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent,
+};
 
 use super::{Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of};
 
@@ -437,4 +440,289 @@ pub(super) fn gating_cases(rng: &mut Rng) -> Vec<Case> {
         });
     }
     out
+}
+
+/// The chunked prefill's launches at one shape: `lens` tokens a run, chunks of `chunk_len`, and
+/// a grid of `max_chunks` chunks.
+struct ChunkCase {
+    lens: &'static [u32],
+    heads: Heads,
+    chunk_len: u32,
+    max_chunks: u32,
+    slots: u32,
+    start: Start,
+}
+
+/// The chunked prefill's two launches (`gdn_chunk_prep`, `gdn_chunk_scan`), each on its own
+/// random inputs: at Qwen3-Next's widths (32 value heads over 16 key heads, dk = dv = 128) one
+/// continuing run of 300 tokens in chunks of 64 (the last of 44) and runs of 130, 1 and 70 (a
+/// one-token run is one chunk; fresh and continuing) with a grid wider than their chunks; then
+/// ragged small widths (dk and dv not multiples of four or of a scan block's 16 columns, an empty
+/// run, short chunks, one key head for all). The scan's `T` and `P` are the prep's host
+/// reference over the scan case's own inputs, as the engine chains them (random ones would not
+/// be the inverse the walk relies on to stay bounded). Built after every other case.
+pub(super) fn gdn_chunk_cases(rng: &mut Rng) -> Vec<Case> {
+    const QWEN3_NEXT: Heads = Heads {
+        hv: 32,
+        hk: 16,
+        dk: 128,
+        dv: 128,
+    };
+    use Start::{Continuing, Fresh, Mixed};
+    let shapes = [
+        ChunkCase {
+            lens: &[300],
+            heads: QWEN3_NEXT,
+            chunk_len: 64,
+            max_chunks: 5,
+            slots: 2,
+            start: Continuing,
+        },
+        ChunkCase {
+            lens: &[130, 1, 70],
+            heads: QWEN3_NEXT,
+            chunk_len: 64,
+            max_chunks: 4,
+            slots: 4,
+            start: Mixed,
+        },
+        ChunkCase {
+            lens: &[9, 0, 4],
+            heads: Heads {
+                hv: 6,
+                hk: 2,
+                dk: 40,
+                dv: 24,
+            },
+            chunk_len: 4,
+            max_chunks: 3,
+            slots: 4,
+            start: Mixed,
+        },
+        ChunkCase {
+            lens: &[70],
+            heads: Heads {
+                hv: 2,
+                hk: 2,
+                dk: 100,
+                dv: 50,
+            },
+            chunk_len: 64,
+            max_chunks: 2,
+            slots: 1,
+            start: Continuing,
+        },
+        ChunkCase {
+            lens: &[23, 17],
+            heads: Heads {
+                hv: 4,
+                hk: 1,
+                dk: 18,
+                dv: 9,
+            },
+            chunk_len: 7,
+            max_chunks: 4,
+            slots: 3,
+            start: Fresh,
+        },
+    ];
+    let mut out = Vec::new();
+    for shape in shapes {
+        out.push(chunk_prep_case(rng, &shape));
+        out.push(chunk_scan_case(rng, &shape));
+    }
+    out
+}
+
+/// What both launches of a chunk case read: q | k | v rows (with three elements of padding),
+/// `g` and `beta`, and the runs' starts.
+struct ChunkInputs {
+    qkv: Buffer,
+    g: Buffer,
+    beta: Buffer,
+    starts: Buffer,
+    stride: u32,
+    tokens: usize,
+}
+
+fn chunk_inputs(rng: &mut Rng, shape: &ChunkCase) -> ChunkInputs {
+    let Heads { hv, hk, dk, dv } = shape.heads;
+    let tokens: u32 = shape.lens.iter().sum();
+    let stride = 2 * hk * dk + hv * dv + 3;
+    // Decays from exp(-2) to exp(-0.01), write strengths in (0, 1), as the model's gates land.
+    let gates = (tokens * hv) as usize;
+    let g: Vec<f32> = (0..gates).map(|_| -0.01 - 2.0 * rng.uniform()).collect();
+    let beta: Vec<f32> = (0..gates).map(|_| rng.uniform()).collect();
+    ChunkInputs {
+        qkv: input(bf16_normal(rng, (tokens * stride) as usize, 1.0)),
+        g: input(f32_bytes(&g).into()),
+        beta: input(f32_bytes(&beta).into()),
+        starts: input(i32_bytes(&run_starts(shape.lens)).into()),
+        stride,
+        tokens: tokens as usize,
+    }
+}
+
+/// What the prep's arguments take from a case besides its buffers.
+#[derive(Clone, Copy)]
+struct PrepGrid {
+    seqs: u32,
+    heads: Heads,
+    chunk_len: u32,
+    max_chunks: u32,
+    stride: u32,
+}
+
+impl PrepGrid {
+    fn of(shape: &ChunkCase, stride: u32) -> PrepGrid {
+        PrepGrid {
+            seqs: shape.lens.len() as u32,
+            heads: shape.heads,
+            chunk_len: shape.chunk_len,
+            max_chunks: shape.max_chunks,
+            stride,
+        }
+    }
+
+    /// The prep's arguments over `p`: `T`, `P`, the q | k | v rows, `g`, `beta`, the starts.
+    fn args(self, p: &[metrale_core::DevicePtr]) -> GdnChunkPrep {
+        let Heads { hv, hk, dk, .. } = self.heads;
+        GdnChunkPrep {
+            t_mat: p[0],
+            attn: p[1],
+            q: p[2],
+            k: p[2].offset((hk * dk) as usize * 2),
+            g: p[3],
+            beta: p[4],
+            seq_starts: p[5],
+            seqs: self.seqs,
+            hv,
+            hk,
+            dk,
+            qkv_stride: self.stride,
+            chunk_len: self.chunk_len,
+            max_chunks: self.max_chunks,
+        }
+    }
+}
+
+fn chunk_label(shape: &ChunkCase) -> String {
+    let Heads { hv, hk, dk, dv } = shape.heads;
+    format!(
+        "lens={:?} hv={hv} hk={hk} dk={dk} dv={dv} chunk_len={} max_chunks={}",
+        shape.lens, shape.chunk_len, shape.max_chunks
+    )
+}
+
+fn chunk_prep_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
+    let x = chunk_inputs(rng, shape);
+    let scratch = x.tokens * (shape.heads.hv * shape.chunk_len) as usize;
+    let grid = PrepGrid::of(shape, x.stride);
+    Case {
+        kernel: GdnChunkPrep::NAME,
+        shape: chunk_label(shape),
+        buffers: vec![
+            // Junk where every row is written.
+            output(f32_normal(rng, scratch, 1.0), OutputKind::F32),
+            output(f32_normal(rng, scratch, 1.0), OutputKind::F32),
+            x.qkv,
+            x.g,
+            x.beta,
+            x.starts,
+        ],
+        build: Box::new(move |p| launch_of(grid.args(p))),
+        gemm: None,
+        allowance: None,
+    }
+}
+
+fn chunk_scan_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
+    use std::cell::LazyCell;
+    use std::rc::Rc;
+    let x = chunk_inputs(rng, shape);
+    let Heads { hv, hk, dk, dv } = shape.heads;
+    let scratch = x.tokens * (hv * shape.chunk_len) as usize;
+    let seq_slots: Vec<i32> =
+        super::shuffled(rng, shape.slots as usize)[..shape.lens.len()].to_vec();
+    let positions = run_positions(shape.lens, shape.start);
+    let state = (shape.slots * hv * dk * dv) as usize;
+    // T and P: the prep's host reference over this case's inputs, worked out on first read.
+    let grid = PrepGrid::of(shape, x.stride);
+    let (chunk_len, max_chunks, stride) = (shape.chunk_len, shape.max_chunks, x.stride);
+    let prep_buffers = vec![
+        output(vec![0u8; scratch * 4].into(), OutputKind::F32),
+        output(vec![0u8; scratch * 4].into(), OutputKind::F32),
+        x.qkv.clone(),
+        x.g.clone(),
+        x.beta.clone(),
+        x.starts.clone(),
+    ];
+    type Factors = LazyCell<(Vec<u8>, Vec<u8>), Box<dyn FnOnce() -> (Vec<u8>, Vec<u8>)>>;
+    let factors: Rc<Factors> = Rc::new(LazyCell::new(Box::new(move || {
+        super::host_allowance(
+            &prep_buffers,
+            |p| grid.args(p),
+            |k, mem| {
+                use metrale_kernels::{HostMemory, Kernel};
+                k.reference(mem)?;
+                Ok((
+                    mem.bytes(k.t_mat, scratch * 4)?.to_vec(),
+                    mem.bytes(k.attn, scratch * 4)?.to_vec(),
+                ))
+            },
+        )
+    })));
+    let (t_of, p_of) = (factors.clone(), factors);
+    let seqs = shape.lens.len() as u32;
+    Case {
+        kernel: GdnChunkScan::NAME,
+        shape: format!(
+            "{} slots {seq_slots:?} of {} start={:?}",
+            chunk_label(shape),
+            shape.slots,
+            shape.start
+        ),
+        buffers: vec![
+            output(
+                vec![0u8; x.tokens * (hv * dv) as usize * 2].into(),
+                OutputKind::Bf16,
+            ),
+            output(f32_normal(rng, state, 0.5), OutputKind::F32),
+            x.qkv,
+            x.g,
+            x.beta,
+            input(Init::new(move || LazyCell::force(&t_of).0.clone())),
+            input(Init::new(move || LazyCell::force(&p_of).1.clone())),
+            x.starts,
+            input(i32_bytes(&seq_slots).into()),
+            input(i32_bytes(&positions).into()),
+        ],
+        build: Box::new(move |p| {
+            let bf16_at = |elements: u32| p[2].offset(elements as usize * 2);
+            launch_of(GdnChunkScan {
+                o: p[0],
+                state: p[1],
+                q: p[2],
+                k: bf16_at(hk * dk),
+                v: bf16_at(2 * hk * dk),
+                g: p[3],
+                beta: p[4],
+                t_mat: p[5],
+                attn: p[6],
+                seq_starts: p[7],
+                slots: p[8],
+                positions: p[9],
+                seqs,
+                hv,
+                hk,
+                dk,
+                dv,
+                qkv_stride: stride,
+                chunk_len,
+                max_chunks,
+            })
+        }),
+        gemm: None,
+        allowance: None,
+    }
 }

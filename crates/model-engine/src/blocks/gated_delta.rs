@@ -5,7 +5,9 @@
 //! key head, rearranged so at load: [`crate::weights::GdnWeights`]); the causal depthwise conv
 //! with SiLU runs over the q | k | v columns from and back into each sequence's conv state;
 //! `gdn_gating` turns b and a into each value head's write strength and log-decay; the gated
-//! delta rule runs over each sequence's tokens from and back into its f32 state; each head's
+//! delta rule runs over each sequence's tokens from and back into its f32 state (token by token,
+//! `gdn_recurrent`; or, in steps whose longest run has at least the tuning's `gdn_chunk_min_run`
+//! tokens, in chunks of [`GDN_CHUNK_MAX`]: `gdn_chunk_prep` then `gdn_chunk_scan`); each head's
 //! output is RMS-normalised and multiplied by `silu(z)`; `out_proj` maps back to the hidden
 //! width.
 //!
@@ -18,7 +20,9 @@
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle, Stream};
 use metrale_kernels::KernelAbi;
-use metrale_kernels::ops::{GatedRmsNorm, GdnConv1d, GdnGating, GdnRecurrent};
+use metrale_kernels::ops::{
+    GDN_CHUNK_MAX, GatedRmsNorm, GdnChunkPrep, GdnChunkScan, GdnConv1d, GdnGating, GdnRecurrent,
+};
 
 use super::{Arena, Block, Step, copy_slot};
 use crate::ModelError;
@@ -34,7 +38,17 @@ struct Kernels {
     conv: KernelHandle,
     gating: KernelHandle,
     recurrent: KernelHandle,
+    chunk_prep: KernelHandle,
+    chunk_scan: KernelHandle,
     norm: KernelHandle,
+}
+
+/// The chunked rule's `max_chunks` (chunks of [`GDN_CHUNK_MAX`] tokens in the longest run) for a
+/// step whose longest run is `max_run` tokens, or `None` for the token-by-token walk: runs
+/// shorter than `min_run` (0: never chunked). Every run of a chunked step takes the chunked form,
+/// decode rows (runs of one) too.
+fn chunking(max_run: u32, min_run: u32) -> Option<u32> {
+    (min_run != 0 && max_run >= min_run).then(|| max_run.div_ceil(GDN_CHUNK_MAX).max(1))
 }
 
 /// Buffers every Gated DeltaNet block of a step shares, and the kernels.
@@ -51,6 +65,10 @@ pub(crate) struct Shared {
     /// bf16 `[tokens, value_heads * value_head_dim]`: the rule's output, then the gated norm's.
     o: DevicePtr,
     normed: DevicePtr,
+    /// f32 `[tokens, value_heads, GDN_CHUNK_MAX]` each: the chunked rule's `T` and decay-masked
+    /// scores, a row a token (allocated whatever the tuning, which may change after the load).
+    t_mat: DevicePtr,
+    attn: DevicePtr,
     /// bf16 `[tokens, hidden]`: the block's output.
     out: DevicePtr,
 }
@@ -71,6 +89,8 @@ impl Shared {
                 conv: gpu.kernel(GdnConv1d::NAME)?,
                 gating: gpu.kernel(GdnGating::NAME)?,
                 recurrent: gpu.kernel(GdnRecurrent::NAME)?,
+                chunk_prep: gpu.kernel(GdnChunkPrep::NAME)?,
+                chunk_scan: gpu.kernel(GdnChunkScan::NAME)?,
                 norm: gpu.kernel(GatedRmsNorm::NAME)?,
             },
             proj: arena.alloc(t * in_proj_width(spec) * 2)?,
@@ -79,6 +99,8 @@ impl Shared {
             beta: arena.alloc(t * s.value_heads * 4)?,
             o: arena.alloc(t * vd * 2)?,
             normed: arena.alloc(t * vd * 2)?,
+            t_mat: arena.alloc(t * s.value_heads * GDN_CHUNK_MAX as usize * 4)?,
+            attn: arena.alloc(t * s.value_heads * GDN_CHUNK_MAX as usize * 4)?,
             out: arena.alloc(t * hidden * 2)?,
         })
     }
@@ -204,25 +226,76 @@ impl Block for GatedDeltaNet {
             ba_stride: width,
         };
         l.launch(k.gating, "gdn_gating", &gating)?;
-        let rule = GdnRecurrent {
-            o: sc.o,
-            state: self.state,
-            q: sc.qkv,
-            k: sc.qkv.offset(kd as usize * 2),
-            v: sc.qkv.offset(2 * kd as usize * 2),
-            g: sc.g,
-            beta: sc.beta,
-            seq_starts: inputs.seq_starts,
-            slots: inputs.state_slots,
-            positions: inputs.positions,
-            seqs: step.seqs,
-            hv,
-            hk,
-            dk,
-            dv,
-            qkv_stride: channels,
-        };
-        l.launch(k.recurrent, "gdn_rule", &rule)?;
+        let (q, kk, v) = (
+            sc.qkv,
+            sc.qkv.offset(kd as usize * 2),
+            sc.qkv.offset(2 * kd as usize * 2),
+        );
+        match chunking(step.max_run, l.tuning.gdn_chunk_min_run) {
+            None => {
+                let rule = GdnRecurrent {
+                    o: sc.o,
+                    state: self.state,
+                    q,
+                    k: kk,
+                    v,
+                    g: sc.g,
+                    beta: sc.beta,
+                    seq_starts: inputs.seq_starts,
+                    slots: inputs.state_slots,
+                    positions: inputs.positions,
+                    seqs: step.seqs,
+                    hv,
+                    hk,
+                    dk,
+                    dv,
+                    qkv_stride: channels,
+                };
+                l.launch(k.recurrent, "gdn_rule", &rule)?;
+            }
+            Some(max_chunks) => {
+                let prep = GdnChunkPrep {
+                    t_mat: sc.t_mat,
+                    attn: sc.attn,
+                    q,
+                    k: kk,
+                    g: sc.g,
+                    beta: sc.beta,
+                    seq_starts: inputs.seq_starts,
+                    seqs: step.seqs,
+                    hv,
+                    hk,
+                    dk,
+                    qkv_stride: channels,
+                    chunk_len: GDN_CHUNK_MAX,
+                    max_chunks,
+                };
+                l.launch(k.chunk_prep, "gdn_rule", &prep)?;
+                let scan = GdnChunkScan {
+                    o: sc.o,
+                    state: self.state,
+                    q,
+                    k: kk,
+                    v,
+                    g: sc.g,
+                    beta: sc.beta,
+                    t_mat: sc.t_mat,
+                    attn: sc.attn,
+                    seq_starts: inputs.seq_starts,
+                    slots: inputs.state_slots,
+                    positions: inputs.positions,
+                    seqs: step.seqs,
+                    hv,
+                    hk,
+                    dk,
+                    dv,
+                    qkv_stride: channels,
+                    chunk_len: GDN_CHUNK_MAX,
+                    max_chunks,
+                };
+                l.launch(k.chunk_scan, "gdn_rule", &scan)?;
+            }
+        }
         let norm = GatedRmsNorm {
             out: sc.normed,
             x: sc.o,
@@ -264,5 +337,23 @@ impl Block for GatedDeltaNet {
             s.value_heads * s.key_head_dim * s.value_head_dim * 4,
             (from, to),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_runs_take_the_chunked_rule() {
+        // Off, and runs shorter than the threshold: token by token.
+        assert_eq!(chunking(8192, 0), None);
+        assert_eq!(chunking(100, 128), None);
+        // Chunks of 64 over the longest run, a partial last one counted.
+        assert_eq!(chunking(8192, 128), Some(128));
+        assert_eq!(chunking(130, 128), Some(3));
+        assert_eq!(chunking(1, 1), Some(1));
+        assert_eq!(chunking(64, 1), Some(1));
+        assert_eq!(chunking(65, 1), Some(2));
     }
 }
