@@ -157,8 +157,9 @@ extern "C" __global__ void gdn_conv1d(__nv_bfloat16* out, const __nv_bfloat16* x
 // The gated delta rule over each sequence's tokens in order, per (sequence, value head), from and
 // back into the state in the sequence's slot. Sequence s owns tokens seq_starts[s] ..
 // seq_starts[s + 1] and slot slots[s]: a decode batch is runs of one token, a prefill chunk one
-// run (sequential over its tokens; the tensor-core chunked form is separate). A sequence whose
-// first token is at position 0 starts from S = 0 (its slot is not read; it is still written).
+// run (sequential over its tokens; the chunked form is gdn_chunk_prep and gdn_chunk_scan below).
+// A sequence whose first token is at position 0 starts from S = 0 (its slot is not read; it is
+// still written).
 //
 // Each column of S evolves on its own given the token's q, k, g, beta and that column's v, so a
 // block is one warp owning GDN_COLS columns of one head's S: lane l holds rows
