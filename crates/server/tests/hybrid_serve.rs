@@ -417,9 +417,12 @@ fn a_hybrid_model_serves_concurrent_streams_frees_its_state_and_caches_prefixes(
     let (fresh_answer, usage) = off.complete_logprobs(&text(&longer), 16);
     assert_eq!(cached(&usage), 0, "{usage}");
     // The cached run restores the state at the hit and computes the rest, the fresh run computes
-    // the prompt in one chunk; bf16 rounding differs between the two (see above). So: the same
-    // tokens, with log-probabilities within 0.1, up to a flip only where the two runs had the
-    // top two within 0.3 nats (this workload: all 16 the same, log-probabilities within 0.05).
+    // the prompt in one chunk; bf16 rounding differs between the two (see above), and runs of 64
+    // tokens and more take the chunked gated delta rule, shorter ones the token-by-token walk
+    // (the same function, rounded differently: the cache splits runs where the fresh run does
+    // not). So: the same tokens, with log-probabilities within 0.25, up to a flip only where the
+    // two runs had the top two within 0.3 nats (this workload before the chunked rule: all 16 the
+    // same, log-probabilities within 0.05; a corrupted state moves them by nats).
     let mut exact = 0;
     let mut gap: f64 = 0.0;
     for (i, (c, f)) in cached_answer.iter().zip(&fresh_answer).enumerate() {
@@ -431,7 +434,7 @@ fn a_hybrid_model_serves_concurrent_streams_frees_its_state_and_caches_prefixes(
             break;
         }
         gap = gap.max((c.logprob - f.logprob).abs());
-        assert!(gap < 0.1, "token {i}: cached vs fresh: {c:?} / {f:?}");
+        assert!(gap < 0.25, "token {i}: cached vs fresh: {c:?} / {f:?}");
         exact += 1;
     }
     assert!(
@@ -501,9 +504,10 @@ fn a_hybrid_conversation_resumes_each_turn_after_the_previous_answer() {
     drop(on);
 
     // The same prompts without the cache: the same greedy tokens. The cached runs restore the
-    // state and run other chunks, so bf16 rounding differs (see the first test): a token may
-    // flip only where one run had its top two within 0.3 nats, and that ends the comparison
-    // of the turn.
+    // state and run other chunks (and split the gated delta rule's runs between its chunked and
+    // token-by-token forms differently), so bf16 rounding differs (see the first test): a token
+    // may flip only where one run had its top two within 0.3 nats, and that ends the comparison
+    // of the turn; log-probabilities within 0.25 (turn 1 with the chunked rule: 0.156).
     let off = Server::start(&model, &["--no-prefix-cache"]);
     let mut same = 0;
     let mut total = 0;
@@ -521,7 +525,7 @@ fn a_hybrid_conversation_resumes_each_turn_after_the_previous_answer() {
                 break;
             }
             assert!(
-                (c.logprob - f.logprob).abs() < 0.1,
+                (c.logprob - f.logprob).abs() < 0.25,
                 "turn {}: token {i}: {c:?} / {f:?}",
                 turn + 1
             );
