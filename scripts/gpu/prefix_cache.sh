@@ -13,6 +13,8 @@
 #                 throughput  256 requests over 4 prefixes of 4,096 tokens, 32 concurrent, 128
 #                             output tokens each (target: output tok/s with the cache >= 2x without)
 #               then the table of both runs side by side
+#   variants    the cache on under each tuning of VARIANTS ("name" or "name:key=value+...", as
+#               met serve --tune), labelled cache-on-<name>: the agent turns of each side by side
 #   all         checkpoint, then run (if the checkpoint is made in the same call, the run may not
 #               fit the device tool's 10 minutes: prefer two calls while the machine stays warm)
 #
@@ -127,7 +129,7 @@ if g_on and g_off:
           f"{same}/{n} equal, {ties} more differ first at a near tie (top-2 gap <= {tie_gap}) | - | all equal up to near ties |")
     for note in notes:
         print(f"|   differs: {note} | | | |")
-for label in ("cache-on", "cache-off"):
+for label in dict.fromkeys(r["label"] for r in rows):
     r = by.get(("agent", label))
     if not r:
         continue
@@ -146,6 +148,21 @@ run)
   rm -f "$RES/results.jsonl"
   serve_and_measure cache-on
   serve_and_measure cache-off --no-prefix-cache
+  summary
+  ;;
+variants)
+  # The cache on under each entry of VARIANTS ("name" or "name:key=value+key=value", each pair
+  # passed to met serve as --tune), labelled cache-on-<name>: the agent table per variant.
+  rm -f "$RES/results.jsonl"
+  for v in ${VARIANTS:-default}; do
+    name=${v%%:*}
+    tune=()
+    if [[ "$v" == *:* ]]; then
+      IFS='+' read -ra kv <<<"${v#*:}"
+      for p in "${kv[@]}"; do tune+=(--tune "$p"); done
+    fi
+    serve_and_measure "cache-on-$name" "${tune[@]}"
+  done
   summary
   ;;
 all)

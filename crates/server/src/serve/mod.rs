@@ -170,6 +170,12 @@ pub struct Args {
     /// tokens after it, in whole blocks; usage reports them as cached tokens.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Override one schedule choice for an experiment, as key=value (repeatable): the keys of
+    /// metrale_model_engine::Tuning, as `met generate --tune` takes them. The defaults are the
+    /// kernel target's measured ones (docs/decisions.md); an unknown key or a bad value is refused
+    /// at start-up.
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    tune: Vec<String>,
 }
 
 /// Constant-time equality, so a wrong token's timing says nothing about the right one.
@@ -355,7 +361,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let gpu = placement.gpu.clone();
     // Checked before anything loads: a bad operator switch stops the start-up here.
-    let tuning = load::tuning(&placement, &[])?;
+    let tuning = load::tuning(&placement, &args.tune)?;
     let on_gpu = gpu.kind() == "cuda";
     let defaults = placement.target.map(|t| t.defaults).unwrap_or_default();
     let max_seq_len =
