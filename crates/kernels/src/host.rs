@@ -389,6 +389,17 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             run::<MoeGroupedMmaDown>,
             MoeGroupedMmaDown::KINDS,
         ),
+        (
+            MoeWgmmaSwiglu::NAME,
+            run::<MoeWgmmaSwiglu>,
+            MoeWgmmaSwiglu::KINDS,
+        ),
+        (
+            MoeWgmmaRelu2::NAME,
+            run::<MoeWgmmaRelu2>,
+            MoeWgmmaRelu2::KINDS,
+        ),
+        (MoeWgmmaDown::NAME, run::<MoeWgmmaDown>, MoeWgmmaDown::KINDS),
         (MoeCombine::NAME, run::<MoeCombine>, MoeCombine::KINDS),
         (MoeGemvRelu2::NAME, run::<MoeGemvRelu2>, MoeGemvRelu2::KINDS),
         (MoeGemmRelu2::NAME, run::<MoeGemmRelu2>, MoeGemmRelu2::KINDS),

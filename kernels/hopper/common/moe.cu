@@ -1399,3 +1399,316 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(
     }
     out[i] = metrale::to_bf16(add_shared(sum, shared, shared_gate, r, h, hidden));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Prefill on Hopper's warpgroup MMA: the grouped products of moe_gemm_* (same arguments, same
+// values up to the order of the f32 sums) as a persistent tile loop.
+//
+// A tile is 128 positions of one expert's slice (its rows) x 128 weight rows, K in 64-element
+// pieces. Tiles are numbered expert by expert (within an expert, row tiles fastest, so the blocks
+// running together share that expert's weight columns through L2); every block first turns
+// offsets into each expert's first tile number in shared memory (one warp's scan), then takes
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... So the work is spread evenly whatever the
+// routing: moe_gemm_*'s one block per expert and column group walks a popular expert's rows
+// alone.
+//
+// The pieces of all of a block's tiles form one stream: the copies of piece g + AHEAD (possibly
+// of the next tile) go out while the products of piece g run, so a tile's start costs no
+// pipeline fill. Shared memory: STAGES stages of A (128 rows x 64 bf16) and B (128 x 64), each a
+// 16 KiB tile of 128-byte swizzled rows (wgmma.cuh), filled by 16-byte cp.async from all 256
+// threads (rows gathered through `sorted`, zeros past the slice or the weight's rows). Each of
+// the two warpgroups multiplies its 64 rows of A by the 128 rows of B (m64n128k16, both operands
+// K-major in shared memory), one commit group a piece, at most one group in flight across the
+// barrier that starts the next piece.
+
+#include "async_copy.cuh"
+#include "wgmma.cuh"
+
+namespace {
+namespace moe_wg {
+namespace wg = metrale::wgmma;
+constexpr int THREADS = 256;
+constexpr uint32_t BM = 128, BN = 128, BK = 64;
+constexpr uint32_t STAGES = 6, AHEAD = STAGES - 2;
+constexpr uint32_t TILE_BYTES = BM * BK * 2;  // one operand's piece: 16 KiB
+constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;
+constexpr uint32_t SMEM_BYTES = STAGES * STAGE_BYTES;  // + 1 KiB of alignment slack
+static_assert(SMEM_BYTES + 1024 + 2 * 4 * (MAX_EXPERTS + 1) <= 227 * 1024,
+              "shared memory over the per-block limit");
+// Rows of each operand a thread copies per piece (128 rows x 8 chunks over 256 threads).
+constexpr int ROWS_PER_THREAD = BM * 8 / THREADS;
+
+// Byte offset of 16-byte chunk c of row r in a 128-byte swizzled tile.
+__device__ __forceinline__ uint32_t chunk_at(uint32_t r, uint32_t c) {
+    return r * 128 + ((c ^ (r & 7)) << 4);
+}
+
+// Where a block's tile lies: expert e, its slice's positions [begin, end) of which the tile takes
+// [p0, p0 + BM), and the tile's first weight row group `col` (in units of the form's columns).
+struct Tile {
+    uint32_t e, col;
+    int32_t p0, end;
+};
+
+// The first tile number of every expert (tile_start[e]; tile_start[experts] = all tiles), from
+// offsets copied to off_s. One warp scans; the caller syncs.
+__device__ __forceinline__ void scan_tiles(int32_t* tile_start, const int32_t* off_s,
+                                           uint32_t experts, uint32_t col_tiles) {
+    if (threadIdx.x >= 32) return;
+    const uint32_t lane = threadIdx.x;
+    int32_t carry = 0;
+    for (uint32_t base = 0; base < experts; base += 32) {
+        const uint32_t e = base + lane;
+        int32_t n = 0;
+        if (e < experts) {
+            const int32_t rows = off_s[e + 1] - off_s[e];
+            n = rows > 0 ? (int32_t)(((uint32_t)rows + BM - 1) / BM * col_tiles) : 0;
+        }
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t v = __shfl_up_sync(FULL, n, o);
+            if ((int)lane >= o) n += v;
+        }
+        if (e < experts) tile_start[e + 1] = carry + n;
+        carry += __shfl_sync(FULL, n, 31);
+    }
+    if (lane == 0) tile_start[0] = 0;
+}
+
+__device__ __forceinline__ Tile tile_of(int32_t t, const int32_t* tile_start, const int32_t* off_s,
+                                        uint32_t experts) {
+    // The last expert whose first tile is at or before t (empty experts share the next one's).
+    uint32_t lo = 0, hi = experts - 1;
+    while (lo < hi) {
+        const uint32_t mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    const uint32_t e = lo;
+    const int32_t begin = off_s[e], end = off_s[e + 1];
+    const int32_t row_tiles = (end - begin + (int32_t)BM - 1) / (int32_t)BM;
+    const int32_t local = t - tile_start[e];
+    return Tile{e, (uint32_t)(local / row_tiles), begin + (local % row_tiles) * (int32_t)BM, end};
+}
+
+// The grouped first product (SwiGLU: each tile's 128 weight rows are 64 gate rows and the same 64
+// columns' up rows; ReLU^2: 128 up rows) and the down product, as policies of the loop below.
+template <Act A>
+struct First {
+    static constexpr uint32_t R = ExpertAct<A>::ROWS;
+    static constexpr uint32_t COLS = BN / R;  // activation columns a tile
+    __nv_bfloat16* act;
+    const __nv_bfloat16* x;
+    const __nv_bfloat16* w;
+    const int32_t* sorted;
+    uint32_t k, inter, hidden;
+
+    __device__ uint32_t depth() const { return hidden; }
+    __device__ uint32_t col_tiles() const { return (inter + COLS - 1) / COLS; }
+    __device__ const __nv_bfloat16* a_row(int32_t p) const {
+        return x + (size_t)((uint32_t)sorted[p] / k) * hidden;
+    }
+    __device__ const __nv_bfloat16* b_row(const Tile& t, uint32_t r) const {
+        const uint32_t j = t.col * COLS + r % COLS;
+        return j < inter ? expert_row<A>(w, t.e, r / COLS, j, inter, hidden) : nullptr;
+    }
+    // Thread columns: acc[4 i + q] is tile column 8 i + 2 tg + (q & 1) of row 16 warp + g
+    // (+ 8 for q >= 2); activation column c takes tile columns c + COLS s for s < R.
+    __device__ void store(const Tile& t, const float (&acc)[64], int32_t row0, uint32_t tg) const {
+#pragma unroll
+        for (uint32_t i = 0; i < COLS / 8; ++i)
+#pragma unroll
+            for (uint32_t q = 0; q < 4; ++q) {
+                const int32_t p = t.p0 + row0 + 8 * (int32_t)(q >> 1);
+                const uint32_t j = t.col * COLS + 8 * i + 2 * tg + (q & 1);
+                float v[R];
+#pragma unroll
+                for (uint32_t s = 0; s < R; ++s) v[s] = acc[4 * (i + s * COLS / 8) + q];
+                if (p < t.end && j < inter)
+                    act[(size_t)p * inter + j] = metrale::to_bf16(ExpertAct<A>::of(v));
+            }
+    }
+};
+
+struct Down {
+    __nv_bfloat16* y;
+    const __nv_bfloat16* act;
+    const __nv_bfloat16* w;
+    const int32_t* sorted;
+    uint32_t hidden, inter;
+
+    __device__ uint32_t depth() const { return inter; }
+    __device__ uint32_t col_tiles() const { return (hidden + BN - 1) / BN; }
+    __device__ const __nv_bfloat16* a_row(int32_t p) const { return act + (size_t)p * inter; }
+    __device__ const __nv_bfloat16* b_row(const Tile& t, uint32_t r) const {
+        const uint32_t h = t.col * BN + r;
+        return h < hidden ? w + ((size_t)t.e * hidden + h) * inter : nullptr;
+    }
+    __device__ void store(const Tile& t, const float (&acc)[64], int32_t row0, uint32_t tg) const {
+#pragma unroll
+        for (uint32_t half = 0; half < 2; ++half) {
+            const int32_t p = t.p0 + row0 + 8 * (int32_t)half;
+            if (p >= t.end) continue;
+            __nv_bfloat16* yr = y + (size_t)sorted[p] * hidden;
+#pragma unroll
+            for (uint32_t i = 0; i < BN / 8; ++i)
+#pragma unroll
+                for (uint32_t q = 0; q < 2; ++q) {
+                    const uint32_t h = t.col * BN + 8 * i + 2 * tg + q;
+                    if (h < hidden) yr[h] = metrale::to_bf16(acc[4 * i + 2 * half + q]);
+                }
+        }
+    }
+};
+
+template <typename Form>
+__device__ __forceinline__ void grouped_tiles(const Form& f, const int32_t* __restrict__ offsets,
+                                              uint32_t experts, unsigned char* smem_raw) {
+    __shared__ int32_t off_s[MAX_EXPERTS + 1];
+    __shared__ int32_t tile_start[MAX_EXPERTS + 1];
+    const uint32_t tid = threadIdx.x, group = tid / 128, warp = (tid / 32) % 4, lane = tid & 31;
+    const uint32_t g = lane >> 2, tg = lane & 3;
+    for (uint32_t i = tid; i <= experts; i += THREADS) off_s[i] = offsets[i];
+    __syncthreads();
+    const uint32_t col_tiles = f.col_tiles();
+    scan_tiles(tile_start, off_s, experts, col_tiles);
+    __syncthreads();
+    const int32_t tiles = tile_start[experts];
+    const int32_t mine =
+        (int32_t)blockIdx.x < tiles ? (tiles - (int32_t)blockIdx.x + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x : 0;
+    const uint32_t depth = f.depth(), pieces = (depth + BK - 1) / BK;
+    const uint32_t steps = (uint32_t)mine * pieces;
+    const uint32_t base = (metrale::smem_addr(smem_raw) + 1023u) & ~1023u;
+
+    // The copier's tile (the one piece g + AHEAD belongs to) and its rows.
+    int32_t copy_n = -1;
+    Tile copy_tile{};
+    const __nv_bfloat16* a_rows[ROWS_PER_THREAD];
+    const __nv_bfloat16* b_rows[ROWS_PER_THREAD];
+    const uint32_t chunk = tid % 8;
+    const void* any = offsets;  // a valid address for the zero-filling copies, which read nothing
+    auto copy = [&](uint32_t step) {
+        const int32_t n = (int32_t)(step / pieces);
+        const uint32_t piece = step % pieces;
+        if (n != copy_n) {
+            copy_n = n;
+            copy_tile = tile_of((int32_t)blockIdx.x + n * (int32_t)gridDim.x, tile_start, off_s, experts);
+#pragma unroll
+            for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+                const uint32_t r = tid / 8 + 32 * i;
+                const int32_t p = copy_tile.p0 + (int32_t)r;
+                a_rows[i] = p < copy_tile.end ? f.a_row(p) : nullptr;
+                b_rows[i] = f.b_row(copy_tile, r);
+            }
+        }
+        const uint32_t stage = base + (step % STAGES) * STAGE_BYTES;
+        const uint32_t k0 = piece * BK + chunk * 8;
+        const bool in = k0 < depth;
+#pragma unroll
+        for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+            const uint32_t r = tid / 8 + 32 * i;
+            const bool av = in && a_rows[i] != nullptr, bv = in && b_rows[i] != nullptr;
+            metrale::cp_async_16(stage + chunk_at(r, chunk), av ? a_rows[i] + k0 : any, av);
+            metrale::cp_async_16(stage + TILE_BYTES + chunk_at(r, chunk),
+                                 bv ? b_rows[i] + k0 : any, bv);
+        }
+    };
+
+#pragma unroll
+    for (uint32_t s = 0; s < AHEAD; ++s) {
+        if (s < steps) copy(s);
+        metrale::cp_async_commit();
+    }
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    uint32_t step = 0;
+    for (int32_t n = 0; n < mine; ++n) {
+        for (uint32_t piece = 0; piece < pieces; ++piece, ++step) {
+            // Piece `step` has landed for every thread and is visible to the async proxy; both
+            // warpgroups are done with the products of piece step - 2, whose stage piece
+            // step + AHEAD takes.
+            metrale::cp_async_wait<AHEAD - 1>();
+            wg::fence_proxy_async();
+            __syncthreads();
+            const uint32_t stage = base + (step % STAGES) * STAGE_BYTES;
+            const uint32_t a_tile = stage + group * 64 * 128;
+            wg::fence();
+#pragma unroll
+            for (uint32_t ks = 0; ks < BK / 16; ++ks)
+                wg::mma_m64n128k16_ss(acc, wg::desc_sw128(a_tile + ks * 32, 16, 1024),
+                                      wg::desc_sw128(stage + TILE_BYTES + ks * 32, 16, 1024),
+                                      piece > 0 || ks > 0);
+            wg::commit();
+            // The copies of piece step + AHEAD (of this tile or the next) go out while the
+            // products run; one product group stays in flight across the next barrier.
+            if (step + AHEAD < steps) copy(step + AHEAD);
+            metrale::cp_async_commit();
+            wg::wait<1>();
+        }
+        // The tile's products done, it is stored while the next tile's first copies are in
+        // flight.
+        wg::wait<0>();
+        wg::fence_operands(acc);
+        const Tile t = tile_of((int32_t)blockIdx.x + n * (int32_t)gridDim.x, tile_start, off_s,
+                               experts);
+        f.store(t, acc, (int32_t)(64 * group + 16 * warp + g), tg);
+        wg::fence_operands(acc);
+    }
+    // The block's copies are all done (the last groups are empty) before it exits.
+    metrale::cp_async_wait<0>();
+}
+}  // namespace moe_wg
+}  // namespace
+
+// The grouped gate|up product with SwiGLU on warpgroup MMA: moe_gemm_swiglu's arguments and
+// values (act[p, j] for every position p of every expert's slice, in expert order; f32 sums in
+// another order). Needs hidden % 8 == 0, inter % 8 == 0 and 16-byte aligned x and w (otherwise
+// nothing is written: callers keep moe_gemm_swiglu) and 1 <= experts <= MAX_EXPERTS.
+// Launch: grid = a block per SM (any count works), block = 256, dynamic shared memory
+// moe_wg::SMEM_BYTES + 1 KiB.
+extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
+    metrale::grid_dependency_sync();
+    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 8 != 0 || inter % 8 != 0 ||
+        !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
+        return;
+    const moe_wg::First<Act::SwiGlu> f{act, x, w, sorted, k, inter, hidden};
+    moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
+}
+
+// The grouped up product with squared ReLU on warpgroup MMA: moe_gemm_relu2's arguments and
+// values; otherwise as moe_wgmma_swiglu.
+extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
+    metrale::grid_dependency_sync();
+    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 8 != 0 || inter % 8 != 0 ||
+        !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
+        return;
+    const moe_wg::First<Act::Relu2> f{act, x, w, sorted, k, inter, hidden};
+    moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
+}
+
+// The grouped down product on warpgroup MMA: moe_gemm_down's arguments and values (y[sorted[p]]
+// for every position p, in assignment order). Needs inter % 8 == 0 and 16-byte aligned act and w;
+// otherwise as moe_wgmma_swiglu.
+extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_down(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t experts, uint32_t hidden, uint32_t inter) {
+    extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
+    metrale::grid_dependency_sync();
+    if (experts == 0 || experts > MAX_EXPERTS || inter % 8 != 0 || !aligned16(act) ||
+        !aligned16(w) || blockDim.x != moe_wg::THREADS)
+        return;
+    const moe_wg::Down f{y, act, w, sorted, hidden, inter};
+    moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
+}

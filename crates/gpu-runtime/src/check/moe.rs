@@ -12,7 +12,10 @@ use metrale_kernels::ops::{
     MoeCombine, MoeGemmDown, MoeGemmSwiglu, MoeGemvDown, MoeGemvSwiglu, MoeGroup,
     MoeGroupedGemvDown, MoeGroupedGemvSwiglu, MoeRoute, MoeScoring, group_by_expert,
 };
-use metrale_kernels::ops::{MoeGroupedMmaDown, MoeGroupedMmaSwiglu};
+use metrale_kernels::ops::{
+    MoeGemmRelu2, MoeGroupedMmaDown, MoeGroupedMmaSwiglu, MoeWgmmaDown, MoeWgmmaRelu2,
+    MoeWgmmaSwiglu,
+};
 
 use super::{
     Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of, shuffled,
@@ -27,6 +30,148 @@ pub(super) fn moe_cases(rng: &mut Rng) -> Vec<Case> {
     out.extend(combine_cases(rng));
     // Last, so that the cases before keep their random inputs.
     out.extend(shared_expert_cases(rng));
+    out.extend(wgmma_cases(rng));
+    out
+}
+
+/// The grouped products on warpgroup MMA (prefill), each beside `moe_gemm_*` on the same inputs:
+/// Qwen3-30B-A3B's widths, one expert taking every row (three 128-row tiles, the last of 4 rows)
+/// with an expert no row takes, widths off the 64-element pieces and the 64- and 128-column
+/// tiles (inter 72, hidden 136), empty slots, and the squared-ReLU form.
+fn wgmma_cases(rng: &mut Rng) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(rows, experts, k, inter, hidden, empty, popular, relu2) in &[
+        (16u32, 8u32, 2u32, 768u32, 2048u32, 0usize, false, false),
+        (260, 12, 3, 128, 192, 0, true, false),
+        (77, 5, 2, 72, 136, 0, false, false),
+        (12, 6, 2, 64, 64, 3, false, false),
+        (200, 4, 2, 200, 128, 0, false, true),
+    ] {
+        let (n, i, h) = ((rows * k) as usize, inter as usize, hidden as usize);
+        let mut ids = routed_ids(rng, rows, experts - popular as u32, k, empty);
+        if popular {
+            // Slot 0 of every row takes expert 2; the last expert is never taken.
+            for r in 0..rows as usize {
+                let row = &mut ids[r * k as usize..(r + 1) * k as usize];
+                if let Some(at) = row.iter().position(|&e| e == 2) {
+                    row.swap(0, at);
+                } else {
+                    row[0] = 2;
+                }
+            }
+        }
+        let (offsets, sorted) = group_by_expert(&ids, experts as usize);
+        let rows_w = if relu2 { 1 } else { 2 };
+        let shape = format!(
+            "rows={rows} experts={experts} k={k} inter={inter} hidden={hidden} empty={empty}{}{}",
+            if popular {
+                " one expert in every row"
+            } else {
+                ""
+            },
+            if relu2 { " relu2" } else { "" },
+        );
+        let buffers = vec![
+            output(vec![0; n * i * 2], OutputKind::Bf16),
+            input(bf16_normal(rng, rows as usize * h, 1.0)),
+            input(bf16_normal(
+                rng,
+                experts as usize * rows_w * i * h,
+                2.0 / (hidden as f32).sqrt(),
+            )),
+            input(i32_bytes(&offsets)),
+            input(i32_bytes(&sorted)),
+        ];
+        let first = move |p: &[DevicePtr]| MoeGemmSwiglu {
+            act: p[0],
+            x: p[1],
+            w: p[2],
+            offsets: p[3],
+            sorted: p[4],
+            k,
+            experts,
+            inter,
+            hidden,
+        };
+        for wgmma in [true, false] {
+            let kernel = match (wgmma, relu2) {
+                (true, false) => MoeWgmmaSwiglu::NAME,
+                (true, true) => MoeWgmmaRelu2::NAME,
+                (false, false) => MoeGemmSwiglu::NAME,
+                (false, true) => MoeGemmRelu2::NAME,
+            };
+            out.push(Case {
+                kernel,
+                gemm: None,
+                allowance: None,
+                shape: shape.clone(),
+                buffers: buffers.clone(),
+                build: Box::new(move |p| {
+                    let a = first(p);
+                    match (wgmma, relu2) {
+                        (true, false) => launch_of(MoeWgmmaSwiglu::from(a)),
+                        (true, true) => launch_of(MoeWgmmaRelu2::from(MoeGemmRelu2::from(a))),
+                        (false, false) => launch_of(a),
+                        (false, true) => launch_of(MoeGemmRelu2::from(a)),
+                    }
+                }),
+            });
+        }
+        if relu2 {
+            continue;
+        }
+        // The down product of the same grouping, its width and height swapped.
+        let (dh, di) = (inter, hidden);
+        let shape = format!(
+            "rows={rows} experts={experts} k={k} hidden={dh} inter={di} empty={empty}{}",
+            if popular {
+                " one expert in every row"
+            } else {
+                ""
+            },
+        );
+        let buffers = vec![
+            output(vec![0; n * dh as usize * 2], OutputKind::Bf16),
+            input(bf16_normal(rng, n * di as usize, 1.0)),
+            input(bf16_normal(
+                rng,
+                experts as usize * (dh * di) as usize,
+                1.0 / (di as f32).sqrt(),
+            )),
+            input(i32_bytes(&offsets)),
+            input(i32_bytes(&sorted)),
+        ];
+        let down = move |p: &[DevicePtr]| MoeGemmDown {
+            y: p[0],
+            act: p[1],
+            w: p[2],
+            offsets: p[3],
+            sorted: p[4],
+            experts,
+            hidden: dh,
+            inter: di,
+        };
+        for wgmma in [true, false] {
+            out.push(Case {
+                kernel: if wgmma {
+                    MoeWgmmaDown::NAME
+                } else {
+                    MoeGemmDown::NAME
+                },
+                gemm: None,
+                allowance: None,
+                shape: shape.clone(),
+                buffers: buffers.clone(),
+                build: Box::new(move |p| {
+                    if wgmma {
+                        launch_of(MoeWgmmaDown::from(down(p)))
+                    } else {
+                        launch_of(down(p))
+                    }
+                }),
+            });
+        }
+    }
     out
 }
 

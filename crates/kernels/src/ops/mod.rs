@@ -77,8 +77,8 @@ pub use moe::{
     ExpertActivation, MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown,
     MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup,
     MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
-    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, group_by_expert,
-    route_row,
+    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, MoeWgmmaDown,
+    MoeWgmmaRelu2, MoeWgmmaSwiglu, group_by_expert, route_row,
 };
 pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};
 pub use rmsnorm::{AddRmsNorm, AddRmsNormFp8Rows, RmsNorm};

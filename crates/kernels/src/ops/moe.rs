@@ -55,6 +55,7 @@ macro_rules! same_args {
 mod decode;
 mod grouped;
 mod grouped_mma;
+mod grouped_wgmma;
 mod route;
 mod router;
 
@@ -64,6 +65,7 @@ pub use grouped::{
     MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, group_by_expert,
 };
 pub use grouped_mma::{MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu};
+pub use grouped_wgmma::{MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu};
 pub use route::{MoeRoute, MoeScoring, route_row};
 pub use router::{MOE_ROUTER_MAX_ROWS, MoeRouter};
 

@@ -10,7 +10,9 @@
 //! weighted and summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
 //! weights: the decode shape. Steps of at least the tuning's `moe_grouped_min_rows` tokens group
 //! the assignments by expert instead (`moe_group`), run each expert's rows as one product
-//! (`moe_gemm_swiglu`, `moe_gemm_down` on tensor cores from `moe_tensor_core_min_rows` tokens;
+//! (`moe_gemm_swiglu`, `moe_gemm_down` on tensor cores from `moe_tensor_core_min_rows` tokens,
+//! or with the tuning's `moe_wgmma` their warpgroup-MMA forms `moe_wgmma_swiglu`, `moe_wgmma_down`
+//! where the widths fit;
 //! below that weight streams over the touched experts: `moe_grouped_mma_swiglu`,
 //! `moe_grouped_mma_down` on tensor cores with the tuning's `moe_grouped_mma`, else
 //! `moe_grouped_gemv_swiglu`, `moe_grouped_gemv_down` on CUDA cores; either way each expert
@@ -40,7 +42,7 @@ use metrale_kernels::ops::{
     MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
     MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2,
     MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute,
-    MoeRouter, MoeScoring, Relu2,
+    MoeRouter, MoeScoring, MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu, Relu2,
 };
 
 use super::{Arena, Block, Step};
@@ -60,6 +62,7 @@ struct Kernels {
     down: KernelHandle,
     group: KernelHandle,
     gemm_down: KernelHandle,
+    wgmma_down: KernelHandle,
     stream_down: KernelHandle,
     mma_down: KernelHandle,
     combine: KernelHandle,
@@ -67,8 +70,8 @@ struct Kernels {
     relu2: KernelHandle,
 }
 
-/// The experts' first product in the activation's four forms: the decode launch, and the grouped
-/// tensor-core tiles, weight streams and tensor-core weight streams. Each takes the SwiGLU
+/// The experts' first product in the activation's five forms: the decode launch, and the grouped
+/// tensor-core tiles (WMMA and warpgroup MMA), weight streams and tensor-core weight streams. Each takes the SwiGLU
 /// entries' arguments (the `_relu2` entries' are the same fields) and launches the activation's
 /// entry with its own launch geometry.
 #[derive(Clone, Copy, Debug)]
@@ -76,6 +79,7 @@ struct FirstProduct {
     activation: MlpActivation,
     decode: KernelHandle,
     gemm: KernelHandle,
+    wgmma: KernelHandle,
     stream: KernelHandle,
     mma: KernelHandle,
 }
@@ -88,12 +92,14 @@ impl FirstProduct {
                 MoeGemmSwiglu::NAME,
                 MoeGroupedGemvSwiglu::NAME,
                 MoeGroupedMmaSwiglu::NAME,
+                MoeWgmmaSwiglu::NAME,
             ],
             MlpActivation::Relu2 => [
                 MoeGemvRelu2::NAME,
                 MoeGemmRelu2::NAME,
                 MoeGroupedGemvRelu2::NAME,
                 MoeGroupedMmaRelu2::NAME,
+                MoeWgmmaRelu2::NAME,
             ],
         };
         Ok(FirstProduct {
@@ -102,6 +108,7 @@ impl FirstProduct {
             gemm: gpu.kernel(names[1])?,
             stream: gpu.kernel(names[2])?,
             mma: gpu.kernel(names[3])?,
+            wgmma: gpu.kernel(names[4])?,
         })
     }
 
@@ -116,6 +123,17 @@ impl FirstProduct {
         match self.activation {
             MlpActivation::SwiGlu => l.launch(self.gemm, "experts", &a),
             MlpActivation::Relu2 => l.launch(self.gemm, "experts", &MoeGemmRelu2::from(a)),
+        }
+    }
+
+    fn wgmma(&self, l: &Launcher, a: MoeGemmSwiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => l.launch(self.wgmma, "experts", &MoeWgmmaSwiglu::from(a)),
+            MlpActivation::Relu2 => l.launch(
+                self.wgmma,
+                "experts",
+                &MoeWgmmaRelu2::from(MoeGemmRelu2::from(a)),
+            ),
         }
     }
 
@@ -197,6 +215,7 @@ impl Shared {
             down: gpu.kernel(MoeGemvDown::NAME)?,
             group: gpu.kernel(MoeGroup::NAME)?,
             gemm_down: gpu.kernel(MoeGemmDown::NAME)?,
+            wgmma_down: gpu.kernel(MoeWgmmaDown::NAME)?,
             stream_down: gpu.kernel(MoeGroupedGemvDown::NAME)?,
             mma_down: gpu.kernel(MoeGroupedMmaDown::NAME)?,
             combine: gpu.kernel(MoeCombine::NAME)?,
@@ -601,7 +620,17 @@ impl Moe {
             hidden: self.hidden,
             inter,
         };
-        if rows >= l.tuning.moe_tensor_core_min_rows {
+        let wgmma = l.tuning.moe_wgmma
+            && MoeWgmmaSwiglu::fits(
+                experts,
+                inter,
+                self.hidden,
+                &[x, sc.act, self.experts_gate_up, self.experts_down],
+            );
+        if rows >= l.tuning.moe_tensor_core_min_rows && wgmma {
+            kernels.first.wgmma(l, gate_up)?;
+            l.launch(kernels.wgmma_down, "experts", &MoeWgmmaDown::from(down))?;
+        } else if rows >= l.tuning.moe_tensor_core_min_rows {
             kernels.first.gemm(l, gate_up)?;
             l.launch(kernels.gemm_down, "experts", &down)?;
         } else if l.tuning.moe_grouped_mma {
