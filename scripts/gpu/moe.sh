@@ -56,11 +56,6 @@
 #            on with fp8_fused_quantize=off (TTFT 1024/8192, decode
 #            batch 1/8/63/64 at 1024 keys; FP8_GEMM_PROFILE=1: with --profile), and the dense kernel
 #            table with torch._scaled_mm beside it (FP8_GEMM_TABLE=0: not)
-#   wgmma    the grouped prefill experts on warpgroup MMA (tuning moe_wgmma) against moe_gemm_*:
-#            check-kernels moe, WGMMA_MODEL (default qwen3-30b-a3b-4l) parity with it off and on
-#            (its 1024-token long prompt takes the grouped products), bench-model TTFT 1024/8192
-#            off and on (on with --profile)
-#   wgmmafull  the same TTFT pair on Qwen3-30B-A3B at full depth (48 layers, /dev/shm)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h, tiny-nemotron-h-moe; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -360,42 +355,6 @@ cuts() {
                 --json "$RES/cut$n-$b-parity.json" 2>&1 | tee "$RES/cut$n-$b-parity.txt" | tail -4
         done
         rm -rf "$d"
-    done
-}
-
-wgmma() {
-    local m=${WGMMA_MODEL:-qwen3-30b-a3b-4l}
-    log "check-kernels moe"
-    "$MET" check-kernels --kernel moe >"$RES/wgmma-check.txt" 2>&1
-    grep -v " pass$" "$RES/wgmma-check.txt" | tail -5
-    checkpoint "$m"
-    python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
-        --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
-        --dtype float32 --also-bf16 2>&1 | tail -2
-    for v in off on; do
-        log "parity $m moe_wgmma=$v"
-        "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
-            --tune moe_wgmma=$v --json "$RES/wgmma-parity-$v.json" 2>&1 | tee "$RES/wgmma-parity-$v.txt" | tail -6
-    done
-    for v in off on; do
-        local prof=()
-        [ $v = on ] && prof=(--profile)
-        log "bench-model $m moe_wgmma=$v"
-        "$MET" bench-model --model-from-path "$CKPT/$m" --prefill 1024,8192 --batches 1 --context 1024 \
-            --tune moe_wgmma=$v "${prof[@]}" >"$RES/wgmma-bench-$v.md" 2>&1
-        grep "^| prefill" "$RES/wgmma-bench-$v.md"
-    done
-}
-
-wgmmafull() {
-    local m=qwen3-30b-a3b dir=/dev/shm/ckpt
-    log "checkpoint $m (full depth) in $dir"
-    checkpoint "$m" "$dir"
-    for v in off on; do
-        log "bench-model $m (48 layers) moe_wgmma=$v"
-        "$MET" bench-model --model-from-path "$dir/$m" --prefill 1024,8192 --batches 1 --context 1024 \
-            --tune moe_wgmma=$v >"$RES/wgmmafull-bench-$v.md" 2>&1
-        grep "^| prefill\|^| decode step |" "$RES/wgmmafull-bench-$v.md"
     done
 }
 

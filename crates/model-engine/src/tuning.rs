@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 36] = [
+pub const KEYS: [&str; 35] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -148,7 +148,6 @@ pub const KEYS: [&str; 36] = [
     "moe_grouped_min_rows",
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
-    "moe_wgmma",
     "moe_fused_router",
     "moe_fused_shared_expert",
     "ssd_chunk_min_run",
@@ -244,10 +243,6 @@ pub struct Tuning {
     /// products on tensor cores, each touched expert's weights read once per 32 of its rows
     /// (off: the CUDA-core weight streams).
     pub moe_grouped_mma: bool,
-    /// Grouped MoE steps of at least [`Tuning::moe_tensor_core_min_rows`] tokens run the experts'
-    /// products on warpgroup MMA (`moe_wgmma_*`: 128 x 128 tiles of every expert spread over one
-    /// persistent block an SM) where the widths fit, instead of `moe_gemm_*`'s WMMA tiles.
-    pub moe_wgmma: bool,
     /// MoE steps of at most `MOE_ROUTER_MAX_ROWS` (8) tokens run the router's product, the
     /// shared expert's gate logit and the routing in one launch (`moe_router`; off: the f32
     /// GEMV, the gate's own product and `moe_route`). The same logits and choices.
@@ -305,7 +300,6 @@ impl Tuning {
             moe_grouped_min_rows: u32::MAX,
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
-            moe_wgmma: false,
             moe_fused_router: false,
             moe_fused_shared_expert: false,
             ssd_chunk_min_run: 0,
@@ -435,7 +429,6 @@ impl Tuning {
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
-            "moe_wgmma" => self.moe_wgmma = switch(v)?,
             "moe_fused_router" => self.moe_fused_router = switch(v)?,
             "moe_fused_shared_expert" => self.moe_fused_shared_expert = switch(v)?,
             "ssd_chunk_min_run" => self.ssd_chunk_min_run = count(v)?,
@@ -546,7 +539,6 @@ mod tests {
             ("moe_grouped_min_rows", "16"),
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
-            ("moe_wgmma", "on"),
             ("moe_fused_router", "on"),
             ("moe_fused_shared_expert", "on"),
             ("ssd_chunk_min_run", "128"),

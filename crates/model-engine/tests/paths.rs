@@ -658,20 +658,7 @@ fn moe_prefill_and_decode_agree(c: &ModelConfig) {
         ),
         (
             "grouped experts on tensor cores, one prefill step",
-            tuned(&[
-                "moe_grouped_min_rows=2",
-                "moe_tensor_core_min_rows=2",
-                "moe_wgmma=off",
-            ]),
-            false,
-        ),
-        (
-            "grouped experts on warpgroup MMA, one prefill step",
-            tuned(&[
-                "moe_grouped_min_rows=2",
-                "moe_tensor_core_min_rows=2",
-                "moe_wgmma=on",
-            ]),
+            tuned(&["moe_grouped_min_rows=2", "moe_tensor_core_min_rows=2"]),
             false,
         ),
         (

@@ -10,9 +10,9 @@
 //! weighted and summed in f32, rounded once (`moe_gemv_down`). Each (token, slot) pair reads its expert's
 //! weights: the decode shape. Steps of at least the tuning's `moe_grouped_min_rows` tokens group
 //! the assignments by expert instead (`moe_group`), run each expert's rows as one product
-//! (`moe_gemm_swiglu`, `moe_gemm_down` on tensor cores from `moe_tensor_core_min_rows` tokens,
-//! or with the tuning's `moe_wgmma` their warpgroup-MMA forms `moe_wgmma_swiglu`, `moe_wgmma_down`
-//! where the widths fit;
+//! (on tensor cores from `moe_tensor_core_min_rows` tokens: `moe_wgmma_swiglu`, `moe_wgmma_down`,
+//! warpgroup-MMA tiles of every expert over one persistent block an SM, where the widths are
+//! multiples of 8, else `moe_gemm_swiglu`, `moe_gemm_down`'s WMMA tiles, the same bits;
 //! below that weight streams over the touched experts: `moe_grouped_mma_swiglu`,
 //! `moe_grouped_mma_down` on tensor cores with the tuning's `moe_grouped_mma`, else
 //! `moe_grouped_gemv_swiglu`, `moe_grouped_gemv_down` on CUDA cores; either way each expert
@@ -620,13 +620,14 @@ impl Moe {
             hidden: self.hidden,
             inter,
         };
-        let wgmma = l.tuning.moe_wgmma
-            && MoeWgmmaSwiglu::fits(
-                experts,
-                inter,
-                self.hidden,
-                &[x, sc.act, self.experts_gate_up, self.experts_down],
-            );
+        // The warpgroup-MMA tiles where the widths and pointers fit (the same bits as the WMMA
+        // tiles, 4-6x faster at prefill sizes: docs/decisions.md), else the WMMA tiles.
+        let wgmma = MoeWgmmaSwiglu::fits(
+            experts,
+            inter,
+            self.hidden,
+            &[x, sc.act, self.experts_gate_up, self.experts_down],
+        );
         if rows >= l.tuning.moe_tensor_core_min_rows && wgmma {
             kernels.first.wgmma(l, gate_up)?;
             l.launch(kernels.wgmma_down, "experts", &MoeWgmmaDown::from(down))?;
