@@ -413,6 +413,21 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             run::<MoeGroupedMmaRelu2>,
             MoeGroupedMmaRelu2::KINDS,
         ),
+        (
+            MoeGemvFp8Swiglu::NAME,
+            run::<MoeGemvFp8Swiglu>,
+            MoeGemvFp8Swiglu::KINDS,
+        ),
+        (
+            MoeGemvFp8Relu2::NAME,
+            run::<MoeGemvFp8Relu2>,
+            MoeGemvFp8Relu2::KINDS,
+        ),
+        (
+            MoeGemvFp8Down::NAME,
+            run::<MoeGemvFp8Down>,
+            MoeGemvFp8Down::KINDS,
+        ),
         (GemvFp8::NAME, run::<GemvFp8>, GemvFp8::KINDS),
         (
             GemvFp8Swiglu::NAME,

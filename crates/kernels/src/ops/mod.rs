@@ -75,10 +75,10 @@ pub use mamba2::{
 };
 pub use moe::{
     ExpertActivation, MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown,
-    MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup,
-    MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
-    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, MoeWgmmaDown,
-    MoeWgmmaRelu2, MoeWgmmaSwiglu, group_by_expert, route_row,
+    MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu,
+    MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2,
+    MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute,
+    MoeRouter, MoeScoring, MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu, group_by_expert, route_row,
 };
 pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};
 pub use rmsnorm::{AddRmsNorm, AddRmsNormFp8Rows, RmsNorm};

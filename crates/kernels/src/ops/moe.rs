@@ -30,6 +30,11 @@
 //!   touched experts, and [`MoeGroupedMmaSwiglu`] and [`MoeGroupedMmaDown`] on tensor cores,
 //!   each touched expert's weights read once per 32 of its rows.
 //!
+//! FP8 (E4M3) expert stacks take the decode path's FP8 forms ([`MoeGemvFp8Swiglu`],
+//! [`MoeGemvFp8Relu2`], [`MoeGemvFp8Down`]: the same launches and values over the dequantised
+//! weights, `moe_fp8.cu`); the grouped path runs its BF16 entries over the stacks dequantised
+//! into a scratch ([`Fp8DequantBf16`](crate::ops::Fp8DequantBf16)).
+//!
 //! The MoE block's output is bf16 `[m, hidden]`, as the dense MLP's down product gives it: the
 //! residual add + norm that follows takes it unchanged.
 
@@ -53,6 +58,7 @@ macro_rules! same_args {
 }
 
 mod decode;
+mod fp8;
 mod grouped;
 mod grouped_mma;
 mod grouped_wgmma;
@@ -60,6 +66,7 @@ mod route;
 mod router;
 
 pub use decode::{MoeGemvDown, MoeGemvRelu2, MoeGemvSwiglu};
+pub use fp8::{MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu};
 pub use grouped::{
     MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown,
     MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, group_by_expert,
