@@ -535,6 +535,7 @@ impl Model {
                             m,
                             options.max_tokens_per_step,
                             c.hidden_size,
+                            weights.moe_fp8_dequant_weights,
                         )?),
                     };
                     let weights = w.moe.as_ref().expect("a sparse layer's weights");

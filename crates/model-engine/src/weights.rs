@@ -441,15 +441,19 @@ pub struct MoeWeights {
     pub(crate) router: DevicePtr,
     /// `[experts, 2 * expert_intermediate, hidden]`: each expert's gate rows, then its up rows;
     /// squared-ReLU experts (Nemotron-H): `[experts, expert_intermediate, hidden]`, up rows only.
-    pub(crate) experts_gate_up: DevicePtr,
-    /// `[experts, hidden, expert_intermediate]`.
-    pub(crate) experts_down: DevicePtr,
+    /// BF16, or FP8 as one `[experts * rows, hidden]` matrix with its scales (every expert's
+    /// projections quantized, or read, on their own block grids, then stacked: 128 x 128 blocks
+    /// where each projection fills whole 128-row blocks, else a scale per row).
+    pub(crate) experts_gate_up: LinearWeight,
+    /// `[experts, hidden, expert_intermediate]`, in the same format as `experts_gate_up`.
+    pub(crate) experts_down: LinearWeight,
     /// The shared expert's gate rows then up rows `[2 * shared_intermediate, hidden]` (one
     /// product feeds SiLU x up, as the dense MLP's), its up rows `[shared_intermediate, hidden]`
-    /// where it is squared ReLU (Nemotron-H), or NULL without a shared expert.
-    pub(crate) shared_gate_up: DevicePtr,
+    /// where it is squared ReLU (Nemotron-H), or NULL without a shared expert. A dense linear:
+    /// in the [`LinearFormat`] the dense products take.
+    pub(crate) shared_gate_up: LinearWeight,
     /// `[hidden, shared_intermediate]`, or NULL.
-    pub(crate) shared_down: DevicePtr,
+    pub(crate) shared_down: LinearWeight,
     /// The shared expert's sigmoid gate `[1, hidden]`, or NULL.
     pub(crate) shared_gate: DevicePtr,
     /// f32 `[experts]`: a sigmoid router's correction bias, or NULL.
@@ -484,6 +488,9 @@ pub struct DeviceWeights {
     /// 128 x 128 blocks, or not [`metrale_kernels::ops::gemm_fp8_fits`]; 0 without any): with
     /// the tuning's `fp8_gemm` on, only those dequantise into the BF16 scratch.
     pub(crate) fp8_max_dequant_weights: usize,
+    /// Elements of one sparse layer's FP8 expert stacks, gate|up and down together (0 without
+    /// FP8 experts): the BF16 scratch the grouped expert path dequantises a layer's stacks into.
+    pub(crate) moe_fp8_dequant_weights: usize,
 }
 
 /// The FP8 KV cache scales of attention layer `l` in the checkpoint, `(k_scale, v_scale)`, where
@@ -672,6 +679,69 @@ impl WeightSource for Dequantized<'_> {
     }
 }
 
+/// Where one of a sparse layer's expert stacks (the first product's, or the down product's)
+/// comes from in the checkpoint.
+enum StackParts {
+    /// Per expert, its tensors of the stack in row order (gate then up; up; down).
+    PerExpert(Vec<Vec<TensorRole>>),
+    /// Tensors `[experts, rows, cols]` whose expert slices, each cut into `.1` equal row pieces
+    /// (its projections: the fused gate|up's gate and up), make each expert's rows in order.
+    Stack(Vec<(TensorRole, usize)>),
+}
+
+/// A sparse layer's expert stacks in the checkpoint.
+struct ExpertParts {
+    experts: usize,
+    /// The first product's: gate|up, or squared ReLU's up.
+    first: StackParts,
+    down: StackParts,
+}
+
+impl StackParts {
+    fn roles(&self) -> Vec<TensorRole> {
+        match self {
+            StackParts::PerExpert(each) => each.iter().flatten().copied().collect(),
+            StackParts::Stack(stacks) => stacks.iter().map(|(r, _)| *r).collect(),
+        }
+    }
+}
+
+impl ExpertParts {
+    /// The per-expert layout's tensors of both stacks, each in row order.
+    fn per_expert_roles(&self) -> (Vec<TensorRole>, Vec<TensorRole>) {
+        (self.first.roles(), self.down.roles())
+    }
+}
+
+/// Refuses FP8 expert tensors in a layout the loader does not read (before anything uploads):
+/// stacked expert tensors (`mlp.experts.gate_up_proj`, `experts.up_proj`, ...) stored as E4M3.
+/// FP8 experts are read as one tensor per expert and projection with its scales beside it (the
+/// hub's FP8 checkpoints: Qwen3-30B-A3B-FP8, DeepSeek-V3, MiniMax-M2).
+fn check_fp8_expert_layout(c: &ModelConfig, source: &dyn WeightSource) -> Result<(), ModelError> {
+    for role in source_tensors(c, source) {
+        let stacked = matches!(
+            role,
+            TensorRole::ExpertsGateUp(_)
+                | TensorRole::ExpertsDown(_)
+                | TensorRole::ExpertsGate(_)
+                | TensorRole::ExpertsUp(_)
+                | TensorRole::NemotronH(NemotronTensor::ExpertsUp(_))
+                | TensorRole::NemotronH(NemotronTensor::ExpertsDown(_))
+        );
+        let name = role.hf_name();
+        if stacked && source.is_e4m3(&name) {
+            return Err(ModelError::Unsupported(format!(
+                "`{name}` in {} is a stack of every expert stored as FP8 (float8_e4m3fn): that \
+                 layout's scales are not read; FP8 experts load from one tensor per expert and \
+                 projection (`...experts.{{e}}.gate_proj.weight` with its scale tensor), or \
+                 convert the checkpoint's experts to BF16",
+                source.describe()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Every tensor the config needs from `source`, its sparse layers' experts in the layout the
 /// source has.
 fn source_tensors(c: &ModelConfig, source: &dyn WeightSource) -> Vec<TensorRole> {
@@ -734,6 +804,9 @@ pub fn load_with(
     };
     let dequantized = Dequantized { source, scheme };
     let source = &Named(&dequantized);
+    if scheme.is_some() {
+        check_fp8_expert_layout(c, source)?;
+    }
     let mut allocations = Vec::new();
     let result = load_inner(c, source, gpu, format, progress, &mut allocations);
     if result.is_err() {
@@ -752,6 +825,7 @@ struct Uploader<'a> {
     fp8_max_k: usize,
     fp8_max_n: usize,
     fp8_max_dequant_weights: usize,
+    moe_fp8_dequant_weights: usize,
     gpu: &'a dyn GpuBackend,
     progress: LoadProgress<'a>,
     allocations: &'a mut Vec<DevicePtr>,
@@ -996,15 +1070,16 @@ impl Uploader<'_> {
         }
     }
 
-    fn get_if_stacked(
+    /// A dense linear of `roles` where `present`, else a null BF16 weight.
+    fn linear_if(
         &mut self,
         present: bool,
         roles: &[TensorRole],
-    ) -> Result<DevicePtr, ModelError> {
+    ) -> Result<LinearWeight, ModelError> {
         if present {
-            self.get_stacked(roles)
+            self.linear(roles)
         } else {
-            Ok(DevicePtr::NULL)
+            Ok(LinearWeight::bf16(DevicePtr::NULL))
         }
     }
 
@@ -1016,23 +1091,48 @@ impl Uploader<'_> {
             RouterKind::SigmoidBias => self.get_f32(TensorRole::CorrectionBias(l))?,
             RouterKind::Softmax => DevicePtr::NULL,
         };
-        let (experts_gate_up, experts_down) = match ExpertLayout::of(self.source, l) {
-            ExpertLayout::Fused => (
-                self.get(TensorRole::ExpertsGateUp(l))?,
-                self.get(TensorRole::ExpertsDown(l))?,
-            ),
-            ExpertLayout::Split => (
-                self.get_interleaved(TensorRole::ExpertsGate(l), TensorRole::ExpertsUp(l))?,
-                self.get(TensorRole::ExpertsDown(l))?,
-            ),
-            ExpertLayout::PerExpert => {
-                let gate_up: Vec<TensorRole> = (0..m.num_experts)
-                    .flat_map(|e| [TensorRole::ExpertGate(l, e), TensorRole::ExpertUp(l, e)])
-                    .collect();
-                let down: Vec<TensorRole> = (0..m.num_experts)
-                    .map(|e| TensorRole::ExpertDown(l, e))
-                    .collect();
-                (self.get_stacked(&gate_up)?, self.get_stacked(&down)?)
+        let layout = ExpertLayout::of(self.source, l);
+        let parts = ExpertParts {
+            experts: m.num_experts,
+            first: match layout {
+                ExpertLayout::Fused => StackParts::Stack(vec![(TensorRole::ExpertsGateUp(l), 2)]),
+                ExpertLayout::Split => StackParts::Stack(vec![
+                    (TensorRole::ExpertsGate(l), 1),
+                    (TensorRole::ExpertsUp(l), 1),
+                ]),
+                ExpertLayout::PerExpert => StackParts::PerExpert(
+                    (0..m.num_experts)
+                        .map(|e| vec![TensorRole::ExpertGate(l, e), TensorRole::ExpertUp(l, e)])
+                        .collect(),
+                ),
+            },
+            down: match layout {
+                ExpertLayout::PerExpert => StackParts::PerExpert(
+                    (0..m.num_experts)
+                        .map(|e| vec![TensorRole::ExpertDown(l, e)])
+                        .collect(),
+                ),
+                _ => StackParts::Stack(vec![(TensorRole::ExpertsDown(l), 1)]),
+            },
+        };
+        let (experts_gate_up, experts_down) = match self.fp8_experts(&parts)? {
+            Some(stacks) => stacks,
+            None => {
+                let (gate_up, down) = match layout {
+                    ExpertLayout::Fused => (
+                        self.get(TensorRole::ExpertsGateUp(l))?,
+                        self.get(TensorRole::ExpertsDown(l))?,
+                    ),
+                    ExpertLayout::Split => (
+                        self.get_interleaved(TensorRole::ExpertsGate(l), TensorRole::ExpertsUp(l))?,
+                        self.get(TensorRole::ExpertsDown(l))?,
+                    ),
+                    ExpertLayout::PerExpert => {
+                        let (first, down) = parts.per_expert_roles();
+                        (self.get_stacked(&first)?, self.get_stacked(&down)?)
+                    }
+                };
+                (LinearWeight::bf16(gate_up), LinearWeight::bf16(down))
             }
         };
         let shared = m.shared_expert_intermediate.is_some();
@@ -1040,14 +1140,134 @@ impl Uploader<'_> {
             router,
             experts_gate_up,
             experts_down,
-            shared_gate_up: self.get_if_stacked(
-                shared,
-                &[TensorRole::SharedGate(l), TensorRole::SharedUp(l)],
-            )?,
-            shared_down: self.get_if(shared, TensorRole::SharedDown(l))?,
+            shared_gate_up: self
+                .linear_if(shared, &[TensorRole::SharedGate(l), TensorRole::SharedUp(l)])?,
+            shared_down: self.linear_if(shared, &[TensorRole::SharedDown(l)])?,
             shared_gate: self.get_if(shared, TensorRole::SharedExpertGate(l))?,
             correction_bias,
         })
+    }
+
+    /// A sparse layer's expert stacks in FP8 where the format makes them FP8: quantized at load
+    /// (each expert's projections on their own 128 x 128 block grids, as FP8 checkpoints store
+    /// them), or the checkpoint's FP8 experts where every expert tensor of the layer is stored
+    /// FP8 and converted; `None` for BF16 experts (a BF16 format, or an FP8 checkpoint whose
+    /// experts are not all FP8: those stay BF16, their FP8 tensors dequantised). Each stack is
+    /// one [`Fp8Tensor`] of the experts' rows ([`Fp8Tensor::stack`]).
+    fn fp8_experts(
+        &mut self,
+        parts: &ExpertParts,
+    ) -> Result<Option<(LinearWeight, LinearWeight)>, ModelError> {
+        let stack = |u: &Self, p: &StackParts| -> Result<Fp8Tensor, ModelError> {
+            match u.format {
+                LinearFormat::Bf16 => unreachable!("BF16 experts take no FP8 stack"),
+                LinearFormat::Fp8Quantize => u.quantized_stack(p, parts.experts),
+                LinearFormat::Fp8Stored(scheme) => match p {
+                    StackParts::PerExpert(each) => {
+                        let mut experts = Vec::with_capacity(each.len());
+                        for roles in each {
+                            let projections = roles
+                                .iter()
+                                .map(|r| stored_fp8(u.source, scheme, &r.hf_name()))
+                                .collect::<Result<Vec<_>, _>>()?;
+                            experts.push(Fp8Tensor::stack(projections));
+                        }
+                        Ok(Fp8Tensor::stack(experts))
+                    }
+                    StackParts::Stack(stacks) => Err(ModelError::Unsupported(format!(
+                        "FP8 expert stacks ({}) are not read",
+                        stacks[0].0.hf_name()
+                    ))),
+                },
+            }
+        };
+        match self.format {
+            LinearFormat::Bf16 => return Ok(None),
+            LinearFormat::Fp8Quantize => {}
+            LinearFormat::Fp8Stored(scheme) => {
+                let roles = [parts.first.roles(), parts.down.roles()].concat();
+                let all = roles.iter().all(|r| {
+                    let name = r.hf_name();
+                    self.source.is_e4m3(&name)
+                        && scheme.converts(name.strip_suffix(".weight").unwrap_or(&name))
+                });
+                if !all {
+                    return Ok(None);
+                }
+            }
+        }
+        let tensors = parts.first.roles().len() + parts.down.roles().len();
+        let (first, down) = (stack(self, &parts.first)?, stack(self, &parts.down)?);
+        self.moe_fp8_dequant_weights = self
+            .moe_fp8_dequant_weights
+            .max(first.n * first.k + down.n * down.k);
+        let upload = |u: &mut Self, t: &Fp8Tensor, tensors: usize| {
+            let w = u.put_bytes(&t.data, 0)?;
+            let scales = u.put_bytes(bytemuck::cast_slice(&t.scales), tensors)?;
+            Ok::<_, ModelError>(LinearWeight {
+                w,
+                scales,
+                row_shift: t.row_shift(),
+            })
+        };
+        let first = upload(self, &first, parts.first.roles().len())?;
+        let down = upload(self, &down, tensors - parts.first.roles().len())?;
+        Ok(Some((first, down)))
+    }
+
+    /// One expert stack quantized at load: every expert's projections (each a piece of rows)
+    /// quantized in 128 x 128 blocks of their own, then stacked.
+    fn quantized_stack(&self, p: &StackParts, experts: usize) -> Result<Fp8Tensor, ModelError> {
+        let quantize = |t: HostTensor, what: &dyn Fn() -> String| {
+            Fp8Tensor::quantize(&t).map_err(|e| {
+                ModelError::from(WeightError::Quantization {
+                    message: format!("quantizing {}: {e}", what()),
+                })
+            })
+        };
+        let mut stacked = Vec::with_capacity(experts);
+        match p {
+            StackParts::PerExpert(each) => {
+                for roles in each {
+                    let mut projections = Vec::with_capacity(roles.len());
+                    for r in roles {
+                        let name = r.hf_name();
+                        projections.push(quantize(self.source.load(&name)?, &|| name.clone())?);
+                    }
+                    stacked.push(Fp8Tensor::stack(projections));
+                }
+            }
+            StackParts::Stack(stacks) => {
+                let tensors = stacks
+                    .iter()
+                    .map(|(r, _)| self.source.load(&r.hf_name()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                for e in 0..experts {
+                    let mut projections = Vec::new();
+                    for (t, &(role, pieces)) in tensors.iter().zip(stacks) {
+                        let [n, rows, cols] = t.shape[..] else {
+                            return Err(ModelError::Unsupported(format!(
+                                "`{}` has shape {:?}, not [experts, rows, cols]",
+                                role.hf_name(),
+                                t.shape
+                            )));
+                        };
+                        let expert = &t.data[e * rows * cols..(e + 1) * rows * cols];
+                        let each = rows / pieces.max(1);
+                        for (i, piece) in expert.chunks_exact((each * cols).max(1)).enumerate() {
+                            let what = || format!("{}[{e}] piece {i} of {n}", role.hf_name());
+                            let t = HostTensor {
+                                shape: vec![each, cols],
+                                data: piece.to_vec(),
+                            };
+                            projections.push(quantize(t, &what)?);
+                        }
+                    }
+                    stacked.push(Fp8Tensor::stack(projections));
+                }
+            }
+        }
+        Ok(Fp8Tensor::stack(stacked))
     }
 
     /// Nemotron-H layer `l`'s experts (`mixer.*`): the router and its correction bias, the
@@ -1061,19 +1281,38 @@ impl Uploader<'_> {
         let n = TensorRole::NemotronH;
         let router = self.get(n(NemotronTensor::Router(l)))?;
         let correction_bias = self.get_f32(n(NemotronTensor::CorrectionBias(l)))?;
-        let (experts_gate_up, experts_down) = match ExpertLayout::of(self.source, l) {
-            ExpertLayout::Fused => (
-                self.get(n(NemotronTensor::ExpertsUp(l)))?,
-                self.get(n(NemotronTensor::ExpertsDown(l)))?,
+        let fused = ExpertLayout::of(self.source, l) == ExpertLayout::Fused;
+        let per_expert = |role: fn(usize, usize) -> NemotronTensor| {
+            StackParts::PerExpert(
+                (0..m.num_experts)
+                    .map(|e| vec![n(role(l, e))])
+                    .collect(),
+            )
+        };
+        let parts = match fused {
+            true => ExpertParts {
+                experts: m.num_experts,
+                first: StackParts::Stack(vec![(n(NemotronTensor::ExpertsUp(l)), 1)]),
+                down: StackParts::Stack(vec![(n(NemotronTensor::ExpertsDown(l)), 1)]),
+            },
+            false => ExpertParts {
+                experts: m.num_experts,
+                first: per_expert(NemotronTensor::ExpertUp),
+                down: per_expert(NemotronTensor::ExpertDown),
+            },
+        };
+        let (experts_gate_up, experts_down) = match self.fp8_experts(&parts)? {
+            Some(stacks) => stacks,
+            None if fused => (
+                LinearWeight::bf16(self.get(n(NemotronTensor::ExpertsUp(l)))?),
+                LinearWeight::bf16(self.get(n(NemotronTensor::ExpertsDown(l)))?),
             ),
-            _ => {
-                let up: Vec<TensorRole> = (0..m.num_experts)
-                    .map(|e| n(NemotronTensor::ExpertUp(l, e)))
-                    .collect();
-                let down: Vec<TensorRole> = (0..m.num_experts)
-                    .map(|e| n(NemotronTensor::ExpertDown(l, e)))
-                    .collect();
-                (self.get_stacked(&up)?, self.get_stacked(&down)?)
+            None => {
+                let (up, down) = parts.per_expert_roles();
+                (
+                    LinearWeight::bf16(self.get_stacked(&up)?),
+                    LinearWeight::bf16(self.get_stacked(&down)?),
+                )
             }
         };
         let shared = m.shared_expert_intermediate.is_some();
@@ -1081,8 +1320,8 @@ impl Uploader<'_> {
             router,
             experts_gate_up,
             experts_down,
-            shared_gate_up: self.get_if(shared, n(NemotronTensor::SharedUp(l)))?,
-            shared_down: self.get_if(shared, n(NemotronTensor::SharedDown(l)))?,
+            shared_gate_up: self.linear_if(shared, &[n(NemotronTensor::SharedUp(l))])?,
+            shared_down: self.linear_if(shared, &[n(NemotronTensor::SharedDown(l))])?,
             shared_gate: DevicePtr::NULL,
             correction_bias,
         })
@@ -1150,6 +1389,7 @@ fn load_inner(
         fp8_max_k: 0,
         fp8_max_n: 0,
         fp8_max_dequant_weights: 0,
+        moe_fp8_dequant_weights: 0,
         gpu,
         progress,
         allocations,
@@ -1234,6 +1474,7 @@ fn load_inner(
         fp8_max_k,
         fp8_max_n: u.fp8_max_n,
         fp8_max_dequant_weights: u.fp8_max_dequant_weights,
+        moe_fp8_dequant_weights: u.moe_fp8_dequant_weights,
         kv_scaled_layers,
         embedding,
         final_norm,
@@ -1308,6 +1549,7 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
         fp8_max_k: u.fp8_max_k,
         fp8_max_n: u.fp8_max_n,
         fp8_max_dequant_weights: u.fp8_max_dequant_weights,
+        moe_fp8_dequant_weights: u.moe_fp8_dequant_weights,
         // Nemotron-H's attention layers take no checkpoint KV scales (1.0).
         kv_scaled_layers: 0,
         embedding,

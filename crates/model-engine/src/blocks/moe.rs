@@ -39,16 +39,17 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
-    MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2,
-    MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute,
-    MoeRouter, MoeScoring, MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu, Relu2,
+    Fp8DequantBf16, MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu,
+    MoeGemvDown, MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu, MoeGemvRelu2, MoeGemvSwiglu,
+    MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
+    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, MoeWgmmaDown,
+    MoeWgmmaRelu2, MoeWgmmaSwiglu, Relu2,
 };
 
 use super::{Arena, Block, Step};
 use crate::ModelError;
 use crate::launch::Launcher;
-use crate::linear::{Linear, LinearKernels, Rows, SwigluLinear};
+use crate::linear::{Linear, LinearKernels, LinearWeight, Rows, SwigluLinear};
 use crate::plan::MoeSpec;
 use crate::residual::{Residual, RmsNorm};
 use crate::tuning::Tuning;
@@ -68,6 +69,10 @@ struct Kernels {
     combine: KernelHandle,
     /// `relu2_bf16`, for a squared-ReLU shared expert.
     relu2: KernelHandle,
+    /// FP8 experts' decode down launch, and the dequantisation of their stacks for the grouped
+    /// path.
+    fp8_down: KernelHandle,
+    fp8_dequant: KernelHandle,
 }
 
 /// The experts' first product in the activation's five forms: the decode launch, and the grouped
@@ -78,6 +83,8 @@ struct Kernels {
 struct FirstProduct {
     activation: MlpActivation,
     decode: KernelHandle,
+    /// The decode launch over FP8 experts.
+    decode_fp8: KernelHandle,
     gemm: KernelHandle,
     wgmma: KernelHandle,
     stream: KernelHandle,
@@ -93,6 +100,7 @@ impl FirstProduct {
                 MoeGroupedGemvSwiglu::NAME,
                 MoeGroupedMmaSwiglu::NAME,
                 MoeWgmmaSwiglu::NAME,
+                MoeGemvFp8Swiglu::NAME,
             ],
             MlpActivation::Relu2 => [
                 MoeGemvRelu2::NAME,
@@ -100,11 +108,13 @@ impl FirstProduct {
                 MoeGroupedGemvRelu2::NAME,
                 MoeGroupedMmaRelu2::NAME,
                 MoeWgmmaRelu2::NAME,
+                MoeGemvFp8Relu2::NAME,
             ],
         };
         Ok(FirstProduct {
             activation,
             decode: gpu.kernel(names[0])?,
+            decode_fp8: gpu.kernel(names[5])?,
             gemm: gpu.kernel(names[1])?,
             stream: gpu.kernel(names[2])?,
             mma: gpu.kernel(names[3])?,
@@ -116,6 +126,13 @@ impl FirstProduct {
         match self.activation {
             MlpActivation::SwiGlu => l.launch(self.decode, "experts", &a),
             MlpActivation::Relu2 => l.launch(self.decode, "experts", &MoeGemvRelu2::from(a)),
+        }
+    }
+
+    fn decode_fp8(&self, l: &Launcher, a: MoeGemvFp8Swiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => l.launch(self.decode_fp8, "experts", &a),
+            MlpActivation::Relu2 => l.launch(self.decode_fp8, "experts", &MoeGemvFp8Relu2::from(a)),
         }
     }
 
@@ -190,6 +207,9 @@ struct Scratch {
     shared_act: DevicePtr,
     shared_out: DevicePtr,
     shared_logit: DevicePtr,
+    /// bf16 `[experts * rows, hidden]` then `[experts * hidden, intermediate]`: a layer's FP8
+    /// expert stacks dequantised for the grouped path; null without FP8 experts.
+    dequant: DevicePtr,
 }
 
 /// What the MoE blocks of a model share.
@@ -207,6 +227,7 @@ impl Shared {
         spec: MoeSpec,
         max_tokens: usize,
         hidden: usize,
+        fp8_dequant_weights: usize,
     ) -> Result<Shared, ModelError> {
         let kernels = Kernels {
             route: gpu.kernel(MoeRoute::NAME)?,
@@ -220,6 +241,8 @@ impl Shared {
             mma_down: gpu.kernel(MoeGroupedMmaDown::NAME)?,
             combine: gpu.kernel(MoeCombine::NAME)?,
             relu2: gpu.kernel(Relu2::NAME)?,
+            fp8_down: gpu.kernel(MoeGemvFp8Down::NAME)?,
+            fp8_dequant: gpu.kernel(Fp8DequantBf16::NAME)?,
         };
         let (t, k) = (max_tokens, spec.top_k);
         let si = spec.shared_intermediate.unwrap_or(0);
@@ -247,6 +270,10 @@ impl Shared {
             shared_act,
             shared_out,
             shared_logit,
+            dequant: match fp8_dequant_weights {
+                0 => DevicePtr::NULL,
+                n => arena.alloc(n * 2)?,
+            },
         };
         gpu.memset(scratch.router_counter, 0, 4, gpu.default_stream())?;
         Ok(Shared {
@@ -270,11 +297,11 @@ pub(crate) struct Moe {
     router_w: DevicePtr,
     /// bf16 `[hidden]`: the shared expert's sigmoid gate (one output column), or null.
     shared_gate_w: DevicePtr,
-    /// bf16 `[experts, 2 * intermediate, hidden]` (SwiGLU), or `[experts, intermediate, hidden]`
-    /// (squared ReLU: the up rows only).
-    experts_gate_up: DevicePtr,
-    /// bf16 `[experts, hidden, intermediate]`.
-    experts_down: DevicePtr,
+    /// `[experts, 2 * intermediate, hidden]` (SwiGLU), or `[experts, intermediate, hidden]`
+    /// (squared ReLU: the up rows only): bf16, or e4m3 with its scales (the FP8 launches).
+    experts_gate_up: LinearWeight,
+    /// `[experts, hidden, intermediate]`, in `experts_gate_up`'s dtype.
+    experts_down: LinearWeight,
     /// f32 `[experts]`: the sigmoid router's correction bias (MiniMax-M2), or null.
     correction_bias: DevicePtr,
     shared_expert: Option<SharedExpert>,
@@ -339,7 +366,7 @@ impl Moe {
         let experts = shared.spec.experts as u32;
         let shared_expert = shared.spec.shared_intermediate.map(|si| {
             let si = si as u32;
-            let down = Linear::new(
+            let down = Linear::of(
                 "shared_down",
                 w.shared_down,
                 DevicePtr::NULL,
@@ -349,7 +376,7 @@ impl Moe {
             match shared.spec.activation {
                 MlpActivation::SwiGlu => SharedExpert::SwiGlu {
                     gate_up: SwigluLinear {
-                        gate_up: Linear::new(
+                        gate_up: Linear::of(
                             "shared_gate_up",
                             w.shared_gate_up,
                             DevicePtr::NULL,
@@ -369,7 +396,7 @@ impl Moe {
                     ),
                 },
                 MlpActivation::Relu2 => SharedExpert::Relu2 {
-                    up: Linear::new(
+                    up: Linear::of(
                         "shared_up",
                         w.shared_gate_up,
                         DevicePtr::NULL,
@@ -392,11 +419,26 @@ impl Moe {
             ),
             router_w: w.router,
             shared_gate_w: w.shared_gate,
-            shared_slots: shared.spec.shared_intermediate.map(|si| SharedSlots {
-                first: w.shared_gate_up,
-                down: w.shared_down,
-                inter: si as u32,
-            }),
+            // The slots are BF16 launches: only where the experts and the shared expert are BF16
+            // (FP8 experts' launches take none; an FP8 shared expert runs its own products).
+            shared_slots: shared
+                .spec
+                .shared_intermediate
+                .filter(|_| {
+                    [
+                        w.experts_gate_up,
+                        w.experts_down,
+                        w.shared_gate_up,
+                        w.shared_down,
+                    ]
+                    .iter()
+                    .all(|w| w.scales.is_null())
+                })
+                .map(|si| SharedSlots {
+                    first: w.shared_gate_up.w,
+                    down: w.shared_down.w,
+                    inter: si as u32,
+                }),
             experts_gate_up: w.experts_gate_up,
             experts_down: w.experts_down,
             correction_bias: w.correction_bias,
@@ -432,6 +474,56 @@ impl Moe {
             scale: route.scale,
             hidden: self.hidden,
         }
+    }
+
+    /// Whether the routed experts are FP8 (the decode launches' FP8 forms; the grouped path's
+    /// stacks dequantised first).
+    fn fp8_experts(&self) -> bool {
+        !self.experts_gate_up.scales.is_null()
+    }
+
+    /// The grouped path's BF16 stacks (first product, down): the experts' own, or for FP8
+    /// experts the layer's stacks dequantised into the shared scratch (every expert's, touched or
+    /// not: 3 bytes a weight moved, 1 read and 2 written).
+    fn grouped_weights(&self, l: &Launcher) -> Result<(DevicePtr, DevicePtr), ModelError> {
+        if !self.fp8_experts() {
+            return Ok((self.experts_gate_up.w, self.experts_down.w));
+        }
+        let (spec, sc) = (&self.shared.spec, &self.shared.scratch);
+        if sc.dequant.is_null() {
+            return Err(ModelError::InvalidStep(
+                "FP8 experts on the grouped path need the dequantise scratch, which this model's \
+                 load did not allocate"
+                    .into(),
+            ));
+        }
+        let per = match spec.activation {
+            MlpActivation::SwiGlu => 2,
+            MlpActivation::Relu2 => 1,
+        };
+        let rows = per * spec.intermediate;
+        let first_rows = (spec.experts * rows) as u32;
+        let down_rows = (spec.experts as u32) * self.hidden;
+        let first = Fp8DequantBf16 {
+            out: sc.dequant,
+            w: self.experts_gate_up.w,
+            scales: self.experts_gate_up.scales,
+            n: first_rows,
+            k: self.hidden,
+            row_shift: self.experts_gate_up.row_shift,
+        };
+        let down = Fp8DequantBf16 {
+            out: sc.dequant.offset(first_rows as usize * self.hidden as usize * 2),
+            w: self.experts_down.w,
+            scales: self.experts_down.scales,
+            n: down_rows,
+            k: spec.intermediate as u32,
+            row_shift: self.experts_down.row_shift,
+        };
+        let kernel = self.shared.kernels.fp8_dequant;
+        l.launch(kernel, "fp8_dequant", &first)?;
+        l.launch(kernel, "fp8_dequant", &down)?;
+        Ok((first.out, down.out))
     }
 
     /// Whether the decode expert launches take the shared expert as slots of their own.
@@ -538,13 +630,50 @@ impl Moe {
             .map_or((DevicePtr::NULL, DevicePtr::NULL, 0), |s| {
                 (s.first, s.down, s.inter)
             });
+        if self.fp8_experts() {
+            // No shared slots (shared_in_experts is false): the shared term is the dense
+            // products' output.
+            let (gu, dw) = (self.experts_gate_up, self.experts_down);
+            let gate_up = MoeGemvFp8Swiglu {
+                act: sc.act,
+                x,
+                w: gu.w,
+                scales: gu.scales,
+                ids: sc.ids,
+                rows,
+                k,
+                experts,
+                inter,
+                hidden: self.hidden,
+                row_shift: gu.row_shift,
+            };
+            kernels.first.decode_fp8(l, gate_up)?;
+            let (shared, shared_gate) = self.shared_term();
+            let down = MoeGemvFp8Down {
+                out: sc.out,
+                act: sc.act,
+                w: dw.w,
+                scales: dw.scales,
+                ids: sc.ids,
+                weights: sc.weights,
+                shared,
+                shared_gate,
+                rows,
+                k,
+                experts,
+                hidden: self.hidden,
+                inter,
+                row_shift: dw.row_shift,
+            };
+            return l.launch(kernels.fp8_down, "experts", &down);
+        }
         let gate_up = MoeGemvSwiglu {
             shared_act: sc.shared_act,
             shared_w: shared_first,
             shared_inter,
             act: sc.act,
             x,
-            w: self.experts_gate_up,
+            w: self.experts_gate_up.w,
             ids: sc.ids,
             rows,
             k,
@@ -563,7 +692,7 @@ impl Moe {
             shared_inter,
             out: sc.out,
             act: sc.act,
-            w: self.experts_down,
+            w: self.experts_down.w,
             ids: sc.ids,
             weights: sc.weights,
             shared,
@@ -599,10 +728,11 @@ impl Moe {
             experts,
         };
         l.launch(kernels.group, "experts", &group)?;
+        let (first_w, down_w) = self.grouped_weights(l)?;
         let gate_up = MoeGemmSwiglu {
             act: sc.act,
             x,
-            w: self.experts_gate_up,
+            w: first_w,
             offsets,
             sorted,
             k,
@@ -613,7 +743,7 @@ impl Moe {
         let down = MoeGemmDown {
             y: sc.y,
             act: sc.act,
-            w: self.experts_down,
+            w: down_w,
             offsets,
             sorted,
             experts,
@@ -626,7 +756,7 @@ impl Moe {
             experts,
             inter,
             self.hidden,
-            &[x, sc.act, self.experts_gate_up, self.experts_down],
+            &[x, sc.act, first_w, down_w],
         );
         if rows >= l.tuning.moe_tensor_core_min_rows && wgmma {
             kernels.first.wgmma(l, gate_up)?;
