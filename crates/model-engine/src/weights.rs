@@ -1140,8 +1140,10 @@ impl Uploader<'_> {
             router,
             experts_gate_up,
             experts_down,
-            shared_gate_up: self
-                .linear_if(shared, &[TensorRole::SharedGate(l), TensorRole::SharedUp(l)])?,
+            shared_gate_up: self.linear_if(
+                shared,
+                &[TensorRole::SharedGate(l), TensorRole::SharedUp(l)],
+            )?,
             shared_down: self.linear_if(shared, &[TensorRole::SharedDown(l)])?,
             shared_gate: self.get_if(shared, TensorRole::SharedExpertGate(l))?,
             correction_bias,
@@ -1283,11 +1285,7 @@ impl Uploader<'_> {
         let correction_bias = self.get_f32(n(NemotronTensor::CorrectionBias(l)))?;
         let fused = ExpertLayout::of(self.source, l) == ExpertLayout::Fused;
         let per_expert = |role: fn(usize, usize) -> NemotronTensor| {
-            StackParts::PerExpert(
-                (0..m.num_experts)
-                    .map(|e| vec![n(role(l, e))])
-                    .collect(),
-            )
+            StackParts::PerExpert((0..m.num_experts).map(|e| vec![n(role(l, e))]).collect())
         };
         let parts = match fused {
             true => ExpertParts {

@@ -513,7 +513,9 @@ impl Moe {
             row_shift: self.experts_gate_up.row_shift,
         };
         let down = Fp8DequantBf16 {
-            out: sc.dequant.offset(first_rows as usize * self.hidden as usize * 2),
+            out: sc
+                .dequant
+                .offset(first_rows as usize * self.hidden as usize * 2),
             w: self.experts_down.w,
             scales: self.experts_down.scales,
             n: down_rows,
