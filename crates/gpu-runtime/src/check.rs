@@ -30,6 +30,7 @@ mod gemv_fp8;
 mod kv_fp8;
 mod mamba2;
 mod moe;
+mod moe_fp8;
 mod moe_fused;
 mod moe_relu2;
 mod norm_offset;
@@ -1829,6 +1830,8 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(fp8_gemm::fp8_row_producer_cases(&mut rng));
     // The gated delta rule's chunked prefill, after every other case for the same reason.
     out.extend(gated_delta::gdn_chunk_cases(&mut rng));
+    // The FP8 decode experts, after every other case for the same reason.
+    out.extend(moe_fp8::moe_fp8_cases(&mut rng));
     out
 }
 

@@ -13,11 +13,19 @@
 //! (Gated DeltaNet and Mamba-2 mixers, Nemotron-H's one-block layers) are listed by `hybrid`;
 //! `Model::load` refuses those models before reading any (`LayerPlan::check_runnable`).
 //!
-//! The dense linears (q|k|v, o, gate|up, down) upload in the [`LinearFormat`] asked for: BF16,
-//! quantized at load to FP8 in 128 x 128 blocks, or the checkpoint's own FP8 weights and scales
-//! (its `quantization_config`: [`Fp8Scheme`]), stacked as the products read them
-//! ([`Fp8Tensor::stack`]). The embedding, the LM head, norms, routers and (in part 1) MoE experts
-//! stay BF16: an FP8 checkpoint's other E4M3 tensors are dequantised to BF16 at load.
+//! The dense linears (q|k|v, o, gate|up, down, and a shared expert's gate|up and down) upload
+//! in the [`LinearFormat`] asked for: BF16, quantized at load to FP8 in 128 x 128 blocks, or the
+//! checkpoint's own FP8 weights and scales (its `quantization_config`: [`Fp8Scheme`]), stacked
+//! as the products read them ([`Fp8Tensor::stack`]). A sparse layer's routed experts follow the
+//! format too: each expert's projections quantized at load on their own 128 x 128 grids (as the
+//! hub's FP8 checkpoints store them), or read from the checkpoint's per-expert `weight` and scale
+//! tensors where every expert tensor of the layer is FP8 and converted, then stacked over the
+//! experts into one FP8 matrix per stack (128 x 128 blocks where every projection fills whole
+//! 128-row blocks, else a scale per row: any width). FP8 expert stacks stored whole
+//! (transformers 5's `experts.gate_up_proj`) are refused before anything uploads; the BF16
+//! stacked layouts quantize at load like the per-expert one. The embedding, the LM head, norms,
+//! routers and the shared expert's sigmoid gate stay BF16: an FP8 checkpoint's other E4M3
+//! tensors (and experts it does not store wholly in FP8) are dequantised to BF16 at load.
 
 use half::bf16;
 use metrale_config::{

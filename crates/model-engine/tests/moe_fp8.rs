@@ -5,7 +5,8 @@
 //! at load (`LinearFormat::Fp8Quantize`) or read from an FP8 checkpoint this test writes (every
 //! linear and every expert projection `*.weight` in float8_e4m3fn beside `*.weight_scale_inv`),
 //! against the BF16 model. A 20-token prefill takes the grouped expert path (the stacks
-//! dequantised into the scratch, then the BF16 tensor-core streams), the decode steps the FP8
+//! dequantised into the scratch, then the BF16 tensor-core streams; `moe_fp8_grouped_min_rows`
+//! set to 16) or the per-assignment FP8 launches (the Hopper tree's 64), the decode steps the FP8
 //! decode launches.
 //!
 //! The bound, as `fp8.rs` works it out: E4M3's rounding error is about 0.036 of a product's
@@ -106,8 +107,15 @@ fn prompt() -> Vec<u32> {
 /// Every step's logits (the prefill's last row, then each decode step's), teacher-forced on
 /// [`prompt`].
 fn logits(source: &dyn WeightSource, format: &LinearFormat) -> Vec<Vec<f32>> {
+    let mut tuning = Tuning::hopper().expect("the kernel tree's tuning");
+    // The prefill's FP8 experts on the grouped path (the Hopper tree's threshold is 64 rows).
+    tuning.set("moe_fp8_grouped_min_rows", "16").unwrap();
+    logits_with(source, format, tuning)
+}
+
+/// [`logits`] under `tuning`.
+fn logits_with(source: &dyn WeightSource, format: &LinearFormat, tuning: Tuning) -> Vec<Vec<f32>> {
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
-    let tuning = Tuning::hopper().expect("the kernel tree's tuning");
     let mut model = Model::load_with(
         config(),
         source,
@@ -202,6 +210,20 @@ fn fp8_experts_agree_with_bf16_within_e4m3_precision() {
         }
     }
     assert!(compared >= 1, "no step had a clear choice");
+    // The Hopper tree's threshold: the 20-token prefill's experts on the per-assignment FP8
+    // launches instead (products of the f32 dequantised weights, not of their bf16 rounding;
+    // expert outputs unrounded before the weighted sum): as close to BF16, and near the grouped
+    // run.
+    let per_assignment = logits_with(
+        &source,
+        &LinearFormat::Fp8Quantize,
+        Tuning::hopper().unwrap(),
+    );
+    let err2 = relative_l2(&per_assignment, &bf16);
+    let apart = relative_l2(&per_assignment, &fp8);
+    eprintln!("per-assignment prefill: {err2:.4} from BF16, {apart:.2e} from the grouped run");
+    assert!(err2 <= FP8_LOGIT_BOUND, "{err2}");
+    assert!(apart > 0.0 && apart <= 0.1 * err, "{apart}");
 }
 
 /// One tensor of a checkpoint being written: its dtype, shape and bytes.

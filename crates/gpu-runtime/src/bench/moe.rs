@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Bench rows of the MoE kernels (`moe.cu`) at a sparse model's expert shapes.
+//! Bench rows of the MoE kernels (`moe.cu`, and `moe_fp8.cu`'s FP8 decode launches) at a sparse
+//! model's expert shapes.
 //!
 //! Routing is uploaded, not filled: row `r`'s slot `s` takes expert `(r * k + s) % experts`, so a
 //! batch of `rows` touches `min(rows * k, experts)` distinct experts, every one once where it can
@@ -10,8 +11,9 @@ use metrale_core::DevicePtr;
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
     ExpertActivation, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
-    MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedMmaDown, MoeGroupedMmaRelu2,
-    MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, group_by_expert,
+    MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup,
+    MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring,
+    group_by_expert,
 };
 
 use super::{BenchCase, i32_bytes, launch_of};
@@ -414,6 +416,8 @@ pub fn moe_cases(s: &MoeShape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.push(route_case(s, rows));
         out.push(gemv_first_case(s, rows));
         out.push(gemv_down_case(s, rows));
+        out.push(fp8_first_case(s, rows));
+        out.push(fp8_down_case(s, rows));
     }
     // Decode batches from moe_grouped_min_rows: the mma weight streams.
     for t in [16u32, 32, 64, 128] {
@@ -425,4 +429,110 @@ pub fn moe_cases(s: &MoeShape, prefill_tokens: &[u32]) -> Vec<BenchCase> {
         out.extend(grouped_cases(s, t, Grouped::Tiles));
     }
     out
+}
+
+/// Bytes of the f32 scales of an FP8 stack of `rows` rows and `cols` columns in 128 x 128 blocks.
+fn fp8_scale_bytes(rows: u64, cols: u32) -> u64 {
+    rows.div_ceil(128) * u64::from(cols.div_ceil(128)) * 4
+}
+
+/// The decode first launch over FP8 experts (128 x 128 blocks, weights e4m3 1.5 and scales about
+/// 0.0115 from the 0x3C fill): bytes are the touched experts' e4m3 weights and their scales, the
+/// input rows and the activations.
+fn fp8_first_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (h, i, e, k, activation) = (s.hidden, s.inter, s.experts, s.k, s.activation);
+    let (n, r) = (u64::from(rows * k), s.first_rows());
+    let stack_rows = u64::from(e) * r * u64::from(i);
+    let touched_rows = touched(s, rows) * r * u64::from(i);
+    BenchCase {
+        kernel: match activation {
+            ExpertActivation::SwiGlu => MoeGemvFp8Swiglu::NAME,
+            ExpertActivation::Relu2 => MoeGemvFp8Relu2::NAME,
+        },
+        label: format!(
+            "{} moe fp8 {} m={rows} k={k} inter={i} hidden={h}",
+            s.name,
+            s.first_label()
+        ),
+        bytes: touched_rows * u64::from(h)
+            + fp8_scale_bytes(touched_rows, h)
+            + u64::from(rows) * u64::from(h) * 2
+            + n * u64::from(i) * 2,
+        flops: 2 * n * r * u64::from(i) * u64::from(h),
+        buffers: vec![
+            ((n * u64::from(i)) as usize * 2, 0),
+            (rows as usize * h as usize * 2, 0x3C),
+            ((stack_rows * u64::from(h)) as usize, 0x3C),
+            (fp8_scale_bytes(stack_rows, h) as usize, 0x3C),
+        ],
+        uploads: vec![i32_bytes(&spread_ids(s, rows))],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            let args = MoeGemvFp8Swiglu {
+                act: p[0],
+                x: p[1],
+                w: p[2],
+                scales: p[3],
+                ids: p[4],
+                rows,
+                k,
+                experts: e,
+                inter: i,
+                hidden: h,
+                row_shift: 7,
+            };
+            match activation {
+                ExpertActivation::SwiGlu => launch_of(args),
+                ExpertActivation::Relu2 => launch_of(MoeGemvFp8Relu2::from(args)),
+            }
+        }),
+    }
+}
+
+/// The decode down launch over FP8 experts with the weighted slot sum at `rows` rows.
+fn fp8_down_case(s: &MoeShape, rows: u32) -> BenchCase {
+    let (h, i, e, k) = (s.hidden, s.inter, s.experts, s.k);
+    let n = u64::from(rows * k);
+    let stack_rows = u64::from(e) * u64::from(h);
+    let touched_rows = touched(s, rows) * u64::from(h);
+    BenchCase {
+        kernel: MoeGemvFp8Down::NAME,
+        label: format!(
+            "{} moe fp8 down+combine m={rows} k={k} hidden={h} inter={i}",
+            s.name
+        ),
+        bytes: touched_rows * u64::from(i)
+            + fp8_scale_bytes(touched_rows, i)
+            + n * u64::from(i) * 2
+            + n * 8
+            + u64::from(rows) * u64::from(h) * 2,
+        flops: 2 * n * u64::from(h) * u64::from(i),
+        buffers: vec![
+            (rows as usize * h as usize * 2, 0),
+            ((n * u64::from(i)) as usize * 2, 0x3C),
+            ((stack_rows * u64::from(i)) as usize, 0x3C),
+            (fp8_scale_bytes(stack_rows, i) as usize, 0x3C),
+            (n as usize * 4, 0x3C),
+        ],
+        uploads: vec![i32_bytes(&spread_ids(s, rows))],
+        library_gemm: None,
+        build: Box::new(move |p| {
+            launch_of(MoeGemvFp8Down {
+                out: p[0],
+                act: p[1],
+                w: p[2],
+                scales: p[3],
+                weights: p[4],
+                ids: p[5],
+                shared: DevicePtr::NULL,
+                shared_gate: DevicePtr::NULL,
+                rows,
+                k,
+                experts: e,
+                hidden: h,
+                inter: i,
+                row_shift: 7,
+            })
+        }),
+    }
 }

@@ -19,6 +19,13 @@
 //! output rounded to bf16 as transformers rounds it) and combine them with the routing weights
 //! (`moe_combine`).
 //!
+//! FP8 experts (the stacks e4m3 with f32 scales: [`LinearWeight`]'s form) take the decode
+//! launches' FP8 forms (`moe_gemv_fp8_swiglu`, `moe_gemv_fp8_relu2`, `moe_gemv_fp8_down`) below
+//! the larger of `moe_grouped_min_rows` and `moe_fp8_grouped_min_rows`; above, the layer's two
+//! stacks are dequantised whole into the shared BF16 scratch (`fp8_dequant_bf16`) and the grouped
+//! BF16 launches read that. Their shared expert never rides in the expert launches: it runs as
+//! its own (dense, FP8 with the linears) products.
+//!
 //! The activation ([`MlpActivation`], the spec's) is a property of the block: it picks the four
 //! forms of the first product (`_swiglu` or `_relu2` entries, one CUDA template each) and the
 //! shared expert's form; routing, grouping, down products and combine are the same launches.
@@ -815,7 +822,15 @@ impl Block for Moe {
         if let Some(capture) = l.routing {
             capture.record(l.gpu, sc.ids, rows as usize * self.shared.spec.top_k * 4)?;
         }
-        let grouped = rows >= l.tuning.moe_grouped_min_rows;
+        let grouped = match self.fp8_experts() {
+            true => {
+                rows >= l
+                    .tuning
+                    .moe_grouped_min_rows
+                    .max(l.tuning.moe_fp8_grouped_min_rows)
+            }
+            false => rows >= l.tuning.moe_grouped_min_rows,
+        };
         let run = SharedLaunches {
             gate_logit: !fused_router,
             products: grouped || !self.shared_in_experts(l.tuning),

@@ -483,7 +483,7 @@ mod tests {
             c.iter()
                 .enumerate()
                 .map(|(i, &b)| {
-                    let v = e4m3_to_f32(b) * s[(i / cols >> 7) * kb + i % cols / 128];
+                    let v = e4m3_to_f32(b) * s[((i / cols) >> 7) * kb + i % cols / 128];
                     let w = bf16::from_f32(v);
                     assert_eq!(f32::from(w), v, "bf16-exact");
                     w
