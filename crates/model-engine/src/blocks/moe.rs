@@ -761,12 +761,8 @@ impl Moe {
         };
         // The warpgroup-MMA tiles where the widths and pointers fit (the same bits as the WMMA
         // tiles, 4-6x faster at prefill sizes: docs/decisions.md), else the WMMA tiles.
-        let wgmma = MoeWgmmaSwiglu::fits(
-            experts,
-            inter,
-            self.hidden,
-            &[x, sc.act, first_w, down_w],
-        );
+        let wgmma =
+            MoeWgmmaSwiglu::fits(experts, inter, self.hidden, &[x, sc.act, first_w, down_w]);
         if rows >= l.tuning.moe_tensor_core_min_rows && wgmma {
             kernels.first.wgmma(l, gate_up)?;
             l.launch(kernels.wgmma_down, "experts", &MoeWgmmaDown::from(down))?;
