@@ -107,10 +107,18 @@ fn prompt() -> Vec<u32> {
 /// Every step's logits (the prefill's last row, then each decode step's), teacher-forced on
 /// [`prompt`].
 fn logits(source: &dyn WeightSource, format: &LinearFormat) -> Vec<Vec<f32>> {
-    let mut tuning = Tuning::hopper().expect("the kernel tree's tuning");
+    let mut tuning = fp8_experts();
     // The prefill's FP8 experts on the grouped path (the Hopper tree's threshold is 64 rows).
     tuning.set("moe_fp8_grouped_min_rows", "16").unwrap();
     logits_with(source, format, tuning)
+}
+
+/// The kernel tree's tuning with the routed experts FP8 where the linears are (the tree keeps
+/// them BF16 until their kernels have run on a GPU).
+fn fp8_experts() -> Tuning {
+    let mut tuning = Tuning::hopper().expect("the kernel tree's tuning");
+    tuning.set("moe_fp8_experts", "on").unwrap();
+    tuning
 }
 
 /// [`logits`] under `tuning`.
@@ -214,11 +222,7 @@ fn fp8_experts_agree_with_bf16_within_e4m3_precision() {
     // launches instead (products of the f32 dequantised weights, not of their bf16 rounding;
     // expert outputs unrounded before the weighted sum): as close to BF16, and near the grouped
     // run.
-    let per_assignment = logits_with(
-        &source,
-        &LinearFormat::Fp8Quantize,
-        Tuning::hopper().unwrap(),
-    );
+    let per_assignment = logits_with(&source, &LinearFormat::Fp8Quantize, fp8_experts());
     let err2 = relative_l2(&per_assignment, &bf16);
     let apart = relative_l2(&per_assignment, &fp8);
     eprintln!("per-assignment prefill: {err2:.4} from BF16, {apart:.2e} from the grouped run");
@@ -387,7 +391,7 @@ fn fp8_expert_stacks_are_refused_before_loading() {
         &checkpoint,
         gpu,
         options(),
-        Tuning::hopper().unwrap(),
+        fp8_experts(),
         &LinearFormat::Fp8Stored(scheme(dir.path())),
         &mut |done, _, _| assert_eq!(done, 0, "refused before any upload"),
     )
