@@ -480,6 +480,16 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
         (GdnRecurrent::NAME, run::<GdnRecurrent>, GdnRecurrent::KINDS),
         (GdnChunkPrep::NAME, run::<GdnChunkPrep>, GdnChunkPrep::KINDS),
         (GdnChunkScan::NAME, run::<GdnChunkScan>, GdnChunkScan::KINDS),
+        (
+            GdnChunkPrepTc::NAME,
+            run::<GdnChunkPrepTc>,
+            GdnChunkPrepTc::KINDS,
+        ),
+        (
+            GdnChunkScanTc::NAME,
+            run::<GdnChunkScanTc>,
+            GdnChunkScanTc::KINDS,
+        ),
         (GdnGating::NAME, run::<GdnGating>, GdnGating::KINDS),
         (GatedRmsNorm::NAME, run::<GatedRmsNorm>, GatedRmsNorm::KINDS),
         (

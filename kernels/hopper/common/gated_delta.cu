@@ -19,7 +19,7 @@
 // Value head h reads key head h / (hv / hk) (the reference's repeat_interleave). A run whose first
 // token is at position 0 starts a sequence: its conv and recurrent states start at zero, whatever
 // its slot holds (a slot is reused without being cleared), and are written back as always.
-#include "common.cuh"
+#include "gated_delta_chunk.cuh"
 
 namespace {
 
@@ -28,10 +28,6 @@ constexpr uint32_t CONV_MAX_KERNEL = 8;
 // Tokens one thread of gdn_conv1d walks; at least CONV_MAX_KERNEL - 1, so that only the first
 // chunk of a run reads the conv state.
 constexpr uint32_t CONV_CHUNK = 16;
-// Widest key head gdn_recurrent holds in registers (a column of S across two lanes).
-constexpr uint32_t GDN_MAX_DK = 128;
-// Epsilon of the L2 normalisation of q and k.
-constexpr float GDN_L2NORM_EPS = 1e-6f;
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
@@ -315,17 +311,11 @@ extern "C" __global__ void __launch_bounds__(256) gdn_gating(
 // is. Shapes outside the limits (dk above GDN_MAX_DK, chunk_len 0 or above GDN_CHUNK_MAX, hv not
 // a multiple of hk) write nothing.
 namespace {
-// Longest chunk (rows of T and P).
-constexpr uint32_t GDN_CHUNK_MAX = 64;
-// Threads of a block of either launch: four a chunk row, and (the scan's state update) two a row
-// of S.
-constexpr uint32_t GDN_CHUNK_THREADS = 256;
 // Value columns (of S, v and o) one scan block owns.
 constexpr uint32_t GDN_SCAN_COLS = 16;
-// Shared row strides (floats): a chunk's q or k row, and a row of T, L or P. Four floats past a
-// multiple of 32 banks, so the float4 reads of eight consecutive rows fall in distinct banks.
+// Shared row stride (floats) of a chunk's q or k row: four floats past a multiple of 32 banks, so
+// the float4 reads of eight consecutive rows fall in distinct banks (GDN_T_STRIDE likewise).
 constexpr uint32_t GDN_QK_STRIDE = GDN_MAX_DK + 4;
-constexpr uint32_t GDN_T_STRIDE = GDN_CHUNK_MAX + 4;
 constexpr uint32_t GDN_QK_FLOATS = GDN_CHUNK_MAX * GDN_QK_STRIDE;
 constexpr uint32_t GDN_T_FLOATS = GDN_CHUNK_MAX * GDN_T_STRIDE;
 // Dynamic shared memory of gdn_chunk_prep: q, k, L, T, G, beta.
@@ -345,18 +335,6 @@ static_assert(GDN_CHUNK_THREADS == 4 * GDN_CHUNK_MAX, "four threads a chunk row"
 static_assert(GDN_CHUNK_THREADS == 2 * GDN_MAX_DK, "two threads a row of S");
 static_assert(GDN_SCAN_COLS == 16, "the state update's two halves of eight columns");
 static_assert(GDN_MAX_DK % 32 == 0, "whole rounds of a warp over a q or k row");
-
-// The argument limits both launches share.
-__device__ __forceinline__ bool gdn_chunk_shape_ok(uint32_t hv, uint32_t hk, uint32_t dk,
-                                                   uint32_t chunk_len, uint32_t max_chunks) {
-    return hk != 0 && hv % hk == 0 && dk != 0 && dk <= GDN_MAX_DK && chunk_len != 0 &&
-           chunk_len <= GDN_CHUNK_MAX && max_chunks != 0;
-}
-
-// Chunks of a run of len tokens.
-__device__ __forceinline__ uint32_t gdn_chunks_of(int32_t begin, int32_t end, uint32_t chunk_len) {
-    return (uint32_t)(((int64_t)end - begin + chunk_len - 1) / chunk_len);
-}
 
 // Rows 0 .. n - 1 of qs and ks (GDN_QK_STRIDE apart): the chunk's tokens' q (scaled by dk^-1/2)
 // and k of key head kh, L2-normalised as gdn_recurrent does; every other element of the
@@ -392,52 +370,11 @@ __device__ __forceinline__ void gdn_load_qk(float* qs, float* ks, const __nv_bfl
     }
 }
 
-// gs[i] = G_i, the running sum of the chunk's log-decays of head h (tokens past n add 0), and
-// bs[i] = beta_i (0 past n); the first warp, as an inclusive scan of two halves of 32.
-__device__ __forceinline__ void gdn_load_decays(float* gs, float* bs, const float* g,
-                                                const float* beta, int32_t first, uint32_t n,
-                                                uint32_t h, uint32_t hv) {
-    static_assert(GDN_CHUNK_MAX == 64, "two tokens a lane");
-    if (threadIdx.x >= 32) return;
-    const uint32_t lane = threadIdx.x;
-    const size_t lo_at = (size_t)(first + (int32_t)lane) * hv + h;
-    const size_t hi_at = lo_at + (size_t)32 * hv;
-    float lo = lane < n ? g[lo_at] : 0.0f, hi = lane + 32 < n ? g[hi_at] : 0.0f;
-    bs[lane] = lane < n ? beta[lo_at] : 0.0f;
-    bs[lane + 32] = lane + 32 < n ? beta[hi_at] : 0.0f;
-#pragma unroll
-    for (uint32_t off = 1; off < 32; off *= 2) {
-        const float x = __shfl_up_sync(0xffffffffu, lo, off);
-        const float y = __shfl_up_sync(0xffffffffu, hi, off);
-        if (lane >= off) {
-            lo += x;
-            hi += y;
-        }
-    }
-    hi += __shfl_sync(0xffffffffu, lo, 31);
-    gs[lane] = lo;
-    gs[lane + 32] = hi;
-}
-
-// The chunk (seq, c) a block of the prep takes, or false: past its run's end, or its run has more
-// chunks than max_chunks.
-__device__ __forceinline__ bool gdn_chunk_at(const int32_t* seq_starts, uint32_t seq, uint32_t c,
-                                             uint32_t chunk_len, uint32_t max_chunks,
-                                             int32_t* first, uint32_t* n) {
-    const int32_t begin = seq_starts[seq], end = seq_starts[seq + 1];
-    const int64_t at = (int64_t)begin + (int64_t)c * chunk_len;
-    if (at >= end || gdn_chunks_of(begin, end, chunk_len) > max_chunks) return false;
-    *first = (int32_t)at;
-    *n = (uint32_t)min((int64_t)chunk_len, (int64_t)end - at);
-    return true;
-}
-
 }  // namespace
 
 // Pass 1: per (chunk, value head, sequence), T and P of the chunk (see above) into the rows of
 // its tokens. Four threads a row i compute L and P at columns j = i % 4 + 4 m from shared q and k;
-// then T by forward substitution column by column (row i of T is e_i - sum_{m<i} L_im T_m, and
-// column j needs only column j), four threads a column splitting each sum.
+// then T by forward substitution (gdn_solve_t).
 // Launch: grid = (max_chunks, hv, seqs), block = GDN_CHUNK_THREADS, GDN_PREP_SMEM bytes of
 // dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
@@ -496,23 +433,7 @@ extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
         if (i < n && j < chunk_len) attn_row[j] = d * qk[m];
     }
     __syncthreads();
-
-    // Column j of T, rows 0 .. n - 1: T_jj = 1, T_ij = -sum_{j<=m<i} L_im T_mj below, 0 above.
-    {
-        const uint32_t j = tid / 4, part = tid % 4;
-        for (uint32_t r = 0; r < n; ++r) {
-            float sum = 0.0f;
-            if (r > j) {
-                for (uint32_t m = j + part; m < r; m += 4) {
-                    sum += ls[r * GDN_T_STRIDE + m] * ts[m * GDN_T_STRIDE + j];
-                }
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (part == 0) ts[r * GDN_T_STRIDE + j] = r == j ? 1.0f : (r > j ? -sum : 0.0f);
-            __syncwarp();
-        }
-    }
+    gdn_solve_t(ts, ls, n);
     __syncthreads();
     for (uint32_t e = tid; e < n * chunk_len; e += GDN_CHUNK_THREADS) {
         const uint32_t r = e / chunk_len, j = e % chunk_len;

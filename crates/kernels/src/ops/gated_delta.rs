@@ -4,7 +4,8 @@
 //! chunk (the chunked prefill's form), checked here against each other. The entry points of
 //! `gated_delta.cu` (the conv's decode and run forms, the recurrent rule, the gating) are in
 //! `kernels`, the chunked prefill's two launches (`gdn_chunk_prep`, `gdn_chunk_scan`) in
-//! `chunked`: their arguments read the device layouts and run these references, a run at
+//! `chunked` and their tensor-core forms (`gdn_chunk_prep_tc`, `gdn_chunk_scan_tc`, with the
+//! bf16 roundings they apply) in `tensor_cores`: their arguments read the device layouts and run these references, a run at
 //! position 0 starting from zero states. The gated output norm is `ops::gated_norm`.
 //!
 //! The rule, per value head, over a state `S` of `dk x dv` f32 (`dk` the key width, `dv` the
@@ -21,6 +22,7 @@
 
 mod chunked;
 mod kernels;
+mod tensor_cores;
 
 pub use chunked::{
     GDN_CHUNK_MAX, GDN_CHUNK_PREP_SMEM, GDN_CHUNK_SCAN_SMEM, GDN_CHUNK_THREADS, GDN_SCAN_COLS,
@@ -29,6 +31,10 @@ pub use chunked::{
 pub use kernels::{
     GDN_CONV_CHUNK, GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GdnConv1d, GdnConv1dStep,
     GdnGating, GdnRecurrent,
+};
+pub use tensor_cores::{
+    GDN_CHUNK_PREP_TC_SMEM, GDN_CHUNK_SCAN_TC_SMEM, GDN_CHUNK_SCAN_TC_THREADS, GdnChunkPrepTc,
+    GdnChunkScanTc, chunk_apply_tc, chunk_factors_tc, gated_delta_chunked_tc,
 };
 
 /// Epsilon of the L2 normalisation of q and k (as the reference implementation's `l2norm`).

@@ -44,6 +44,10 @@ pub use gated_delta::{
     GDN_CONV_MAX_KERNEL, GDN_MAX_DK, GDN_RECURRENT_COLS, GDN_SCAN_COLS, GdnChunkPrep, GdnChunkScan,
     GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent,
 };
+pub use gated_delta::{
+    GDN_CHUNK_PREP_TC_SMEM, GDN_CHUNK_SCAN_TC_SMEM, GDN_CHUNK_SCAN_TC_THREADS, GdnChunkPrepTc,
+    GdnChunkScanTc,
+};
 pub use gated_norm::{GATED_NORM_THREADS, GateOrder, GatedRmsNorm, SigmoidGateMul};
 pub use gemm::{
     GEMV_FMA_MAX_ROWS, GEMV_MAX_ROWS, GEMV_RESIDENT_BLOCKS, GEMV_STREAM_BLOCKS, GEMV_STREAM_STAGES,

@@ -250,6 +250,13 @@ fn scratch_row(t: usize, h: usize, hv: usize, chunk_len: usize) -> usize {
     (t * hv + h) * chunk_len * std::mem::size_of::<f32>()
 }
 
+/// One chunk's `T` and `P` from its q, k, g and beta: [`chunk_factors`] (the CUDA-core
+/// launches), or its tensor-core form with bf16 operands.
+pub(super) type FactorsFn = fn(&GatedDeltaInputs) -> ChunkFactors;
+/// One chunk's outputs and state update given its factors: [`chunk_apply`], or its tensor-core
+/// form.
+pub(super) type ApplyFn = fn(&GatedDeltaInputs, &ChunkFactors, &mut [f32]) -> Vec<f32>;
+
 impl Kernel for GdnChunkPrep {
     fn launch_config(&self) -> LaunchConfig {
         LaunchConfig {
@@ -259,15 +266,27 @@ impl Kernel for GdnChunkPrep {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        self.reference_with(Self::NAME, chunk_factors, mem)
+    }
+}
+
+impl GdnChunkPrep {
+    /// The prep's reference with `factors` for each chunk; errors name `name`.
+    pub(super) fn reference_with(
+        &self,
+        name: KernelName,
+        factors: FactorsFn,
+        mem: &mut dyn HostMemory,
+    ) -> Result<(), HostError> {
         let (hv, hk, dk) = checked(
-            Self::NAME,
+            name,
             (self.hv, self.hk, self.dk),
             self.chunk_len,
             self.max_chunks,
         )?;
         let (chunk_len, stride) = (self.chunk_len as usize, self.qkv_stride as usize);
         let runs = runs(
-            Self::NAME,
+            name,
             mem,
             self.seq_starts,
             self.seqs,
@@ -290,7 +309,7 @@ impl Kernel for GdnChunkPrep {
                 let mut start = 0;
                 while start < run.len() {
                     let n = chunk_len.min(run.len() - start);
-                    let f = chunk_factors(&x.part(start..start + n));
+                    let f = factors(&x.part(start..start + n));
                     for i in 0..n {
                         let t = run.start + start + i;
                         let mut row = vec![0.0f32; chunk_len];
@@ -328,8 +347,20 @@ impl Kernel for GdnChunkScan {
         }
     }
     fn reference(&self, mem: &mut dyn HostMemory) -> Result<(), HostError> {
+        self.reference_with(Self::NAME, chunk_apply, mem)
+    }
+}
+
+impl GdnChunkScan {
+    /// The scan's reference with `apply` for each chunk; errors name `name`.
+    pub(super) fn reference_with(
+        &self,
+        name: KernelName,
+        apply: ApplyFn,
+        mem: &mut dyn HostMemory,
+    ) -> Result<(), HostError> {
         let (hv, hk, dk) = checked(
-            Self::NAME,
+            name,
             (self.hv, self.hk, self.dk),
             self.chunk_len,
             self.max_chunks,
@@ -340,7 +371,7 @@ impl Kernel for GdnChunkScan {
             self.qkv_stride as usize,
         );
         let runs = runs(
-            Self::NAME,
+            name,
             mem,
             self.seq_starts,
             self.seqs,
@@ -357,7 +388,7 @@ impl Kernel for GdnChunkScan {
                 continue;
             }
             let slot = usize::try_from(slots[s])
-                .map_err(|_| bad_args(Self::NAME, format!("sequence {s}: slot {}", slots[s])))?;
+                .map_err(|_| bad_args(name, format!("sequence {s}: slot {}", slots[s])))?;
             let fresh = position_at(mem, self.positions, run.start)? == 0;
             for h in 0..hv {
                 let head = HeadRun::load(
@@ -388,7 +419,7 @@ impl Kernel for GdnChunkScan {
                         f.attn
                             .extend(&host::load::<f32>(mem, self.attn.offset(at), n)?);
                     }
-                    let out = chunk_apply(&x.part(start..start + n), &f, &mut state);
+                    let out = apply(&x.part(start..start + n), &f, &mut state);
                     for i in 0..n {
                         let t = run.start + start + i;
                         host::store_bf16(
@@ -410,23 +441,26 @@ impl Kernel for GdnChunkScan {
 mod tests {
     use super::*;
     use crate::host::round_bf16;
-    use crate::ops::GdnRecurrent;
     use crate::ops::gated_delta::dot;
     use crate::ops::testing::*;
+    use crate::ops::{GdnChunkPrepTc, GdnChunkScanTc, GdnRecurrent};
 
-    /// The widths and chunk of one comparison.
+    /// The widths and chunk of one comparison, and which pair of launches runs it.
     struct Shape {
         hv: u32,
         hk: u32,
         dk: u32,
         dv: u32,
         chunk_len: u32,
+        tensor_cores: bool,
     }
 
     /// Runs of 1, 5, 64, 100 and 300 tokens in one launch (in slots 5, 0, 3, 6, 2 of 7), the
     /// 64-token run fresh over a slot of junk and the others continuing from nonzero states:
     /// the two passes give the recurrent walk's outputs (to a bf16 step) and states (to f32
-    /// rounding), and leave the other slots alone.
+    /// rounding), and leave the other slots alone. The tensor-core pair (`GdnChunkPrepTc`,
+    /// `GdnChunkScanTc`) is held to its rounding bound instead: eight bf16 roundings (`8 u`,
+    /// `u = 2^-9`) of the largest output and of the largest state element.
     fn the_two_passes_agree_with_the_recurrent_walk_at(shape: Shape) {
         let Shape {
             hv,
@@ -434,6 +468,7 @@ mod tests {
             dk,
             dv,
             chunk_len,
+            tensor_cores,
         } = shape;
         let lens = [1usize, 5, 64, 100, 300];
         let tokens: usize = lens.iter().sum();
@@ -506,7 +541,7 @@ mod tests {
         }
         .reference(&mut m)
         .unwrap();
-        GdnChunkPrep {
+        let prep = GdnChunkPrep {
             t_mat,
             attn,
             q,
@@ -521,9 +556,7 @@ mod tests {
             qkv_stride: stride as u32,
             chunk_len,
             max_chunks,
-        }
-        .reference(&mut m)
-        .unwrap();
+        };
         let scan = GdnChunkScan {
             o: o_chunk,
             state: state_chunk,
@@ -546,26 +579,41 @@ mod tests {
             chunk_len,
             max_chunks,
         };
-        scan.reference(&mut m).unwrap();
+        if tensor_cores {
+            GdnChunkPrepTc(prep).reference(&mut m).unwrap();
+            GdnChunkScanTc(scan).reference(&mut m).unwrap();
+        } else {
+            prep.reference(&mut m).unwrap();
+            scan.reference(&mut m).unwrap();
+        }
 
-        let label = format!("hv={hv} hk={hk} dk={dk} dv={dv} chunk_len={chunk_len}");
+        let label = format!(
+            "hv={hv} hk={hk} dk={dk} dv={dv} chunk_len={chunk_len} tensor_cores={tensor_cores}"
+        );
+        // bf16's unit roundoff, eight times: the tensor-core pair's bound (tensor_cores.rs).
+        let bound = 8.0 / 512.0;
         let want = f32s(&m.get(o_rec, tokens * h * dv as usize));
         let got = f32s(&m.get(o_chunk, tokens * h * dv as usize));
         let scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
         assert!(scale > 0.05, "{label}: degenerate outputs");
         for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (x - y).abs() <= y.abs() / 64.0 + 1e-5,
-                "{label}: o[{i}] {x} vs {y}"
-            );
+            let tol = if tensor_cores {
+                bound * scale
+            } else {
+                y.abs() / 64.0 + 1e-5
+            };
+            assert!((x - y).abs() <= tol, "{label}: o[{i}] {x} vs {y}");
         }
         let want = m.get::<f32>(state_rec, slots_total * h * n);
         let got = m.get::<f32>(state_chunk, slots_total * h * n);
+        let state_scale = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
         for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (x - y).abs() <= 1e-4 * y.abs().max(1.0),
-                "{label}: state[{i}] {x} vs {y}"
-            );
+            let tol = if tensor_cores {
+                bound * state_scale
+            } else {
+                1e-4 * y.abs().max(1.0)
+            };
+            assert!((x - y).abs() <= tol, "{label}: state[{i}] {x} vs {y}");
         }
         // Slots 1 and 4 hold no run: untouched.
         for slot in [1, 4] {
@@ -582,46 +630,55 @@ mod tests {
             ..scan
         };
         assert!(short.reference(&mut m).is_err(), "{label}");
+        assert!(GdnChunkScanTc(short).reference(&mut m).is_err(), "{label}");
     }
 
     #[test]
     fn the_two_passes_agree_with_the_recurrent_walk_at_qwen3_next_widths() {
         // dk = dv = 128 as Qwen3-Next and Qwen3.5; one value head a key head, then two.
-        for (hv, hk) in [(2, 2), (4, 2)] {
-            the_two_passes_agree_with_the_recurrent_walk_at(Shape {
-                hv,
-                hk,
-                dk: 128,
-                dv: 128,
-                chunk_len: GDN_CHUNK_MAX,
-            });
+        for tensor_cores in [false, true] {
+            for (hv, hk) in [(2, 2), (4, 2)] {
+                the_two_passes_agree_with_the_recurrent_walk_at(Shape {
+                    hv,
+                    hk,
+                    dk: 128,
+                    dv: 128,
+                    chunk_len: GDN_CHUNK_MAX,
+                    tensor_cores,
+                });
+            }
         }
     }
 
     #[test]
     fn the_two_passes_agree_with_the_recurrent_walk_at_small_widths() {
         // Widths not a multiple of four, and short chunks (many of them, a partial last).
-        the_two_passes_agree_with_the_recurrent_walk_at(Shape {
-            hv: 6,
-            hk: 3,
-            dk: 20,
-            dv: 12,
-            chunk_len: GDN_CHUNK_MAX,
-        });
-        the_two_passes_agree_with_the_recurrent_walk_at(Shape {
-            hv: 3,
-            hk: 3,
-            dk: 32,
-            dv: 17,
-            chunk_len: 16,
-        });
-        the_two_passes_agree_with_the_recurrent_walk_at(Shape {
-            hv: 2,
-            hk: 1,
-            dk: 8,
-            dv: 8,
-            chunk_len: 7,
-        });
+        for tensor_cores in [false, true] {
+            the_two_passes_agree_with_the_recurrent_walk_at(Shape {
+                hv: 6,
+                hk: 3,
+                dk: 20,
+                dv: 12,
+                chunk_len: GDN_CHUNK_MAX,
+                tensor_cores,
+            });
+            the_two_passes_agree_with_the_recurrent_walk_at(Shape {
+                hv: 3,
+                hk: 3,
+                dk: 32,
+                dv: 17,
+                chunk_len: 16,
+                tensor_cores,
+            });
+            the_two_passes_agree_with_the_recurrent_walk_at(Shape {
+                hv: 2,
+                hk: 1,
+                dk: 8,
+                dv: 8,
+                chunk_len: 7,
+                tensor_cores,
+            });
+        }
     }
 
     /// The prep's rows: `T` with a unit diagonal and `P` zero right of the diagonal and past a
