@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 37] = [
+pub const KEYS: [&str; 38] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -154,6 +154,7 @@ pub const KEYS: [&str; 37] = [
     "moe_fused_shared_expert",
     "ssd_chunk_min_run",
     "gdn_chunk_min_run",
+    "gdn_chunk_tensor_cores",
     "carveout",
     "grid_caps",
 ];
@@ -269,6 +270,10 @@ pub struct Tuning {
     /// Steps whose longest run has at least this many tokens run the gated delta rule in chunks
     /// of 64 (`gdn_chunk_prep`, then `gdn_chunk_scan`; 0: never, token by token).
     pub gdn_chunk_min_run: u32,
+    /// The chunked gated delta rule runs its products on tensor cores (`gdn_chunk_prep_tc`,
+    /// `gdn_chunk_scan_tc`: bf16 operands, f32 accumulators, the solve and the carried state in
+    /// f32; off: the CUDA-core f32 pair). Outputs within bf16 rounding of the f32 pair's.
+    pub gdn_chunk_tensor_cores: bool,
     /// Shared-memory carveouts.
     pub carveout: Carveout,
     /// GEMV launches of these labels take at most this many blocks.
@@ -317,6 +322,7 @@ impl Tuning {
             moe_fused_shared_expert: false,
             ssd_chunk_min_run: 0,
             gdn_chunk_min_run: 0,
+            gdn_chunk_tensor_cores: false,
             carveout: Carveout::Driver,
             grid_caps: Vec::new(),
         }
@@ -448,6 +454,7 @@ impl Tuning {
             "moe_fused_shared_expert" => self.moe_fused_shared_expert = switch(v)?,
             "ssd_chunk_min_run" => self.ssd_chunk_min_run = count(v)?,
             "gdn_chunk_min_run" => self.gdn_chunk_min_run = count(v)?,
+            "gdn_chunk_tensor_cores" => self.gdn_chunk_tensor_cores = switch(v)?,
             "carveout" => {
                 self.carveout = match v {
                     "rule" => Carveout::Rule,
@@ -560,6 +567,7 @@ mod tests {
             ("moe_fused_shared_expert", "on"),
             ("ssd_chunk_min_run", "128"),
             ("gdn_chunk_min_run", "256"),
+            ("gdn_chunk_tensor_cores", "on"),
             ("carveout", "qkv=100+o=50"),
             ("grid_caps", "qkv=132"),
         ];

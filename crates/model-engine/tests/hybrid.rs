@@ -590,8 +590,9 @@ fn the_chunked_mamba2_walk_matches_the_recurrent_one() {
 }
 
 /// The tiny model (dense MLPs) with room for one sequence of 200 tokens a step, its rule token by
-/// token (`gdn_chunk_min_run` 0) or in chunks from runs of `min_run` tokens.
-fn long_run_model(min_run: &str) -> Model {
+/// token (`gdn_chunk_min_run` 0) or in chunks from runs of `min_run` tokens, their products on
+/// tensor cores where `tensor_cores` (`gdn_chunk_tensor_cores`).
+fn long_run_model(min_run: &str, tensor_cores: bool) -> Model {
     let text = CONFIG.replace("MLP_ONLY", "[0, 1, 2, 3]");
     let config = metrale_config::from_config_json(&text).expect("the tiny qwen3_next config");
     let mut source = Random::new(&config, 7);
@@ -617,6 +618,7 @@ fn long_run_model(min_run: &str) -> Model {
     };
     let mut tuning = Tuning::hopper().expect("the Hopper tuning");
     tuning.set("gdn_chunk_min_run", min_run).expect("a count");
+    tuning.gdn_chunk_tensor_cores = tensor_cores;
     Model::load(config, &source, gpu, options, tuning, &mut |_, _, _| {})
         .expect("the tiny qwen3_next loads")
 }
@@ -655,7 +657,7 @@ fn in_steps(model: &mut Model, tokens: &[u32], steps: &[usize]) -> Vec<Vec<f32>>
 /// Then the same with the slot reused (a fresh sequence over the first one's state).
 #[test]
 fn the_chunked_gated_delta_rule_matches_the_recurrent_one() {
-    let (mut walk, mut chunks) = (long_run_model("0"), long_run_model("1"));
+    let (mut walk, mut chunks) = (long_run_model("0", false), long_run_model("1", false));
     let tokens = prompt(200, 9);
     let steps = [150, 47, 1, 1, 1];
     for round in 0..2 {
@@ -677,5 +679,41 @@ fn the_chunked_gated_delta_rule_matches_the_recurrent_one() {
                 .collect()
         };
         assert_eq!(ids(&got), ids(&want), "round {round}: greedy ids");
+    }
+}
+
+/// The chunked rule's tensor-core form (`gdn_chunk_tensor_cores`: bf16 operands, f32
+/// accumulators, state and solve) against its f32 form, every step chunked, as above: a
+/// 150-token prefill (chunks of 64, 64 and 22), a 47-token continuation, three decode steps, then
+/// again over the reused slot. Each Gated DeltaNet layer's outputs move by at most eight bf16
+/// roundings (`8 u = 2^-6`) of their scale (the kernels' bound, `ops::gated_delta`'s
+/// tensor-core tests: 1.6 to 2.7 u measured), and from the first token on (a one-token chunk's
+/// output is `bf16(P) bf16(bf16(beta v))`, three roundings the f32 form does not make). Three
+/// such layers in a row, each perturbation passed on to the logits at about its relative size:
+/// `3 x 8 u = 2^-4.4`, taken as `2^-4` of the logits' scale. Measured: 3.4e-2 of the scale at
+/// most (relative L2 2.3e-2; from 1.2e-2 at the first position), against 8.4e-3 for the f32 form
+/// against the walk (one bf16 rounding the other way, the test above). The greedy ids are not
+/// compared: this random model has near ties, and the parity criterion against transformers
+/// is `moe_fixtures.rs`' (the hybrid fixtures with the rule on tensor cores).
+#[test]
+fn the_tensor_core_chunked_rule_stays_within_bf16_rounding_of_the_f32_one() {
+    let (mut f32s, mut tc) = (long_run_model("1", false), long_run_model("1", true));
+    let tokens = prompt(200, 9);
+    let steps = [150, 47, 1, 1, 1];
+    for round in 0..2 {
+        let want = in_steps(&mut f32s, &tokens, &steps);
+        let got = in_steps(&mut tc, &tokens, &steps);
+        assert!(scale(&want) > 0.1, "the logits are not degenerate");
+        let d = max_diff(&want, &got);
+        println!(
+            "round {round}: tensor-core logits {d:.3e} from the f32 form's ({:.3e} of the scale)",
+            d / scale(&want)
+        );
+        assert!(d > 0.0, "round {round}: the tensor-core form did not run");
+        assert!(
+            d <= scale(&want) / 16.0,
+            "round {round}: tensor-core logits differ by {d} (scale {})",
+            scale(&want)
+        );
     }
 }

@@ -7,9 +7,9 @@
 //! `gdn_gating` turns b and a into each value head's write strength and log-decay; the gated
 //! delta rule runs over each sequence's tokens from and back into its f32 state (token by token,
 //! `gdn_recurrent`; or, in steps whose longest run has at least the tuning's `gdn_chunk_min_run`
-//! tokens, in chunks of [`GDN_CHUNK_MAX`]: `gdn_chunk_prep` then `gdn_chunk_scan`); each head's
-//! output is RMS-normalised and multiplied by `silu(z)`; `out_proj` maps back to the hidden
-//! width.
+//! tokens, in chunks of [`GDN_CHUNK_MAX`]: `gdn_chunk_prep` then `gdn_chunk_scan`, or their
+//! tensor-core forms under the tuning's `gdn_chunk_tensor_cores`); each head's output is
+//! RMS-normalised and multiplied by `silu(z)`; `out_proj` maps back to the hidden width.
 //!
 //! State: every block owns its layer's part of every state slot (conv inputs bf16
 //! `[slots, kernel - 1, channels]`, the rule's f32 `[slots, hv, dk, dv]`); the step names each
@@ -21,7 +21,8 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle, Stream};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    GDN_CHUNK_MAX, GatedRmsNorm, GdnChunkPrep, GdnChunkScan, GdnConv1d, GdnGating, GdnRecurrent,
+    GDN_CHUNK_MAX, GatedRmsNorm, GdnChunkPrep, GdnChunkPrepTc, GdnChunkScan, GdnChunkScanTc,
+    GdnConv1d, GdnGating, GdnRecurrent,
 };
 
 use super::{Arena, Block, Step, copy_slot};
@@ -40,6 +41,8 @@ struct Kernels {
     recurrent: KernelHandle,
     chunk_prep: KernelHandle,
     chunk_scan: KernelHandle,
+    chunk_prep_tc: KernelHandle,
+    chunk_scan_tc: KernelHandle,
     norm: KernelHandle,
 }
 
@@ -91,6 +94,8 @@ impl Shared {
                 recurrent: gpu.kernel(GdnRecurrent::NAME)?,
                 chunk_prep: gpu.kernel(GdnChunkPrep::NAME)?,
                 chunk_scan: gpu.kernel(GdnChunkScan::NAME)?,
+                chunk_prep_tc: gpu.kernel(GdnChunkPrepTc::NAME)?,
+                chunk_scan_tc: gpu.kernel(GdnChunkScanTc::NAME)?,
                 norm: gpu.kernel(GatedRmsNorm::NAME)?,
             },
             proj: arena.alloc(t * in_proj_width(spec) * 2)?,
@@ -270,7 +275,6 @@ impl Block for GatedDeltaNet {
                     chunk_len: GDN_CHUNK_MAX,
                     max_chunks,
                 };
-                l.launch(k.chunk_prep, "gdn_rule", &prep)?;
                 let scan = GdnChunkScan {
                     o: sc.o,
                     state: self.state,
@@ -293,7 +297,15 @@ impl Block for GatedDeltaNet {
                     chunk_len: GDN_CHUNK_MAX,
                     max_chunks,
                 };
-                l.launch(k.chunk_scan, "gdn_rule", &scan)?;
+                // The same arguments and scratch for either pair; each scan reads its own
+                // prep's T and P.
+                if l.tuning.gdn_chunk_tensor_cores {
+                    l.launch(k.chunk_prep_tc, "gdn_rule", &GdnChunkPrepTc(prep))?;
+                    l.launch(k.chunk_scan_tc, "gdn_rule", &GdnChunkScanTc(scan))?;
+                } else {
+                    l.launch(k.chunk_prep, "gdn_rule", &prep)?;
+                    l.launch(k.chunk_scan, "gdn_rule", &scan)?;
+                }
             }
         }
         let norm = GatedRmsNorm {
