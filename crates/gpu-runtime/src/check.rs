@@ -1832,6 +1832,9 @@ pub fn cases(seed: u64) -> Vec<Case> {
     out.extend(gated_delta::gdn_chunk_cases(&mut rng));
     // The FP8 decode experts, after every other case for the same reason.
     out.extend(moe_fp8::moe_fp8_cases(&mut rng));
+    // The gated delta rule's chunked prefill on tensor cores, after every other case for the
+    // same reason.
+    out.extend(gated_delta::gdn_chunk_tc_cases(&mut rng));
     out
 }
 

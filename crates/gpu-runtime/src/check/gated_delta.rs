@@ -16,11 +16,12 @@
 //! a continuing one must read it. Every state buffer holds more slots than the case touches, so a
 //! write to the wrong slot shows as a difference; the recurrent state is compared with the f32
 //! metric, outputs with bf16's. The chunked prefill's two launches have cases of their own
-//! ([`gdn_chunk_cases`]).
+//! ([`gdn_chunk_cases`]), and so have their tensor-core forms ([`gdn_chunk_tc_cases`]).
 
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    GdnChunkPrep, GdnChunkScan, GdnConv1d, GdnConv1dStep, GdnGating, GdnRecurrent,
+    GdnChunkPrep, GdnChunkPrepTc, GdnChunkScan, GdnChunkScanTc, GdnConv1d, GdnConv1dStep,
+    GdnGating, GdnRecurrent,
 };
 
 use super::{Buffer, Case, Init, OutputKind, Rng, bf16_normal, f32_bytes, i32_bytes, launch_of};
@@ -528,8 +529,119 @@ pub(super) fn gdn_chunk_cases(rng: &mut Rng) -> Vec<Case> {
     ];
     let mut out = Vec::new();
     for shape in shapes {
-        out.push(chunk_prep_case(rng, &shape));
-        out.push(chunk_scan_case(rng, &shape));
+        out.push(chunk_prep_case(rng, &shape, Pair::CudaCores));
+        out.push(chunk_scan_case(rng, &shape, Pair::CudaCores));
+    }
+    out
+}
+
+/// Which pair of chunked launches a case runs: the f32 CUDA-core one or its tensor-core form
+/// (the same arguments; the tensor-core scan reads the tensor-core prep's `T` and `P`).
+#[derive(Clone, Copy, PartialEq)]
+enum Pair {
+    CudaCores,
+    TensorCores,
+}
+
+/// The tensor-core forms of the chunked prefill (`gdn_chunk_prep_tc`, `gdn_chunk_scan_tc`), each
+/// against its host reference, which rounds the same operands to bf16: at Qwen3.5-35B-A3B's and
+/// Qwen3-Next-80B-A3B's widths (32 value heads over 16 key heads, dk = dv = 128) one continuing
+/// run of 300 tokens (a ragged last chunk of 44), runs of 130, 1 and 70 (fresh and continuing,
+/// a grid wider than their chunks) and one continuing run of 520 (nine chunks, the last of 8:
+/// the state carried through many); three value heads a key head (48 over 16) on runs of 200 and
+/// 64; then the CUDA-core cases' ragged small widths (dk and dv not multiples of 16, an m-tile's
+/// or a scan block's width; an empty run; short chunks; one key head for all). Built after every
+/// other case.
+pub(super) fn gdn_chunk_tc_cases(rng: &mut Rng) -> Vec<Case> {
+    const QWEN35: Heads = Heads {
+        hv: 32,
+        hk: 16,
+        dk: 128,
+        dv: 128,
+    };
+    use Start::{Continuing, Fresh, Mixed};
+    let shapes = [
+        ChunkCase {
+            lens: &[300],
+            heads: QWEN35,
+            chunk_len: 64,
+            max_chunks: 5,
+            slots: 2,
+            start: Continuing,
+        },
+        ChunkCase {
+            lens: &[130, 1, 70],
+            heads: QWEN35,
+            chunk_len: 64,
+            max_chunks: 4,
+            slots: 4,
+            start: Mixed,
+        },
+        ChunkCase {
+            lens: &[520],
+            heads: QWEN35,
+            chunk_len: 64,
+            max_chunks: 9,
+            slots: 3,
+            start: Continuing,
+        },
+        ChunkCase {
+            lens: &[200, 64],
+            heads: Heads {
+                hv: 48,
+                hk: 16,
+                dk: 128,
+                dv: 128,
+            },
+            chunk_len: 64,
+            max_chunks: 4,
+            slots: 2,
+            start: Continuing,
+        },
+        ChunkCase {
+            lens: &[9, 0, 4],
+            heads: Heads {
+                hv: 6,
+                hk: 2,
+                dk: 40,
+                dv: 24,
+            },
+            chunk_len: 4,
+            max_chunks: 3,
+            slots: 4,
+            start: Mixed,
+        },
+        ChunkCase {
+            lens: &[70],
+            heads: Heads {
+                hv: 2,
+                hk: 2,
+                dk: 100,
+                dv: 50,
+            },
+            chunk_len: 64,
+            max_chunks: 2,
+            slots: 1,
+            start: Continuing,
+        },
+        ChunkCase {
+            lens: &[23, 17],
+            heads: Heads {
+                hv: 4,
+                hk: 1,
+                dk: 18,
+                dv: 9,
+            },
+            chunk_len: 7,
+            max_chunks: 4,
+            slots: 3,
+            start: Fresh,
+        },
+    ];
+    let mut out = Vec::new();
+    for shape in shapes {
+        out.push(chunk_prep_case(rng, &shape, Pair::TensorCores));
+        out.push(chunk_scan_case(rng, &shape, Pair::TensorCores));
     }
     out
 }
@@ -614,12 +726,15 @@ fn chunk_label(shape: &ChunkCase) -> String {
     )
 }
 
-fn chunk_prep_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
+fn chunk_prep_case(rng: &mut Rng, shape: &ChunkCase, pair: Pair) -> Case {
     let x = chunk_inputs(rng, shape);
     let scratch = x.tokens * (shape.heads.hv * shape.chunk_len) as usize;
     let grid = PrepGrid::of(shape, x.stride);
     Case {
-        kernel: GdnChunkPrep::NAME,
+        kernel: match pair {
+            Pair::CudaCores => GdnChunkPrep::NAME,
+            Pair::TensorCores => GdnChunkPrepTc::NAME,
+        },
         shape: chunk_label(shape),
         buffers: vec![
             // Junk where every row is written.
@@ -630,13 +745,16 @@ fn chunk_prep_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
             x.beta,
             x.starts,
         ],
-        build: Box::new(move |p| launch_of(grid.args(p))),
+        build: Box::new(move |p| match pair {
+            Pair::CudaCores => launch_of(grid.args(p)),
+            Pair::TensorCores => launch_of(GdnChunkPrepTc(grid.args(p))),
+        }),
         gemm: None,
         allowance: None,
     }
 }
 
-fn chunk_scan_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
+fn chunk_scan_case(rng: &mut Rng, shape: &ChunkCase, pair: Pair) -> Case {
     use std::cell::LazyCell;
     use std::rc::Rc;
     let x = chunk_inputs(rng, shape);
@@ -664,7 +782,10 @@ fn chunk_scan_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
             |p| grid.args(p),
             |k, mem| {
                 use metrale_kernels::{HostMemory, Kernel};
-                k.reference(mem)?;
+                match pair {
+                    Pair::CudaCores => k.reference(mem)?,
+                    Pair::TensorCores => GdnChunkPrepTc(*k).reference(mem)?,
+                }
                 Ok((
                     mem.bytes(k.t_mat, scratch * 4)?.to_vec(),
                     mem.bytes(k.attn, scratch * 4)?.to_vec(),
@@ -675,7 +796,10 @@ fn chunk_scan_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
     let (t_of, p_of) = (factors.clone(), factors);
     let seqs = shape.lens.len() as u32;
     Case {
-        kernel: GdnChunkScan::NAME,
+        kernel: match pair {
+            Pair::CudaCores => GdnChunkScan::NAME,
+            Pair::TensorCores => GdnChunkScanTc::NAME,
+        },
         shape: format!(
             "{} slots {seq_slots:?} of {} start={:?}",
             chunk_label(shape),
@@ -699,7 +823,7 @@ fn chunk_scan_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
         ],
         build: Box::new(move |p| {
             let bf16_at = |elements: u32| p[2].offset(elements as usize * 2);
-            launch_of(GdnChunkScan {
+            let scan = GdnChunkScan {
                 o: p[0],
                 state: p[1],
                 q: p[2],
@@ -720,7 +844,11 @@ fn chunk_scan_case(rng: &mut Rng, shape: &ChunkCase) -> Case {
                 qkv_stride: stride,
                 chunk_len,
                 max_chunks,
-            })
+            };
+            match pair {
+                Pair::CudaCores => launch_of(scan),
+                Pair::TensorCores => launch_of(GdnChunkScanTc(scan)),
+            }
         }),
         gemm: None,
         allowance: None,
