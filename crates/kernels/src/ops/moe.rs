@@ -60,6 +60,7 @@ macro_rules! same_args {
 mod decode;
 mod fp8;
 mod grouped;
+mod grouped_fp8;
 mod grouped_mma;
 mod grouped_wgmma;
 mod route;
@@ -70,6 +71,10 @@ pub use fp8::{MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu};
 pub use grouped::{
     MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown,
     MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, group_by_expert,
+};
+pub use grouped_fp8::{
+    MoeGroupedMmaFp8Down, MoeGroupedMmaFp8Relu2, MoeGroupedMmaFp8Swiglu, MoeWgmmaFp8Down,
+    MoeWgmmaFp8Relu2, MoeWgmmaFp8Swiglu,
 };
 pub use grouped_mma::{MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu};
 pub use grouped_wgmma::{MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu};
