@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 36] = [
+pub const KEYS: [&str; 35] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -146,7 +146,6 @@ pub const KEYS: [&str; 36] = [
     "attention_wide_blocks",
     "embedding_vec",
     "moe_grouped_min_rows",
-    "moe_fp8_grouped_min_rows",
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
     "moe_fused_router",
@@ -237,11 +236,6 @@ pub struct Tuning {
     /// MoE steps of at least this many tokens group the assignments by expert and run each
     /// expert's rows as one tensor-core product (fewer: every assignment reads its expert).
     pub moe_grouped_min_rows: u32,
-    /// The same threshold for FP8 experts, whose grouped path first dequantises the layer's
-    /// whole expert stacks into a BF16 scratch (3 bytes moved a weight, every expert): below it
-    /// every assignment streams its expert's e4m3 weights (`moe_gemv_fp8_*`). The larger of the
-    /// two applies.
-    pub moe_fp8_grouped_min_rows: u32,
     /// Grouped MoE steps of at least this many tokens run the experts' products on tensor cores
     /// (fewer: as weight streams over the touched experts, a few rows an expert).
     pub moe_tensor_core_min_rows: u32,
@@ -304,7 +298,6 @@ impl Tuning {
             attention_wide_blocks: 0,
             embedding_vec: false,
             moe_grouped_min_rows: u32::MAX,
-            moe_fp8_grouped_min_rows: u32::MAX,
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
             moe_fused_router: false,
@@ -434,7 +427,6 @@ impl Tuning {
             "attention_wide_blocks" => self.attention_wide_blocks = count(v)?,
             "embedding_vec" => self.embedding_vec = switch(v)?,
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
-            "moe_fp8_grouped_min_rows" => self.moe_fp8_grouped_min_rows = count(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
             "moe_fused_router" => self.moe_fused_router = switch(v)?,
@@ -545,7 +537,6 @@ mod tests {
             ("attention_wide_blocks", "16"),
             ("embedding_vec", "1"),
             ("moe_grouped_min_rows", "16"),
-            ("moe_fp8_grouped_min_rows", "64"),
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
             ("moe_fused_router", "on"),

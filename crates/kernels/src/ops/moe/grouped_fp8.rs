@@ -22,8 +22,8 @@ use metrale_core::{DevicePtr, LaunchConfig};
 
 use super::grouped::{Stack, down_reference_of, first_reference_of};
 use super::{
-    ExpertActivation, MOE_MAX_EXPERTS, MoeGemmDown, MoeGemmSwiglu, MoeGroupedMmaDown,
-    MoeGroupedMmaSwiglu, MoeWgmmaSwiglu,
+    ExpertActivation, MoeGemmDown, MoeGemmSwiglu, MoeGroupedMmaDown, MoeGroupedMmaSwiglu,
+    MoeWgmmaSwiglu,
 };
 use crate::host::{HostError, HostMemory, Kernel, KernelAbi, kernel_args};
 use crate::names;
@@ -324,7 +324,7 @@ fn persistent() -> LaunchConfig {
 
 impl MoeWgmmaFp8Swiglu {
     /// Whether the FP8 prefill tiles take these widths and pointers (16-byte aligned operands,
-    /// widths a multiple of 16, 1 to [`MOE_MAX_EXPERTS`] experts); otherwise they write nothing.
+    /// widths a multiple of 16, 1 to [`MOE_MAX_EXPERTS`](super::MOE_MAX_EXPERTS) experts); otherwise they write nothing.
     pub fn fits(experts: u32, inter: u32, hidden: u32, operands: &[DevicePtr]) -> bool {
         inter % 16 == 0
             && hidden % 16 == 0
@@ -366,7 +366,7 @@ mod tests {
 
     use super::*;
     use crate::ops::testing::*;
-    use crate::ops::{Fp8DequantBf16, MoeGemmRelu2, group_by_expert};
+    use crate::ops::{Fp8DequantBf16, MOE_MAX_EXPERTS, MoeGemmRelu2, group_by_expert};
 
     /// The FP8 grouped forms' references are the dequantise-then-BF16 path's bits: each of the
     /// six against [`Fp8DequantBf16`] followed by its BF16 form, over 37 rows of 5 experts (k = 2,
