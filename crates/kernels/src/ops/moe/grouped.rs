@@ -391,7 +391,16 @@ impl MoeGemmRelu2 {
     /// plus one bf16 step of the result; zero elsewhere. The window is `2^-18` of the sum of the
     /// products' magnitudes, far above any f32 order's effect at these widths.
     pub fn flip_allowance(&self, mem: &dyn HostMemory) -> Result<Vec<f32>, HostError> {
-        let name = Self::NAME;
+        self.flip_allowance_of(Self::NAME, Stack::Bf16(self.w), mem)
+    }
+
+    /// [`MoeGemmRelu2::flip_allowance`] over the weights of `stack` (`self.w` unread).
+    pub(super) fn flip_allowance_of(
+        &self,
+        name: KernelName,
+        stack: Stack,
+        mem: &dyn HostMemory,
+    ) -> Result<Vec<f32>, HostError> {
         check_experts(name, self.experts, self.k)?;
         let (k, experts) = (self.k as usize, self.experts as usize);
         let (inter, hidden) = (self.inter as usize, self.hidden as usize);
@@ -402,14 +411,18 @@ impl MoeGemmRelu2 {
             .max()
             .unwrap_or(0);
         let x = host::load_bf16(mem, self.x, rows * hidden)?;
-        let w = host::load_bf16(mem, self.w, experts * inter * hidden)?;
         let square = |v: f32| crate::host::round_bf16(v.max(0.0) * v.max(0.0));
         let mut out = Vec::with_capacity(offsets[experts] as usize * inter);
         for e in 0..experts {
-            for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
+            let slice = &sorted[offsets[e] as usize..offsets[e + 1] as usize];
+            if slice.is_empty() {
+                continue;
+            }
+            let w = stack.expert(name, mem, e, (inter, hidden))?;
+            for &a in slice {
                 let xr = &x[(a as usize / k) * hidden..][..hidden];
                 for j in 0..inter {
-                    let wr = &w[(e * inter + j) * hidden..][..hidden];
+                    let wr = &w[j * hidden..][..hidden];
                     let (mut u, mut mag) = (0f64, 0f64);
                     for (x, w) in xr.iter().zip(wr) {
                         let t = f64::from(*x) * f64::from(*w);

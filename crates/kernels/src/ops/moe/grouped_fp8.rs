@@ -275,6 +275,15 @@ impl MoeGroupedMmaFp8Down {
     }
 }
 
+impl MoeGroupedMmaFp8Relu2 {
+    /// [`MoeGemmRelu2::flip_allowance`](super::MoeGemmRelu2::flip_allowance) over the
+    /// dequantised stack: extra tolerance where an up product lies at a bf16 rounding boundary.
+    pub fn flip_allowance(&self, mem: &dyn HostMemory) -> Result<Vec<f32>, HostError> {
+        let a = MoeGroupedMmaFp8Swiglu::from(*self);
+        super::MoeGemmRelu2::from(a.bf16()).flip_allowance_of(Self::NAME, a.stack(), mem)
+    }
+}
+
 impl Kernel for MoeGroupedMmaFp8Swiglu {
     /// [`MoeGroupedMmaSwiglu`]'s launch.
     fn launch_config(&self) -> LaunchConfig {
