@@ -1315,7 +1315,9 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_dow
 // fp8_dequant_bf16 writes: the values of the BF16 forms over the dequantised stacks, f32 sums in
 // another order (a lane's 16-byte load holds 16 weights, so the mmas group K differently). The
 // same launches; the 16-byte path needs the K width a multiple of 16 (else element by element).
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_fp8_swiglu(
+// The register file is theirs (~194 registers, two blocks an SM: 64 KiB of e4m3 in flight): left
+// to itself ptxas fits the SwiGLU form in 168 and spills.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) moe_grouped_mma_fp8_swiglu(
     __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
     const uint8_t* __restrict__ w, const float* __restrict__ scales,
     const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t k,
@@ -1325,7 +1327,7 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_fp8
                                      experts, inter, hidden);
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_fp8_relu2(
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) moe_grouped_mma_fp8_relu2(
     __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
     const uint8_t* __restrict__ w, const float* __restrict__ scales,
     const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t k,
@@ -1335,7 +1337,7 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_fp8
                                     experts, inter, hidden);
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_fp8_down(
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) moe_grouped_mma_fp8_down(
     __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
     const uint8_t* __restrict__ w, const float* __restrict__ scales,
     const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t experts,

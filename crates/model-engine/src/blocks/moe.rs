@@ -19,12 +19,15 @@
 //! output rounded to bf16 as transformers rounds it) and combine them with the routing weights
 //! (`moe_combine`).
 //!
-//! FP8 experts (the stacks e4m3 with f32 scales: [`LinearWeight`]'s form) take the decode
-//! launches' FP8 forms (`moe_gemv_fp8_swiglu`, `moe_gemv_fp8_relu2`, `moe_gemv_fp8_down`) below
-//! the larger of `moe_grouped_min_rows` and `moe_fp8_grouped_min_rows`; above, the layer's two
-//! stacks are dequantised whole into the shared BF16 scratch (`fp8_dequant_bf16`) and the grouped
-//! BF16 launches read that. Their shared expert never rides in the expert launches: it runs as
-//! its own (dense, FP8 with the linears) products.
+//! FP8 experts (the stacks e4m3 with f32 scales: [`LinearWeight`]'s form) take the same
+//! thresholds and each launch's FP8 form: the decode launches' (`moe_gemv_fp8_swiglu`,
+//! `moe_gemv_fp8_relu2`, `moe_gemv_fp8_down`), and on the grouped path the warpgroup-MMA tiles'
+//! (`moe_wgmma_fp8_*`, from `moe_tensor_core_min_rows` where the widths are multiples of 16) or
+//! else the tensor-core weight streams' (`moe_grouped_mma_fp8_*`, any shape; there are no
+//! CUDA-core or WMMA FP8 forms, so `moe_grouped_mma` does not apply). The grouped FP8 forms turn
+//! each e4m3 weight into `bf16(e4m3 × scale)` on its way to the tensor cores: the BF16 forms'
+//! values over the dequantised stacks, with no dequantised copy. Their shared expert never rides
+//! in the expert launches: it runs as its own (dense, FP8 with the linears) products.
 //!
 //! The activation ([`MlpActivation`], the spec's) is a property of the block: it picks the four
 //! forms of the first product (`_swiglu` or `_relu2` entries, one CUDA template each) and the
@@ -329,7 +332,8 @@ pub(crate) struct Moe {
     /// `[experts, 2 * intermediate, hidden]` (SwiGLU), or `[experts, intermediate, hidden]`
     /// (squared ReLU: the up rows only): bf16, or e4m3 with its scales (the FP8 launches).
     experts_gate_up: LinearWeight,
-    /// `[experts, hidden, intermediate]`, in `experts_gate_up`'s dtype.
+    /// `[experts, hidden, intermediate]`, in `experts_gate_up`'s dtype (one scale layout each:
+    /// the FP8 launches take a stack's `row_shift`).
     experts_down: LinearWeight,
     /// f32 `[experts]`: the sigmoid router's correction bias (MiniMax-M2), or null.
     correction_bias: DevicePtr,
