@@ -408,8 +408,8 @@ fn fp8_expert_stacks_are_refused_before_loading() {
 fn write_expert_checkpoints(fp8: &std::path::Path, bf16: &std::path::Path) {
     let c = config();
     let source = Random(c.clone());
-    let (mut quantized, mut dequantized): (Vec<(String, Entry)>, Vec<(String, Entry)>) =
-        (Vec::new(), Vec::new());
+    let mut quantized: Vec<(String, Entry)> = Vec::new();
+    let mut dequantized: Vec<(String, Entry)> = Vec::new();
     let bf16_entry = |t: &HostTensor| -> Entry {
         let bytes = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
         (Dtype::BF16, t.shape.clone(), bytes)

@@ -333,10 +333,11 @@ fn persistent() -> LaunchConfig {
 
 impl MoeWgmmaFp8Swiglu {
     /// Whether the FP8 prefill tiles take these widths and pointers (16-byte aligned operands,
-    /// widths a multiple of 16, 1 to [`MOE_MAX_EXPERTS`](super::MOE_MAX_EXPERTS) experts); otherwise they write nothing.
+    /// widths a multiple of 16, 1 to [`MOE_MAX_EXPERTS`](super::MOE_MAX_EXPERTS) experts);
+    /// otherwise they write nothing.
     pub fn fits(experts: u32, inter: u32, hidden: u32, operands: &[DevicePtr]) -> bool {
-        inter % 16 == 0
-            && hidden % 16 == 0
+        inter.is_multiple_of(16)
+            && hidden.is_multiple_of(16)
             && MoeWgmmaSwiglu::fits(experts, inter, hidden, operands)
     }
 }

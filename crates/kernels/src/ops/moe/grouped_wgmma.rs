@@ -121,8 +121,8 @@ impl MoeWgmmaSwiglu {
     /// multiple of 8, 1 to [`MOE_MAX_EXPERTS`] experts); otherwise it writes nothing.
     pub fn fits(experts: u32, inter: u32, hidden: u32, operands: &[DevicePtr]) -> bool {
         (1..=MOE_MAX_EXPERTS).contains(&experts)
-            && inter % 8 == 0
-            && hidden % 8 == 0
+            && inter.is_multiple_of(8)
+            && hidden.is_multiple_of(8)
             && operands.iter().all(|p| p.0 % 16 == 0)
     }
 }
