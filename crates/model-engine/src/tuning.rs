@@ -241,7 +241,8 @@ pub struct Tuning {
     pub moe_tensor_core_min_rows: u32,
     /// Grouped MoE steps below [`Tuning::moe_tensor_core_min_rows`] tokens run the experts'
     /// products on tensor cores, each touched expert's weights read once per 32 of its rows
-    /// (off: the CUDA-core weight streams).
+    /// (off: the CUDA-core weight streams). BF16 experts only: FP8 experts have only the
+    /// tensor-core form.
     pub moe_grouped_mma: bool,
     /// MoE steps of at most `MOE_ROUTER_MAX_ROWS` (8) tokens run the router's product, the
     /// shared expert's gate logit and the routing in one launch (`moe_router`; off: the f32
