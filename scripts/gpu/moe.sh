@@ -58,9 +58,10 @@
 #            table with torch._scaled_mm beside it (FP8_GEMM_TABLE=0: not)
 #   fp8moe   FP8 routed experts: check-kernels moe_gemv_fp8, the grouped FP8 forms (mma_fp8,
 #            wgmma_fp8) and fp8_dequant, qwen3-30b-a3b-4l parity in BF16 and with --quantization
-#            fp8, bench-model (TTFT 1024/8192, batch 1/8/16/32/64 at 1024 keys) BF16, FP8 and FP8
-#            with every step per assignment (moe_grouped_min_rows never); then Qwen3-30B-A3B at
-#            full depth in FP8 (TTFT 1024/8192, batch 1/8/64)
+#            fp8 (experts FP8: moe_fp8_experts=on), bench-model (TTFT 1024/8192, batch
+#            1/8/16/32/64 at 1024 keys) BF16, FP8 linears with BF16 experts, FP8 experts, and FP8
+#            experts with every step per assignment (moe_grouped_min_rows never); then
+#            Qwen3-30B-A3B at full depth with FP8 experts (TTFT 1024/8192, batch 1/8/64)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h, tiny-nemotron-h-moe; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -375,19 +376,19 @@ fp8moe() {
         --dtype float32 --also-bf16 2>&1 | tail -1 | cut -c1-200
     for q in bf16 fp8; do
         local qa=()
-        [ "$q" = fp8 ] && qa=(--quantization fp8)
+        [ "$q" = fp8 ] && qa=(--quantization fp8 --tune moe_fp8_experts=on)
         log "parity $m $q"
         "$MET" parity --backend cuda --model-from-path "$CKPT/$m" --reference "$REF/$m.safetensors" \
             "${qa[@]}" --json "$RES/fp8moe-parity-$q.json" 2>&1 | tee "$RES/fp8moe-parity-$q.txt" | tail -5
     done
     BENCH_MODEL=$m BENCH_CHECK=0 BENCH_TAG=fp8moe- \
-        BENCH_VARIANTS="bf16 fp8:q=fp8 fp8never:q=fp8+moe_grouped_min_rows=1000000" \
+        BENCH_VARIANTS="bf16 fp8bf16experts:q=fp8 fp8:q=fp8+moe_fp8_experts=on fp8never:q=fp8+moe_fp8_experts=on+moe_grouped_min_rows=1000000" \
         BENCH_ARGS="--prefill 1024,8192 --batches 1,8,16,32,64" bench
     local full=qwen3-30b-a3b dir=/dev/shm/ckpt
     log "checkpoint $full (full depth) in $dir"
     checkpoint "$full" "$dir"
     log "bench-model $full (48 layers) fp8"
-    "$MET" bench-model --model-from-path "$dir/$full" --quantization fp8 --prefill 1024,8192 \
+    "$MET" bench-model --model-from-path "$dir/$full" --quantization fp8 --tune moe_fp8_experts=on --prefill 1024,8192 \
         --batches 1,8,64 --context 1024 --profile >"$RES/fp8moe-full-bench.md" 2>&1
     grep "^| " "$RES/fp8moe-full-bench.md" | head -9
 }

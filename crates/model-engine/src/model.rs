@@ -356,7 +356,8 @@ impl Model {
             argmax: g.kernel(ArgmaxF32::NAME)?,
         };
         let mut linear = LinearKernels::resolve(g)?;
-        let weights = weights::load_with(&config, source, g, format, progress)?;
+        let weights =
+            weights::load_with(&config, source, g, format, tuning.moe_fp8_experts, progress)?;
         let mut arena = Arena {
             gpu: g,
             owned: Vec::new(),

@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 35] = [
+pub const KEYS: [&str; 36] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -146,6 +146,7 @@ pub const KEYS: [&str; 35] = [
     "attention_wide_blocks",
     "embedding_vec",
     "moe_grouped_min_rows",
+    "moe_fp8_experts",
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
     "moe_fused_router",
@@ -236,6 +237,10 @@ pub struct Tuning {
     /// MoE steps of at least this many tokens group the assignments by expert and run each
     /// expert's rows as one tensor-core product (fewer: every assignment reads its expert).
     pub moe_grouped_min_rows: u32,
+    /// With FP8 linears, the routed experts load as FP8 too (e4m3 stacks and their scales, the
+    /// FP8 forms of every expert launch); off: they load as BF16 (an FP8 checkpoint's expert
+    /// tensors dequantised), as before FP8 experts existed. Read at load.
+    pub moe_fp8_experts: bool,
     /// Grouped MoE steps of at least this many tokens run the experts' products on tensor cores
     /// (fewer: as weight streams over the touched experts, a few rows an expert).
     pub moe_tensor_core_min_rows: u32,
@@ -299,6 +304,7 @@ impl Tuning {
             attention_wide_blocks: 0,
             embedding_vec: false,
             moe_grouped_min_rows: u32::MAX,
+            moe_fp8_experts: false,
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
             moe_fused_router: false,
@@ -428,6 +434,7 @@ impl Tuning {
             "attention_wide_blocks" => self.attention_wide_blocks = count(v)?,
             "embedding_vec" => self.embedding_vec = switch(v)?,
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
+            "moe_fp8_experts" => self.moe_fp8_experts = switch(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
             "moe_fused_router" => self.moe_fused_router = switch(v)?,
@@ -538,6 +545,7 @@ mod tests {
             ("attention_wide_blocks", "16"),
             ("embedding_vec", "1"),
             ("moe_grouped_min_rows", "16"),
+            ("moe_fp8_experts", "on"),
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
             ("moe_fused_router", "on"),

@@ -787,7 +787,7 @@ pub fn load(
     gpu: &dyn GpuBackend,
     progress: LoadProgress,
 ) -> Result<DeviceWeights, ModelError> {
-    load_with(c, source, gpu, &LinearFormat::Bf16, progress)
+    load_with(c, source, gpu, &LinearFormat::Bf16, false, progress)
 }
 
 /// Uploads the checkpoint, its linears in `format`. Shapes are checked first; on error, whatever
@@ -797,6 +797,7 @@ pub fn load_with(
     source: &dyn WeightSource,
     gpu: &dyn GpuBackend,
     format: &LinearFormat,
+    fp8_experts: bool,
     progress: LoadProgress,
 ) -> Result<DeviceWeights, ModelError> {
     check_shapes(c, source)?;
@@ -813,7 +814,15 @@ pub fn load_with(
         check_fp8_expert_layout(c, source)?;
     }
     let mut allocations = Vec::new();
-    let result = load_inner(c, source, gpu, format, progress, &mut allocations);
+    let result = load_inner(
+        c,
+        source,
+        gpu,
+        format,
+        fp8_experts,
+        progress,
+        &mut allocations,
+    );
     if result.is_err() {
         for p in allocations {
             let _ = gpu.free(p);
@@ -826,6 +835,8 @@ pub fn load_with(
 struct Uploader<'a> {
     source: &'a dyn WeightSource,
     format: &'a LinearFormat,
+    /// Whether FP8 formats make the routed experts FP8 (the tuning's `moe_fp8_experts`).
+    fp8_experts: bool,
     fp8_max_weights: usize,
     fp8_max_k: usize,
     fp8_max_n: usize,
@@ -1187,6 +1198,9 @@ impl Uploader<'_> {
                 },
             }
         };
+        if !self.fp8_experts {
+            return Ok(None);
+        }
         match self.format {
             LinearFormat::Bf16 => return Ok(None),
             LinearFormat::Fp8Quantize => {}
@@ -1377,6 +1391,7 @@ fn load_inner(
     source: &dyn WeightSource,
     gpu: &dyn GpuBackend,
     format: &LinearFormat,
+    fp8_experts: bool,
     progress: LoadProgress,
     allocations: &mut Vec<DevicePtr>,
 ) -> Result<DeviceWeights, ModelError> {
@@ -1384,6 +1399,7 @@ fn load_inner(
     let mut u = Uploader {
         source,
         format,
+        fp8_experts,
         fp8_max_weights: 0,
         fp8_max_k: 0,
         fp8_max_n: 0,

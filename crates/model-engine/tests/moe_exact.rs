@@ -397,7 +397,12 @@ fn fp8_experts_made_from_the_dense_ffn_answer_as_the_dense_fp8_model() {
         experts: 4,
         top_k: 1,
     });
-    let hopper = || Tuning::hopper().expect("the kernel tree's tuning");
+    // The tree keeps experts BF16 until their FP8 kernels have run on a GPU: on here.
+    let hopper = || {
+        let mut t = Tuning::hopper().expect("the kernel tree's tuning");
+        t.set("moe_fp8_experts", "on").unwrap();
+        t
+    };
     let (dense_ids, dense_logits) =
         greedy_with(dense.config().unwrap(), &dense, None, &fp8, hopper());
     println!("dense SmolLM2 in FP8: {dense_ids:?}");

@@ -109,11 +109,15 @@ fn prompt() -> Vec<u32> {
 /// [`prompt`].
 fn logits(source: &dyn WeightSource, format: &LinearFormat) -> Vec<Vec<f32>> {
     // The prefill's FP8 experts on the grouped path (the Hopper tree's threshold is 16 rows).
-    logits_with(
-        source,
-        format,
-        Tuning::hopper().expect("the kernel tree's tuning"),
-    )
+    logits_with(source, format, fp8_experts())
+}
+
+/// The kernel tree's tuning with the routed experts FP8 where the linears are (the tree keeps
+/// them BF16 until their kernels have run on a GPU).
+fn fp8_experts() -> Tuning {
+    let mut tuning = Tuning::hopper().expect("the kernel tree's tuning");
+    tuning.set("moe_fp8_experts", "on").unwrap();
+    tuning
 }
 
 /// [`logits`] under `tuning`.
@@ -216,7 +220,7 @@ fn fp8_experts_agree_with_bf16_within_e4m3_precision() {
     // The 20-token prefill's experts on the per-assignment FP8 launches instead (products of
     // the f32 dequantised weights, not of their bf16 rounding; expert outputs unrounded before
     // the weighted sum): as close to BF16, and near the grouped run.
-    let mut per = Tuning::hopper().unwrap();
+    let mut per = fp8_experts();
     per.set("moe_grouped_min_rows", "64").unwrap();
     let per_assignment = logits_with(&source, &LinearFormat::Fp8Quantize, per);
     let err2 = relative_l2(&per_assignment, &bf16);
@@ -387,7 +391,7 @@ fn fp8_expert_stacks_are_refused_before_loading() {
         &checkpoint,
         gpu,
         options(),
-        Tuning::hopper().unwrap(),
+        fp8_experts(),
         &LinearFormat::Fp8Stored(scheme(dir.path())),
         &mut |done, _, _| assert_eq!(done, 0, "refused before any upload"),
     )
@@ -466,7 +470,7 @@ fn fp8_grouped_experts_give_the_logits_of_the_dequantised_bf16_experts() {
     let original = logits(&Random(config()), &LinearFormat::Bf16);
     for tensor_core_min_rows in ["1000", "1"] {
         let tuning = || {
-            let mut t = Tuning::hopper().unwrap();
+            let mut t = fp8_experts();
             t.set("moe_grouped_min_rows", "1").unwrap();
             t.set("moe_tensor_core_min_rows", tensor_core_min_rows)
                 .unwrap();

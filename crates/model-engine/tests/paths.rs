@@ -1030,7 +1030,8 @@ fn split_expert_stacks_load_as_the_per_expert_tensors() {
     }
 }
 
-/// FP8 experts (everything quantized at load) take the grouped path's FP8 forms, with no
+/// FP8 experts (everything quantized at load, `moe_fp8_experts` on) take the grouped path's FP8
+/// forms, with no
 /// dequantised copy of their stacks: the tensor-core weight streams' (`moe_grouped_mma_fp8_*`)
 /// below `moe_tensor_core_min_rows`, the warpgroup-MMA tiles' (`moe_wgmma_fp8_*`) from it, for
 /// SwiGLU experts (a tiny Qwen3-MoE) and squared-ReLU ones (a tiny Nemotron-H with a shared
@@ -1073,11 +1074,14 @@ fn fp8_experts_take_the_grouped_fp8_forms() {
             .map(|i| (i * 37 + 11) % c.vocab_size as u32)
             .collect();
         let source = Random(c.clone());
+        // The tree keeps experts BF16 until their FP8 kernels have run on a GPU: on here.
         let run = |pairs: &[&str]| {
             let gpu = Arc::new(Recording::new());
             let backend: Arc<dyn GpuBackend> = gpu.clone();
+            let mut all = vec!["moe_fp8_experts=on"];
+            all.extend(pairs);
             let logits =
-                moe_prompt_logits_on(backend, &source, &c, &prompt, (tuned(pairs), &fp8), false);
+                moe_prompt_logits_on(backend, &source, &c, &prompt, (tuned(&all), &fp8), false);
             (logits, gpu.take())
         };
         let (want, _) = run(&["moe_grouped_min_rows=64"]);

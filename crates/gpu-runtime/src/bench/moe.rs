@@ -13,7 +13,7 @@ use metrale_kernels::ops::{
     ExpertActivation, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
     MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup,
     MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring,
-    group_by_expert,
+    MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu, group_by_expert,
 };
 
 use super::{BenchCase, i32_bytes, launch_of};
@@ -297,9 +297,12 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
             }),
         },
         BenchCase {
-            kernel: match activation {
-                ExpertActivation::SwiGlu => MoeGemmSwiglu::NAME,
-                ExpertActivation::Relu2 => MoeGemmRelu2::NAME,
+            // The tiles as the engine runs them: on warpgroup MMA (these shapes' widths fit).
+            kernel: match (form, activation) {
+                (Grouped::Tiles, ExpertActivation::SwiGlu) => MoeWgmmaSwiglu::NAME,
+                (Grouped::Tiles, ExpertActivation::Relu2) => MoeWgmmaRelu2::NAME,
+                (Grouped::Mma, ExpertActivation::SwiGlu) => MoeGroupedMmaSwiglu::NAME,
+                (Grouped::Mma, ExpertActivation::Relu2) => MoeGroupedMmaRelu2::NAME,
             },
             label: format!(
                 "{} moe grouped{} {} tokens={tokens}",
@@ -329,12 +332,14 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
                     hidden: h,
                 };
                 match (form, activation) {
-                    (Grouped::Tiles, ExpertActivation::SwiGlu) => launch_of(args),
+                    (Grouped::Tiles, ExpertActivation::SwiGlu) => {
+                        launch_of(MoeWgmmaSwiglu::from(args))
+                    }
                     (Grouped::Mma, ExpertActivation::SwiGlu) => {
                         launch_of(MoeGroupedMmaSwiglu::from(args))
                     }
                     (Grouped::Tiles, ExpertActivation::Relu2) => {
-                        launch_of(MoeGemmRelu2::from(args))
+                        launch_of(MoeWgmmaRelu2::from(MoeGemmRelu2::from(args)))
                     }
                     (Grouped::Mma, ExpertActivation::Relu2) => {
                         launch_of(MoeGroupedMmaRelu2::from(MoeGemmRelu2::from(args)))
@@ -343,7 +348,10 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
             }),
         },
         BenchCase {
-            kernel: MoeGemmDown::NAME,
+            kernel: match form {
+                Grouped::Tiles => MoeWgmmaDown::NAME,
+                Grouped::Mma => MoeGroupedMmaDown::NAME,
+            },
             label: format!(
                 "{} moe grouped{} down tokens={tokens}",
                 s.name,
@@ -370,7 +378,7 @@ fn grouped_cases(s: &MoeShape, tokens: u32, form: Grouped) -> Vec<BenchCase> {
                     inter: i,
                 };
                 match form {
-                    Grouped::Tiles => launch_of(args),
+                    Grouped::Tiles => launch_of(MoeWgmmaDown::from(args)),
                     Grouped::Mma => launch_of(MoeGroupedMmaDown::from(args)),
                 }
             }),

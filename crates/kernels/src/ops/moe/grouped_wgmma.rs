@@ -123,7 +123,7 @@ impl MoeWgmmaSwiglu {
         (1..=MOE_MAX_EXPERTS).contains(&experts)
             && inter.is_multiple_of(8)
             && hidden.is_multiple_of(8)
-            && operands.iter().all(|p| p.0 % 16 == 0)
+            && operands.iter().all(|p| p.0.is_multiple_of(16))
     }
 }
 
