@@ -56,11 +56,12 @@
 #            on with fp8_fused_quantize=off (TTFT 1024/8192, decode
 #            batch 1/8/63/64 at 1024 keys; FP8_GEMM_PROFILE=1: with --profile), and the dense kernel
 #            table with torch._scaled_mm beside it (FP8_GEMM_TABLE=0: not)
-#   fp8moe   FP8 routed experts: check-kernels moe_gemv_fp8 and fp8_dequant, qwen3-30b-a3b-4l
-#            parity in BF16 and with --quantization fp8 (experts FP8: moe_fp8_experts=on),
-#            bench-model (TTFT 1024/8192, batch 1/8/16/32/64 at 1024 keys) BF16, FP8 linears with
-#            BF16 experts, FP8 experts, and FP8 experts with moe_fp8_grouped_min_rows 16 and never;
-#            then Qwen3-30B-A3B at full depth with FP8 experts (TTFT 1024/8192, batch 1/8/64)
+#   fp8moe   FP8 routed experts: check-kernels moe_gemv_fp8, the grouped FP8 forms (mma_fp8,
+#            wgmma_fp8) and fp8_dequant, qwen3-30b-a3b-4l parity in BF16 and with --quantization
+#            fp8 (experts FP8: moe_fp8_experts=on), bench-model (TTFT 1024/8192, batch
+#            1/8/16/32/64 at 1024 keys) BF16, FP8 linears with BF16 experts, FP8 experts, and FP8
+#            experts with every step per assignment (moe_grouped_min_rows never); then
+#            Qwen3-30B-A3B at full depth with FP8 experts (TTFT 1024/8192, batch 1/8/64)
 #   hybridfixtures  the tiny hybrid fixtures (tiny_hybrid_fixtures.py: tiny-qwen3-next,
 #            tiny-qwen3-5-moe, tiny-nemotron-h, tiny-nemotron-h-moe; HYBRID_FIXTURES: a subset) into $RES/fixtures
 #
@@ -365,10 +366,10 @@ cuts() {
 
 fp8moe() {
     local m=qwen3-30b-a3b-4l
-    log "check-kernels moe_gemv_fp8, fp8_dequant"
-    { "$MET" check-kernels --kernel moe_gemv_fp8; "$MET" check-kernels --kernel fp8_dequant; } \
+    log "check-kernels moe_gemv_fp8, mma_fp8, wgmma_fp8, fp8_dequant"
+    { for k in moe_gemv_fp8 mma_fp8 wgmma_fp8 fp8_dequant; do "$MET" check-kernels --kernel $k; done; } \
         >"$RES/fp8moe-check.txt" 2>&1
-    grep -E "cases pass|fail" "$RES/fp8moe-check.txt" | grep -v "^checking" | tail -6
+    grep -E "cases pass|fail" "$RES/fp8moe-check.txt" | grep -v "^checking" | tail -8
     checkpoint "$m"
     python3 scripts/gpu/reference_logits.py --model "$CKPT/$m" --out "$REF/$m.safetensors" \
         --prompt-tokens 128 --decode-steps 64 --long-prompt-tokens 1024 --seed 0 \
@@ -381,7 +382,7 @@ fp8moe() {
             "${qa[@]}" --json "$RES/fp8moe-parity-$q.json" 2>&1 | tee "$RES/fp8moe-parity-$q.txt" | tail -5
     done
     BENCH_MODEL=$m BENCH_CHECK=0 BENCH_TAG=fp8moe- \
-        BENCH_VARIANTS="bf16 fp8bf16experts:q=fp8 fp8:q=fp8+moe_fp8_experts=on fp8g16:q=fp8+moe_fp8_experts=on+moe_fp8_grouped_min_rows=16 fp8never:q=fp8+moe_fp8_experts=on+moe_fp8_grouped_min_rows=1000000" \
+        BENCH_VARIANTS="bf16 fp8bf16experts:q=fp8 fp8:q=fp8+moe_fp8_experts=on fp8never:q=fp8+moe_fp8_experts=on+moe_grouped_min_rows=1000000" \
         BENCH_ARGS="--prefill 1024,8192 --batches 1,8,16,32,64" bench
     local full=qwen3-30b-a3b dir=/dev/shm/ckpt
     log "checkpoint $full (full depth) in $dir"

@@ -428,6 +428,36 @@ static HOST_KERNELS: &[(KernelName, HostKernelFn, &[&str])] = {
             run::<MoeGemvFp8Down>,
             MoeGemvFp8Down::KINDS,
         ),
+        (
+            MoeGroupedMmaFp8Swiglu::NAME,
+            run::<MoeGroupedMmaFp8Swiglu>,
+            MoeGroupedMmaFp8Swiglu::KINDS,
+        ),
+        (
+            MoeGroupedMmaFp8Relu2::NAME,
+            run::<MoeGroupedMmaFp8Relu2>,
+            MoeGroupedMmaFp8Relu2::KINDS,
+        ),
+        (
+            MoeGroupedMmaFp8Down::NAME,
+            run::<MoeGroupedMmaFp8Down>,
+            MoeGroupedMmaFp8Down::KINDS,
+        ),
+        (
+            MoeWgmmaFp8Swiglu::NAME,
+            run::<MoeWgmmaFp8Swiglu>,
+            MoeWgmmaFp8Swiglu::KINDS,
+        ),
+        (
+            MoeWgmmaFp8Relu2::NAME,
+            run::<MoeWgmmaFp8Relu2>,
+            MoeWgmmaFp8Relu2::KINDS,
+        ),
+        (
+            MoeWgmmaFp8Down::NAME,
+            run::<MoeWgmmaFp8Down>,
+            MoeWgmmaFp8Down::KINDS,
+        ),
         (GemvFp8::NAME, run::<GemvFp8>, GemvFp8::KINDS),
         (
             GemvFp8Swiglu::NAME,

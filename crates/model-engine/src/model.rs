@@ -180,23 +180,6 @@ impl ModelOptions {
         Ok(())
     }
 
-    /// Bytes of the BF16 scratch a model with FP8 experts (`fp8` linears: every sparse layer's
-    /// experts FP8 where the checkpoint's are) allocates at load: one sparse layer's expert
-    /// stacks, gate|up (or squared ReLU's up) and down, which the grouped expert path dequantises
-    /// into; 0 without experts or without FP8. An upper bound where a checkpoint keeps its experts
-    /// BF16 (then nothing is allocated).
-    pub fn moe_fp8_scratch_bytes(config: &ModelConfig, fp8: bool) -> u64 {
-        let Some(m) = config.moe.as_ref().filter(|_| fp8) else {
-            return 0;
-        };
-        let relu2 = config
-            .hybrid
-            .as_ref()
-            .is_some_and(|h| h.mlp_activation == metrale_config::MlpActivation::Relu2);
-        let per = if relu2 { 1 } else { 2 };
-        (m.num_experts * (per + 1) * m.expert_intermediate * config.hidden_size * 2) as u64
-    }
-
     /// Recurrent-state bytes of one state slot (every recurrent layer's conv inputs in bf16 and
     /// its f32 matrix state); 0 for a model without recurrent layers.
     pub fn state_bytes_per_slot(config: &ModelConfig) -> u64 {
@@ -553,7 +536,6 @@ impl Model {
                             m,
                             options.max_tokens_per_step,
                             c.hidden_size,
-                            weights.moe_fp8_dequant_weights,
                         )?),
                     };
                     let weights = w.moe.as_ref().expect("a sparse layer's weights");

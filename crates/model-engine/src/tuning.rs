@@ -118,7 +118,7 @@ pub const LINEAR_LABELS: [&str; 15] = [
 ];
 
 /// Every key [`Tuning::set`] takes.
-pub const KEYS: [&str; 38] = [
+pub const KEYS: [&str; 37] = [
     "graphs",
     "decode_ahead",
     "gemv_max_rows",
@@ -147,7 +147,6 @@ pub const KEYS: [&str; 38] = [
     "embedding_vec",
     "moe_grouped_min_rows",
     "moe_fp8_experts",
-    "moe_fp8_grouped_min_rows",
     "moe_tensor_core_min_rows",
     "moe_grouped_mma",
     "moe_fused_router",
@@ -240,20 +239,16 @@ pub struct Tuning {
     /// expert's rows as one tensor-core product (fewer: every assignment reads its expert).
     pub moe_grouped_min_rows: u32,
     /// With FP8 linears, the routed experts load as FP8 too (e4m3 stacks and their scales, the
-    /// `moe_gemv_fp8_*` decode launches); off: they load as BF16 (an FP8 checkpoint's expert
+    /// FP8 forms of every expert launch); off: they load as BF16 (an FP8 checkpoint's expert
     /// tensors dequantised), as before FP8 experts existed. Read at load.
     pub moe_fp8_experts: bool,
-    /// The same threshold for FP8 experts, whose grouped path first dequantises the layer's
-    /// whole expert stacks into a BF16 scratch (3 bytes moved a weight, every expert): below it
-    /// every assignment streams its expert's e4m3 weights (`moe_gemv_fp8_*`). The larger of the
-    /// two applies.
-    pub moe_fp8_grouped_min_rows: u32,
     /// Grouped MoE steps of at least this many tokens run the experts' products on tensor cores
     /// (fewer: as weight streams over the touched experts, a few rows an expert).
     pub moe_tensor_core_min_rows: u32,
     /// Grouped MoE steps below [`Tuning::moe_tensor_core_min_rows`] tokens run the experts'
     /// products on tensor cores, each touched expert's weights read once per 32 of its rows
-    /// (off: the CUDA-core weight streams).
+    /// (off: the CUDA-core weight streams). BF16 experts only: FP8 experts have only the
+    /// tensor-core form.
     pub moe_grouped_mma: bool,
     /// MoE steps of at most `MOE_ROUTER_MAX_ROWS` (8) tokens run the router's product, the
     /// shared expert's gate logit and the routing in one launch (`moe_router`; off: the f32
@@ -315,7 +310,6 @@ impl Tuning {
             embedding_vec: false,
             moe_grouped_min_rows: u32::MAX,
             moe_fp8_experts: false,
-            moe_fp8_grouped_min_rows: u32::MAX,
             moe_tensor_core_min_rows: 0,
             moe_grouped_mma: false,
             moe_fused_router: false,
@@ -447,7 +441,6 @@ impl Tuning {
             "embedding_vec" => self.embedding_vec = switch(v)?,
             "moe_grouped_min_rows" => self.moe_grouped_min_rows = count(v)?,
             "moe_fp8_experts" => self.moe_fp8_experts = switch(v)?,
-            "moe_fp8_grouped_min_rows" => self.moe_fp8_grouped_min_rows = count(v)?,
             "moe_tensor_core_min_rows" => self.moe_tensor_core_min_rows = count(v)?,
             "moe_grouped_mma" => self.moe_grouped_mma = switch(v)?,
             "moe_fused_router" => self.moe_fused_router = switch(v)?,
@@ -560,7 +553,6 @@ mod tests {
             ("embedding_vec", "1"),
             ("moe_grouped_min_rows", "16"),
             ("moe_fp8_experts", "on"),
-            ("moe_fp8_grouped_min_rows", "64"),
             ("moe_tensor_core_min_rows", "256"),
             ("moe_grouped_mma", "on"),
             ("moe_fused_router", "on"),

@@ -496,9 +496,6 @@ pub struct DeviceWeights {
     /// 128 x 128 blocks, or not [`metrale_kernels::ops::gemm_fp8_fits`]; 0 without any): with
     /// the tuning's `fp8_gemm` on, only those dequantise into the BF16 scratch.
     pub(crate) fp8_max_dequant_weights: usize,
-    /// Elements of one sparse layer's FP8 expert stacks, gate|up and down together (0 without
-    /// FP8 experts): the BF16 scratch the grouped expert path dequantises a layer's stacks into.
-    pub(crate) moe_fp8_dequant_weights: usize,
 }
 
 /// The FP8 KV cache scales of attention layer `l` in the checkpoint, `(k_scale, v_scale)`, where
@@ -844,7 +841,6 @@ struct Uploader<'a> {
     fp8_max_k: usize,
     fp8_max_n: usize,
     fp8_max_dequant_weights: usize,
-    moe_fp8_dequant_weights: usize,
     gpu: &'a dyn GpuBackend,
     progress: LoadProgress<'a>,
     allocations: &'a mut Vec<DevicePtr>,
@@ -1222,9 +1218,6 @@ impl Uploader<'_> {
         }
         let tensors = parts.first.roles().len() + parts.down.roles().len();
         let (first, down) = (stack(self, &parts.first)?, stack(self, &parts.down)?);
-        self.moe_fp8_dequant_weights = self
-            .moe_fp8_dequant_weights
-            .max(first.n * first.k + down.n * down.k);
         let upload = |u: &mut Self, t: &Fp8Tensor, tensors: usize| {
             let w = u.put_bytes(&t.data, 0)?;
             let scales = u.put_bytes(bytemuck::cast_slice(&t.scales), tensors)?;
@@ -1411,7 +1404,6 @@ fn load_inner(
         fp8_max_k: 0,
         fp8_max_n: 0,
         fp8_max_dequant_weights: 0,
-        moe_fp8_dequant_weights: 0,
         gpu,
         progress,
         allocations,
@@ -1496,7 +1488,6 @@ fn load_inner(
         fp8_max_k,
         fp8_max_n: u.fp8_max_n,
         fp8_max_dequant_weights: u.fp8_max_dequant_weights,
-        moe_fp8_dequant_weights: u.moe_fp8_dequant_weights,
         kv_scaled_layers,
         embedding,
         final_norm,
@@ -1571,7 +1562,6 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
         fp8_max_k: u.fp8_max_k,
         fp8_max_n: u.fp8_max_n,
         fp8_max_dequant_weights: u.fp8_max_dequant_weights,
-        moe_fp8_dequant_weights: u.moe_fp8_dequant_weights,
         // Nemotron-H's attention layers take no checkpoint KV scales (1.0).
         kv_scaled_layers: 0,
         embedding,

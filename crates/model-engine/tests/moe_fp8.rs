@@ -4,10 +4,11 @@
 //! no whole 128-row block and the stacks take a scale per row), its linears and experts quantized
 //! at load (`LinearFormat::Fp8Quantize`) or read from an FP8 checkpoint this test writes (every
 //! linear and every expert projection `*.weight` in float8_e4m3fn beside `*.weight_scale_inv`),
-//! against the BF16 model. A 20-token prefill takes the grouped expert path (the stacks
-//! dequantised into the scratch, then the BF16 tensor-core streams; `moe_fp8_grouped_min_rows`
-//! set to 16) or the per-assignment FP8 launches (the Hopper tree's 64), the decode steps the FP8
-//! decode launches.
+//! against the BF16 model. A 20-token prefill takes the grouped expert path (the tensor-core
+//! weight streams' FP8 forms, the Hopper tree's `moe_grouped_min_rows` 16) or the per-assignment
+//! FP8 launches (`moe_grouped_min_rows` 64), the decode steps the FP8 decode launches; with every
+//! step grouped, the FP8 forms give the logits of BF16 experts holding the dequantised weights
+//! bit for bit (the path that dequantised a layer's stacks into a BF16 scratch did the same).
 //!
 //! The bound, as `fp8.rs` works it out: E4M3's rounding error is about 0.036 of a product's
 //! output RMS; the model has 3 layers of attention (q|k|v and o), one dense MLP (gate|up, down)
@@ -107,10 +108,8 @@ fn prompt() -> Vec<u32> {
 /// Every step's logits (the prefill's last row, then each decode step's), teacher-forced on
 /// [`prompt`].
 fn logits(source: &dyn WeightSource, format: &LinearFormat) -> Vec<Vec<f32>> {
-    let mut tuning = fp8_experts();
-    // The prefill's FP8 experts on the grouped path (the Hopper tree's threshold is 64 rows).
-    tuning.set("moe_fp8_grouped_min_rows", "16").unwrap();
-    logits_with(source, format, tuning)
+    // The prefill's FP8 experts on the grouped path (the Hopper tree's threshold is 16 rows).
+    logits_with(source, format, fp8_experts())
 }
 
 /// The kernel tree's tuning with the routed experts FP8 where the linears are (the tree keeps
@@ -218,11 +217,12 @@ fn fp8_experts_agree_with_bf16_within_e4m3_precision() {
         }
     }
     assert!(compared >= 1, "no step had a clear choice");
-    // The Hopper tree's threshold: the 20-token prefill's experts on the per-assignment FP8
-    // launches instead (products of the f32 dequantised weights, not of their bf16 rounding;
-    // expert outputs unrounded before the weighted sum): as close to BF16, and near the grouped
-    // run.
-    let per_assignment = logits_with(&source, &LinearFormat::Fp8Quantize, fp8_experts());
+    // The 20-token prefill's experts on the per-assignment FP8 launches instead (products of
+    // the f32 dequantised weights, not of their bf16 rounding; expert outputs unrounded before
+    // the weighted sum): as close to BF16, and near the grouped run.
+    let mut per = fp8_experts();
+    per.set("moe_grouped_min_rows", "64").unwrap();
+    let per_assignment = logits_with(&source, &LinearFormat::Fp8Quantize, per);
     let err2 = relative_l2(&per_assignment, &bf16);
     let apart = relative_l2(&per_assignment, &fp8);
     eprintln!("per-assignment prefill: {err2:.4} from BF16, {apart:.2e} from the grouped run");
@@ -402,4 +402,93 @@ fn fp8_expert_stacks_are_refused_before_loading() {
         err.contains("mlp.experts.gate_up_proj") && err.contains("stored as FP8"),
         "{err}"
     );
+}
+
+/// Writes the random model twice: as an FP8 checkpoint whose expert projections alone are FP8
+/// (each quantized in 128 x 128 blocks, `weight_scale_inv` beside it; every other linear BF16 and
+/// named in `modules_to_not_convert`) into `fp8`, and as a BF16 checkpoint whose experts hold
+/// those FP8 weights dequantised (`bf16(e4m3 × scale)`, what `fp8_dequant_bf16` writes) into
+/// `bf16`.
+fn write_expert_checkpoints(fp8: &std::path::Path, bf16: &std::path::Path) {
+    let c = config();
+    let source = Random(c.clone());
+    let mut quantized: Vec<(String, Entry)> = Vec::new();
+    let mut dequantized: Vec<(String, Entry)> = Vec::new();
+    let bf16_entry = |t: &HostTensor| -> Entry {
+        let bytes = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        (Dtype::BF16, t.shape.clone(), bytes)
+    };
+    for role in expected_tensors(&c) {
+        let name = role.hf_name();
+        let t = source.load(&name).unwrap();
+        let expert = matches!(
+            role,
+            TensorRole::ExpertGate(..) | TensorRole::ExpertUp(..) | TensorRole::ExpertDown(..)
+        );
+        if !expert {
+            quantized.push((name.clone(), bf16_entry(&t)));
+            dequantized.push((name, bf16_entry(&t)));
+            continue;
+        }
+        let q = Fp8Tensor::quantize(&t).unwrap();
+        let scales = q.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let module = name.strip_suffix(".weight").unwrap();
+        quantized.push((
+            format!("{module}.weight_scale_inv"),
+            (Dtype::F32, vec![q.n.div_ceil(128), q.scale_cols()], scales),
+        ));
+        let mut back = q.dequantize();
+        back.shape = t.shape.clone();
+        dequantized.push((name.clone(), bf16_entry(&back)));
+        quantized.push((name, (Dtype::F8_E4M3, t.shape.clone(), q.data)));
+    }
+    write(fp8, &quantized, |json| {
+        json["quantization_config"] = serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": [
+                "lm_head", "self_attn", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"
+            ]
+        });
+    });
+    write(bf16, &dequantized, |_| {});
+}
+
+/// The FP8 experts' grouped forms give the logits of BF16 experts holding the dequantised
+/// weights, bit for bit, on the host: with every step grouped (`moe_grouped_min_rows` 1), the
+/// tensor-core weight streams' FP8 forms (`moe_tensor_core_min_rows` 1000) and the
+/// warpgroup-MMA tiles' (1), against the BF16 forms over the BF16 checkpoint. That is what the
+/// path they replace computed (each layer's stacks dequantised into a BF16 scratch, then the
+/// BF16 forms); every other product is the same BF16 product in both models.
+#[test]
+fn fp8_grouped_experts_give_the_logits_of_the_dequantised_bf16_experts() {
+    let (fp8, bf16) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_expert_checkpoints(fp8.path(), bf16.path());
+    let fp8_checkpoint = SafetensorsCheckpoint::open(fp8.path()).unwrap();
+    let bf16_checkpoint = SafetensorsCheckpoint::open(bf16.path()).unwrap();
+    let format = LinearFormat::Fp8Stored(scheme(fp8.path()));
+    let original = logits(&Random(config()), &LinearFormat::Bf16);
+    for tensor_core_min_rows in ["1000", "1"] {
+        let tuning = || {
+            let mut t = fp8_experts();
+            t.set("moe_grouped_min_rows", "1").unwrap();
+            t.set("moe_tensor_core_min_rows", tensor_core_min_rows)
+                .unwrap();
+            t
+        };
+        let got = logits_with(&fp8_checkpoint, &format, tuning());
+        let want = logits_with(&bf16_checkpoint, &LinearFormat::Bf16, tuning());
+        let err = relative_l2(&got, &original);
+        eprintln!(
+            "moe_tensor_core_min_rows {tensor_core_min_rows}: {err:.4} from the BF16 experts \
+             before quantization"
+        );
+        assert!(err > 1e-3, "the experts are FP8: {err}");
+        assert!(
+            got == want,
+            "moe_tensor_core_min_rows {tensor_core_min_rows}: not the dequantised experts' \
+             logits (relative L2 {:.3e})",
+            relative_l2(&got, &want)
+        );
+    }
 }

@@ -599,6 +599,25 @@ fn moe_prompt_logits_of(
     one_by_one: bool,
 ) -> Vec<f32> {
     let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
+    moe_prompt_logits_on(
+        gpu,
+        source,
+        c,
+        prompt,
+        (tuning, &LinearFormat::Bf16),
+        one_by_one,
+    )
+}
+
+/// [`moe_prompt_logits_of`] on `gpu`, the linears' weights in `format`.
+fn moe_prompt_logits_on(
+    gpu: Arc<dyn GpuBackend>,
+    source: &dyn WeightSource,
+    c: &ModelConfig,
+    prompt: &[u32],
+    (tuning, format): (Tuning, &LinearFormat),
+    one_by_one: bool,
+) -> Vec<f32> {
     let options = ModelOptions {
         kv_cache: Default::default(),
         max_tokens_per_step: 32,
@@ -609,8 +628,16 @@ fn moe_prompt_logits_of(
         block_size: 16,
         state_slots: 0,
     };
-    let mut model = Model::load(c.clone(), source, gpu, options, tuning, &mut |_, _, _| {})
-        .expect("the MoE model loads on the host");
+    let mut model = Model::load_with(
+        c.clone(),
+        source,
+        gpu,
+        options,
+        tuning,
+        format,
+        &mut |_, _, _| {},
+    )
+    .expect("the MoE model loads on the host");
     let table = BlockTable {
         blocks: vec![0, 1, 2, 3],
     };
@@ -1000,5 +1027,100 @@ fn split_expert_stacks_load_as_the_per_expert_tensors() {
         );
         let got = moe_prompt_logits_of(&split, &c, &prompt, plain, false);
         assert_eq!(got, want, "{:?}", c.family);
+    }
+}
+
+/// FP8 experts (everything quantized at load, `moe_fp8_experts` on) take the grouped path's FP8
+/// forms, with no
+/// dequantised copy of their stacks: the tensor-core weight streams' (`moe_grouped_mma_fp8_*`)
+/// below `moe_tensor_core_min_rows`, the warpgroup-MMA tiles' (`moe_wgmma_fp8_*`) from it, for
+/// SwiGLU experts (a tiny Qwen3-MoE) and squared-ReLU ones (a tiny Nemotron-H with a shared
+/// expert); the two forms give the same logits (on the host their references are both the BF16
+/// forms' over the dequantised stacks: `tests/moe_fp8.rs` checks those against BF16 experts
+/// holding the dequantised weights), and the per-assignment FP8 launches (the f32 dequantised
+/// weights, expert outputs unrounded) differ from them by less than the FP8 weights differ from
+/// BF16 ones. Random routers make that difference large for the Qwen3-MoE (4.98e-2 of the
+/// logits' spread, against 1.12e-1 from BF16: near-tied experts picked differently downstream;
+/// its BF16 paths differ by 5.2e-3) and small for the Nemotron-H (6.0e-3 against 4.78e-2).
+#[test]
+fn fp8_experts_take_the_grouped_fp8_forms() {
+    let qwen3_moe = metrale_config::from_config_json(
+        r#"{"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512,
+            "moe_intermediate_size": 96, "num_experts": 16, "num_experts_per_tok": 4,
+            "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "num_hidden_layers": 3, "vocab_size": 320, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 256,
+            "tie_word_embeddings": false}"#,
+    )
+    .expect("a valid config");
+    let nemotron_h = metrale_config::from_config_json(
+        r#"{"model_type": "nemotron_h", "hidden_size": 256, "intermediate_size": 192,
+            "hybrid_override_pattern": "E*E-", "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "mamba_num_heads": 16, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+            "conv_kernel": 4, "expand": 2, "use_conv_bias": true, "mamba_hidden_act": "silu",
+            "chunk_size": 128, "mlp_hidden_act": "relu2", "mlp_bias": false, "use_bias": false,
+            "layer_norm_epsilon": 1e-5, "vocab_size": 320, "max_position_embeddings": 256,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+            "moe_shared_expert_intermediate_size": 96, "n_group": 1, "topk_group": 1,
+            "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+            "tie_word_embeddings": false}"#,
+    )
+    .expect("a valid config");
+    let fp8 = LinearFormat::Fp8Quantize;
+    for (c, relu2) in [(qwen3_moe, false), (nemotron_h, true)] {
+        let prompt: Vec<u32> = (0..21)
+            .map(|i| (i * 37 + 11) % c.vocab_size as u32)
+            .collect();
+        let source = Random(c.clone());
+        // The tree keeps experts BF16 until their FP8 kernels have run on a GPU: on here.
+        let run = |pairs: &[&str]| {
+            let gpu = Arc::new(Recording::new());
+            let backend: Arc<dyn GpuBackend> = gpu.clone();
+            let mut all = vec!["moe_fp8_experts=on"];
+            all.extend(pairs);
+            let logits =
+                moe_prompt_logits_on(backend, &source, &c, &prompt, (tuned(&all), &fp8), false);
+            (logits, gpu.take())
+        };
+        let (want, _) = run(&["moe_grouped_min_rows=64"]);
+        let (streams, launched) = run(&["moe_tensor_core_min_rows=1000"]);
+        let (tiles, launched_tiles) = run(&["moe_tensor_core_min_rows=2"]);
+        let (mma, wgmma, bf16_forms) = match relu2 {
+            false => (
+                [MoeGroupedMmaFp8Swiglu::NAME, MoeGroupedMmaFp8Down::NAME],
+                [MoeWgmmaFp8Swiglu::NAME, MoeWgmmaFp8Down::NAME],
+                [MoeGroupedMmaSwiglu::NAME, MoeWgmmaSwiglu::NAME],
+            ),
+            true => (
+                [MoeGroupedMmaFp8Relu2::NAME, MoeGroupedMmaFp8Down::NAME],
+                [MoeWgmmaFp8Relu2::NAME, MoeWgmmaFp8Down::NAME],
+                [MoeGroupedMmaRelu2::NAME, MoeWgmmaRelu2::NAME],
+            ),
+        };
+        for (forms, kernels) in [(mma, &launched), (wgmma, &launched_tiles)] {
+            for name in forms.iter().chain(&[MoeGroup::NAME]) {
+                assert!(kernels.contains(&name.to_string()), "{name}: {kernels:?}");
+            }
+            for name in bf16_forms {
+                assert!(!kernels.contains(&name.to_string()), "{name}: {kernels:?}");
+            }
+        }
+        assert!(streams == tiles, "relu2 {relu2}: the two FP8 forms differ");
+        let err = relative_error(&[streams], std::slice::from_ref(&want));
+        // The BF16 model's logits: how far the FP8 weights move them.
+        let gpu: Arc<dyn GpuBackend> = Arc::new(HostBackend::new(1 << 30));
+        let bf16 = (tuned(&[]), &LinearFormat::Bf16);
+        let bf16 = moe_prompt_logits_on(gpu, &source, &c, &prompt, bf16, false);
+        let quantization = relative_error(&[tiles], std::slice::from_ref(&bf16));
+        println!(
+            "relu2 {relu2}: grouped FP8 forms vs per-assignment FP8 {err:.3e}, FP8 vs BF16 \
+             {quantization:.3e}"
+        );
+        assert!(
+            err > 0.0 && err < quantization,
+            "relu2 {relu2}: {err:.3e} against {quantization:.3e}"
+        );
     }
 }

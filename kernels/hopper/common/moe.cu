@@ -27,6 +27,7 @@
 // sum over slots). Every sum over slots runs in slot order: no atomics, the same bits on every
 // run. A shared expert (Qwen2-MoE: a dense SwiGLU MLP every token takes, run by the dense
 // products) joins in the epilogue of moe_gemv_down or moe_combine, behind its sigmoid gate.
+#include <cuda_fp8.h>
 #include <mma.h>
 
 #include "common.cuh"
@@ -932,6 +933,10 @@ extern "C" __global__ void __launch_bounds__(256) moe_grouped_gemv_down(
 // (g, t) of a warp takes elements [8 t, 8 t + 8) of every 32-element chunk of its rows (weight
 // rows g and g + 8, activation row g) and feeds words 0-1 to one mma and words 2-3 to the next.
 // The four lanes of a row read 64 contiguous bytes; no shared memory, no barrier.
+// The FP8 forms (moe_grouped_mma_fp8_*) read e4m3 stacks the same way, 16 weights a 16-byte load
+// (lane (g, t) takes elements [16 t, 16 t + 16) of every 64), and turn each into bf16(e4m3 x
+// scale) in registers before the mmas: the weights the BF16 forms read from the stacks
+// dequantised by fp8_dequant_bf16, at half the bytes and without that pass.
 
 namespace {
 
@@ -975,24 +980,133 @@ __device__ __forceinline__ uint4 load8(const __nv_bfloat16* __restrict__ row, ui
     return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
+// bf16(e4m3 x s) of the two e4m3 in the low 16 bits of v (the lower byte in the low half): the
+// bits fp8_dequant_bf16 (gemv_fp8.cu) stores, so that an FP8 form multiplies the weights its BF16
+// form would read from the dequantised stack.
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t v, float s) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * s, f.y * s);
+    return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// The 8 e4m3 of words lo, hi (lowest byte first) as 4 pairs of bf16(e4m3 x s).
+__device__ __forceinline__ uint4 e4m3x8_scaled(uint32_t lo, uint32_t hi, float s) {
+    return make_uint4(e4m3x2_scaled(lo, s), e4m3x2_scaled(lo >> 16, s), e4m3x2_scaled(hi, s),
+                      e4m3x2_scaled(hi >> 16, s));
+}
+
+// A stacked weight [rows, cols] as the grouped tensor-core products read it, bf16 or FP8; each
+// hands a lane's rows to a pass (Rows) and says whether its 16-byte path applies.
+// - Rows::SPAN: the k elements of a row one 16-byte load holds, handed to the mmas as SPAN / 8
+//   pieces of 4 bf16 pairs (Rows::piece);
+// - Rows::scales(c0, k): what a round of loads from column c0 needs besides the bytes.
+struct Bf16Rows {
+    static constexpr uint32_t SPAN = 8;
+    const __nv_bfloat16* row[2][2];
+    struct Scales {};
+    __device__ __forceinline__ Scales scales(uint32_t, uint32_t) const { return {}; }
+    template <bool VEC>
+    __device__ __forceinline__ uint4 load(int m, int h, uint32_t k0, uint32_t k) const {
+        return load8<true>(row[m][h], k0, k, VEC);
+    }
+    __device__ __forceinline__ uint4 piece(const uint4& raw, const Scales&, int, int, int,
+                                           int) const {
+        return raw;
+    }
+};
+
+struct Bf16Stack {
+    using Rows = Bf16Rows;
+    const __nv_bfloat16* w;
+    __device__ __forceinline__ bool vec(uint32_t cols) const {
+        return cols % 8 == 0 && aligned16(w);
+    }
+    __device__ __forceinline__ void set(Rows& r, int m, int h, size_t row, uint32_t cols,
+                                        bool valid) const {
+        r.row[m][h] = valid ? w + row * cols : nullptr;
+    }
+};
+
+// FP8 rows: a load is 16 e4m3 of one 128-column scale block (k0 % 16 == 0), each piece turned
+// into bf16(e4m3 x scale) in registers. A round of MMA_DEPTH loads from c0 (a multiple of 256)
+// spans two scale blocks, whose scales the lane reads once a round (zero past k or for a null
+// row; the bytes there are zeros too).
+struct Fp8Rows {
+    static constexpr uint32_t SPAN = 16;
+    const uint8_t* row[2][2];
+    const float* scale[2][2];  // the row's scales, one a 128 columns
+    struct Scales {
+        float s[2][2][2];
+    };
+    __device__ __forceinline__ Scales scales(uint32_t c0, uint32_t k) const {
+        Scales sc;
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    const uint32_t k0 = c0 + 128 * b;
+                    sc.s[m][h][b] =
+                        row[m][h] != nullptr && k0 < k ? __ldg(scale[m][h] + k0 / 128) : 0.0f;
+                }
+        return sc;
+    }
+    template <bool VEC>
+    __device__ __forceinline__ uint4 load(int m, int h, uint32_t k0, uint32_t k) const {
+        const uint8_t* r = row[m][h];
+        if (r == nullptr || k0 >= k) return make_uint4(0, 0, 0, 0);
+        if (VEC) return load_stream(reinterpret_cast<const uint4*>(r + k0));
+        uint32_t v[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (uint32_t i = 0; i < 16; ++i)
+            if (k0 + i < k) v[i / 4] |= (uint32_t)r[k0 + i] << (8 * (i % 4));
+        return make_uint4(v[0], v[1], v[2], v[3]);
+    }
+    // Piece q (weights 8 q ..< 8 q + 8) of load d of a round (columns c0 + 64 d + 16 t ..).
+    __device__ __forceinline__ uint4 piece(const uint4& raw, const Scales& sc, int d, int m, int h,
+                                           int q) const {
+        const float s = sc.s[m][h][d / 2];
+        return q == 0 ? e4m3x8_scaled(raw.x, raw.y, s) : e4m3x8_scaled(raw.z, raw.w, s);
+    }
+};
+
+// e4m3 with f32 scales [ceil(rows / 2^row_shift), ceil(cols / 128)] (moe_fp8.cu's stacks).
+struct Fp8Stack {
+    using Rows = Fp8Rows;
+    const uint8_t* w;
+    const float* scales;
+    uint32_t row_shift;
+    __device__ __forceinline__ bool vec(uint32_t cols) const {
+        return cols % 16 == 0 && aligned16(w);
+    }
+    __device__ __forceinline__ void set(Rows& r, int m, int h, size_t row, uint32_t cols,
+                                        bool valid) const {
+        r.row[m][h] = valid ? w + row * cols : nullptr;
+        r.scale[m][h] = valid ? scales + (row >> row_shift) * ((cols + 127) / 128) : nullptr;
+    }
+};
+
 // One warp's pass over K: acc[m][n] += W_m (16 x K) * X_n (8 x K)^T for the two weight tiles m and
-// the first `tiles` row tiles n (warp-uniform). Lane (g, t) supplies w[m][h], weight row g + 8 h
-// of tile m, and x[n], activation row g of tile n (null: zeros). On return lane (g, t) holds
-// acc[m][n][i] = the sum for weight row g + 8 (i >> 1) of tile m and activation row 2 t + (i & 1)
-// of tile n.
-template <bool VEC>
-__device__ __forceinline__ void mma_pass_of(float (&acc)[2][MMA_ROW_TILES][4],
-                                            const __nv_bfloat16* const (&w)[2][2],
+// the first `tiles` row tiles n (warp-uniform). Lane (g, t) supplies w's rows [m][h], weight row
+// g + 8 h of tile m, and x[n], activation row g of tile n (null: zeros); it loads columns
+// [SPAN t, SPAN t + SPAN) of every 4 SPAN of them. On return lane (g, t) holds acc[m][n][i] = the
+// sum for weight row g + 8 (i >> 1) of tile m and activation row 2 t + (i & 1) of tile n.
+template <typename W, bool VEC>
+__device__ __forceinline__ void mma_pass_of(float (&acc)[2][MMA_ROW_TILES][4], const W& w,
                                             const __nv_bfloat16* const (&x)[MMA_ROW_TILES],
                                             int tiles, uint32_t k, uint32_t t) {
-    constexpr bool vec = VEC;
+    constexpr uint32_t CHUNK = 4 * W::SPAN;  // columns one load of a row's four lanes covers
+    static_assert(W::SPAN == 8 || CHUNK * MMA_DEPTH == 256, "an FP8 round is two scale blocks");
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int n = 0; n < MMA_ROW_TILES; ++n)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
-    for (uint32_t c0 = 0; c0 < k; c0 += 32 * MMA_DEPTH) {
+    for (uint32_t c0 = 0; c0 < k; c0 += CHUNK * MMA_DEPTH) {
         uint4 wv[MMA_DEPTH][2][2];
 #pragma unroll
         for (int d = 0; d < MMA_DEPTH; ++d)
@@ -1000,18 +1114,28 @@ __device__ __forceinline__ void mma_pass_of(float (&acc)[2][MMA_ROW_TILES][4],
             for (int m = 0; m < 2; ++m)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    wv[d][m][h] = load8<true>(w[m][h], c0 + 32 * d + 8 * t, k, vec);
+                    wv[d][m][h] = w.template load<VEC>(m, h, c0 + CHUNK * d + W::SPAN * t, k);
+        const typename W::Scales sc = w.scales(c0, k);
 #pragma unroll
         for (int d = 0; d < MMA_DEPTH; ++d) {
 #pragma unroll
-            for (int n = 0; n < MMA_ROW_TILES; ++n) {
-                if (n >= tiles) break;
-                const uint4 xv = load8<false>(x[n], c0 + 32 * d + 8 * t, k, vec);
+            for (int q = 0; q < (int)W::SPAN / 8; ++q) {
+                uint4 a[2][2];
 #pragma unroll
-                for (int m = 0; m < 2; ++m) {
-                    const uint4 lo = wv[d][m][0], hi = wv[d][m][1];
-                    mma_bf16(acc[m][n], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-                    mma_bf16(acc[m][n], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+                for (int m = 0; m < 2; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) a[m][h] = w.piece(wv[d][m][h], sc, d, m, h, q);
+#pragma unroll
+                for (int n = 0; n < MMA_ROW_TILES; ++n) {
+                    if (n >= tiles) break;
+                    const uint4 xv =
+                        load8<false>(x[n], c0 + CHUNK * d + W::SPAN * t + 8 * q, k, VEC);
+#pragma unroll
+                    for (int m = 0; m < 2; ++m) {
+                        const uint4 lo = a[m][0], hi = a[m][1];
+                        mma_bf16(acc[m][n], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+                        mma_bf16(acc[m][n], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+                    }
                 }
             }
         }
@@ -1019,14 +1143,14 @@ __device__ __forceinline__ void mma_pass_of(float (&acc)[2][MMA_ROW_TILES][4],
 }
 
 // mma_pass_of on the 16-byte path where `vec`, else element by element.
-__device__ __forceinline__ void mma_pass(float (&acc)[2][MMA_ROW_TILES][4],
-                                         const __nv_bfloat16* const (&w)[2][2],
+template <typename W>
+__device__ __forceinline__ void mma_pass(float (&acc)[2][MMA_ROW_TILES][4], const W& w,
                                          const __nv_bfloat16* const (&x)[MMA_ROW_TILES],
                                          int tiles, uint32_t k, bool vec, uint32_t t) {
     if (vec)
-        mma_pass_of<true>(acc, w, x, tiles, k, t);
+        mma_pass_of<W, true>(acc, w, x, tiles, k, t);
     else
-        mma_pass_of<false>(acc, w, x, tiles, k, t);
+        mma_pass_of<W, false>(acc, w, x, tiles, k, t);
 }
 
 }  // namespace
@@ -1040,14 +1164,14 @@ __device__ constexpr uint32_t mma_columns() {
     return 32 / ExpertAct<A>::ROWS;
 }
 
-// The grouped tensor-core first product (moe_grouped_mma_swiglu, moe_grouped_mma_relu2). Tile m
-// holds activation row m % ROWS of column tile m / ROWS.
-template <Act A>
+// The grouped tensor-core first product (moe_grouped_mma_swiglu, moe_grouped_mma_relu2 and their
+// FP8 forms) over the stack w [E ROWS inter, hidden]. Tile m holds activation row m % ROWS of
+// column tile m / ROWS.
+template <Act A, typename Stack>
 __device__ __forceinline__ void moe_grouped_mma_act(
-    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
-    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
-    uint32_t hidden) {
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x, const Stack& w,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t k,
+    uint32_t experts, uint32_t inter, uint32_t hidden) {
     constexpr int R = ExpertAct<A>::ROWS;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t g = lane >> 2, t = lane & 3;
@@ -1056,14 +1180,14 @@ __device__ __forceinline__ void moe_grouped_mma_act(
     if (e >= experts || k == 0 || j0 >= inter) return;
     const int32_t begin = offsets[e], end = offsets[e + 1];
     if (begin >= end) return;
-    const bool vec = hidden % 8 == 0 && aligned16(w) && aligned16(x);
-    const __nv_bfloat16* wr[2][2];
+    const bool vec = w.vec(hidden) && aligned16(x);
+    typename Stack::Rows wr;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t j = j0 + 16 * (m / R) + g + 8 * h;
-            wr[m][h] = j < inter ? expert_row<A>(w, e, m % R, j, inter, hidden) : nullptr;
+            w.set(wr, m, h, ((size_t)e * R + m % R) * inter + j, hidden, j < inter);
         }
     for (int32_t p0 = begin; p0 < end; p0 += MMA_ROWS) {
         const int np = min(MMA_ROWS, end - p0);
@@ -1093,60 +1217,27 @@ __device__ __forceinline__ void moe_grouped_mma_act(
     }
 }
 
-}  // namespace
-
-// moe_grouped_gemv_swiglu's output (act[p] for every position p of every expert's slice, in
-// expert order; the same values but for the order of the f32 sums) on tensor cores.
-// Launch: grid = (ceil(inter / 64), experts), block = 128: warp w of block (b, e) computes
-// columns [64 b + 16 w, 64 b + 16 w + 16) of expert e (a gate tile and its up tile) for 32 of
-// the expert's positions a pass, reading those 32 weight rows once a pass.
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_swiglu(
-    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
-    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
-    uint32_t hidden) {
-    metrale::grid_dependency_sync();
-    moe_grouped_mma_act<Act::SwiGlu>(act, x, w, offsets, sorted, k, experts, inter, hidden);
-}
-
-// moe_grouped_gemv_relu2's output on tensor cores (w: [E, inter, hidden]).
-// Launch: grid = (ceil(inter / 128), experts), block = 128: warp w of block (b, e) computes
-// columns [128 b + 32 w, 128 b + 32 w + 32) of expert e (two tiles of 16 up rows) for 32 of the
-// expert's positions a pass.
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_relu2(
-    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
-    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
-    uint32_t hidden) {
-    metrale::grid_dependency_sync();
-    moe_grouped_mma_act<Act::Relu2>(act, x, w, offsets, sorted, k, experts, inter, hidden);
-}
-
-// moe_grouped_gemv_down's output (y[sorted[p], h] = bf16(act[p] . w[e, h]) for every position p
-// of every expert's slice) on tensor cores.
-// Launch: grid = (ceil(hidden / 128), experts), block = 128: warp w of block (b, e) computes
-// columns [128 b + 32 w, 128 b + 32 w + 32) of expert e (two tiles of 16) for 32 of the expert's
-// positions a pass, reading those 32 down rows once a pass.
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_down(
-    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
-    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
-    const int32_t* __restrict__ sorted, uint32_t experts, uint32_t hidden, uint32_t inter) {
-    metrale::grid_dependency_sync();
+// The grouped tensor-core down product (moe_grouped_mma_down and its FP8 form) over the stack
+// w [E hidden, inter].
+template <typename Stack>
+__device__ __forceinline__ void moe_grouped_mma_down_of(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act, const Stack& w,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t experts,
+    uint32_t hidden, uint32_t inter) {
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t g = lane >> 2, t = lane & 3;
     const uint32_t e = blockIdx.y, h0 = (blockIdx.x * MMA_WARPS + warp) * 32;
     if (e >= experts || h0 >= hidden) return;
     const int32_t begin = offsets[e], end = offsets[e + 1];
     if (begin >= end) return;
-    const __nv_bfloat16* expert = w + (size_t)e * hidden * inter;
-    const bool vec = inter % 8 == 0 && aligned16(w) && aligned16(act);
-    const __nv_bfloat16* wr[2][2];
+    const bool vec = w.vec(inter) && aligned16(act);
+    typename Stack::Rows wr;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t c = h0 + 16 * m + g + 8 * h;
-            wr[m][h] = c < hidden ? expert + (size_t)c * inter : nullptr;
+            w.set(wr, m, h, (size_t)e * hidden + c, inter, c < hidden);
         }
     for (int32_t p0 = begin; p0 < end; p0 += MMA_ROWS) {
         const int np = min(MMA_ROWS, end - p0);
@@ -1172,6 +1263,88 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_dow
                 }
             }
     }
+}
+
+}  // namespace
+
+// moe_grouped_gemv_swiglu's output (act[p] for every position p of every expert's slice, in
+// expert order; the same values but for the order of the f32 sums) on tensor cores.
+// Launch: grid = (ceil(inter / 64), experts), block = 128: warp w of block (b, e) computes
+// columns [64 b + 16 w, 64 b + 16 w + 16) of expert e (a gate tile and its up tile) for 32 of
+// the expert's positions a pass, reading those 32 weight rows once a pass.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_act<Act::SwiGlu>(act, x, Bf16Stack{w}, offsets, sorted, k, experts, inter,
+                                     hidden);
+}
+
+// moe_grouped_gemv_relu2's output on tensor cores (w: [E, inter, hidden]).
+// Launch: grid = (ceil(inter / 128), experts), block = 128: warp w of block (b, e) computes
+// columns [128 b + 32 w, 128 b + 32 w + 32) of expert e (two tiles of 16 up rows) for 32 of the
+// expert's positions a pass.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t k, uint32_t experts, uint32_t inter,
+    uint32_t hidden) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_act<Act::Relu2>(act, x, Bf16Stack{w}, offsets, sorted, k, experts, inter,
+                                    hidden);
+}
+
+// moe_grouped_gemv_down's output (y[sorted[p], h] = bf16(act[p] . w[e, h]) for every position p
+// of every expert's slice) on tensor cores.
+// Launch: grid = (ceil(hidden / 128), experts), block = 128: warp w of block (b, e) computes
+// columns [128 b + 32 w, 128 b + 32 w + 32) of expert e (two tiles of 16) for 32 of the expert's
+// positions a pass, reading those 32 down rows once a pass.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_grouped_mma_down(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
+    const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted, uint32_t experts, uint32_t hidden, uint32_t inter) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_down_of(y, act, Bf16Stack{w}, offsets, sorted, experts, hidden, inter);
+}
+
+// The FP8 forms: moe_grouped_mma_swiglu, _relu2 and _down over e4m3 stacks with f32 scales
+// (moe_fp8.cu's layout: each stack one [rows, cols] FP8 matrix, scales [ceil(rows /
+// 2^row_shift), ceil(cols / 128)]), each weight taken as bf16(e4m3 x scale), the bits
+// fp8_dequant_bf16 writes: the values of the BF16 forms over the dequantised stacks, f32 sums in
+// another order (a lane's 16-byte load holds 16 weights, so the mmas group K differently). The
+// same launches; the 16-byte path needs the K width a multiple of 16 (else element by element).
+// The register file is theirs (~194 registers, two blocks an SM: 64 KiB of e4m3 in flight): left
+// to itself ptxas fits the SwiGLU form in 168 and spills.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) moe_grouped_mma_fp8_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const uint8_t* __restrict__ w, const float* __restrict__ scales,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t k,
+    uint32_t experts, uint32_t inter, uint32_t hidden, uint32_t row_shift) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_act<Act::SwiGlu>(act, x, Fp8Stack{w, scales, row_shift}, offsets, sorted, k,
+                                     experts, inter, hidden);
+}
+
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) moe_grouped_mma_fp8_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const uint8_t* __restrict__ w, const float* __restrict__ scales,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t k,
+    uint32_t experts, uint32_t inter, uint32_t hidden, uint32_t row_shift) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_act<Act::Relu2>(act, x, Fp8Stack{w, scales, row_shift}, offsets, sorted, k,
+                                    experts, inter, hidden);
+}
+
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) moe_grouped_mma_fp8_down(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
+    const uint8_t* __restrict__ w, const float* __restrict__ scales,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t experts,
+    uint32_t hidden, uint32_t inter, uint32_t row_shift) {
+    metrale::grid_dependency_sync();
+    moe_grouped_mma_down_of(y, act, Fp8Stack{w, scales, row_shift}, offsets, sorted, experts,
+                            hidden, inter);
 }
 
 namespace {
@@ -1420,6 +1593,16 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(
 // the two warpgroups multiplies its 64 rows of A by the 128 rows of B (m64n128k16, both operands
 // K-major in shared memory), one commit group a piece, at most one group in flight across the
 // barrier that starts the next piece.
+//
+// The FP8 forms (moe_wgmma_fp8_*: e4m3 weight stacks with f32 scales) stage B as it lies, 128
+// rows x 64 e4m3 (8 KiB a stage, each thread copying two rows' 16-byte chunks and those rows'
+// scales of the piece), and each thread turns the chunks it copied itself (visible to it once
+// its cp.async group is waited for, no barrier needed) into bf16(e4m3 x scale), the bits
+// fp8_dequant_bf16 writes, in a 16 KiB swizzled B tile just before the barrier that publishes the
+// piece. The converted tiles are a ring of three: piece g's tile was last read by the products of
+// piece g - 3, which both warpgroups have waited for before the barrier of piece g - 1. So the
+// products are the BF16 forms' over the dequantised stacks, the same bits, and shared memory is
+// 6 x 26 KiB + 3 x 16 KiB = 204 KiB against the BF16 forms' 192 KiB.
 
 #include "async_copy.cuh"
 #include "wgmma.cuh"
@@ -1430,17 +1613,58 @@ namespace wg = metrale::wgmma;
 constexpr int THREADS = 256;
 constexpr uint32_t BM = 128, BN = 128, BK = 64;
 constexpr uint32_t STAGES = 6, AHEAD = STAGES - 2;
-constexpr uint32_t TILE_BYTES = BM * BK * 2;  // one operand's piece: 16 KiB
-constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;
-constexpr uint32_t SMEM_BYTES = STAGES * STAGE_BYTES;  // + 1 KiB of alignment slack
-static_assert(SMEM_BYTES + 1024 + 2 * 4 * (MAX_EXPERTS + 1) <= 227 * 1024,
-              "shared memory over the per-block limit");
+constexpr uint32_t TILE_BYTES = BM * BK * 2;  // one operand's piece in bf16: 16 KiB
 // Rows of each operand a thread copies per piece (128 rows x 8 chunks over 256 threads).
 constexpr int ROWS_PER_THREAD = BM * 8 / THREADS;
+// FP8 B: rows a thread copies per piece (128 rows x 4 chunks of 16 e4m3 over 256 threads).
+constexpr int FP8_ROWS_PER_THREAD = BN * 4 / THREADS;
+
+// The dynamic shared memory of a form, from a 1024-byte aligned base: STAGES stages of A's piece
+// and B's (bf16; FP8: the e4m3 bytes, then each thread's rows' scales), then FP8's ring of
+// converted B tiles.
+template <bool FP8>
+struct Smem {
+    static constexpr uint32_t B_STAGED = FP8 ? BN * BK + THREADS * FP8_ROWS_PER_THREAD * 4
+                                             : TILE_BYTES;
+    static constexpr uint32_t STAGE = TILE_BYTES + B_STAGED;
+    static constexpr uint32_t RING = FP8 ? 3 : 0;
+    static constexpr uint32_t BYTES = STAGES * STAGE + RING * TILE_BYTES;
+    static_assert(STAGE % 1024 == 0, "every stage's A tile on a swizzle atom");
+    static_assert(BYTES + 1024 + 2 * 4 * (MAX_EXPERTS + 1) <= 227 * 1024,
+                  "shared memory over the per-block limit");
+};
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte swizzled tile.
 __device__ __forceinline__ uint32_t chunk_at(uint32_t r, uint32_t c) {
     return r * 128 + ((c ^ (r & 7)) << 4);
+}
+
+// 4 bytes global -> shared (through L1: a piece's scales are read by several rows and tiles);
+// with `valid` false the destination is zero-filled and `src` is not read.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a));
+    return v;
+}
+
+__device__ __forceinline__ float ld_shared_f32(uint32_t a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
+    return v;
+}
+
+__device__ __forceinline__ void st_shared_v4(uint32_t a, const uint4& v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
 }
 
 // Where a block's tile lies: expert e, its slice's positions [begin, end) of which the tile takes
@@ -1491,15 +1715,34 @@ __device__ __forceinline__ Tile tile_of(int32_t t, const int32_t* tile_start, co
     return Tile{e, (uint32_t)(local / row_tiles), begin + (local % row_tiles) * (int32_t)BM, end};
 }
 
+// The weights of a form: a bf16 stack, or an e4m3 one with its scales (Fp8Stack's layout).
+// row(s, cols) is stack row s's first element; an FP8 stack also gives its scales.
+struct Bf16B {
+    static constexpr bool FP8 = false;
+    const __nv_bfloat16* w;
+    __device__ const __nv_bfloat16* row(size_t s, uint32_t cols) const { return w + s * cols; }
+};
+struct Fp8B {
+    static constexpr bool FP8 = true;
+    const uint8_t* w;
+    const float* scales;
+    uint32_t row_shift;
+    __device__ const uint8_t* row(size_t s, uint32_t cols) const { return w + s * cols; }
+    __device__ const float* scale_row(size_t s, uint32_t cols) const {
+        return scales + (s >> row_shift) * ((cols + 127) / 128);
+    }
+};
+
 // The grouped first product (SwiGLU: each tile's 128 weight rows are 64 gate rows and the same 64
-// columns' up rows; ReLU^2: 128 up rows) and the down product, as policies of the loop below.
-template <Act A>
+// columns' up rows; ReLU^2: 128 up rows) and the down product, as policies of the loop below:
+// b_row(t, r, s) sets the stack row s of tile row r, false past the weight's rows.
+template <Act A, typename B>
 struct First {
     static constexpr uint32_t R = ExpertAct<A>::ROWS;
     static constexpr uint32_t COLS = BN / R;  // activation columns a tile
     __nv_bfloat16* act;
     const __nv_bfloat16* x;
-    const __nv_bfloat16* w;
+    B w;
     const int32_t* sorted;
     uint32_t k, inter, hidden;
 
@@ -1508,9 +1751,10 @@ struct First {
     __device__ const __nv_bfloat16* a_row(int32_t p) const {
         return x + (size_t)((uint32_t)sorted[p] / k) * hidden;
     }
-    __device__ const __nv_bfloat16* b_row(const Tile& t, uint32_t r) const {
+    __device__ bool b_row(const Tile& t, uint32_t r, size_t& s) const {
         const uint32_t j = t.col * COLS + r % COLS;
-        return j < inter ? expert_row<A>(w, t.e, r / COLS, j, inter, hidden) : nullptr;
+        s = ((size_t)t.e * R + r / COLS) * inter + j;
+        return j < inter;
     }
     // Thread columns: acc[4 i + q] is tile column 8 i + 2 tg + (q & 1) of row 16 warp + g
     // (+ 8 for q >= 2); activation column c takes tile columns c + COLS s for s < R.
@@ -1530,19 +1774,21 @@ struct First {
     }
 };
 
+template <typename B>
 struct Down {
     __nv_bfloat16* y;
     const __nv_bfloat16* act;
-    const __nv_bfloat16* w;
+    B w;
     const int32_t* sorted;
     uint32_t hidden, inter;
 
     __device__ uint32_t depth() const { return inter; }
     __device__ uint32_t col_tiles() const { return (hidden + BN - 1) / BN; }
     __device__ const __nv_bfloat16* a_row(int32_t p) const { return act + (size_t)p * inter; }
-    __device__ const __nv_bfloat16* b_row(const Tile& t, uint32_t r) const {
+    __device__ bool b_row(const Tile& t, uint32_t r, size_t& s) const {
         const uint32_t h = t.col * BN + r;
-        return h < hidden ? w + ((size_t)t.e * hidden + h) * inter : nullptr;
+        s = (size_t)t.e * hidden + h;
+        return h < hidden;
     }
     __device__ void store(const Tile& t, const float (&acc)[64], int32_t row0, uint32_t tg) const {
 #pragma unroll
@@ -1564,6 +1810,8 @@ struct Down {
 template <typename Form>
 __device__ __forceinline__ void grouped_tiles(const Form& f, const int32_t* __restrict__ offsets,
                                               uint32_t experts, unsigned char* smem_raw) {
+    constexpr bool FP8 = decltype(f.w)::FP8;
+    using S = Smem<FP8>;
     __shared__ int32_t off_s[MAX_EXPERTS + 1];
     __shared__ int32_t tile_start[MAX_EXPERTS + 1];
     const uint32_t tid = threadIdx.x, group = tid / 128, warp = (tid / 32) % 4, lane = tid & 31;
@@ -1579,12 +1827,16 @@ __device__ __forceinline__ void grouped_tiles(const Form& f, const int32_t* __re
     const uint32_t depth = f.depth(), pieces = (depth + BK - 1) / BK;
     const uint32_t steps = (uint32_t)mine * pieces;
     const uint32_t base = (metrale::smem_addr(smem_raw) + 1023u) & ~1023u;
+    const uint32_t ring = base + STAGES * S::STAGE;
 
     // The copier's tile (the one piece g + AHEAD belongs to) and its rows.
     int32_t copy_n = -1;
     Tile copy_tile{};
     const __nv_bfloat16* a_rows[ROWS_PER_THREAD];
     const __nv_bfloat16* b_rows[ROWS_PER_THREAD];
+    // FP8: the thread's B rows (tid / 4 + 64 i, chunk tid % 4) and their scales.
+    const uint8_t* q_rows[FP8_ROWS_PER_THREAD];
+    const float* q_scales[FP8_ROWS_PER_THREAD];
     const uint32_t chunk = tid % 8;
     const void* any = offsets;  // a valid address for the zero-filling copies, which read nothing
     auto copy = [&](uint32_t step) {
@@ -1598,19 +1850,63 @@ __device__ __forceinline__ void grouped_tiles(const Form& f, const int32_t* __re
                 const uint32_t r = tid / 8 + 32 * i;
                 const int32_t p = copy_tile.p0 + (int32_t)r;
                 a_rows[i] = p < copy_tile.end ? f.a_row(p) : nullptr;
-                b_rows[i] = f.b_row(copy_tile, r);
+                if constexpr (!FP8) {
+                    size_t s;
+                    b_rows[i] = f.b_row(copy_tile, r, s) ? f.w.row(s, depth) : nullptr;
+                }
+            }
+            if constexpr (FP8) {
+#pragma unroll
+                for (int i = 0; i < FP8_ROWS_PER_THREAD; ++i) {
+                    size_t s;
+                    const bool in = f.b_row(copy_tile, tid / 4 + 64 * i, s);
+                    q_rows[i] = in ? f.w.row(s, depth) : nullptr;
+                    q_scales[i] = in ? f.w.scale_row(s, depth) : nullptr;
+                }
             }
         }
-        const uint32_t stage = base + (step % STAGES) * STAGE_BYTES;
+        const uint32_t stage = base + (step % STAGES) * S::STAGE;
         const uint32_t k0 = piece * BK + chunk * 8;
         const bool in = k0 < depth;
 #pragma unroll
         for (int i = 0; i < ROWS_PER_THREAD; ++i) {
             const uint32_t r = tid / 8 + 32 * i;
-            const bool av = in && a_rows[i] != nullptr, bv = in && b_rows[i] != nullptr;
+            const bool av = in && a_rows[i] != nullptr;
             metrale::cp_async_16(stage + chunk_at(r, chunk), av ? a_rows[i] + k0 : any, av);
-            metrale::cp_async_16(stage + TILE_BYTES + chunk_at(r, chunk),
-                                 bv ? b_rows[i] + k0 : any, bv);
+            if constexpr (!FP8) {
+                const bool bv = in && b_rows[i] != nullptr;
+                metrale::cp_async_16(stage + TILE_BYTES + chunk_at(r, chunk),
+                                     bv ? b_rows[i] + k0 : any, bv);
+            }
+        }
+        if constexpr (FP8) {
+            // 16 e4m3 of one scale block (depth % 16 == 0: a chunk is all in or all out).
+            const uint32_t kq = piece * BK + 16 * (tid % 4);
+#pragma unroll
+            for (int i = 0; i < FP8_ROWS_PER_THREAD; ++i) {
+                const uint32_t r = tid / 4 + 64 * i;
+                const bool bv = kq < depth && q_rows[i] != nullptr;
+                metrale::cp_async_16(stage + TILE_BYTES + r * BK + 16 * (tid % 4),
+                                     bv ? q_rows[i] + kq : any, bv);
+                const bool sv = piece * BK < depth && q_scales[i] != nullptr;
+                cp_async_4(stage + TILE_BYTES + BN * BK + (FP8_ROWS_PER_THREAD * tid + i) * 4,
+                           sv ? q_scales[i] + piece * BK / 128 : any, sv);
+            }
+        }
+    };
+    // FP8: piece `step`'s e4m3 chunks this thread copied, as bf16(e4m3 x scale) into the ring's
+    // tile of the piece (zeros where the copies zero-filled).
+    auto convert = [&](uint32_t step) {
+        const uint32_t staged = base + (step % STAGES) * S::STAGE + TILE_BYTES;
+        const uint32_t tile = ring + (step % 3) * TILE_BYTES;
+        const uint32_t c = tid % 4;
+#pragma unroll
+        for (int i = 0; i < FP8_ROWS_PER_THREAD; ++i) {
+            const uint32_t r = tid / 4 + 64 * i;
+            const uint4 q = ld_shared_v4(staged + r * BK + 16 * c);
+            const float s = ld_shared_f32(staged + BN * BK + (FP8_ROWS_PER_THREAD * tid + i) * 4);
+            st_shared_v4(tile + chunk_at(r, 2 * c), e4m3x8_scaled(q.x, q.y, s));
+            st_shared_v4(tile + chunk_at(r, 2 * c + 1), e4m3x8_scaled(q.z, q.w, s));
         }
     };
 
@@ -1627,17 +1923,20 @@ __device__ __forceinline__ void grouped_tiles(const Form& f, const int32_t* __re
         for (uint32_t piece = 0; piece < pieces; ++piece, ++step) {
             // Piece `step` has landed for every thread and is visible to the async proxy; both
             // warpgroups are done with the products of piece step - 2, whose stage piece
-            // step + AHEAD takes.
+            // step + AHEAD takes (FP8: and with those of piece step - 3, whose ring tile piece
+            // step takes).
             metrale::cp_async_wait<AHEAD - 1>();
+            if constexpr (FP8) convert(step);
             wg::fence_proxy_async();
             __syncthreads();
-            const uint32_t stage = base + (step % STAGES) * STAGE_BYTES;
+            const uint32_t stage = base + (step % STAGES) * S::STAGE;
             const uint32_t a_tile = stage + group * 64 * 128;
+            const uint32_t b_tile = FP8 ? ring + (step % 3) * TILE_BYTES : stage + TILE_BYTES;
             wg::fence();
 #pragma unroll
             for (uint32_t ks = 0; ks < BK / 16; ++ks)
                 wg::mma_m64n128k16_ss(acc, wg::desc_sw128(a_tile + ks * 32, 16, 1024),
-                                      wg::desc_sw128(stage + TILE_BYTES + ks * 32, 16, 1024),
+                                      wg::desc_sw128(b_tile + ks * 32, 16, 1024),
                                       piece > 0 || ks > 0);
             wg::commit();
             // The copies of piece step + AHEAD (of this tile or the next) go out while the
@@ -1666,7 +1965,7 @@ __device__ __forceinline__ void grouped_tiles(const Form& f, const int32_t* __re
 // another order). Needs hidden % 8 == 0, inter % 8 == 0 and 16-byte aligned x and w (otherwise
 // nothing is written: callers keep moe_gemm_swiglu) and 1 <= experts <= MAX_EXPERTS.
 // Launch: grid = a block per SM (any count works), block = 256, dynamic shared memory
-// moe_wg::SMEM_BYTES + 1 KiB.
+// moe_wg::Smem<false>::BYTES + 1 KiB.
 extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_swiglu(
     __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
     const __nv_bfloat16* __restrict__ w, const int32_t* __restrict__ offsets,
@@ -1677,7 +1976,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_swigl
     if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 8 != 0 || inter % 8 != 0 ||
         !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
         return;
-    const moe_wg::First<Act::SwiGlu> f{act, x, w, sorted, k, inter, hidden};
+    const moe_wg::First<Act::SwiGlu, moe_wg::Bf16B> f{act, x, {w}, sorted, k, inter, hidden};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
 }
 
@@ -1693,7 +1992,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_relu2
     if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 8 != 0 || inter % 8 != 0 ||
         !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
         return;
-    const moe_wg::First<Act::Relu2> f{act, x, w, sorted, k, inter, hidden};
+    const moe_wg::First<Act::Relu2, moe_wg::Bf16B> f{act, x, {w}, sorted, k, inter, hidden};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
 }
 
@@ -1709,6 +2008,56 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_down(
     if (experts == 0 || experts > MAX_EXPERTS || inter % 8 != 0 || !aligned16(act) ||
         !aligned16(w) || blockDim.x != moe_wg::THREADS)
         return;
-    const moe_wg::Down f{y, act, w, sorted, hidden, inter};
+    const moe_wg::Down<moe_wg::Bf16B> f{y, act, {w}, sorted, hidden, inter};
+    moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
+}
+
+// The FP8 forms: moe_wgmma_swiglu, _relu2 and _down over e4m3 stacks with f32 scales (the layout
+// of moe_grouped_mma_fp8_*), each weight bf16(e4m3 x scale) as fp8_dequant_bf16 writes it: the
+// BF16 forms' bits over the dequantised stacks. Need the widths multiples of 16 (hidden and
+// inter; the down form: inter), 16-byte aligned x / act and w, 1 <= experts <= MAX_EXPERTS
+// (otherwise nothing is written). Launch: the BF16 forms', dynamic shared memory
+// Smem<true>::BYTES + 1 KiB.
+extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_fp8_swiglu(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const uint8_t* __restrict__ w, const float* __restrict__ scales,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t k,
+    uint32_t experts, uint32_t inter, uint32_t hidden, uint32_t row_shift) {
+    extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
+    metrale::grid_dependency_sync();
+    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 16 != 0 ||
+        inter % 16 != 0 || !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
+        return;
+    const moe_wg::First<Act::SwiGlu, moe_wg::Fp8B> f{
+        act, x, {w, scales, row_shift}, sorted, k, inter, hidden};
+    moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
+}
+
+extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_fp8_relu2(
+    __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ x,
+    const uint8_t* __restrict__ w, const float* __restrict__ scales,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t k,
+    uint32_t experts, uint32_t inter, uint32_t hidden, uint32_t row_shift) {
+    extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
+    metrale::grid_dependency_sync();
+    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 16 != 0 ||
+        inter % 16 != 0 || !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
+        return;
+    const moe_wg::First<Act::Relu2, moe_wg::Fp8B> f{
+        act, x, {w, scales, row_shift}, sorted, k, inter, hidden};
+    moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
+}
+
+extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_fp8_down(
+    __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ act,
+    const uint8_t* __restrict__ w, const float* __restrict__ scales,
+    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted, uint32_t experts,
+    uint32_t hidden, uint32_t inter, uint32_t row_shift) {
+    extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
+    metrale::grid_dependency_sync();
+    if (experts == 0 || experts > MAX_EXPERTS || inter % 16 != 0 || !aligned16(act) ||
+        !aligned16(w) || blockDim.x != moe_wg::THREADS)
+        return;
+    const moe_wg::Down<moe_wg::Fp8B> f{y, act, {w, scales, row_shift}, sorted, hidden, inter};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
 }

@@ -81,8 +81,10 @@ pub use moe::{
     ExpertActivation, MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown,
     MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown, MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu,
     MoeGemvRelu2, MoeGemvSwiglu, MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2,
-    MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute,
-    MoeRouter, MoeScoring, MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu, group_by_expert, route_row,
+    MoeGroupedGemvSwiglu, MoeGroupedMmaDown, MoeGroupedMmaFp8Down, MoeGroupedMmaFp8Relu2,
+    MoeGroupedMmaFp8Swiglu, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter,
+    MoeScoring, MoeWgmmaDown, MoeWgmmaFp8Down, MoeWgmmaFp8Relu2, MoeWgmmaFp8Swiglu, MoeWgmmaRelu2,
+    MoeWgmmaSwiglu, group_by_expert, route_row,
 };
 pub use qkv_post::{QkNormWhole, QkvRopeKvWrite};
 pub use rmsnorm::{AddRmsNorm, AddRmsNormFp8Rows, RmsNorm};

@@ -32,8 +32,11 @@
 //!
 //! FP8 (E4M3) expert stacks take the decode path's FP8 forms ([`MoeGemvFp8Swiglu`],
 //! [`MoeGemvFp8Relu2`], [`MoeGemvFp8Down`]: the same launches and values over the dequantised
-//! weights, `moe_fp8.cu`); the grouped path runs its BF16 entries over the stacks dequantised
-//! into a scratch ([`Fp8DequantBf16`](crate::ops::Fp8DequantBf16)).
+//! weights, `moe_fp8.cu`) and the grouped tensor-core forms' ([`MoeGroupedMmaFp8Swiglu`],
+//! [`MoeGroupedMmaFp8Relu2`], [`MoeGroupedMmaFp8Down`], [`MoeWgmmaFp8Swiglu`],
+//! [`MoeWgmmaFp8Relu2`], [`MoeWgmmaFp8Down`]: the BF16 forms' values over the stacks dequantised
+//! as [`Fp8DequantBf16`](crate::ops::Fp8DequantBf16) writes them, each weight converted on its
+//! way to the tensor cores, `moe.cu`).
 //!
 //! The MoE block's output is bf16 `[m, hidden]`, as the dense MLP's down product gives it: the
 //! residual add + norm that follows takes it unchanged.
@@ -60,6 +63,7 @@ macro_rules! same_args {
 mod decode;
 mod fp8;
 mod grouped;
+mod grouped_fp8;
 mod grouped_mma;
 mod grouped_wgmma;
 mod route;
@@ -70,6 +74,10 @@ pub use fp8::{MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu};
 pub use grouped::{
     MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGroup, MoeGroupedGemvDown,
     MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, group_by_expert,
+};
+pub use grouped_fp8::{
+    MoeGroupedMmaFp8Down, MoeGroupedMmaFp8Relu2, MoeGroupedMmaFp8Swiglu, MoeWgmmaFp8Down,
+    MoeWgmmaFp8Relu2, MoeWgmmaFp8Swiglu,
 };
 pub use grouped_mma::{MoeGroupedMmaDown, MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu};
 pub use grouped_wgmma::{MoeWgmmaDown, MoeWgmmaRelu2, MoeWgmmaSwiglu};

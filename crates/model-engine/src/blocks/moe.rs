@@ -19,12 +19,15 @@
 //! output rounded to bf16 as transformers rounds it) and combine them with the routing weights
 //! (`moe_combine`).
 //!
-//! FP8 experts (the stacks e4m3 with f32 scales: [`LinearWeight`]'s form) take the decode
-//! launches' FP8 forms (`moe_gemv_fp8_swiglu`, `moe_gemv_fp8_relu2`, `moe_gemv_fp8_down`) below
-//! the larger of `moe_grouped_min_rows` and `moe_fp8_grouped_min_rows`; above, the layer's two
-//! stacks are dequantised whole into the shared BF16 scratch (`fp8_dequant_bf16`) and the grouped
-//! BF16 launches read that. Their shared expert never rides in the expert launches: it runs as
-//! its own (dense, FP8 with the linears) products.
+//! FP8 experts (the stacks e4m3 with f32 scales: [`LinearWeight`]'s form) take the same
+//! thresholds and each launch's FP8 form: the decode launches' (`moe_gemv_fp8_swiglu`,
+//! `moe_gemv_fp8_relu2`, `moe_gemv_fp8_down`), and on the grouped path the warpgroup-MMA tiles'
+//! (`moe_wgmma_fp8_*`, from `moe_tensor_core_min_rows` where the widths are multiples of 16) or
+//! else the tensor-core weight streams' (`moe_grouped_mma_fp8_*`, any shape; there are no
+//! CUDA-core or WMMA FP8 forms, so `moe_grouped_mma` does not apply). The grouped FP8 forms turn
+//! each e4m3 weight into `bf16(e4m3 × scale)` on its way to the tensor cores: the BF16 forms'
+//! values over the dequantised stacks, with no dequantised copy. Their shared expert never rides
+//! in the expert launches: it runs as its own (dense, FP8 with the linears) products.
 //!
 //! The activation ([`MlpActivation`], the spec's) is a property of the block: it picks the four
 //! forms of the first product (`_swiglu` or `_relu2` entries, one CUDA template each) and the
@@ -46,11 +49,12 @@ use metrale_core::DevicePtr;
 use metrale_gpu_runtime::{GpuBackend, KernelHandle};
 use metrale_kernels::KernelAbi;
 use metrale_kernels::ops::{
-    Fp8DequantBf16, MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu,
-    MoeGemvDown, MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu, MoeGemvRelu2, MoeGemvSwiglu,
-    MoeGroup, MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
-    MoeGroupedMmaRelu2, MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, MoeWgmmaDown,
-    MoeWgmmaRelu2, MoeWgmmaSwiglu, Relu2,
+    MOE_ROUTER_MAX_ROWS, MoeCombine, MoeGemmDown, MoeGemmRelu2, MoeGemmSwiglu, MoeGemvDown,
+    MoeGemvFp8Down, MoeGemvFp8Relu2, MoeGemvFp8Swiglu, MoeGemvRelu2, MoeGemvSwiglu, MoeGroup,
+    MoeGroupedGemvDown, MoeGroupedGemvRelu2, MoeGroupedGemvSwiglu, MoeGroupedMmaDown,
+    MoeGroupedMmaFp8Down, MoeGroupedMmaFp8Relu2, MoeGroupedMmaFp8Swiglu, MoeGroupedMmaRelu2,
+    MoeGroupedMmaSwiglu, MoeRoute, MoeRouter, MoeScoring, MoeWgmmaDown, MoeWgmmaFp8Down,
+    MoeWgmmaFp8Relu2, MoeWgmmaFp8Swiglu, MoeWgmmaRelu2, MoeWgmmaSwiglu, Relu2,
 };
 
 use super::{Arena, Block, Step};
@@ -76,16 +80,17 @@ struct Kernels {
     combine: KernelHandle,
     /// `relu2_bf16`, for a squared-ReLU shared expert.
     relu2: KernelHandle,
-    /// FP8 experts' decode down launch, and the dequantisation of their stacks for the grouped
-    /// path.
+    /// FP8 experts' down launches: decode, tensor-core weight streams, warpgroup-MMA tiles.
     fp8_down: KernelHandle,
-    fp8_dequant: KernelHandle,
+    fp8_mma_down: KernelHandle,
+    fp8_wgmma_down: KernelHandle,
 }
 
-/// The experts' first product in the activation's five forms: the decode launch, and the grouped
-/// tensor-core tiles (WMMA and warpgroup MMA), weight streams and tensor-core weight streams. Each takes the SwiGLU
-/// entries' arguments (the `_relu2` entries' are the same fields) and launches the activation's
-/// entry with its own launch geometry.
+/// The experts' first product in the activation's forms: the decode launch, and the grouped
+/// tensor-core tiles (WMMA and warpgroup MMA), weight streams and tensor-core weight streams; over
+/// FP8 stacks the decode launch, the tensor-core weight streams and the warpgroup-MMA tiles. Each
+/// takes the SwiGLU entries' arguments (the `_relu2` entries' are the same fields) and launches
+/// the activation's entry with its own launch geometry.
 #[derive(Clone, Copy, Debug)]
 struct FirstProduct {
     activation: MlpActivation,
@@ -96,6 +101,9 @@ struct FirstProduct {
     wgmma: KernelHandle,
     stream: KernelHandle,
     mma: KernelHandle,
+    /// The grouped forms over FP8 experts.
+    mma_fp8: KernelHandle,
+    wgmma_fp8: KernelHandle,
 }
 
 impl FirstProduct {
@@ -108,6 +116,8 @@ impl FirstProduct {
                 MoeGroupedMmaSwiglu::NAME,
                 MoeWgmmaSwiglu::NAME,
                 MoeGemvFp8Swiglu::NAME,
+                MoeGroupedMmaFp8Swiglu::NAME,
+                MoeWgmmaFp8Swiglu::NAME,
             ],
             MlpActivation::Relu2 => [
                 MoeGemvRelu2::NAME,
@@ -116,6 +126,8 @@ impl FirstProduct {
                 MoeGroupedMmaRelu2::NAME,
                 MoeWgmmaRelu2::NAME,
                 MoeGemvFp8Relu2::NAME,
+                MoeGroupedMmaFp8Relu2::NAME,
+                MoeWgmmaFp8Relu2::NAME,
             ],
         };
         Ok(FirstProduct {
@@ -126,6 +138,8 @@ impl FirstProduct {
             stream: gpu.kernel(names[2])?,
             mma: gpu.kernel(names[3])?,
             wgmma: gpu.kernel(names[4])?,
+            mma_fp8: gpu.kernel(names[6])?,
+            wgmma_fp8: gpu.kernel(names[7])?,
         })
     }
 
@@ -140,6 +154,24 @@ impl FirstProduct {
         match self.activation {
             MlpActivation::SwiGlu => l.launch(self.decode_fp8, "experts", &a),
             MlpActivation::Relu2 => l.launch(self.decode_fp8, "experts", &MoeGemvFp8Relu2::from(a)),
+        }
+    }
+
+    fn mma_fp8(&self, l: &Launcher, a: MoeGroupedMmaFp8Swiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => l.launch(self.mma_fp8, "experts", &a),
+            MlpActivation::Relu2 => {
+                l.launch(self.mma_fp8, "experts", &MoeGroupedMmaFp8Relu2::from(a))
+            }
+        }
+    }
+
+    fn wgmma_fp8(&self, l: &Launcher, a: MoeGroupedMmaFp8Swiglu) -> Result<(), ModelError> {
+        match self.activation {
+            MlpActivation::SwiGlu => {
+                l.launch(self.wgmma_fp8, "experts", &MoeWgmmaFp8Swiglu::from(a))
+            }
+            MlpActivation::Relu2 => l.launch(self.wgmma_fp8, "experts", &MoeWgmmaFp8Relu2::from(a)),
         }
     }
 
@@ -214,9 +246,6 @@ struct Scratch {
     shared_act: DevicePtr,
     shared_out: DevicePtr,
     shared_logit: DevicePtr,
-    /// bf16 `[experts * rows, hidden]` then `[experts * hidden, intermediate]`: a layer's FP8
-    /// expert stacks dequantised for the grouped path; null without FP8 experts.
-    dequant: DevicePtr,
 }
 
 /// What the MoE blocks of a model share.
@@ -234,7 +263,6 @@ impl Shared {
         spec: MoeSpec,
         max_tokens: usize,
         hidden: usize,
-        fp8_dequant_weights: usize,
     ) -> Result<Shared, ModelError> {
         let kernels = Kernels {
             route: gpu.kernel(MoeRoute::NAME)?,
@@ -249,7 +277,8 @@ impl Shared {
             combine: gpu.kernel(MoeCombine::NAME)?,
             relu2: gpu.kernel(Relu2::NAME)?,
             fp8_down: gpu.kernel(MoeGemvFp8Down::NAME)?,
-            fp8_dequant: gpu.kernel(Fp8DequantBf16::NAME)?,
+            fp8_mma_down: gpu.kernel(MoeGroupedMmaFp8Down::NAME)?,
+            fp8_wgmma_down: gpu.kernel(MoeWgmmaFp8Down::NAME)?,
         };
         let (t, k) = (max_tokens, spec.top_k);
         let si = spec.shared_intermediate.unwrap_or(0);
@@ -277,10 +306,6 @@ impl Shared {
             shared_act,
             shared_out,
             shared_logit,
-            dequant: match fp8_dequant_weights {
-                0 => DevicePtr::NULL,
-                n => arena.alloc(n * 2)?,
-            },
         };
         gpu.memset(scratch.router_counter, 0, 4, gpu.default_stream())?;
         Ok(Shared {
@@ -307,7 +332,8 @@ pub(crate) struct Moe {
     /// `[experts, 2 * intermediate, hidden]` (SwiGLU), or `[experts, intermediate, hidden]`
     /// (squared ReLU: the up rows only): bf16, or e4m3 with its scales (the FP8 launches).
     experts_gate_up: LinearWeight,
-    /// `[experts, hidden, intermediate]`, in `experts_gate_up`'s dtype.
+    /// `[experts, hidden, intermediate]`, in `experts_gate_up`'s dtype (one scale layout each:
+    /// the FP8 launches take a stack's `row_shift`).
     experts_down: LinearWeight,
     /// f32 `[experts]`: the sigmoid router's correction bias (MiniMax-M2), or null.
     correction_bias: DevicePtr,
@@ -483,56 +509,9 @@ impl Moe {
         }
     }
 
-    /// Whether the routed experts are FP8 (the decode launches' FP8 forms; the grouped path's
-    /// stacks dequantised first).
+    /// Whether the routed experts are FP8 (every expert launch's FP8 form).
     fn fp8_experts(&self) -> bool {
         !self.experts_gate_up.scales.is_null()
-    }
-
-    /// The grouped path's BF16 stacks (first product, down): the experts' own, or for FP8
-    /// experts the layer's stacks dequantised into the shared scratch (every expert's, touched or
-    /// not: 3 bytes a weight moved, 1 read and 2 written).
-    fn grouped_weights(&self, l: &Launcher) -> Result<(DevicePtr, DevicePtr), ModelError> {
-        if !self.fp8_experts() {
-            return Ok((self.experts_gate_up.w, self.experts_down.w));
-        }
-        let (spec, sc) = (&self.shared.spec, &self.shared.scratch);
-        if sc.dequant.is_null() {
-            return Err(ModelError::InvalidStep(
-                "FP8 experts on the grouped path need the dequantise scratch, which this model's \
-                 load did not allocate"
-                    .into(),
-            ));
-        }
-        let per = match spec.activation {
-            MlpActivation::SwiGlu => 2,
-            MlpActivation::Relu2 => 1,
-        };
-        let rows = per * spec.intermediate;
-        let first_rows = (spec.experts * rows) as u32;
-        let down_rows = (spec.experts as u32) * self.hidden;
-        let first = Fp8DequantBf16 {
-            out: sc.dequant,
-            w: self.experts_gate_up.w,
-            scales: self.experts_gate_up.scales,
-            n: first_rows,
-            k: self.hidden,
-            row_shift: self.experts_gate_up.row_shift,
-        };
-        let down = Fp8DequantBf16 {
-            out: sc
-                .dequant
-                .offset(first_rows as usize * self.hidden as usize * 2),
-            w: self.experts_down.w,
-            scales: self.experts_down.scales,
-            n: down_rows,
-            k: spec.intermediate as u32,
-            row_shift: self.experts_down.row_shift,
-        };
-        let kernel = self.shared.kernels.fp8_dequant;
-        l.launch(kernel, "fp8_dequant", &first)?;
-        l.launch(kernel, "fp8_dequant", &down)?;
-        Ok((first.out, down.out))
     }
 
     /// Whether the decode expert launches take the shared expert as slots of their own.
@@ -723,11 +702,7 @@ impl Moe {
             &self.shared.scratch,
             &self.shared.kernels,
         );
-        let (k, inter, experts) = (
-            spec.top_k as u32,
-            spec.intermediate as u32,
-            spec.experts as u32,
-        );
+        let (k, experts) = (spec.top_k as u32, spec.experts as u32);
         let (offsets, sorted) = (sc.offsets, sc.sorted);
         let group = MoeGroup {
             offsets,
@@ -737,48 +712,9 @@ impl Moe {
             experts,
         };
         l.launch(kernels.group, "experts", &group)?;
-        let (first_w, down_w) = self.grouped_weights(l)?;
-        let gate_up = MoeGemmSwiglu {
-            act: sc.act,
-            x,
-            w: first_w,
-            offsets,
-            sorted,
-            k,
-            experts,
-            inter,
-            hidden: self.hidden,
-        };
-        let down = MoeGemmDown {
-            y: sc.y,
-            act: sc.act,
-            w: down_w,
-            offsets,
-            sorted,
-            experts,
-            hidden: self.hidden,
-            inter,
-        };
-        // The warpgroup-MMA tiles where the widths and pointers fit (the same bits as the WMMA
-        // tiles, 4-6x faster at prefill sizes: docs/decisions.md), else the WMMA tiles.
-        let wgmma =
-            MoeWgmmaSwiglu::fits(experts, inter, self.hidden, &[x, sc.act, first_w, down_w]);
-        if rows >= l.tuning.moe_tensor_core_min_rows && wgmma {
-            kernels.first.wgmma(l, gate_up)?;
-            l.launch(kernels.wgmma_down, "experts", &MoeWgmmaDown::from(down))?;
-        } else if rows >= l.tuning.moe_tensor_core_min_rows {
-            kernels.first.gemm(l, gate_up)?;
-            l.launch(kernels.gemm_down, "experts", &down)?;
-        } else if l.tuning.moe_grouped_mma {
-            kernels.first.mma(l, gate_up)?;
-            l.launch(kernels.mma_down, "experts", &MoeGroupedMmaDown::from(down))?;
-        } else {
-            kernels.first.stream(l, gate_up)?;
-            l.launch(
-                kernels.stream_down,
-                "experts",
-                &MoeGroupedGemvDown::from(down),
-            )?;
+        match self.fp8_experts() {
+            true => self.grouped_fp8_products(l, x, rows)?,
+            false => self.grouped_products(l, x, rows)?,
         }
         let (shared, shared_gate) = self.shared_term();
         let combine = MoeCombine {
@@ -794,6 +730,121 @@ impl Moe {
             hidden: self.hidden,
         };
         l.launch(kernels.combine, "experts", &combine)
+    }
+}
+
+impl Moe {
+    /// The grouped path's two products over BF16 experts, from `act` (in expert order) to `y` (in
+    /// assignment order), in the form the step's rows and the tuning pick.
+    fn grouped_products(&self, l: &Launcher, x: DevicePtr, rows: u32) -> Result<(), ModelError> {
+        let (spec, sc, kernels) = (
+            &self.shared.spec,
+            &self.shared.scratch,
+            &self.shared.kernels,
+        );
+        let (inter, experts) = (spec.intermediate as u32, spec.experts as u32);
+        let (first_w, down_w) = (self.experts_gate_up.w, self.experts_down.w);
+        let gate_up = MoeGemmSwiglu {
+            act: sc.act,
+            x,
+            w: first_w,
+            offsets: sc.offsets,
+            sorted: sc.sorted,
+            k: spec.top_k as u32,
+            experts,
+            inter,
+            hidden: self.hidden,
+        };
+        let down = MoeGemmDown {
+            y: sc.y,
+            act: sc.act,
+            w: down_w,
+            offsets: sc.offsets,
+            sorted: sc.sorted,
+            experts,
+            hidden: self.hidden,
+            inter,
+        };
+        // The warpgroup-MMA tiles where the widths and pointers fit (the same bits as the WMMA
+        // tiles, 4-6x faster at prefill sizes: docs/decisions.md), else the WMMA tiles.
+        let wgmma =
+            MoeWgmmaSwiglu::fits(experts, inter, self.hidden, &[x, sc.act, first_w, down_w]);
+        if rows >= l.tuning.moe_tensor_core_min_rows && wgmma {
+            kernels.first.wgmma(l, gate_up)?;
+            l.launch(kernels.wgmma_down, "experts", &MoeWgmmaDown::from(down))
+        } else if rows >= l.tuning.moe_tensor_core_min_rows {
+            kernels.first.gemm(l, gate_up)?;
+            l.launch(kernels.gemm_down, "experts", &down)
+        } else if l.tuning.moe_grouped_mma {
+            kernels.first.mma(l, gate_up)?;
+            l.launch(kernels.mma_down, "experts", &MoeGroupedMmaDown::from(down))
+        } else {
+            kernels.first.stream(l, gate_up)?;
+            l.launch(
+                kernels.stream_down,
+                "experts",
+                &MoeGroupedGemvDown::from(down),
+            )
+        }
+    }
+
+    /// [`Moe::grouped_products`] over FP8 experts: the warpgroup-MMA tiles' FP8 forms from
+    /// `moe_tensor_core_min_rows` rows where the widths (multiples of 16) and pointers fit, else
+    /// the tensor-core weight streams' FP8 forms, which take any shape (element by element off
+    /// 16-byte rows) and are the only FP8 form below that (no CUDA-core or WMMA FP8 forms:
+    /// `moe_grouped_mma` does not apply). Both read the e4m3 stacks and turn each weight into
+    /// `bf16(e4m3 × scale)` on the way to the tensor cores: the values of the BF16 forms over the
+    /// dequantised stacks, without a dequantised copy.
+    fn grouped_fp8_products(
+        &self,
+        l: &Launcher,
+        x: DevicePtr,
+        rows: u32,
+    ) -> Result<(), ModelError> {
+        let (spec, sc, kernels) = (
+            &self.shared.spec,
+            &self.shared.scratch,
+            &self.shared.kernels,
+        );
+        let (inter, experts) = (spec.intermediate as u32, spec.experts as u32);
+        let (gu, dw) = (self.experts_gate_up, self.experts_down);
+        let gate_up = MoeGroupedMmaFp8Swiglu {
+            act: sc.act,
+            x,
+            w: gu.w,
+            scales: gu.scales,
+            offsets: sc.offsets,
+            sorted: sc.sorted,
+            k: spec.top_k as u32,
+            experts,
+            inter,
+            hidden: self.hidden,
+            row_shift: gu.row_shift,
+        };
+        let down = MoeGroupedMmaFp8Down {
+            y: sc.y,
+            act: sc.act,
+            w: dw.w,
+            scales: dw.scales,
+            offsets: sc.offsets,
+            sorted: sc.sorted,
+            experts,
+            hidden: self.hidden,
+            inter,
+            row_shift: dw.row_shift,
+        };
+        let wgmma = MoeWgmmaFp8Swiglu::fits(experts, inter, self.hidden, &[x, sc.act, gu.w, dw.w]);
+        if rows >= l.tuning.moe_tensor_core_min_rows && wgmma {
+            kernels.first.wgmma_fp8(l, gate_up)?;
+            l.launch(
+                kernels.fp8_wgmma_down,
+                "experts",
+                &MoeWgmmaFp8Down::from(down),
+            )
+        } else {
+            kernels.first.mma_fp8(l, gate_up)?;
+            l.launch(kernels.fp8_mma_down, "experts", &down)
+        }
     }
 }
 
@@ -818,15 +869,7 @@ impl Block for Moe {
         if let Some(capture) = l.routing {
             capture.record(l.gpu, sc.ids, rows as usize * self.shared.spec.top_k * 4)?;
         }
-        let grouped = match self.fp8_experts() {
-            true => {
-                rows >= l
-                    .tuning
-                    .moe_grouped_min_rows
-                    .max(l.tuning.moe_fp8_grouped_min_rows)
-            }
-            false => rows >= l.tuning.moe_grouped_min_rows,
-        };
+        let grouped = rows >= l.tuning.moe_grouped_min_rows;
         let run = SharedLaunches {
             gate_logit: !fused_router,
             products: grouped || !self.shared_in_experts(l.tuning),

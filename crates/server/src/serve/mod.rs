@@ -422,11 +422,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         let total = gpu.total_memory()? as f64;
         let weights = config.parameter_count() as f64 * 2.0;
-        // FP8 experts add a BF16 scratch of one layer's expert stacks (the grouped path's).
-        let fp8 = checkpoint.linear_format(&model_args).is_fp8() && tuning.moe_fp8_experts;
         let scratch = (step_tokens * (config.hidden_size * 8 + config.intermediate_size * 3) * 2
-            + max_batch * config.vocab_size * 4) as f64
-            + ModelOptions::moe_fp8_scratch_bytes(&config, fp8) as f64;
+            + max_batch * config.vocab_size * 4) as f64;
         let budget = total * util - weights - scratch - state_bytes - (1u64 << 30) as f64;
         if budget < kv_block_bytes as f64 * blocks_per_seq as f64 {
             bail!(

@@ -178,7 +178,7 @@ impl Kernel for MoeGemvFp8Relu2 {
 
 /// Rows `first .. first + n` of the FP8 matrix of `cols` columns at `w` with `scales`
 /// (`2^row_shift` rows a scale), dequantised to f32: `e4m3 × scale`.
-fn fp8_rows(
+pub(super) fn fp8_rows(
     name: KernelName,
     mem: &dyn HostMemory,
     (w, scales): (DevicePtr, DevicePtr),

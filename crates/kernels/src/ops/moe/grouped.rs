@@ -6,6 +6,8 @@
 //! first; a block takes one expert and walks its rows, so a launch is `experts` blocks deep
 //! whatever the routing (no device-to-host read of the counts).
 
+use std::borrow::Cow;
+
 use half::bf16;
 use metrale_core::{DevicePtr, KernelName, LaunchConfig};
 
@@ -389,7 +391,16 @@ impl MoeGemmRelu2 {
     /// plus one bf16 step of the result; zero elsewhere. The window is `2^-18` of the sum of the
     /// products' magnitudes, far above any f32 order's effect at these widths.
     pub fn flip_allowance(&self, mem: &dyn HostMemory) -> Result<Vec<f32>, HostError> {
-        let name = Self::NAME;
+        self.flip_allowance_of(Self::NAME, Stack::Bf16(self.w), mem)
+    }
+
+    /// [`MoeGemmRelu2::flip_allowance`] over the weights of `stack` (`self.w` unread).
+    pub(super) fn flip_allowance_of(
+        &self,
+        name: KernelName,
+        stack: Stack,
+        mem: &dyn HostMemory,
+    ) -> Result<Vec<f32>, HostError> {
         check_experts(name, self.experts, self.k)?;
         let (k, experts) = (self.k as usize, self.experts as usize);
         let (inter, hidden) = (self.inter as usize, self.hidden as usize);
@@ -400,14 +411,18 @@ impl MoeGemmRelu2 {
             .max()
             .unwrap_or(0);
         let x = host::load_bf16(mem, self.x, rows * hidden)?;
-        let w = host::load_bf16(mem, self.w, experts * inter * hidden)?;
         let square = |v: f32| crate::host::round_bf16(v.max(0.0) * v.max(0.0));
         let mut out = Vec::with_capacity(offsets[experts] as usize * inter);
         for e in 0..experts {
-            for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
+            let slice = &sorted[offsets[e] as usize..offsets[e + 1] as usize];
+            if slice.is_empty() {
+                continue;
+            }
+            let w = stack.expert(name, mem, e, (inter, hidden))?;
+            for &a in slice {
                 let xr = &x[(a as usize / k) * hidden..][..hidden];
                 for j in 0..inter {
-                    let wr = &w[(e * inter + j) * hidden..][..hidden];
+                    let wr = &w[j * hidden..][..hidden];
                     let (mut u, mut mag) = (0f64, 0f64);
                     for (x, w) in xr.iter().zip(wr) {
                         let t = f64::from(*x) * f64::from(*w);
@@ -500,12 +515,62 @@ impl Kernel for MoeCombine {
     }
 }
 
+/// An expert stack as the grouped products' references read it: bf16, or e4m3 with f32 scales
+/// (the FP8 forms', [`fp8`](super::fp8)'s layout).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Stack {
+    Bf16(DevicePtr),
+    Fp8 {
+        w: DevicePtr,
+        scales: DevicePtr,
+        row_shift: u32,
+    },
+}
+
+impl Stack {
+    /// Expert `e`'s `rows` rows of `cols` as bf16: a bf16 stack's own, an FP8 stack's as
+    /// [`Fp8DequantBf16`](crate::ops::Fp8DequantBf16) writes them (`bf16(e4m3 × scale)`), so an
+    /// FP8 form's reference is its BF16 form's over the dequantised stack, bit for bit.
+    fn expert<'m>(
+        self,
+        name: KernelName,
+        mem: &'m dyn HostMemory,
+        e: usize,
+        (rows, cols): (usize, usize),
+    ) -> Result<Cow<'m, [bf16]>, HostError> {
+        match self {
+            Stack::Bf16(w) => host::view::<bf16>(mem, w.offset(e * rows * cols * 2), rows * cols),
+            Stack::Fp8 {
+                w,
+                scales,
+                row_shift,
+            } => Ok(Cow::Owned(
+                super::fp8::fp8_rows(name, mem, (w, scales), (e * rows, rows, cols), row_shift)?
+                    .into_iter()
+                    .map(bf16::from_f32)
+                    .collect(),
+            )),
+        }
+    }
+}
+
 /// The grouped first product's reference for either activation (`a`'s fields are every form's):
 /// [`MoeGemmSwiglu`]'s and [`MoeGemmRelu2`]'s, and their weight-stream and tensor-core forms',
 /// errors named `name`.
 pub(super) fn first_reference(
     name: KernelName,
     a: &MoeGemmSwiglu,
+    activation: ExpertActivation,
+    mem: &mut dyn HostMemory,
+) -> Result<(), HostError> {
+    first_reference_of(name, a, Stack::Bf16(a.w), activation, mem)
+}
+
+/// [`first_reference`] over the weights of `stack` (`a.w` unread).
+pub(super) fn first_reference_of(
+    name: KernelName,
+    a: &MoeGemmSwiglu,
+    stack: Stack,
     activation: ExpertActivation,
     mem: &mut dyn HostMemory,
 ) -> Result<(), HostError> {
@@ -520,27 +585,27 @@ pub(super) fn first_reference(
         .max()
         .unwrap_or(0);
     let x = host::load_bf16(mem, a.x, rows * hidden)?;
-    let w = host::view::<bf16>(
-        mem,
-        a.w,
-        experts * activation.rows_per_column() * inter * hidden,
-    )?;
+    let per = activation.rows_per_column() * inter;
     let total = offsets[experts] as usize;
     let mut act = Vec::with_capacity(total * inter);
     for e in 0..experts {
-        for &a in &sorted[offsets[e] as usize..offsets[e + 1] as usize] {
+        let slice = &sorted[offsets[e] as usize..offsets[e + 1] as usize];
+        if slice.is_empty() {
+            continue;
+        }
+        let w = stack.expert(name, &*mem, e, (per, hidden))?;
+        for &a in slice {
             let r = a as usize / k;
             act.extend(expert_act(
                 &x[r * hidden..(r + 1) * hidden],
                 &w,
-                e,
+                0,
                 inter,
                 hidden,
                 activation,
             ));
         }
     }
-    drop(w);
     host::store_bf16(mem, a.act, &act)
 }
 
@@ -550,21 +615,34 @@ pub(super) fn down_reference(
     a: &MoeGemmDown,
     mem: &mut dyn HostMemory,
 ) -> Result<(), HostError> {
+    down_reference_of(name, a, Stack::Bf16(a.w), mem)
+}
+
+/// [`down_reference`] over the weights of `stack` (`a.w` unread).
+pub(super) fn down_reference_of(
+    name: KernelName,
+    a: &MoeGemmDown,
+    stack: Stack,
+    mem: &mut dyn HostMemory,
+) -> Result<(), HostError> {
     check_experts(name, a.experts, 1)?;
     let experts = a.experts as usize;
     let (hidden, inter) = (a.hidden as usize, a.inter as usize);
     let (offsets, sorted) = load_groups(name, mem, a.offsets, a.sorted, experts)?;
     let total = offsets[experts] as usize;
     let act = host::load_bf16(mem, a.act, total * inter)?;
-    let w = host::view::<bf16>(mem, a.w, experts * hidden * inter)?;
     let mut rows = Vec::with_capacity(total);
     for e in 0..experts {
-        for p in offsets[e] as usize..offsets[e + 1] as usize {
-            let y = expert_down(&act[p * inter..(p + 1) * inter], &w, e, hidden, inter);
+        let (begin, end) = (offsets[e] as usize, offsets[e + 1] as usize);
+        if begin == end {
+            continue;
+        }
+        let w = stack.expert(name, &*mem, e, (hidden, inter))?;
+        for p in begin..end {
+            let y = expert_down(&act[p * inter..(p + 1) * inter], &w, 0, hidden, inter);
             rows.push((sorted[p] as usize, y));
         }
     }
-    drop(w);
     for (assignment, y) in rows {
         let at = DevicePtr(a.y.0 + (assignment * hidden * 2) as u64);
         host::store_bf16(mem, at, &y)?;

@@ -104,7 +104,7 @@ same_args!(MoeGemmDown <-> MoeWgmmaDown {
 /// Threads of a block: two warpgroups (`moe_wg::THREADS`).
 const THREADS: u32 = 256;
 /// Dynamic shared memory: six stages of two 16 KiB pieces, plus 1 KiB to align the swizzle atoms
-/// (`moe_wg::SMEM_BYTES` + 1024).
+/// (`moe_wg::Smem<false>::BYTES` + 1024).
 const SHARED_BYTES: u32 = 6 * 2 * 16 * 1024 + 1024;
 
 /// One block an SM of the Hopper class (each takes ~197 KiB of shared memory, so one fits).
