@@ -16,11 +16,13 @@
 // 3-4 rows as gemv.cu's FMA form is; a tensor-core form for 5-8 rows is part 2's (with wgmma e4m3).
 // Launch: grid = ceil(N / 8) (gemv_fp8_swiglu: ceil(inter / 8)), block = 256; a smaller grid is
 // covered by a block-stride loop.
-#include <cuda_fp8.h>
-
 #include "common.cuh"
+#include "e4m3.cuh"
 
 namespace {
+
+using metrale::e4m3;
+using metrale::e4m3x2;
 
 constexpr int WARPS = 8;
 // 16-byte weight loads each lane has in flight: 8 (4 KiB a warp) up to 2 rows; fewer above, where
@@ -40,17 +42,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 
 __device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
-// The two e4m3 of the low 16 bits of v (lower byte first), exactly.
-__device__ __forceinline__ float2 e4m3x2(uint32_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    return __half22float2(__half2(h));
-}
-
-__device__ __forceinline__ float e4m3(uint8_t b) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
-    return __half2float(__half(h));
-}
 
 __device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 

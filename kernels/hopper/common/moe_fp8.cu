@@ -16,51 +16,22 @@
 // A 16-byte chunk is 16 weights in one 128-column scale block: its 16 products are summed, then
 // scaled (sum_j w_j a_j * s = sum_j (w_j s) a_j up to f32 rounding). At batch 1 the bytes are
 // the k selected experts' e4m3 weights and their scales: half the BF16 entries' bytes.
-#include <cuda_fp8.h>
-
 #include "common.cuh"
+#include "e4m3.cuh"
+#include "moe_common.cuh"
 
 namespace {
 
-// Must match MOE_MAX_TOP_K in ops/moe.rs.
-constexpr uint32_t MAX_TOP_K = 16;
-constexpr uint32_t FULL = 0xffffffffu;
+using namespace metrale::moe;
+using metrale::e4m3;
+using metrale::e4m3x2;
+
 constexpr int WARPS = 8;
 // 16-byte weight loads a lane has in flight: 4 KiB a warp, as moe.cu's.
 constexpr int BATCH = 8;
 constexpr uint32_t BLOCK_K = 128;
 // 16-weight chunks in a 128-column scale block.
 constexpr uint32_t CHUNKS_PER_SCALE = BLOCK_K / 16;
-
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
-// The two e4m3 of the low 16 bits of v (lower byte first), exactly.
-__device__ __forceinline__ float2 e4m3x2(uint32_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    return __half22float2(__half2(h));
-}
-
-__device__ __forceinline__ float e4m3(uint8_t b) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
-    return __half2float(__half(h));
-}
-
-__device__ __forceinline__ bool valid_expert(int32_t e, uint32_t experts) {
-    return e >= 0 && (uint32_t)e < experts;
-}
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
 
 // The dot of 16 e4m3 weights (wv) with 16 bf16 elements (x0: the first 8, x1: the next 8).
 __device__ __forceinline__ float dot16(const uint4& wv, const uint4& x0, const uint4& x1) {
@@ -78,29 +49,6 @@ __device__ __forceinline__ float dot16(const uint4& wv, const uint4& x0, const u
     }
     return s0 + s1;
 }
-
-__device__ __forceinline__ float swiglu(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
-
-// moe.cu's ExpertAct: ROWS weight rows a column, each row's dot rounded to bf16 first.
-enum class Act { SwiGlu, Relu2 };
-template <Act A>
-struct ExpertAct;
-template <>
-struct ExpertAct<Act::SwiGlu> {
-    static constexpr int ROWS = 2;
-    __device__ __forceinline__ static float of(const float (&v)[2]) {
-        return swiglu(metrale::to_f32(metrale::to_bf16(v[0])),
-                      metrale::to_f32(metrale::to_bf16(v[1])));
-    }
-};
-template <>
-struct ExpertAct<Act::Relu2> {
-    static constexpr int ROWS = 1;
-    __device__ __forceinline__ static float of(const float (&v)[1]) {
-        const float u = fmaxf(metrale::to_f32(metrale::to_bf16(v[0])), 0.0f);
-        return u * u;
-    }
-};
 
 // out[r] = rows[r] . x over n elements (dequantised: each 128-column block times its scale
 // srows[r][block]), on every lane of the warp, ROWS rows streamed together. Vector path: n % 16
@@ -187,16 +135,6 @@ __device__ __forceinline__ void moe_gemv_fp8_act(
     float v[R];
     row_dots<R>(v, wr, sr, x + (size_t)(a / k) * hidden, hidden, lane);
     if (lane == 0) *out = metrale::to_bf16(ExpertAct<A>::of(v));
-}
-
-// moe.cu's add_shared: sum + g * shared[r, h], g = sigmoid(shared_gate[r]) (1 where null); the
-// sum unchanged where shared is null.
-__device__ __forceinline__ float add_shared(float sum, const __nv_bfloat16* __restrict__ shared,
-                                            const float* __restrict__ shared_gate, size_t r,
-                                            size_t h, uint32_t hidden) {
-    if (shared == nullptr) return sum;
-    const float g = shared_gate != nullptr ? 1.0f / (1.0f + expf(-shared_gate[r])) : 1.0f;
-    return fmaf(g, metrale::to_f32(shared[r * hidden + h]), sum);
 }
 
 }  // namespace
