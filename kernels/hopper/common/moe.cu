@@ -1568,6 +1568,15 @@ struct Smem {
                   "shared memory over the per-block limit");
 };
 
+// Whether an entry takes its launch: 1 to MAX_EXPERTS experts, the block it was written for,
+// both widths its pieces read a multiple of `multiple` (8 bf16 or 16 e4m3: 16-byte chunks), and
+// the A and B operands 16-byte aligned (otherwise it writes nothing and callers keep moe_gemm_*).
+__device__ __forceinline__ bool takes(uint32_t experts, uint32_t multiple, uint32_t width_a,
+                                      uint32_t width_b, const void* a, const void* b) {
+    return experts != 0 && experts <= MAX_EXPERTS && width_a % multiple == 0 &&
+           width_b % multiple == 0 && aligned16(a) && aligned16(b) && blockDim.x == THREADS;
+}
+
 // Byte offset of 16-byte chunk c of row r in a 128-byte swizzled tile.
 __device__ __forceinline__ uint32_t chunk_at(uint32_t r, uint32_t c) {
     return r * 128 + ((c ^ (r & 7)) << 4);
@@ -1907,9 +1916,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_swigl
     uint32_t hidden) {
     extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
     metrale::grid_dependency_sync();
-    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 8 != 0 || inter % 8 != 0 ||
-        !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
-        return;
+    if (k == 0 || !moe_wg::takes(experts, 8, hidden, inter, x, w)) return;
     const moe_wg::First<Act::SwiGlu, moe_wg::Bf16B> f{act, x, {w}, sorted, k, inter, hidden};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
 }
@@ -1923,9 +1930,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_relu2
     uint32_t hidden) {
     extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
     metrale::grid_dependency_sync();
-    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 8 != 0 || inter % 8 != 0 ||
-        !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
-        return;
+    if (k == 0 || !moe_wg::takes(experts, 8, hidden, inter, x, w)) return;
     const moe_wg::First<Act::Relu2, moe_wg::Bf16B> f{act, x, {w}, sorted, k, inter, hidden};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
 }
@@ -1939,9 +1944,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_down(
     const int32_t* __restrict__ sorted, uint32_t experts, uint32_t hidden, uint32_t inter) {
     extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
     metrale::grid_dependency_sync();
-    if (experts == 0 || experts > MAX_EXPERTS || inter % 8 != 0 || !aligned16(act) ||
-        !aligned16(w) || blockDim.x != moe_wg::THREADS)
-        return;
+    if (!moe_wg::takes(experts, 8, inter, inter, act, w)) return;
     const moe_wg::Down<moe_wg::Bf16B> f{y, act, {w}, sorted, hidden, inter};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
 }
@@ -1959,9 +1962,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_fp8_s
     uint32_t experts, uint32_t inter, uint32_t hidden, uint32_t row_shift) {
     extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
     metrale::grid_dependency_sync();
-    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 16 != 0 ||
-        inter % 16 != 0 || !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
-        return;
+    if (k == 0 || !moe_wg::takes(experts, 16, hidden, inter, x, w)) return;
     const moe_wg::First<Act::SwiGlu, moe_wg::Fp8B> f{
         act, x, {w, scales, row_shift}, sorted, k, inter, hidden};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
@@ -1974,9 +1975,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_fp8_r
     uint32_t experts, uint32_t inter, uint32_t hidden, uint32_t row_shift) {
     extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
     metrale::grid_dependency_sync();
-    if (experts == 0 || experts > MAX_EXPERTS || k == 0 || hidden % 16 != 0 ||
-        inter % 16 != 0 || !aligned16(x) || !aligned16(w) || blockDim.x != moe_wg::THREADS)
-        return;
+    if (k == 0 || !moe_wg::takes(experts, 16, hidden, inter, x, w)) return;
     const moe_wg::First<Act::Relu2, moe_wg::Fp8B> f{
         act, x, {w, scales, row_shift}, sorted, k, inter, hidden};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
@@ -1989,9 +1988,7 @@ extern "C" __global__ void __launch_bounds__(moe_wg::THREADS, 1) moe_wgmma_fp8_d
     uint32_t hidden, uint32_t inter, uint32_t row_shift) {
     extern __shared__ __align__(1024) unsigned char moe_wg_smem[];
     metrale::grid_dependency_sync();
-    if (experts == 0 || experts > MAX_EXPERTS || inter % 16 != 0 || !aligned16(act) ||
-        !aligned16(w) || blockDim.x != moe_wg::THREADS)
-        return;
+    if (!moe_wg::takes(experts, 16, inter, inter, act, w)) return;
     const moe_wg::Down<moe_wg::Fp8B> f{y, act, {w, scales, row_shift}, sorted, hidden, inter};
     moe_wg::grouped_tiles(f, offsets, experts, moe_wg_smem);
 }
