@@ -394,6 +394,9 @@ impl Engine {
         };
         self.scheduler.finish(id, reason);
         self.metrics.requests_active.fetch_sub(1, Ordering::Relaxed);
+        // Published before the client hears the end, so a reply is never seen while /metrics
+        // still counts the finished request's blocks as referenced.
+        self.publish_stats();
         let outcome = match (&error, finish) {
             (Some(_), _) => "error",
             (None, None) => "cancelled",
