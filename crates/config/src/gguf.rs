@@ -73,13 +73,38 @@ pub fn from_gguf_metadata(
         .get("general.architecture")
         .and_then(MetaValue::as_str)
         .ok_or(ConfigError::Missing("general.architecture"))?;
-    // llama.cpp names the MoE architectures without the underscore.
+    let key = |k: &str| format!("{arch}.{k}");
+    // llama.cpp names the MoE architectures without the underscore, and writes Mixtral as
+    // `llama` with experts.
     let family = match arch {
         "qwen3moe" => ModelFamily::Qwen3Moe,
         "qwen2moe" => ModelFamily::Qwen2Moe,
+        "llama"
+            if meta
+                .get(&key("expert_count"))
+                .and_then(MetaValue::as_u64)
+                .is_some_and(|n| n > 0) =>
+        {
+            ModelFamily::Mixtral
+        }
         other => ModelFamily::parse(other)?,
     };
-    let key = |k: &str| format!("{arch}.{k}");
+    if !matches!(
+        family,
+        ModelFamily::Llama
+            | ModelFamily::Qwen2
+            | ModelFamily::Qwen3
+            | ModelFamily::Qwen2Moe
+            | ModelFamily::Qwen3Moe
+            | ModelFamily::Mixtral
+    ) {
+        return Err(ConfigError::Unsupported {
+            key: "general.architecture".into(),
+            value: arch.to_string(),
+            why: "GGUF files are read for llama (with or without experts), qwen2, qwen3, \
+                  qwen2moe and qwen3moe; load this family from its HF checkpoint",
+        });
+    }
     let uint = |k: &'static str| -> Result<usize, ConfigError> {
         meta.get(&key(k))
             .and_then(MetaValue::as_u64)
@@ -132,16 +157,21 @@ pub fn from_gguf_metadata(
     let token = |k: &str| meta.get(k).and_then(MetaValue::as_u64).map(|v| v as u32);
     let head_dim = opt_uint("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
     let moe = match family {
-        ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe => Some(MoeConfig {
+        ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe | ModelFamily::Mixtral => Some(MoeConfig {
             num_experts: uint("expert_count")?,
             top_k: uint("expert_used_count")?,
-            expert_intermediate: uint("expert_feed_forward_length")?,
-            // llama.cpp's graphs renormalise Qwen3-MoE's top k and not Qwen2-MoE's, as
-            // transformers' defaults do; a file that says otherwise is followed.
+            // Mixtral's files give the experts' width as the feed-forward length.
+            expert_intermediate: match (family, opt_uint("expert_feed_forward_length")) {
+                (_, Some(n)) => n,
+                (ModelFamily::Mixtral, None) => uint("feed_forward_length")?,
+                (_, None) => uint("expert_feed_forward_length")?,
+            },
+            // llama.cpp's graphs renormalise Qwen3-MoE's and Mixtral's top k and not
+            // Qwen2-MoE's, as transformers does; a file that says otherwise is followed.
             norm_topk_prob: meta
                 .get(&key("expert_weights_norm"))
                 .and_then(MetaValue::as_bool)
-                .unwrap_or(family == ModelFamily::Qwen3Moe),
+                .unwrap_or(family != ModelFamily::Qwen2Moe),
             router: RouterKind::Softmax,
             routed_scaling: float("expert_weights_scale", 1.0),
             shared_expert_intermediate: opt_uint("expert_shared_feed_forward_length"),
@@ -303,6 +333,57 @@ mod tests {
         m.remove("qwen3moe.expert_used_count");
         let err = from_gguf_metadata(&m, true).unwrap_err().to_string();
         assert!(err.contains("expert_used_count"), "{err}");
+    }
+
+    #[test]
+    fn llama_with_experts_is_mixtral() {
+        // Mixtral-8x7B as llama.cpp's converter writes it: `llama` with expert counts, the
+        // experts' width as the feed-forward length.
+        let mut m = BTreeMap::new();
+        for (k, v) in [
+            ("embedding_length", 4096),
+            ("feed_forward_length", 14336),
+            ("block_count", 32),
+            ("attention.head_count", 32),
+            ("attention.head_count_kv", 8),
+            ("context_length", 32768),
+            ("expert_count", 8),
+            ("expert_used_count", 2),
+            ("vocab_size", 32000),
+        ] {
+            m.insert(format!("llama.{k}"), MetaValue::U64(v));
+        }
+        m.insert(
+            "general.architecture".into(),
+            MetaValue::Str("llama".into()),
+        );
+        let c = from_gguf_metadata(&m, true).unwrap();
+        assert_eq!(c.family, ModelFamily::Mixtral);
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (moe.num_experts, moe.top_k, moe.expert_intermediate),
+            (8, 2, 14336)
+        );
+        assert!(moe.norm_topk_prob && moe.shared_expert_intermediate.is_none());
+        // A dense llama file stays Llama.
+        assert_eq!(
+            from_gguf_metadata(&smollm2(), true).unwrap().family,
+            ModelFamily::Llama
+        );
+        // Families read only from HF checkpoints are refused by name.
+        let mut olmoe: BTreeMap<String, MetaValue> = m
+            .into_iter()
+            .map(|(k, v)| (k.replace("llama.", "olmoe."), v))
+            .collect();
+        olmoe.insert(
+            "general.architecture".into(),
+            MetaValue::Str("olmoe".into()),
+        );
+        let err = from_gguf_metadata(&olmoe, true).unwrap_err().to_string();
+        assert!(
+            err.contains("olmoe") && err.contains("HF checkpoint"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -140,6 +140,9 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
             Some(usize_of(obj, "shared_expert_intermediate_size")?)
         }
         ModelFamily::Qwen3Moe => None,
+        ModelFamily::Mixtral | ModelFamily::Olmoe => {
+            return every_layer_softmax_moe(obj, family).map(Some);
+        }
         ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
         ModelFamily::NemotronH => return nemotron_h_moe(obj),
         ModelFamily::Llama | ModelFamily::Qwen2 | ModelFamily::Qwen3 => return Ok(None),
@@ -187,6 +190,30 @@ fn num_experts(obj: &Map<String, Value>) -> Result<usize, ConfigError> {
         Some(n) if !obj.contains_key("num_experts") => Ok(n),
         _ => usize_of(obj, "num_experts"),
     }
+}
+
+/// Mixtral's and OLMoE's sparse MLP, in every layer: experts of `intermediate_size` (no dense MLP,
+/// no shared expert) under a softmax router. Mixtral always renormalises the top k; OLMoE does
+/// where `norm_topk_prob` says (transformers' default: no).
+fn every_layer_softmax_moe(
+    obj: &Map<String, Value>,
+    family: ModelFamily,
+) -> Result<MoeConfig, ConfigError> {
+    let norm_topk_prob = match family {
+        ModelFamily::Mixtral => true,
+        _ => bool_of(obj, "norm_topk_prob", false)?,
+    };
+    Ok(MoeConfig {
+        num_experts: num_experts(obj)?,
+        top_k: usize_of(obj, "num_experts_per_tok")?,
+        expert_intermediate: usize_of(obj, "intermediate_size")?,
+        norm_topk_prob,
+        router: RouterKind::Softmax,
+        routed_scaling: 1.0,
+        shared_expert_intermediate: None,
+        sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+    })
 }
 
 /// `obj[key]` must be absent or equal to `want` (a variant the engine does not implement
@@ -515,6 +542,26 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
             "sliding-window attention is not implemented",
         ));
     }
+    // Mixtral's and OLMoE's attention applies `sliding_window` whenever it is set (no
+    // `use_sliding_window` switch); a window at least as long as the context changes nothing.
+    let context = opt_usize(obj, "max_position_embeddings")?.unwrap_or(4096) as u64;
+    if matches!(family, ModelFamily::Mixtral | ModelFamily::Olmoe)
+        && let Some(window) = obj.get("sliding_window").filter(|v| !v.is_null())
+        && window.as_u64().is_none_or(|w| w < context)
+    {
+        return Err(unsupported(
+            "sliding_window",
+            window,
+            "sliding-window attention is not implemented",
+        ));
+    }
+    if let Some(clip) = obj.get("clip_qkv").filter(|v| !v.is_null()) {
+        return Err(unsupported(
+            "clip_qkv",
+            clip,
+            "clamping q, k and v is not implemented",
+        ));
+    }
     if let Some(types) = obj.get("layer_types").and_then(Value::as_array)
         && !family.hybrid()
         && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
@@ -796,6 +843,89 @@ mod tests {
         // 230B parameters, as the model card says.
         let p = c.parameter_count() as f64 / 1e9;
         assert!((228.0..231.0).contains(&p), "{p}");
+    }
+
+    /// Mixtral-8x7B-v0.1's config.json as the hub ships it.
+    const MIXTRAL_8X7B: &str = r#"{"architectures":["MixtralForCausalLM"],"attention_dropout":0.0,"bos_token_id":1,
+      "eos_token_id":2,"hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,
+      "max_position_embeddings":32768,"model_type":"mixtral","num_attention_heads":32,"num_experts_per_tok":2,
+      "num_hidden_layers":32,"num_key_value_heads":8,"num_local_experts":8,"output_router_logits":false,
+      "rms_norm_eps":1e-05,"rope_theta":1000000.0,"router_aux_loss_coef":0.02,"sliding_window":null,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16","use_cache":true,"vocab_size":32000}"#;
+
+    /// OLMoE-1B-7B-0924's config.json as the hub ships it.
+    const OLMOE_1B_7B: &str = r#"{"architectures":["OlmoeForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+      "clip_qkv":null,"eos_token_id":50279,"hidden_act":"silu","hidden_size":2048,"initializer_range":0.02,
+      "intermediate_size":1024,"max_position_embeddings":4096,"model_type":"olmoe","norm_topk_prob":false,
+      "num_attention_heads":16,"num_experts":64,"num_experts_per_tok":8,"num_hidden_layers":16,
+      "num_key_value_heads":16,"output_router_logits":false,"pad_token_id":1,"rms_norm_eps":1e-05,
+      "rope_scaling":null,"rope_theta":10000.0,"router_aux_loss_coef":0.01,"tie_word_embeddings":false,
+      "torch_dtype":"bfloat16","use_cache":true,"vocab_size":50304}"#;
+
+    #[test]
+    fn mixtral_and_olmoe_have_sparse_mlps_in_every_layer() {
+        let c = from_config_json(MIXTRAL_8X7B).unwrap();
+        assert_eq!(c.family, ModelFamily::Mixtral);
+        assert_eq!((c.qk_norm, c.attention_bias), (QkNorm::None, false));
+        assert_eq!((c.head_dim, c.rotary_dim, c.num_kv_heads), (128, 128, 8));
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (8, 2, 14336)
+        );
+        assert_eq!(m.router, RouterKind::Softmax);
+        assert!(m.norm_topk_prob, "Mixtral renormalises its top 2");
+        assert!(m.shared_expert_intermediate.is_none());
+        assert!((0..32).all(|l| m.is_sparse(l)));
+        // 46.7B parameters, as the model card says.
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((46.6..46.8).contains(&p), "{p}");
+
+        let c = from_config_json(OLMOE_1B_7B).unwrap();
+        assert_eq!(c.family, ModelFamily::Olmoe);
+        assert_eq!(c.qk_norm, QkNorm::Whole);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (64, 8, 1024)
+        );
+        assert!(
+            !m.norm_topk_prob,
+            "OLMoE keeps the softmax weights of its top 8"
+        );
+        assert!((0..16).all(|l| m.is_sparse(l)));
+        // 6.9B parameters in all.
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((6.85..6.95).contains(&p), "{p}");
+        let renormalised =
+            OLMOE_1B_7B.replace("\"norm_topk_prob\":false", "\"norm_topk_prob\":true");
+        assert!(
+            from_config_json(&renormalised)
+                .unwrap()
+                .moe
+                .unwrap()
+                .norm_topk_prob
+        );
+    }
+
+    #[test]
+    fn a_window_shorter_than_the_context_and_clipped_qkv_are_refused() {
+        // Mistral-7B-v0.1-style window: applied by transformers whenever it is set.
+        let windowed = MIXTRAL_8X7B.replace("\"sliding_window\":null", "\"sliding_window\":4096");
+        let err = from_config_json(&windowed).unwrap_err().to_string();
+        assert!(
+            err.contains("sliding_window") && err.contains("4096"),
+            "{err}"
+        );
+        // A window as long as the context changes nothing.
+        let inert = MIXTRAL_8X7B.replace("\"sliding_window\":null", "\"sliding_window\":32768");
+        assert_eq!(
+            from_config_json(&inert).unwrap(),
+            from_config_json(MIXTRAL_8X7B).unwrap()
+        );
+        let clipped = OLMOE_1B_7B.replace("\"clip_qkv\":null", "\"clip_qkv\":8.0");
+        let err = from_config_json(&clipped).unwrap_err().to_string();
+        assert!(err.contains("clip_qkv"), "{err}");
     }
 
     #[test]

@@ -38,6 +38,12 @@ pub enum ModelFamily {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention, sparse MLPs with a softmax
     /// router.
     Qwen3Moe,
+    /// Mixtral (Mixtral-8x7B, Mixtral-8x22B): Llama's attention, sparse MLPs in every layer with a
+    /// softmax router whose top k is renormalised.
+    Mixtral,
+    /// OLMoE (OLMoE-1B-7B): Llama's attention with q and k RMS-normalised over their whole
+    /// projections, sparse MLPs in every layer with a softmax router.
+    Olmoe,
     /// MiniMax-M2: q and k RMS-normalised over their whole projections, partial RoPE, sparse MLPs
     /// in every layer with a sigmoid router and a per-expert correction bias.
     MiniMaxM2,
@@ -63,6 +69,8 @@ impl ModelFamily {
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Qwen2Moe => "qwen2_moe",
             ModelFamily::Qwen3Moe => "qwen3_moe",
+            ModelFamily::Mixtral => "mixtral",
+            ModelFamily::Olmoe => "olmoe",
             ModelFamily::MiniMaxM2 => "minimax_m2",
             ModelFamily::Qwen3Next => "qwen3_next",
             ModelFamily::Qwen35Moe => "qwen3_5_moe",
@@ -71,12 +79,14 @@ impl ModelFamily {
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 9] = [
+    pub const ALL: [ModelFamily; 11] = [
         ModelFamily::Llama,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
         ModelFamily::Qwen3Moe,
+        ModelFamily::Mixtral,
+        ModelFamily::Olmoe,
         ModelFamily::MiniMaxM2,
         ModelFamily::Qwen3Next,
         ModelFamily::Qwen35Moe,
@@ -104,10 +114,11 @@ impl ModelFamily {
             | ModelFamily::Qwen3Moe
             | ModelFamily::Qwen3Next
             | ModelFamily::Qwen35Moe => QkNorm::PerHead,
-            ModelFamily::MiniMaxM2 => QkNorm::Whole,
+            ModelFamily::MiniMaxM2 | ModelFamily::Olmoe => QkNorm::Whole,
             ModelFamily::Llama
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
+            | ModelFamily::Mixtral
             | ModelFamily::NemotronH => QkNorm::None,
         }
     }
@@ -117,6 +128,7 @@ impl ModelFamily {
         match self {
             ModelFamily::Qwen2Moe => ModelFamily::Qwen2,
             ModelFamily::Qwen3Moe => ModelFamily::Qwen3,
+            ModelFamily::Mixtral => ModelFamily::Llama,
             other => other,
         }
     }
@@ -139,7 +151,7 @@ pub enum QkNorm {
     /// Each head on its own, one weight of `head_dim` shared by every head (Qwen3).
     PerHead,
     /// The whole q projection (`heads * head_dim`) and the whole k projection
-    /// (`kv_heads * head_dim`), each with its own weight of that width (MiniMax-M2).
+    /// (`kv_heads * head_dim`), each with its own weight of that width (MiniMax-M2, OLMoE).
     Whole,
 }
 
@@ -176,7 +188,7 @@ pub enum RopeScaling {
 /// How a sparse MLP's router turns its logits into expert weights.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RouterKind {
-    /// `softmax(logits)` over every expert, then the top k (Qwen2-MoE, Qwen3-MoE).
+    /// `softmax(logits)` over every expert, then the top k (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE).
     Softmax,
     /// `sigmoid(logits)`; the top k of `scores + correction_bias` chosen, weighted by the unbiased
     /// scores (MiniMax-M2, DeepSeek-V3).

@@ -86,12 +86,23 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
             },
             behavior: ModelBehavior::default(),
         },
-        // The hybrid families parse but do not run yet (issue 30); their sampling, tool-call
-        // and reasoning presets are to be read from their published generation_config.json and
-        // chat templates when they serve, and stay the defaults until then.
+        // The hybrid families serve with the defaults: their published generation_config.json
+        // and chat templates have not been read into presets yet.
         ModelFamily::Qwen3Next | ModelFamily::Qwen35Moe | ModelFamily::NemotronH => {
             ModelPresets::default()
         }
+        // Mixtral-8x22B-Instruct calls tools in Mistral's `[TOOL_CALLS]` wire (8x7B-Instruct has
+        // no tool format; a parser that never sees its marker changes nothing). Neither model
+        // publishes sampling defaults.
+        ModelFamily::Mixtral => ModelPresets {
+            sampling: SamplingPresets::default(),
+            behavior: ModelBehavior {
+                tool_call_parser: Some("mistral"),
+                ..ModelBehavior::default()
+            },
+        },
+        // OLMoE-1B-7B(-Instruct) publishes no sampling defaults and no tool format.
+        ModelFamily::Olmoe => ModelPresets::default(),
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.
         ModelFamily::Llama => ModelPresets {
             sampling: SamplingPresets::default(),

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The weight-name map of the generic decoder and the upload of a checkpoint to a device.
 //!
-//! Llama, Qwen2 and Qwen3 checkpoints and their MoE variants use the same HF names; the families
+//! Llama, Qwen2 and Qwen3 checkpoints and their MoE variants (and OLMoE's) use the same HF names; the families
 //! differ in which tensors exist (QKV biases, QK-norm weights, a separate LM head, a sparse
 //! layer's router, experts and shared expert), and that follows from the config. A sparse
 //! layer's experts come in either of the two layouts `transformers` writes: one tensor per expert
@@ -11,7 +11,8 @@
 //! names): the loader reads them as transformers' names ([`original_names`]). Every shape is
 //! checked against the config before the first byte is uploaded. The hybrid families' tensors
 //! (Gated DeltaNet and Mamba-2 mixers, Nemotron-H's one-block layers) are listed by `hybrid`;
-//! `Model::load` refuses those models before reading any (`LayerPlan::check_runnable`).
+//! `Model::load` refuses a mixer wider than its kernels before reading any tensor
+//! (`LayerPlan::check_runnable`).
 //!
 //! The dense linears (q|k|v, o, gate|up, down, and a shared expert's gate|up and down) upload
 //! in the [`LinearFormat`] asked for: BF16, quantized at load to FP8 in 128 x 128 blocks, or the

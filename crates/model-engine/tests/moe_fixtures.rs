@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Tiny random MoE checkpoints saved by `transformers` (qwen3_moe with a dense layer; qwen2_moe
-//! with its shared expert and qkv bias; minimax_m2 with its biased sigmoid routing, whole-projection
+//! with its shared expert and qkv bias; mixtral; olmoe with whole-projection QK-norm and
+//! unrenormalised weights; minimax_m2 with its biased sigmoid routing, whole-projection
 //! QK-norm and partial RoPE; qwen3_next, the hybrid with Gated DeltaNet layers, gated attention
 //! and unit-offset norms), and transformers' greedy transcripts of them in float32
 //! (tests/fixtures/, made by scripts/gpu/tiny_moe_fixtures.py and tiny_hybrid_fixtures.py; the
@@ -317,21 +318,24 @@ fn the_hybrid_fixtures_follow_transformers_with_the_rule_on_tensor_cores() {
     }
 }
 
-/// MiniMax-M2's routing and attention against transformers. Its fixture comes from the same
-/// script (`--only tiny-minimax-m2`); until it is committed the test says so and passes.
+/// MiniMax-M2's routing and attention against transformers (tests/fixtures/tiny-minimax-m2).
 #[test]
 fn a_tiny_minimax_m2_follows_transformers() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-minimax-m2");
-    if !dir.is_dir() {
-        eprintln!(
-            "SKIPPED: {} is absent; make it on the GPU machine with \
-             `python3 scripts/gpu/tiny_moe_fixtures.py --out crates/model-engine/tests/fixtures \
-             --only tiny-minimax-m2`",
-            dir.display()
-        );
-        return;
-    }
     check("tiny-minimax-m2");
+}
+
+/// Mixtral (tests/fixtures/tiny-mixtral): Llama attention and experts in every layer, the top 2
+/// renormalised, saved under Mixtral's own names (`block_sparse_moe`, `w1` / `w3` / `w2`).
+#[test]
+fn a_tiny_mixtral_follows_transformers() {
+    check("tiny-mixtral");
+}
+
+/// OLMoE (tests/fixtures/tiny-olmoe): q and k normalised over their whole projections, the top 4
+/// of 8 experts weighted by their softmax probabilities without renormalising.
+#[test]
+fn a_tiny_olmoe_follows_transformers() {
+    check("tiny-olmoe");
 }
 
 /// Qwen3-Next (tests/fixtures/tiny-qwen3-next, scripts/gpu/tiny_hybrid_fixtures.py): three Gated

@@ -74,22 +74,23 @@ impl Tokenizer {
         let meta = Meta(&gguf.metadata);
         let model = meta.str("tokenizer.ggml.model")?.ok_or_else(|| {
             TokenizerError::Gguf(
-                "the file has no `tokenizer.ggml.model`: it embeds no tokenizer; load the model's \
-                 tokenizer.json instead"
+                "the file has no `tokenizer.ggml.model`: it embeds no tokenizer; serve the model's \
+                 Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json) \
+                 instead"
                     .into(),
             )
         })?;
         if model != "gpt2" {
             return Err(TokenizerError::Gguf(format!(
                 "tokenizer model `{model}` is not supported (supported: `gpt2`, byte-level BPE); \
-                 load the model's Hugging Face tokenizer.json instead"
+                 serve the model's Hugging Face checkpoint directory instead"
             )));
         }
         let pre_name = meta.str("tokenizer.ggml.pre")?.unwrap_or("default");
         let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
             TokenizerError::Gguf(format!(
                 "pre-tokenizer `{pre_name}` (tokenizer.ggml.pre) is not supported (supported: \
-                 {SUPPORTED_PRE}); load the model's Hugging Face tokenizer.json instead"
+                 {SUPPORTED_PRE}); serve the model's Hugging Face checkpoint directory instead"
             ))
         })?;
         let tokens = meta
