@@ -128,7 +128,16 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("qwen3_moe", 2048)).unwrap().target.path(),
         "hopper/qwen3/bf16"
     );
-    // MiniMax-M2 has a leaf of its own.
+    // Mixtral-8x7B takes Llama's leaf.
+    assert_eq!(
+        pick(TARGETS, &q("mixtral", 4096)).unwrap().target.path(),
+        "hopper/llama/bf16"
+    );
+    // OLMoE and MiniMax-M2 have leaves of their own.
+    assert_eq!(
+        pick(TARGETS, &q("olmoe", 2048)).unwrap().target.path(),
+        "hopper/olmoe/bf16"
+    );
     assert_eq!(
         pick(TARGETS, &q("minimax_m2", 3072)).unwrap().target.path(),
         "hopper/minimax_m2/bf16"
