@@ -4,7 +4,8 @@
 crates/model-engine/tests/moe_fixtures.rs (transformers + torch, on the GPU when there is one).
 
 For each of qwen3_moe, qwen2_moe (with its shared expert), mixtral, olmoe (QK-norm over the whole
-projections, the top k not renormalised) and minimax_m2 (sigmoid routing with a correction bias
+projections, the top k not renormalised), glm4_moe (a dense first layer, biased sigmoid routing,
+an ungated shared expert, q|k|v biases, per-head QK-norm, RoPE on half of each head) and minimax_m2 (sigmoid routing with a correction bias
 ~ N(0, 0.05), QK-norm over the whole projections, RoPE on half of each head): a
 config at toy widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
@@ -49,6 +50,16 @@ CONFIGS = {
     "tiny-olmoe": dict(COMMON, model_type="olmoe", architectures=["OlmoeForCausalLM"],
                        hidden_size=256, intermediate_size=32, num_experts=8, num_experts_per_tok=4,
                        norm_topk_prob=False),
+    # GLM-4.5's shape: q|k|v biases, per-head QK-norm (GLM-4.5's use_qk_norm; Air has none), RoPE on
+    # half of each head, a dense first layer, then experts under the biased sigmoid router with
+    # GLM-4.5's scaling of 2.5 and an ungated shared expert.
+    "tiny-glm4-moe": dict(COMMON, model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"],
+                          moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+                          n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                          norm_topk_prob=True, n_group=1, topk_group=1, attention_bias=True,
+                          use_qk_norm=True,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": 0.5}),
     # MiniMax-M2's shape at toy widths: experts of intermediate_size in every layer, the rotary
     # fraction inside rope_parameters as transformers 5 holds it (rotary_dim 32 of head_dim 64).
     "tiny-minimax-m2": dict(COMMON, model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"],
@@ -56,7 +67,7 @@ CONFIGS = {
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                              "partial_rotary_factor": 0.5}),
 }
-ROTARY_DIM = {"tiny-minimax-m2": 32}
+ROTARY_DIM = {"tiny-minimax-m2": 32, "tiny-glm4-moe": 32}
 PROMPT = [1, 17, 99, 3, 250, 42, 7, 128, 64, 200, 5, 33]
 STEPS = 16
 MIN_ROUTER_MARGIN = 2e-3
@@ -78,7 +89,8 @@ def router_margin(model, ids, k):
     def hook(mod, args, out):
         logits = out[0] if isinstance(out, tuple) else out
         logits = logits.float().reshape(-1, logits.shape[-1])
-        bias = getattr(parents[mod], "e_score_correction_bias", None)
+        # The correction bias sits beside the router (MiniMax-M2) or in it (GLM-4.5).
+        bias = getattr(mod, "e_score_correction_bias", getattr(parents[mod], "e_score_correction_bias", None))
         key = torch.sigmoid(logits) + bias.float() if bias is not None else logits
         top = torch.topk(key, k + 1, dim=-1).values
         gaps.append(float((top[:, k - 1] - top[:, k]).min()))

@@ -175,6 +175,8 @@ pub fn from_gguf_metadata(
             router: RouterKind::Softmax,
             routed_scaling: float("expert_weights_scale", 1.0),
             shared_expert_intermediate: opt_uint("expert_shared_feed_forward_length"),
+            // Qwen2-MoE's shared expert has its sigmoid gate (`ffn_gate_inp_shexp`).
+            shared_expert_gated: opt_uint("expert_shared_feed_forward_length").is_some(),
             // Every layer sparse: a converted file's layers hold `ffn_gate_inp` each (a layer
             // without it fails at load, naming the tensor).
             sparse_step: 1,

@@ -144,6 +144,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
             return every_layer_softmax_moe(obj, family).map(Some);
         }
         ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
+        ModelFamily::Glm4Moe => return glm4_moe(obj).map(Some),
         ModelFamily::NemotronH => return nemotron_h_moe(obj),
         ModelFamily::Llama | ModelFamily::Qwen2 | ModelFamily::Qwen3 => return Ok(None),
     };
@@ -178,6 +179,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
             )?,
         router: RouterKind::Softmax,
         routed_scaling: 1.0,
+        shared_expert_gated: shared.is_some(),
         shared_expert_intermediate: shared,
         sparse_step: opt_usize(obj, "decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers,
@@ -211,6 +213,7 @@ fn every_layer_softmax_moe(
         router: RouterKind::Softmax,
         routed_scaling: 1.0,
         shared_expert_intermediate: None,
+        shared_expert_gated: false,
         sparse_step: 1,
         mlp_only_layers: Vec::new(),
     })
@@ -284,6 +287,7 @@ fn minimax_m2_moe(obj: &Map<String, Value>) -> Result<MoeConfig, ConfigError> {
         router: RouterKind::SigmoidBias,
         routed_scaling: 1.0,
         shared_expert_intermediate: None,
+        shared_expert_gated: false,
         sparse_step: 1,
         mlp_only_layers: Vec::new(),
     })
@@ -298,15 +302,7 @@ fn nemotron_h_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigE
     if !layers.iter().any(|l| l.ffn == Some(Ffn::Sparse)) {
         return Ok(None);
     }
-    for key in ["n_group", "topk_group"] {
-        if opt_usize(obj, key)?.is_some_and(|n| n != 1) {
-            return Err(unsupported(
-                key,
-                &obj[key],
-                "grouped expert routing is not implemented",
-            ));
-        }
-    }
+    ungrouped_routing(obj)?;
     if let Some(v) = obj.get("moe_latent_size").filter(|v| !v.is_null()) {
         return Err(unsupported(
             "moe_latent_size",
@@ -336,9 +332,55 @@ fn nemotron_h_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigE
         router: RouterKind::SigmoidBias,
         routed_scaling: f32_of(obj, "routed_scaling_factor", 1.0)?,
         shared_expert_intermediate: shared,
+        shared_expert_gated: false,
         sparse_step: 1,
         mlp_only_layers: Vec::new(),
     }))
+}
+
+/// DeepSeek-V3's router restricts each token's experts to its best `topk_group` of `n_group`
+/// expert groups; with one group (GLM-4.5, Nemotron-H) that is no restriction. More are refused.
+fn ungrouped_routing(obj: &Map<String, Value>) -> Result<(), ConfigError> {
+    for key in ["n_group", "topk_group"] {
+        if opt_usize(obj, key)?.is_some_and(|n| n != 1) {
+            return Err(unsupported(
+                key,
+                &obj[key],
+                "grouped expert routing is not implemented",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// GLM-4.5's sparse MLP: after the first `first_k_dense_replace` layers (dense, of
+/// `intermediate_size`), experts of `moe_intermediate_size` under DeepSeek-V3's sigmoid router
+/// (the top k chosen on the scores plus a correction bias, weighted by the unbiased scores,
+/// renormalised where `norm_topk_prob` says, scaled by `routed_scaling_factor`), and
+/// `n_shared_experts` ungated shared experts, one MLP of that many times the experts' width.
+fn glm4_moe(obj: &Map<String, Value>) -> Result<MoeConfig, ConfigError> {
+    ungrouped_routing(obj)?;
+    let expert_intermediate = usize_of(obj, "moe_intermediate_size")?;
+    let shared = match opt_usize(obj, "n_shared_experts")?.unwrap_or(1) {
+        0 => None,
+        n => Some(n * expert_intermediate),
+    };
+    let dense_layers = opt_usize(obj, "first_k_dense_replace")?.unwrap_or(1);
+    Ok(MoeConfig {
+        num_experts: match opt_usize(obj, "n_routed_experts")? {
+            Some(n) => n,
+            None => num_experts(obj)?,
+        },
+        top_k: usize_of(obj, "num_experts_per_tok")?,
+        expert_intermediate,
+        norm_topk_prob: bool_of(obj, "norm_topk_prob", true)?,
+        router: RouterKind::SigmoidBias,
+        routed_scaling: f32_of(obj, "routed_scaling_factor", 1.0)?,
+        shared_expert_intermediate: shared,
+        shared_expert_gated: false,
+        sparse_step: 1,
+        mlp_only_layers: (0..dense_layers).collect(),
+    })
 }
 
 /// The layer pattern and mixer shapes of a hybrid family (`None` for the others), with the
@@ -452,13 +494,20 @@ fn qk_norm(obj: &Map<String, Value>, family: ModelFamily) -> Result<QkNorm, Conf
             "MiniMax-M2's QK-norm is implemented over the whole projection (per_layer) only",
         )?;
     }
+    if family == ModelFamily::Glm4Moe && bool_of(obj, "use_qk_norm", false)? {
+        return Ok(QkNorm::PerHead);
+    }
     Ok(family.qk_norm())
 }
 
 /// The leading elements of each head that RoPE rotates: `rotary_dim` (MiniMax-M2's original
 /// config), or `head_dim * partial_rotary_factor` (at the top level or, transformers 5, inside
 /// `rope_parameters`); `head_dim` when neither is given. Given both ways, they must agree.
-fn rotary_dim(obj: &Map<String, Value>, head_dim: usize) -> Result<usize, ConfigError> {
+fn rotary_dim(
+    obj: &Map<String, Value>,
+    head_dim: usize,
+    family: ModelFamily,
+) -> Result<usize, ConfigError> {
     let factor = match obj.get("rope_parameters").and_then(Value::as_object) {
         Some(p) if p.get("partial_rotary_factor").is_some_and(|v| !v.is_null()) => {
             Some(f32_of(p, "partial_rotary_factor", 1.0)?)
@@ -490,6 +539,8 @@ fn rotary_dim(obj: &Map<String, Value>, head_dim: usize) -> Result<usize, Config
         }),
         (Some(d), _) => Ok(d),
         (None, Some(f)) => Ok(f),
+        // GLM-4.5's config class rotates half of each head unless told otherwise.
+        (None, None) if family == ModelFamily::Glm4Moe => Ok(head_dim / 2),
         (None, None) => Ok(head_dim),
     }
 }
@@ -638,7 +689,7 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         tie_word_embeddings: bool_of(obj, "tie_word_embeddings", false)?,
         attention_bias: family.qkv_bias() || bool_of(obj, "attention_bias", false)?,
         qk_norm: qk_norm(obj, family)?,
-        rotary_dim: rotary_dim(obj, head_dim)?,
+        rotary_dim: rotary_dim(obj, head_dim, family)?,
         bos_token_id: token_ids(obj.get("bos_token_id")).first().copied(),
         eos_token_ids: token_ids(obj.get("eos_token_id")),
         moe,
@@ -906,6 +957,64 @@ mod tests {
                 .unwrap()
                 .norm_topk_prob
         );
+    }
+
+    /// GLM-4.5-Air's config.json as the hub ships it (the defaults of transformers' Glm4MoeConfig).
+    const GLM45_AIR: &str = r#"{"architectures":["Glm4MoeForCausalLM"],"attention_bias":true,"attention_dropout":0.0,
+      "pad_token_id":151329,"eos_token_id":[151329,151336,151338],"head_dim":128,"hidden_act":"silu",
+      "hidden_size":4096,"partial_rotary_factor":0.5,"initializer_range":0.02,"intermediate_size":10944,
+      "max_position_embeddings":131072,"model_type":"glm4_moe","moe_intermediate_size":1408,"norm_topk_prob":true,
+      "num_attention_heads":96,"n_group":1,"topk_group":1,"n_routed_experts":128,"n_shared_experts":1,
+      "routed_scaling_factor":1.0,"num_experts_per_tok":8,"first_k_dense_replace":1,"num_hidden_layers":46,
+      "num_key_value_heads":8,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":1000000,
+      "num_nextn_predict_layers":1,"tie_word_embeddings":false,"torch_dtype":"bfloat16","use_cache":true,
+      "use_qk_norm":false,"vocab_size":151552}"#;
+
+    #[test]
+    fn glm45_has_a_dense_first_layer_biased_sigmoid_routing_and_an_ungated_shared_expert() {
+        let c = from_config_json(GLM45_AIR).unwrap();
+        assert_eq!(c.family, ModelFamily::Glm4Moe);
+        assert!(c.attention_bias);
+        assert_eq!(c.qk_norm, QkNorm::None);
+        assert_eq!((c.num_heads, c.head_dim, c.rotary_dim), (96, 128, 64));
+        assert_eq!(c.eos_token_ids, vec![151329, 151336, 151338]);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (128, 8, 1408)
+        );
+        assert_eq!(m.router, RouterKind::SigmoidBias);
+        assert_eq!(
+            (m.shared_expert_intermediate, m.shared_expert_gated),
+            (Some(1408), false)
+        );
+        assert!(!m.is_sparse(0) && (1..46).all(|l| m.is_sparse(l)));
+        // 106B parameters without the multi-token-prediction layer, as the model card counts.
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((105.5..107.5).contains(&p), "{p}");
+        // GLM-4.5's variants: per-head QK-norm, scaled weights, two shared experts, the default
+        // rotary half when the config leaves it out.
+        let variant = GLM45_AIR
+            .replace("\"use_qk_norm\":false", "\"use_qk_norm\":true")
+            .replace(
+                "\"routed_scaling_factor\":1.0",
+                "\"routed_scaling_factor\":2.5",
+            )
+            .replace("\"n_shared_experts\":1", "\"n_shared_experts\":2")
+            .replace("\"first_k_dense_replace\":1", "\"first_k_dense_replace\":3")
+            .replace("\"partial_rotary_factor\":0.5,", "");
+        let c = from_config_json(&variant).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((c.qk_norm, c.rotary_dim), (QkNorm::PerHead, 64));
+        assert_eq!(
+            (m.routed_scaling, m.shared_expert_intermediate),
+            (2.5, Some(2816))
+        );
+        assert!((0..3).all(|l| !m.is_sparse(l)) && m.is_sparse(3));
+        // DeepSeek-V3's grouped routing is refused.
+        let grouped = GLM45_AIR.replace("\"n_group\":1", "\"n_group\":8");
+        let err = from_config_json(&grouped).unwrap_err().to_string();
+        assert!(err.contains("n_group") && err.contains("grouped"), "{err}");
     }
 
     #[test]

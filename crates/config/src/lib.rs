@@ -44,6 +44,11 @@ pub enum ModelFamily {
     /// OLMoE (OLMoE-1B-7B): Llama's attention with q and k RMS-normalised over their whole
     /// projections, sparse MLPs in every layer with a softmax router.
     Olmoe,
+    /// GLM-4.5 (GLM-4.5, GLM-4.5-Air): q, k and v with biases, RoPE on half of each head, per-head
+    /// QK-norm where `use_qk_norm` says, dense MLPs in the first `first_k_dense_replace` layers and
+    /// sparse ones after, with DeepSeek-V3's sigmoid router (a correction bias, renormalised,
+    /// scaled) and an ungated shared expert.
+    Glm4Moe,
     /// MiniMax-M2: q and k RMS-normalised over their whole projections, partial RoPE, sparse MLPs
     /// in every layer with a sigmoid router and a per-expert correction bias.
     MiniMaxM2,
@@ -71,6 +76,7 @@ impl ModelFamily {
             ModelFamily::Qwen3Moe => "qwen3_moe",
             ModelFamily::Mixtral => "mixtral",
             ModelFamily::Olmoe => "olmoe",
+            ModelFamily::Glm4Moe => "glm4_moe",
             ModelFamily::MiniMaxM2 => "minimax_m2",
             ModelFamily::Qwen3Next => "qwen3_next",
             ModelFamily::Qwen35Moe => "qwen3_5_moe",
@@ -79,7 +85,7 @@ impl ModelFamily {
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 11] = [
+    pub const ALL: [ModelFamily; 12] = [
         ModelFamily::Llama,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
@@ -87,6 +93,7 @@ impl ModelFamily {
         ModelFamily::Qwen3Moe,
         ModelFamily::Mixtral,
         ModelFamily::Olmoe,
+        ModelFamily::Glm4Moe,
         ModelFamily::MiniMaxM2,
         ModelFamily::Qwen3Next,
         ModelFamily::Qwen35Moe,
@@ -101,7 +108,8 @@ impl ModelFamily {
         )
     }
 
-    /// The q, k and v products carry biases (the Qwen2 attention).
+    /// The q, k and v products carry biases whatever the config says (the Qwen2 attention; other
+    /// families by their `attention_bias`).
     pub fn qkv_bias(self) -> bool {
         matches!(self, ModelFamily::Qwen2 | ModelFamily::Qwen2Moe)
     }
@@ -120,6 +128,8 @@ impl ModelFamily {
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral
             | ModelFamily::NemotronH => QkNorm::None,
+            // Per head where the config's `use_qk_norm` says (GLM-4.5), else none.
+            ModelFamily::Glm4Moe => QkNorm::None,
         }
     }
 
@@ -213,6 +223,9 @@ pub struct MoeConfig {
     /// Width of the shared expert every token takes beside the routed ones (Qwen2-MoE, Qwen3-Next:
     /// behind a sigmoid gate; Nemotron-H: ungated, [`MlpActivation::Relu2`]), if any.
     pub shared_expert_intermediate: Option<usize>,
+    /// The shared expert's output is scaled by `sigmoid(x · g)` (Qwen2-MoE, Qwen3-Next); else
+    /// it is added as it is (Nemotron-H, GLM-4.5).
+    pub shared_expert_gated: bool,
     /// Every `sparse_step`-th layer is sparse (`decoder_sparse_step`)...
     pub sparse_step: usize,
     /// ...except these, which stay dense (`mlp_only_layers`).
@@ -385,9 +398,9 @@ impl ModelConfig {
             .map(|l| match &self.moe {
                 Some(m) if m.is_sparse(l) => {
                     let routed = m.num_experts as u64 * 3 * h * m.expert_intermediate as u64;
-                    let shared = m
-                        .shared_expert_intermediate
-                        .map_or(0, |s| 3 * h * s as u64 + h);
+                    let shared = m.shared_expert_intermediate.map_or(0, |s| {
+                        3 * h * s as u64 + if m.shared_expert_gated { h } else { 0 }
+                    });
                     let bias = match m.router {
                         RouterKind::SigmoidBias => m.num_experts as u64,
                         RouterKind::Softmax => 0,

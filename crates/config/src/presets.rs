@@ -101,6 +101,16 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
                 ..ModelBehavior::default()
             },
         },
+        // GLM-4.5 thinks in `<think>` blocks (vLLM's recipe serves it with a `<think>` reasoning
+        // parser); its tool calls are its own XML, which no parser here reads; no sampling
+        // presets are read from its generation_config.json yet.
+        ModelFamily::Glm4Moe => ModelPresets {
+            sampling: SamplingPresets::default(),
+            behavior: ModelBehavior {
+                reasoning: true,
+                ..ModelBehavior::default()
+            },
+        },
         // OLMoE-1B-7B(-Instruct) publishes no sampling defaults and no tool format.
         ModelFamily::Olmoe => ModelPresets::default(),
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.

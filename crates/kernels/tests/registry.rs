@@ -133,10 +133,14 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("mixtral", 4096)).unwrap().target.path(),
         "hopper/llama/bf16"
     );
-    // OLMoE and MiniMax-M2 have leaves of their own.
+    // OLMoE, GLM-4.5 and MiniMax-M2 have leaves of their own.
     assert_eq!(
         pick(TARGETS, &q("olmoe", 2048)).unwrap().target.path(),
         "hopper/olmoe/bf16"
+    );
+    assert_eq!(
+        pick(TARGETS, &q("glm4_moe", 4096)).unwrap().target.path(),
+        "hopper/glm4_moe/bf16"
     );
     assert_eq!(
         pick(TARGETS, &q("minimax_m2", 3072)).unwrap().target.path(),

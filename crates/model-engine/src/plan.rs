@@ -143,6 +143,9 @@ pub struct MoeSpec {
     pub routed_scaling: f32,
     /// The shared expert's width, if any.
     pub shared_intermediate: Option<usize>,
+    /// The shared expert's output is scaled by its sigmoid gate (Qwen2-MoE, Qwen3-Next); else
+    /// added as it is (Nemotron-H, GLM-4.5).
+    pub shared_gated: bool,
     /// The experts' (and shared expert's) form: SwiGLU, or squared ReLU with no gate product
     /// and the shared expert added ungated (Nemotron-H).
     pub activation: MlpActivation,
@@ -286,6 +289,7 @@ impl LayerPlan {
                 norm_topk_prob: m.norm_topk_prob,
                 routed_scaling: m.routed_scaling,
                 shared_intermediate: m.shared_expert_intermediate,
+                shared_gated: m.shared_expert_gated,
                 activation,
             })
         });
@@ -477,6 +481,7 @@ mod tests {
             norm_topk_prob: false,
             routed_scaling: 1.0,
             shared_intermediate: Some(128),
+            shared_gated: true,
             activation: MlpActivation::SwiGlu,
         }));
         let dense = BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 });
@@ -513,6 +518,7 @@ mod tests {
             norm_topk_prob: true,
             routed_scaling: 1.0,
             shared_intermediate: None,
+            shared_gated: false,
             activation: MlpActivation::SwiGlu,
         };
         for layer in &plan.layers {
@@ -584,6 +590,7 @@ mod hybrid_tests {
             norm_topk_prob: true,
             routed_scaling: 1.0,
             shared_intermediate: Some(512),
+            shared_gated: true,
             activation: MlpActivation::SwiGlu,
         });
         let mut state_index = 0;

@@ -293,8 +293,10 @@ fn mlp_roles(c: &ModelConfig, l: usize, layout: ExpertLayout) -> Vec<TensorRole>
             TensorRole::SharedGate(l),
             TensorRole::SharedUp(l),
             TensorRole::SharedDown(l),
-            TensorRole::SharedExpertGate(l),
         ]);
+        if m.shared_expert_gated {
+            roles.push(TensorRole::SharedExpertGate(l));
+        }
     }
     roles
 }
@@ -573,8 +575,24 @@ pub fn original_names(name: &str) -> Vec<String> {
     }
 }
 
+/// The names DeepSeek-V3-style checkpoints (GLM-4.5) give the tensor this loader names `name`:
+/// the shared expert under `mlp.shared_experts.` and the router's correction bias inside the
+/// router (`mlp.gate.e_score_correction_bias`). Empty for other names.
+pub fn deepseek_names(name: &str) -> Vec<String> {
+    let Some((layer, rest)) = name.split_once(".mlp.") else {
+        return Vec::new();
+    };
+    if let Some(proj) = rest.strip_prefix("shared_expert.") {
+        vec![format!("{layer}.mlp.shared_experts.{proj}")]
+    } else if rest == "e_score_correction_bias" {
+        vec![format!("{layer}.mlp.gate.e_score_correction_bias")]
+    } else {
+        Vec::new()
+    }
+}
+
 /// `source` with every tensor also under transformers' name where the file has it under an
-/// original name ([`original_names`], then the hybrid families' prefixes: Nemotron-H's
+/// original name ([`original_names`], [`deepseek_names`], then the hybrid families' prefixes: Nemotron-H's
 /// `backbone.`, Qwen3.5's `model.language_model.`); a name the file has wins.
 struct Named<'a>(&'a dyn WeightSource);
 
@@ -585,6 +603,7 @@ impl Named<'_> {
             Some(_) => name.to_string(),
             None => original_names(name)
                 .into_iter()
+                .chain(deepseek_names(name))
                 .chain(hybrid::prefixed_names(name))
                 .find(|n| self.0.shape(n).is_some())
                 .unwrap_or_else(|| name.to_string()),
@@ -1161,7 +1180,10 @@ impl Uploader<'_> {
                 &[TensorRole::SharedGate(l), TensorRole::SharedUp(l)],
             )?,
             shared_down: self.linear_if(shared, &[TensorRole::SharedDown(l)])?,
-            shared_gate: self.get_if(shared, TensorRole::SharedExpertGate(l))?,
+            shared_gate: self.get_if(
+                shared && m.shared_expert_gated,
+                TensorRole::SharedExpertGate(l),
+            )?,
             correction_bias,
         })
     }

@@ -90,6 +90,7 @@ impl AsMoe {
             router: RouterKind::Softmax,
             routed_scaling: scaling,
             shared_expert_intermediate: shared,
+            shared_expert_gated: shared.is_some(),
             sparse_step: 1,
             mlp_only_layers: Vec::new(),
         });

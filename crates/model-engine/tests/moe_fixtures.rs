@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Tiny random MoE checkpoints saved by `transformers` (qwen3_moe with a dense layer; qwen2_moe
 //! with its shared expert and qkv bias; mixtral; olmoe with whole-projection QK-norm and
-//! unrenormalised weights; minimax_m2 with its biased sigmoid routing, whole-projection
+//! unrenormalised weights; glm4_moe with its ungated shared expert; minimax_m2 with its biased sigmoid routing, whole-projection
 //! QK-norm and partial RoPE; qwen3_next, the hybrid with Gated DeltaNet layers, gated attention
 //! and unit-offset norms), and transformers' greedy transcripts of them in float32
 //! (tests/fixtures/, made by scripts/gpu/tiny_moe_fixtures.py and tiny_hybrid_fixtures.py; the
@@ -329,6 +329,15 @@ fn a_tiny_minimax_m2_follows_transformers() {
 #[test]
 fn a_tiny_mixtral_follows_transformers() {
     check("tiny-mixtral");
+}
+
+/// GLM-4.5 (tests/fixtures/tiny-glm4-moe): q|k|v biases, per-head QK-norm, RoPE on half of each
+/// head, a dense first layer, then experts under the biased sigmoid router (scaled by 2.5) beside
+/// an ungated shared expert, under GLM's names (`mlp.shared_experts.`,
+/// `mlp.gate.e_score_correction_bias`).
+#[test]
+fn a_tiny_glm4_moe_follows_transformers() {
+    check("tiny-glm4-moe");
 }
 
 /// OLMoE (tests/fixtures/tiny-olmoe): q and k normalised over their whole projections, the top 4

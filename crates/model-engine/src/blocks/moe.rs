@@ -35,7 +35,8 @@
 //!
 //! A shared expert is a dense MLP every token takes: Qwen2-MoE's SwiGLU one (gate|up with SiLU x
 //! up, its down, and its gate logit `x · g`, an f32 product of one column, made by `moe_router`
-//! where that runs), or Nemotron-H's ungated squared-ReLU one (up, `relu2_bf16`, down). On the
+//! where that runs), GLM-4.5's SwiGLU one without the gate, or Nemotron-H's ungated
+//! squared-ReLU one (up, `relu2_bf16`, down). On the
 //! per-assignment path with the tuning's `moe_fused_shared_expert` it is extra slots of the two
 //! expert launches (`ceil(shared_intermediate / intermediate)` slots a row in the first, its
 //! down row after the routed ones in `moe_gemv_down`), its output unrounded like a routed
@@ -369,14 +370,14 @@ struct SharedLaunches {
 // copies of the kernel handles (`LinearKernels`), which boxing would only move to the heap.
 #[allow(clippy::large_enum_variant)]
 enum SharedExpert {
-    /// Qwen2-MoE's, behind a sigmoid gate.
+    /// Qwen2-MoE's, behind a sigmoid gate, or GLM-4.5's, ungated.
     SwiGlu {
         /// `act = silu(x · Wgateᵀ) * (x · Wupᵀ)`, bf16 `[rows, shared_intermediate]`.
         gate_up: SwigluLinear,
         /// `out = act · Wdownᵀ`, bf16 `[rows, hidden]`.
         down: Linear,
-        /// The gate's logit `x · g`, f32 `[rows]` (one output column).
-        gate: Linear,
+        /// The gate's logit `x · g`, f32 `[rows]` (one output column); `None` ungated.
+        gate: Option<Linear>,
     },
     /// Nemotron-H's, ungated.
     Relu2 {
@@ -420,13 +421,15 @@ impl Moe {
                         scratch: shared.scratch.shared_gate_up,
                     },
                     down,
-                    gate: Linear::new(
-                        "shared_gate",
-                        w.shared_gate,
-                        DevicePtr::NULL,
-                        (1, hidden),
-                        linear,
-                    ),
+                    gate: shared.spec.shared_gated.then(|| {
+                        Linear::new(
+                            "shared_gate",
+                            w.shared_gate,
+                            DevicePtr::NULL,
+                            (1, hidden),
+                            linear,
+                        )
+                    }),
                 },
                 MlpActivation::Relu2 => SharedExpert::Relu2 {
                     up: Linear::of(
@@ -484,7 +487,7 @@ impl Moe {
     /// The router, the shared expert's gate logit and the routing in one launch.
     fn router(&self, x: DevicePtr, rows: u32) -> MoeRouter {
         let (route, sc) = (self.route(rows), &self.shared.scratch);
-        let gated = matches!(self.shared_expert, Some(SharedExpert::SwiGlu { .. }));
+        let gated = self.shared_gated();
         MoeRouter {
             topk_ids: route.topk_ids,
             topk_weights: route.topk_weights,
@@ -507,6 +510,14 @@ impl Moe {
             scale: route.scale,
             hidden: self.hidden,
         }
+    }
+
+    /// Whether the shared expert's output is scaled by its sigmoid gate.
+    fn shared_gated(&self) -> bool {
+        matches!(
+            self.shared_expert,
+            Some(SharedExpert::SwiGlu { gate: Some(_), .. })
+        )
     }
 
     /// Whether the routed experts are FP8 (every expert launch's FP8 form).
@@ -550,8 +561,8 @@ impl Moe {
     fn shared_term(&self) -> (DevicePtr, DevicePtr) {
         let sc = &self.shared.scratch;
         match self.shared_expert {
-            Some(SharedExpert::SwiGlu { .. }) => (sc.shared_out, sc.shared_logit),
-            Some(SharedExpert::Relu2 { .. }) => (sc.shared_out, DevicePtr::NULL),
+            Some(_) if self.shared_gated() => (sc.shared_out, sc.shared_logit),
+            Some(_) => (sc.shared_out, DevicePtr::NULL),
             None => (DevicePtr::NULL, DevicePtr::NULL),
         }
     }
@@ -578,9 +589,9 @@ impl Moe {
                     gate_up.run(l, act, Rows::Bf16(x), rows)?;
                     down.run_rows(l, sc.shared_out, act, rows, false)?;
                 }
-                match run.gate_logit {
-                    true => gate.run_f32(l, sc.shared_logit, x, rows),
-                    false => Ok(()),
+                match (run.gate_logit, gate) {
+                    (true, Some(gate)) => gate.run_f32(l, sc.shared_logit, x, rows),
+                    _ => Ok(()),
                 }
             }
             Some(SharedExpert::Relu2 { .. }) if !run.products => Ok(()),
