@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
 """Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (and of
-the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2; and of the
+the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2, Mixtral-8x7B,
+GLM-4.5-Air, and OLMoE-1B-7B at full depth; and of the
 hybrid models: Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B at 4 layers, Qwen3.5-35B-A3B at full depth,
 Nemotron-H-8B at 4 layers and at full depth, NVIDIA-Nemotron-3-Nano-30B-A3B at 5 layers and at
 full depth).
@@ -244,6 +245,106 @@ MODELS = {
         "use_qk_norm": True,
         "use_routing_bias": True,
         "vocab_size": 200064,
+    },
+    # Mixtral-8x7B-v0.1's public config.json (mixtral: Llama attention with 32/8 heads of 128, 8
+    # experts of width 14336 in every layer, top 2 renormalised), 4 of its 32 layers.
+    "mixtral-8x7b-4l": {
+        "architectures": ["MixtralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "model_type": "mixtral",
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 32000,
+    },
+    # OLMoE-1B-7B-0924's public config.json (olmoe: 16/16 heads of 128, q and k RMS-normalised over
+    # their whole projections, 64 experts of width 1024 in every layer, top 8 not renormalised),
+    # at its full depth (16 layers, 6.9B parameters, 14 GB).
+    "olmoe-1b-7b": {
+        "architectures": ["OlmoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "clip_qkv": None,
+        "eos_token_id": 50279,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 1024,
+        "max_position_embeddings": 4096,
+        "model_type": "olmoe",
+        "norm_topk_prob": False,
+        "num_attention_heads": 16,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 16,
+        "num_key_value_heads": 16,
+        "output_router_logits": False,
+        "pad_token_id": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 10000.0,
+        "router_aux_loss_coef": 0.01,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 50304,
+    },
+    # GLM-4.5-Air's public config.json (glm4_moe: 96/8 heads of 128 with q|k|v biases, RoPE on half of
+    # each head; layer 0 dense of width 10944, then 128 experts of width 1408, top 8 under the
+    # biased sigmoid router, and one ungated shared expert), 4 of its 46 layers, without its MTP
+    # layer (num_nextn_predict_layers: transformers builds none either).
+    "glm-4.5-air-4l": {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": [151329, 151336, 151338],
+        "first_k_dense_replace": 1,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 10944,
+        "max_position_embeddings": 131072,
+        "model_type": "glm4_moe",
+        "moe_intermediate_size": 1408,
+        "n_group": 1,
+        "n_routed_experts": 128,
+        "n_shared_experts": 1,
+        "norm_topk_prob": True,
+        "num_attention_heads": 96,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "num_nextn_predict_layers": 0,
+        "pad_token_id": 151329,
+        "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "routed_scaling_factor": 1.0,
+        "tie_word_embeddings": False,
+        "topk_group": 1,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_qk_norm": False,
+        "vocab_size": 151552,
     },
     # SmolLM2-135M's widths (hidden 576, 9 query / 3 kv heads of 64, intermediate 1536, 30 layers,
     # tied embeddings, its eps and theta) with the Qwen3 tokenizer's vocabulary, so that the Qwen3
@@ -542,6 +643,12 @@ TOKENIZER_FAMILY = {
     # No MiniMax tokenizer on the GPU machine; Qwen3's 151,669 ids all fit under its 200,064 rows
     # (parity feeds random ids either way).
     "minimax-m2-4l": "qwen3",
+    # Mixtral's (32,000 rows), OLMoE's (50,304) and GLM-4.5's (151,552) vocabularies are smaller
+    # than the Qwen3 tokenizer's ids, and their own tokenizers are not on the GPU machine: none is
+    # copied (parity and bench-model feed ids).
+    "mixtral-8x7b-4l": None,
+    "olmoe-1b-7b": None,
+    "glm-4.5-air-4l": None,
     # Qwen3-Next's tokenizer is Qwen3's.
     "qwen3-next-80b-a3b-4l": "qwen3",
     # Qwen3.5's own tokenizer (248,320 rows) is not on the GPU machine, and Qwen3's does not hold
