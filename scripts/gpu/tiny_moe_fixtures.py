@@ -11,8 +11,8 @@ config at toy widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
 margins at this size) and 1 + N(0, 0.1) for norms from torch.Generator(seed), saved by
 transformers (its own layout), then greedy decoding of fixed prompt ids in float32 with the
-logits of every step and the top-2 margins. Writes <out>/<name>/{config.json, model.safetensors,
-transcript.json}.
+logits of every step, the top-2 margins and transformers-bf16's error on each step. Writes
+<out>/<name>/{config.json, model.safetensors, transcript.json}.
 
     python3 scripts/gpu/tiny_moe_fixtures.py --out crates/model-engine/tests/fixtures
     python3 scripts/gpu/tiny_moe_fixtures.py --out crates/model-engine/tests/fixtures --only tiny-minimax-m2
@@ -170,6 +170,17 @@ def make(name: str, out: Path, seed: int):
         diff = (again(x).logits - f32(x).logits).abs().max().item()
     assert diff < 1e-5, (name, "reloaded checkpoint differs", diff)
     del again
+    # transformers' own bf16 run on the same tokens (the whole sequence at once): each step's
+    # relative L2 error against the float32 logits, the bound the parity criterion holds the
+    # engine to (moe_fixtures.rs reads it where a transcript has it).
+    want = torch.tensor([s["logits"] for s in steps])
+    bf16 = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to(DEVICE).eval()
+    with torch.no_grad():
+        seq = torch.tensor([PROMPT + [s["id"] for s in steps[:-1]]], device=DEVICE)
+        rows = bf16(seq).logits[0, len(PROMPT) - 1:].float().cpu()
+    for step, e in zip(steps, ((rows - want).norm(dim=-1) / want.norm(dim=-1)).tolist()):
+        step["bf16_rel_err"] = round(e, 6)
+    del bf16
     transcript = {"produced_by": "scripts/gpu/tiny_moe_fixtures.py", "seed": seed,
                   "dtype": "float32 on the bf16 weights", "transformers": __import__("transformers").__version__,
                   "torch": torch.__version__, "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
