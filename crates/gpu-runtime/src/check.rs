@@ -757,12 +757,15 @@ fn paged_attention_qkv_cases(rng: &mut Rng) -> Vec<Case> {
 }
 
 /// The fused decode attention, narrow and wide, over a query group of 16 (Nemotron-3-Nano's 32
-/// query heads over 2 kv heads), one split and split.
+/// query heads over 2 kv heads: two blocks of 8 a kv head) and of 12 (GLM-4.5's 96 over 8: two
+/// blocks of 6), one split and split.
 fn wide_group_attention_cases(rng: &mut Rng) -> Vec<Case> {
     let shapes = [
         (1usize, 1024usize, 32u32, 2u32, 128u32, false, 64u32),
         (3, 300, 32, 2, 128, false, 0),
         (2, 700, 32, 2, 128, true, 128),
+        (2, 500, 24, 2, 128, false, 128),
+        (1, 90, 24, 2, 128, true, 0),
     ];
     let mut out = paged_attention_qkv_cases_of(rng, false, &shapes);
     out.extend(paged_attention_qkv_cases_of(rng, true, &shapes));

@@ -10,8 +10,10 @@
 // softmax; the output is rounded to bf16 once.
 //
 // Split-K ("flash decoding"), grouped by kv head: grid = (tokens, kv_heads, splits), block = 4
-// warps (8 in the wide entry, paged_attention_qkv_wide_bf16). A block serves all G = q_heads / kv_heads query heads (up to 8) that share its kv head,
-// so each key and value row is read once per block, not once per query head. Split z takes keys
+// warps (8 in the wide entry, paged_attention_qkv_wide_bf16). A block serves the G query heads
+// that share its kv head (G = q_heads / kv_heads up to 8; a wider group is split into blocks of
+// its largest divisor up to 8, block_group: 16 into two of 8, GLM-4.5's 12 into two of 6), so
+// each key and value row is read once per block, not once per query head. Split z takes keys
 // [z * keys_per_split, (z + 1) * keys_per_split) of the token's context (one split takes the
 // whole context). The split's keys come in tiles of 16, dealt round robin to the warps; each warp
 // streams its tiles through its own ring of STAGES shared-memory buffers (K and V, 16 rows each,
@@ -123,8 +125,8 @@ __device__ __forceinline__ void attend(
     float(*part_m)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD);
     float(*part_l)[G] = reinterpret_cast<float(*)[G]>(merge + WARPS * G * HD + WARPS * G);
 
-    // A kv head whose query group is wider than 8 (G = 8 here) is served by gridDim.y / kv_heads
-    // blocks, each taking 8 of its query heads; otherwise block y is kv head y.
+    // A kv head whose query group is wider than 8 is served by gridDim.y / kv_heads blocks, each
+    // taking G of its query heads (block_group); otherwise block y is kv head y.
     const uint32_t t = blockIdx.x, kvh = blockIdx.y / (gridDim.y / kv_heads), split = blockIdx.z,
                    splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -596,6 +598,15 @@ __device__ __forceinline__ void attend_group(
 #undef METRALE_ATTEND
 }
 
+// The query heads a block takes of a kv head's group of `whole`: all of them up to 8, else the
+// largest divisor of `whole` up to 8 (8 for 16 or 24, 6 for 12, 5 for 10, 7 for 14).
+__device__ __forceinline__ uint32_t block_group(uint32_t whole) {
+    if (whole <= 8) return whole;
+    uint32_t g = 8;
+    while (whole % g != 0) --g;
+    return g;
+}
+
 // Every entry point: the block's bounds check, then attend_group at the launch's head_dim (the
 // wide form: 64 or 128; its rings at 256 would not fit an SM).
 template <bool POST, int WARPS, bool FP8>
@@ -607,10 +618,10 @@ __device__ __forceinline__ void attend_any(
     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint32_t block_size,
     uint32_t max_blocks_per_seq, uint32_t keys_per_split, uint32_t splits, float scale,
     KvScales kv_scales, const Post& post) {
-    // A group wider than 8 query heads (a multiple of 8) takes q_heads / 8 blocks of 8.
+    // A group wider than 8 query heads takes whole / block_group(whole) blocks of block_group.
     if (kv_heads == 0 || q_heads % kv_heads != 0) return;
     const uint32_t whole = q_heads / kv_heads;
-    const uint32_t group = whole > 8 && whole % 8 == 0 ? 8 : whole;
+    const uint32_t group = block_group(whole);
     if (blockIdx.x >= tokens || gridDim.y != kv_heads * (whole / group) || gridDim.z != splits)
         return;
 #define METRALE_ATTEND(HD)                                                                     \
@@ -631,8 +642,9 @@ __device__ __forceinline__ void attend_any(
 
 // Two blocks per SM (the rings' shared memory allows no more at head_dim 128).
 // Launch: grid = (tokens, kv_heads, splits), block = 128 (gridDim.z must equal `splits`).
-// head_dim must be 64, 128 or 256 and q_heads / kv_heads at most 8 or a multiple of 8 (then
-// grid.y = q_heads / 8: each block takes 8 query heads of its kv head);
+// head_dim must be 64, 128 or 256 and kv_heads must divide q_heads (grid.y = kv_heads * (whole /
+// block_group(whole)), whole = q_heads / kv_heads: each block takes block_group query heads of its
+// kv head);
 // `partials` is f32 [tokens, q_heads, splits, head_dim + 2] and `counters` i32 [tokens, grid.y],
 // zero before the launch and zero after it (both unused, may be null, when splits = 1). Dynamic
 // shared memory: the larger of the rings

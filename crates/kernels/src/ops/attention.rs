@@ -41,8 +41,8 @@ kernel_args!(
         tokens: u32,
         /// Query heads.
         q_heads: u32,
-        /// Key/value heads (divides `q_heads`; at most 8 query heads each, or a multiple of 8:
-        /// then a block takes 8 of them).
+        /// Key/value heads (divides `q_heads`; a group wider than 8 query heads is split into
+        /// blocks of [`paged_attention_block_group`] heads).
         kv_heads: u32,
         /// Elements per head: 64, 128 or 256.
         head_dim: u32,
@@ -100,8 +100,8 @@ kernel_args!(
         tokens: u32,
         /// Query heads.
         q_heads: u32,
-        /// Key/value heads (divides `q_heads`; at most 8 query heads each, or a multiple of 8:
-        /// then a block takes 8 of them).
+        /// Key/value heads (divides `q_heads`; a group wider than 8 query heads is split into
+        /// blocks of [`paged_attention_block_group`] heads).
         kv_heads: u32,
         /// Elements per head: 64, 128 or 256.
         head_dim: u32,
@@ -502,15 +502,24 @@ kernel_args!(
     }
 );
 
+/// The query heads one decode attention block takes of a kv head's group of `whole`: all of them
+/// up to 8, else the largest divisor of `whole` up to 8 (attention.cu's `block_group`: 8 for 16,
+/// 6 for GLM-4.5's 12).
+pub fn paged_attention_block_group(whole: u32) -> u32 {
+    if whole <= 8 {
+        return whole;
+    }
+    (1..=8)
+        .rev()
+        .find(|g| whole.is_multiple_of(*g))
+        .unwrap_or(1)
+}
+
 /// Blocks of a decode attention launch per token and split: one a kv head, or, where a kv head's
-/// query group is wider than 8 (a multiple of 8), one per 8 of its query heads (attention.cu).
+/// query group is wider than 8, one per [`paged_attention_block_group`] of its query heads.
 pub fn paged_attention_groups(q_heads: u32, kv_heads: u32) -> u32 {
     let whole = q_heads / kv_heads.max(1);
-    if whole > 8 && whole.is_multiple_of(8) {
-        q_heads / 8
-    } else {
-        kv_heads
-    }
+    q_heads / paged_attention_block_group(whole).max(1)
 }
 
 /// Dynamic shared memory of a [`PagedAttention`] launch, in bytes, for query groups of `group`
@@ -539,11 +548,7 @@ pub fn paged_attention_smem_bytes_for(
 ) -> u32 {
     const KEY_TILE: u32 = 16;
     // A block takes at most 8 query heads (wider groups take several blocks).
-    let group = if group > 8 && group.is_multiple_of(8) {
-        8
-    } else {
-        group
-    };
+    let group = paged_attention_block_group(group);
     let rings = match (dtype, head_dim >= 256) {
         (KvCacheDtype::Bf16, true) => warps * 2 * 2 * KEY_TILE * head_dim * 2,
         (KvCacheDtype::Bf16, false) => warps * 3 * 2 * KEY_TILE * head_dim * 2,
@@ -978,13 +983,10 @@ impl Kernel for PagedAttention {
 impl PagedAttention {
     pub(crate) fn check_group(&self, kernel: metrale_core::KernelName) -> Result<(), HostError> {
         let (qh, kvh) = (self.q_heads, self.kv_heads);
-        if kvh == 0 || qh % kvh != 0 || (qh / kvh > 8 && (qh / kvh) % 8 != 0) {
+        if kvh == 0 || qh % kvh != 0 {
             return Err(HostError::BadArgs {
                 kernel,
-                message: format!(
-                    "q_heads {qh} is not a multiple of kv_heads {kvh} by at most 8 or by a \
-                     multiple of 8"
-                ),
+                message: format!("q_heads {qh} is not a multiple of kv_heads {kvh}"),
             });
         }
         Ok(())
@@ -1596,6 +1598,27 @@ impl Kernel for KvCacheWrite {
 mod tests {
     use super::*;
     use crate::ops::testing::*;
+
+    #[test]
+    fn a_block_takes_the_largest_divisor_of_its_group_up_to_8() {
+        for (whole, block) in [
+            (1, 1),
+            (7, 7),
+            (8, 8),
+            (9, 3),
+            (10, 5),
+            (12, 6),
+            (16, 8),
+            (24, 8),
+        ] {
+            assert_eq!(paged_attention_block_group(whole), block, "{whole}");
+        }
+        // Blocks a token: GLM-4.5's 96 query heads over 8 kv heads in 16 blocks of 6,
+        // Nemotron-3-Nano's 32 over 2 in 4 of 8, Qwen3-8B's 32 over 8 in one a kv head.
+        assert_eq!(paged_attention_groups(96, 8), 16);
+        assert_eq!(paged_attention_groups(32, 2), 4);
+        assert_eq!(paged_attention_groups(32, 8), 8);
+    }
 
     /// Head dim 64 with only the first two dims non-zero: one kv head, block size 2, the
     /// sequence's blocks are 1 then 0 (out of order). Values: pos0 = (10,0), pos1 = (0,10),

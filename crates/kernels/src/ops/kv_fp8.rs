@@ -226,7 +226,8 @@ kernel_args!(
         tokens: u32,
         /// Query heads.
         q_heads: u32,
-        /// Key/value heads (divides `q_heads`, at most 8 query heads each).
+        /// Key/value heads (divides `q_heads`; a group wider than 8 query heads is split into
+        /// blocks, as in [`crate::ops::paged_attention_block_group`]).
         kv_heads: u32,
         /// Elements per head: 64, 128 or 256.
         head_dim: u32,

@@ -29,9 +29,9 @@ pub(crate) use attention::paged_attention_qkv_wide_reference;
 pub use attention::{
     ATTENTION_SPLIT_KEYS, ATTENTION_UNSPLIT_KEYS, AttentionCombine, KvCacheWrite, PagedAttention,
     PagedAttentionQkv, PrefillAttention, PrefillAttentionV2, PrefillAttentionV3, PrefillRow,
-    attention_splits, attention_splits_of, paged_attention_groups, paged_attention_smem_bytes,
-    paged_attention_smem_bytes_for, paged_attention_smem_bytes_of, prefill_attention_rows,
-    prefill_attention_tiles, prefill_attention_tiles_of,
+    attention_splits, attention_splits_of, paged_attention_block_group, paged_attention_groups,
+    paged_attention_smem_bytes, paged_attention_smem_bytes_for, paged_attention_smem_bytes_of,
+    prefill_attention_rows, prefill_attention_tiles, prefill_attention_tiles_of,
 };
 pub use elementwise::Add;
 pub use embedding::Embedding;
