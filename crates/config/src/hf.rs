@@ -146,7 +146,9 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
         ModelFamily::Glm4Moe => return glm4_moe(obj).map(Some),
         ModelFamily::NemotronH => return nemotron_h_moe(obj),
-        ModelFamily::Llama | ModelFamily::Qwen2 | ModelFamily::Qwen3 => return Ok(None),
+        ModelFamily::Llama | ModelFamily::Mistral | ModelFamily::Qwen2 | ModelFamily::Qwen3 => {
+            return Ok(None);
+        }
     };
     let mlp_only_layers = match obj.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
@@ -593,11 +595,13 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
             "sliding-window attention is not implemented",
         ));
     }
-    // Mixtral's and OLMoE's attention applies `sliding_window` whenever it is set (no
+    // Mistral's, Mixtral's and OLMoE's attention applies `sliding_window` whenever it is set (no
     // `use_sliding_window` switch); a window at least as long as the context changes nothing.
     let context = opt_usize(obj, "max_position_embeddings")?.unwrap_or(4096) as u64;
-    if matches!(family, ModelFamily::Mixtral | ModelFamily::Olmoe)
-        && let Some(window) = obj.get("sliding_window").filter(|v| !v.is_null())
+    if matches!(
+        family,
+        ModelFamily::Mistral | ModelFamily::Mixtral | ModelFamily::Olmoe
+    ) && let Some(window) = obj.get("sliding_window").filter(|v| !v.is_null())
         && window.as_u64().is_none_or(|w| w < context)
     {
         return Err(unsupported(
@@ -894,6 +898,47 @@ mod tests {
         // 230B parameters, as the model card says.
         let p = c.parameter_count() as f64 / 1e9;
         assert!((228.0..231.0).contains(&p), "{p}");
+    }
+
+    /// Mistral-7B-Instruct-v0.3's and Mistral-Nemo-Instruct-2407's config.json as the hub ships
+    /// them.
+    const MISTRAL_7B_V03: &str = r#"{"architectures":["MistralForCausalLM"],"attention_dropout":0.0,"bos_token_id":1,
+      "eos_token_id":2,"hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,
+      "max_position_embeddings":32768,"model_type":"mistral","num_attention_heads":32,"num_hidden_layers":32,
+      "num_key_value_heads":8,"rms_norm_eps":1e-05,"rope_theta":1000000.0,"sliding_window":null,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16","use_cache":true,"vocab_size":32768}"#;
+    const MISTRAL_NEMO: &str = r#"{"architectures":["MistralForCausalLM"],"attention_dropout":0.0,"bos_token_id":1,
+      "eos_token_id":2,"head_dim":128,"hidden_act":"silu","hidden_size":5120,"initializer_range":0.02,
+      "intermediate_size":14336,"max_position_embeddings":1024000,"model_type":"mistral","num_attention_heads":32,
+      "num_hidden_layers":40,"num_key_value_heads":8,"rms_norm_eps":1e-05,"rope_theta":1000000.0,
+      "sliding_window":null,"tie_word_embeddings":false,"torch_dtype":"bfloat16","use_cache":true,
+      "vocab_size":131072}"#;
+
+    #[test]
+    fn mistral_is_llamas_decoder() {
+        let m = from_config_json(MISTRAL_7B_V03).unwrap();
+        assert_eq!(m.family, ModelFamily::Mistral);
+        // The same model as a Llama config of those keys, but for the family.
+        let as_llama = MISTRAL_7B_V03.replace("\"mistral\"", "\"llama\"");
+        let l = from_config_json(&as_llama).unwrap();
+        assert_eq!(
+            ModelConfig {
+                family: ModelFamily::Llama,
+                ..m.clone()
+            },
+            l
+        );
+        let p = m.parameter_count() as f64 / 1e9;
+        assert!((7.2..7.3).contains(&p), "{p}");
+        // Mistral-Nemo: head_dim 128 beside a hidden size of 5120 (32 heads).
+        let n = from_config_json(MISTRAL_NEMO).unwrap();
+        assert_eq!((n.hidden_size, n.num_heads, n.head_dim), (5120, 32, 128));
+        let p = n.parameter_count() as f64 / 1e9;
+        assert!((12.1..12.4).contains(&p), "{p}");
+        // Mistral-7B-v0.1's 4096-token window over a 32768-token context is refused.
+        let v01 = MISTRAL_7B_V03.replace("\"sliding_window\":null", "\"sliding_window\":4096");
+        let err = from_config_json(&v01).unwrap_err().to_string();
+        assert!(err.contains("sliding_window"), "{err}");
     }
 
     /// Mixtral-8x7B-v0.1's config.json as the hub ships it.

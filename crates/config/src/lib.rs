@@ -28,6 +28,9 @@ pub use presets::{ModelBehavior, ModelPresets, SamplingPresets, presets};
 pub enum ModelFamily {
     /// Llama 2/3.x and Llama-architecture models (SmolLM2, ...).
     Llama,
+    /// Mistral (Mistral-7B-v0.3, Mistral-Nemo, Mistral-Small): Llama's decoder, with a sliding
+    /// window when its config sets one (refused: not implemented).
+    Mistral,
     /// Qwen2 / Qwen2.5: QKV bias.
     Qwen2,
     /// Qwen3 dense: QK-norm, no QKV bias.
@@ -70,6 +73,7 @@ impl ModelFamily {
     pub fn model_type(self) -> &'static str {
         match self {
             ModelFamily::Llama => "llama",
+            ModelFamily::Mistral => "mistral",
             ModelFamily::Qwen2 => "qwen2",
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Qwen2Moe => "qwen2_moe",
@@ -85,8 +89,9 @@ impl ModelFamily {
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 12] = [
+    pub const ALL: [ModelFamily; 13] = [
         ModelFamily::Llama,
+        ModelFamily::Mistral,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
@@ -124,6 +129,7 @@ impl ModelFamily {
             | ModelFamily::Qwen35Moe => QkNorm::PerHead,
             ModelFamily::MiniMaxM2 | ModelFamily::Olmoe => QkNorm::Whole,
             ModelFamily::Llama
+            | ModelFamily::Mistral
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral
@@ -138,7 +144,7 @@ impl ModelFamily {
         match self {
             ModelFamily::Qwen2Moe => ModelFamily::Qwen2,
             ModelFamily::Qwen3Moe => ModelFamily::Qwen3,
-            ModelFamily::Mixtral => ModelFamily::Llama,
+            ModelFamily::Mixtral | ModelFamily::Mistral => ModelFamily::Llama,
             other => other,
         }
     }

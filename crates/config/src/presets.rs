@@ -91,10 +91,10 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
         ModelFamily::Qwen3Next | ModelFamily::Qwen35Moe | ModelFamily::NemotronH => {
             ModelPresets::default()
         }
-        // Mixtral-8x22B-Instruct calls tools in Mistral's `[TOOL_CALLS]` wire (8x7B-Instruct has
-        // no tool format; a parser that never sees its marker changes nothing). Neither model
-        // publishes sampling defaults.
-        ModelFamily::Mixtral => ModelPresets {
+        // Mistral-7B-Instruct-v0.3, Mistral-Nemo, Mistral-Small and Mixtral-8x22B-Instruct call
+        // tools in Mistral's `[TOOL_CALLS]` wire (Mixtral-8x7B-Instruct has no tool format; a
+        // parser that never sees its marker changes nothing). None publishes sampling defaults.
+        ModelFamily::Mistral | ModelFamily::Mixtral => ModelPresets {
             sampling: SamplingPresets::default(),
             behavior: ModelBehavior {
                 tool_call_parser: Some("mistral"),

@@ -128,11 +128,13 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("qwen3_moe", 2048)).unwrap().target.path(),
         "hopper/qwen3/bf16"
     );
-    // Mixtral-8x7B takes Llama's leaf.
-    assert_eq!(
-        pick(TARGETS, &q("mixtral", 4096)).unwrap().target.path(),
-        "hopper/llama/bf16"
-    );
+    // Mistral and Mixtral take Llama's leaf.
+    for model_type in ["mistral", "mixtral"] {
+        assert_eq!(
+            pick(TARGETS, &q(model_type, 4096)).unwrap().target.path(),
+            "hopper/llama/bf16"
+        );
+    }
     // OLMoE, GLM-4.5 and MiniMax-M2 have leaves of their own.
     assert_eq!(
         pick(TARGETS, &q("olmoe", 2048)).unwrap().target.path(),
