@@ -124,12 +124,76 @@ fn rope_scaling(obj: &Map<String, Value>) -> Result<RopeScaling, ConfigError> {
             original_max_position_embeddings: usize_of(s, "original_max_position_embeddings")?
                 as u32,
         }),
+        "yarn" => yarn(obj, s),
         _ => Err(unsupported(
             "rope_scaling.rope_type",
             &Value::String(kind.into()),
-            "supported RoPE scalings: default, linear, llama3",
+            "supported RoPE scalings: default, linear, llama3, yarn",
         )),
     }
+}
+
+/// YaRN's parameters as transformers reads them: the original context from the config's top
+/// level, else the scaling's, else `max_position_embeddings`; the factor, else the ratio of the
+/// context to the original one; the attention factor given, else from DeepSeek's `mscale` /
+/// `mscale_all_dim`, else 0.1 ln(factor) + 1.
+fn yarn(obj: &Map<String, Value>, s: &Map<String, Value>) -> Result<RopeScaling, ConfigError> {
+    let original = match opt_usize(obj, "original_max_position_embeddings")? {
+        Some(o) => o,
+        None => match opt_usize(s, "original_max_position_embeddings")? {
+            Some(o) => o,
+            None => usize_of(obj, "max_position_embeddings")?,
+        },
+    };
+    if original == 0 {
+        return Err(ConfigError::Invalid {
+            key: "original_max_position_embeddings",
+            message: "must be positive".into(),
+        });
+    }
+    let factor = match s.get("factor") {
+        Some(v) if !v.is_null() => f32_of(s, "factor", 1.0)?,
+        _ => usize_of(obj, "max_position_embeddings")? as f32 / original as f32,
+    };
+    if factor.is_nan() || factor < 1.0 {
+        return Err(ConfigError::Invalid {
+            key: "factor",
+            message: format!("YaRN's factor {factor} is not at least 1"),
+        });
+    }
+    let mscale = |scale: f32, m: f32| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = match s.get("attention_factor") {
+        Some(v) if !v.is_null() => f32_of(s, "attention_factor", 1.0)?,
+        _ => {
+            let (m, all) = (f32_of(s, "mscale", 0.0)?, f32_of(s, "mscale_all_dim", 0.0)?);
+            if m != 0.0 && all != 0.0 {
+                mscale(factor, m) / mscale(factor, all)
+            } else {
+                mscale(factor, 1.0)
+            }
+        }
+    };
+    // transformers reads a zero beta as its default (`or`).
+    let beta = |key, default| -> Result<f32, ConfigError> {
+        Ok(match f32_of(s, key, default)? {
+            0.0 => default,
+            b => b,
+        })
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original as u32,
+        beta_fast: beta("beta_fast", 32.0)?,
+        beta_slow: beta("beta_slow", 1.0)?,
+        attention_factor,
+        truncate: bool_of(s, "truncate", true)?,
+    })
 }
 
 /// The sparse MLPs of a MoE family's config (`None` for a dense family). Keys that would change
@@ -730,6 +794,54 @@ mod tests {
         // Qwen3-8B has 8.19B parameters.
         let p = c.parameter_count() as f64 / 1e9;
         assert!((8.1..8.3).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn yarn_as_qwen_documents_it_and_as_transformers_5_writes_it() {
+        // Qwen3-8B past 32k tokens, as its model card says to set it.
+        let hub = QWEN3_8B.replace(
+            "\"rope_scaling\":null",
+            r#""rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}"#,
+        );
+        let c = from_config_json(&hub).unwrap();
+        let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } = c.rope_scaling
+        else {
+            panic!("{:?}", c.rope_scaling)
+        };
+        assert_eq!((factor, original_max_position_embeddings), (4.0, 32768));
+        assert_eq!((beta_fast, beta_slow, truncate), (32.0, 1.0, true));
+        assert!((attention_factor - 1.138_629_4).abs() < 1e-6);
+        // transformers 5: the same inside rope_parameters, beside the base.
+        let t5 = QWEN3_8B.replace("\"rope_scaling\":null,\"rope_theta\":1000000,", "").replace(
+            "\"vocab_size\"",
+            r#""rope_parameters":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768,"rope_theta":1000000.0},"vocab_size""#,
+        );
+        assert_eq!(from_config_json(&t5).unwrap(), c);
+        // DeepSeek's mscale pair sets the attention factor: mscale(40, 1) / mscale(40, 1) = 1.
+        let deepseek = hub.replace(
+            "\"factor\":4.0,",
+            "\"factor\":40.0,\"mscale\":1.0,\"mscale_all_dim\":1.0,\"beta_fast\":32,\"beta_slow\":1,",
+        );
+        match from_config_json(&deepseek).unwrap().rope_scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => assert_eq!(attention_factor, 1.0),
+            other => panic!("{other:?}"),
+        }
+        // Scalings not implemented are refused by name.
+        let dynamic = QWEN3_8B.replace(
+            "\"rope_scaling\":null",
+            r#""rope_scaling":{"rope_type":"dynamic","factor":2.0}"#,
+        );
+        let err = from_config_json(&dynamic).unwrap_err().to_string();
+        assert!(err.contains("dynamic") && err.contains("yarn"), "{err}");
     }
 
     #[test]

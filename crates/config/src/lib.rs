@@ -199,6 +199,24 @@ pub enum RopeScaling {
         /// The divisor.
         factor: f32,
     },
+    /// YaRN: frequencies that turn fewer than `beta_slow` times over the original context are
+    /// divided by `factor`, those that turn more than `beta_fast` times are kept, a linear ramp
+    /// between; cos and sin are scaled by `attention_factor` (Qwen2.5 / Qwen3 past their native
+    /// context, DeepSeek).
+    Yarn {
+        /// The context extension.
+        factor: f32,
+        /// The context the model was pre-trained with.
+        original_max_position_embeddings: u32,
+        /// Rotations over the original context above which a frequency is kept.
+        beta_fast: f32,
+        /// Rotations below which it is divided by `factor`.
+        beta_slow: f32,
+        /// cos and sin are multiplied by this (0.1 ln(factor) + 1 unless the config says).
+        attention_factor: f32,
+        /// The ramp's ends rounded outward to whole dimensions.
+        truncate: bool,
+    },
 }
 
 /// How a sparse MLP's router turns its logits into expert weights.

@@ -14,6 +14,42 @@ pub fn inverse_frequencies(config: &ModelConfig) -> Vec<f32> {
         .collect();
     match config.rope_scaling {
         RopeScaling::None | RopeScaling::Linear { .. } => base,
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => {
+            // transformers' YaRN: the ramp's ends in f64 (Python floats), the blend in f32 over
+            // its `base ** (2i / dim)`, interpolated as 1 / (factor * that).
+            let theta = config.rope_theta as f64;
+            let correction_dim = |rotations: f32| {
+                dim as f64
+                    * (original_max_position_embeddings as f64
+                        / (rotations as f64 * 2.0 * std::f64::consts::PI))
+                        .ln()
+                    / (2.0 * theta.ln())
+            };
+            let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0) as f32, high.min(dim as f64 - 1.0) as f32);
+            if low == high {
+                high += 0.001;
+            }
+            (0..half)
+                .map(|i| {
+                    let pos_freq = config.rope_theta.powf((2 * i) as f32 / dim);
+                    let (extrapolated, interpolated) = (1.0 / pos_freq, 1.0 / (factor * pos_freq));
+                    let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                    let keep = 1.0 - ramp;
+                    interpolated * (1.0 - keep) + extrapolated * keep
+                })
+                .collect()
+        }
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -52,14 +88,21 @@ pub fn tables(config: &ModelConfig, positions: usize) -> (Vec<f32>, Vec<f32>) {
         RopeScaling::Linear { factor } => 1.0 / factor,
         _ => 1.0,
     };
+    // YaRN scales the rotation's output (cos and sin) by its attention factor.
+    let magnitude = match config.rope_scaling {
+        RopeScaling::Yarn {
+            attention_factor, ..
+        } => attention_factor,
+        _ => 1.0,
+    };
     let mut cos = Vec::with_capacity(positions * inv.len());
     let mut sin = Vec::with_capacity(positions * inv.len());
     for p in 0..positions {
         let pos = p as f32 * scale;
         for f in &inv {
             let angle = pos * f;
-            cos.push(angle.cos());
-            sin.push(angle.sin());
+            cos.push(angle.cos() * magnitude);
+            sin.push(angle.sin() * magnitude);
         }
     }
     (cos, sin)
@@ -110,6 +153,45 @@ mod tests {
             "the lowest is divided by the factor"
         );
         assert!(scaled.iter().zip(&plain).all(|(s, p)| s <= p));
+    }
+
+    /// Qwen3-8B's documented 128k setting (`rope_scaling: {"rope_type": "yarn", "factor": 4.0,
+    /// "original_max_position_embeddings": 32768}`, theta 1e6, head_dim 128) against what
+    /// transformers 5.17's `ROPE_INIT_FUNCTIONS["yarn"]` returns for it (float32 on the CPU).
+    #[test]
+    fn yarn_matches_transformers() {
+        let c = ModelConfig {
+            rope_theta: 1_000_000.0,
+            ..config(RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 32768,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: 0.1 * 4f32.ln() + 1.0,
+                truncate: true,
+            })
+        };
+        let inv = inverse_frequencies(&c);
+        let want = [
+            (0, 1.0f32),
+            (10, 0.115_478_2),
+            (20, 0.013_335_215),
+            (30, 0.001_064_361),
+            (40, 4.445_698_5e-5),
+            (50, 5.133_812_5e-6),
+            (63, 3.102_344_4e-7),
+        ];
+        for (i, f) in want {
+            assert!(
+                (inv[i] - f).abs() <= 2e-7 * f,
+                "{i}: {} against {f}",
+                inv[i]
+            );
+        }
+        // cos and sin carry the attention factor, 1.1386294.
+        let (cos, sin) = tables(&c, 2);
+        assert!((cos[0] - 1.138_629_4).abs() < 1e-6);
+        assert!((sin[64 + 1] - 1.138_629_4 * inv[1].sin()).abs() < 1e-6);
     }
 
     #[test]
