@@ -5,9 +5,10 @@ crates/model-engine/tests/moe_fixtures.rs (transformers + torch, on the GPU when
 
 For each of qwen3_moe, qwen2_moe (with its shared expert), mixtral, olmoe (QK-norm over the whole
 projections, the top k not renormalised), glm4_moe (a dense first layer, biased sigmoid routing,
-an ungated shared expert, q|k|v biases, per-head QK-norm, RoPE on half of each head) and minimax_m2 (sigmoid routing with a correction bias
-~ N(0, 0.05), QK-norm over the whole projections, RoPE on half of each head): a
-config at toy widths, weights
+an ungated shared expert, q|k|v biases, per-head QK-norm, RoPE on half of each head), minimax_m2
+(sigmoid routing with a correction bias ~ N(0, 0.05), QK-norm over the whole projections, RoPE on
+half of each head), and the dense granite (its four multipliers, tied embeddings): a config at toy
+widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
 margins at this size) and 1 + N(0, 0.1) for norms from torch.Generator(seed), saved by
 transformers (its own layout), then greedy decoding of fixed prompt ids in float32 with the
@@ -60,6 +61,13 @@ CONFIGS = {
                           use_qk_norm=True,
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                            "partial_rotary_factor": 0.5}),
+    # Granite-3.x's shape (dense, tied embeddings) with its four multipliers at values that are not
+    # powers of two (the real ones: 12, 0.22, 1/128, 16), so that folding them into the weights
+    # rounds as it would on a real checkpoint; the residual one above 1 so that the blocks, not the
+    # tied embedding's echo of the last token, decide the greedy path.
+    "tiny-granite": dict(COMMON, model_type="granite", architectures=["GraniteForCausalLM"],
+                         tie_word_embeddings=True, embedding_multiplier=0.7, residual_multiplier=2.2,
+                         attention_multiplier=0.09, logits_scaling=6.0),
     # MiniMax-M2's shape at toy widths: experts of intermediate_size in every layer, the rotary
     # fraction inside rope_parameters as transformers 5 holds it (rotary_dim 32 of head_dim 64).
     "tiny-minimax-m2": dict(COMMON, model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"],
@@ -161,7 +169,9 @@ def make(name: str, out: Path, seed: int):
             steps.append({"id": nxt, "margin": float(top.values[0] - top.values[1]),
                           "logits": [round(float(x), 6) for x in logits]})
             ids.append(nxt)
-    margin = router_margin(f32, ids, cfg.num_experts_per_tok)
+    # A dense fixture has no router: nothing can tie.
+    k = getattr(cfg, "num_experts_per_tok", None)
+    margin = router_margin(f32, ids, k) if k else float("inf")
     # The saved checkpoint is the model (every tensor, the correction bias too): reloaded in f32,
     # it gives the same logits on the prompt.
     again = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).to(DEVICE).eval()
@@ -184,7 +194,8 @@ def make(name: str, out: Path, seed: int):
     transcript = {"produced_by": "scripts/gpu/tiny_moe_fixtures.py", "seed": seed,
                   "dtype": "float32 on the bf16 weights", "transformers": __import__("transformers").__version__,
                   "torch": torch.__version__, "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
-                  "prompt_ids": PROMPT, "steps": steps, "router_min_margin": margin}
+                  "prompt_ids": PROMPT, "steps": steps,
+                  "router_min_margin": margin if margin != float("inf") else None}
     (d / "transcript.json").write_text(json.dumps(transcript))
     for f in d.iterdir():
         print(name, f.name, f.stat().st_size)

@@ -210,6 +210,7 @@ pub fn from_gguf_metadata(
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
         moe,
         hybrid: None,
+        multipliers: Default::default(),
     };
     config.validate()?;
     Ok(config)

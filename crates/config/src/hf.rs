@@ -4,7 +4,9 @@
 use serde_json::{Map, Value};
 
 use crate::hybrid::{self, Ffn, GdnProjection, HybridConfig, HybridLayer, Mixer, MlpActivation};
-use crate::{ConfigError, ModelConfig, ModelFamily, MoeConfig, QkNorm, RopeScaling, RouterKind};
+use crate::{
+    ConfigError, ModelConfig, ModelFamily, MoeConfig, Multipliers, QkNorm, RopeScaling, RouterKind,
+};
 
 pub(crate) fn get<'a>(
     obj: &'a Map<String, Value>,
@@ -210,7 +212,11 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
         ModelFamily::Glm4Moe => return glm4_moe(obj).map(Some),
         ModelFamily::NemotronH => return nemotron_h_moe(obj),
-        ModelFamily::Llama | ModelFamily::Mistral | ModelFamily::Qwen2 | ModelFamily::Qwen3 => {
+        ModelFamily::Llama
+        | ModelFamily::Mistral
+        | ModelFamily::Granite
+        | ModelFamily::Qwen2
+        | ModelFamily::Qwen3 => {
             return Ok(None);
         }
     };
@@ -611,6 +617,30 @@ fn rotary_dim(
     }
 }
 
+/// Granite's multipliers (every other family: none). Each must be a positive number.
+fn multipliers(obj: &Map<String, Value>, family: ModelFamily) -> Result<Multipliers, ConfigError> {
+    if family != ModelFamily::Granite {
+        return Ok(Multipliers::default());
+    }
+    let positive = |key: &'static str| -> Result<f32, ConfigError> {
+        let v = f32_of(obj, key, 1.0)?;
+        if v > 0.0 && v.is_finite() {
+            Ok(v)
+        } else {
+            Err(ConfigError::Invalid {
+                key,
+                message: format!("{v} is not a positive number"),
+            })
+        }
+    };
+    Ok(Multipliers {
+        embedding: positive("embedding_multiplier")?,
+        residual: positive("residual_multiplier")?,
+        attention: Some(positive("attention_multiplier")?),
+        logits: positive("logits_scaling")?,
+    })
+}
+
 /// Parses a `config.json` text.
 pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
     let value: Value =
@@ -762,6 +792,7 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         eos_token_ids: token_ids(obj.get("eos_token_id")),
         moe,
         hybrid,
+        multipliers: multipliers(obj, family)?,
     };
     config.validate()?;
     Ok(config)
@@ -1051,6 +1082,42 @@ mod tests {
         let v01 = MISTRAL_7B_V03.replace("\"sliding_window\":null", "\"sliding_window\":4096");
         let err = from_config_json(&v01).unwrap_err().to_string();
         assert!(err.contains("sliding_window"), "{err}");
+    }
+
+    /// Granite-3.3-8B-Instruct's config.json as the hub ships it.
+    const GRANITE_33_8B: &str = r#"{"architectures":["GraniteForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+      "attention_multiplier":0.0078125,"bos_token_id":0,"embedding_multiplier":12.0,"eos_token_id":0,"hidden_act":"silu",
+      "hidden_size":4096,"initializer_range":0.02,"intermediate_size":12800,"logits_scaling":16.0,
+      "max_position_embeddings":131072,"mlp_bias":false,"model_type":"granite","num_attention_heads":32,
+      "num_hidden_layers":40,"num_key_value_heads":8,"pad_token_id":0,"residual_multiplier":0.22,"rms_norm_eps":1e-05,
+      "rope_scaling":null,"rope_theta":10000000.0,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+      "use_cache":true,"vocab_size":49159}"#;
+
+    #[test]
+    fn granite_is_llama_with_four_multipliers() {
+        let c = from_config_json(GRANITE_33_8B).unwrap();
+        assert_eq!(c.family, ModelFamily::Granite);
+        assert_eq!(
+            c.multipliers,
+            Multipliers {
+                embedding: 12.0,
+                residual: 0.22,
+                attention: Some(0.0078125),
+                logits: 16.0
+            }
+        );
+        assert!(c.tie_word_embeddings && c.moe.is_none());
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((8.1..8.2).contains(&p), "{p}");
+        // Other families have none.
+        assert_eq!(
+            from_config_json(MISTRAL_7B_V03).unwrap().multipliers,
+            Multipliers::default()
+        );
+        // A multiplier must be a positive number.
+        let zero = GRANITE_33_8B.replace("\"logits_scaling\":16.0", "\"logits_scaling\":0");
+        let err = from_config_json(&zero).unwrap_err().to_string();
+        assert!(err.contains("logits_scaling"), "{err}");
     }
 
     /// Mixtral-8x7B-v0.1's config.json as the hub ships it.

@@ -28,6 +28,9 @@ pub use presets::{ModelBehavior, ModelPresets, SamplingPresets, presets};
 pub enum ModelFamily {
     /// Llama 2/3.x and Llama-architecture models (SmolLM2, ...).
     Llama,
+    /// Granite (Granite-3.x dense): Llama's decoder with constant multipliers on the embedding,
+    /// the blocks' outputs, the attention scores and the logits ([`Multipliers`]).
+    Granite,
     /// Mistral (Mistral-7B-v0.3, Mistral-Nemo, Mistral-Small): Llama's decoder, with a sliding
     /// window when its config sets one (refused: not implemented).
     Mistral,
@@ -74,6 +77,7 @@ impl ModelFamily {
         match self {
             ModelFamily::Llama => "llama",
             ModelFamily::Mistral => "mistral",
+            ModelFamily::Granite => "granite",
             ModelFamily::Qwen2 => "qwen2",
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Qwen2Moe => "qwen2_moe",
@@ -89,9 +93,10 @@ impl ModelFamily {
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 13] = [
+    pub const ALL: [ModelFamily; 14] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
+        ModelFamily::Granite,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
@@ -130,6 +135,7 @@ impl ModelFamily {
             ModelFamily::MiniMaxM2 | ModelFamily::Olmoe => QkNorm::Whole,
             ModelFamily::Llama
             | ModelFamily::Mistral
+            | ModelFamily::Granite
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral
@@ -308,6 +314,42 @@ pub struct ModelConfig {
     /// The layer pattern and the recurrent mixers' shapes, for a hybrid model (`None`: every
     /// layer is attention then an MLP).
     pub hybrid: Option<HybridConfig>,
+    /// Granite's scalings of the embedding, the blocks' outputs, the attention scores and the
+    /// logits (all 1, and the scores by `1 / sqrt(head_dim)`, for every other family).
+    pub multipliers: Multipliers,
+}
+
+/// Constant scalings a family applies around its blocks (Granite's `embedding_multiplier`,
+/// `residual_multiplier`, `attention_multiplier`, `logits_scaling`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Multipliers {
+    /// The embedding rows are multiplied by this.
+    pub embedding: f32,
+    /// Each block's output is multiplied by this before it is added to the residual stream.
+    pub residual: f32,
+    /// The attention scores' scale, in place of `1 / sqrt(head_dim)`.
+    pub attention: Option<f32>,
+    /// The logits are divided by this.
+    pub logits: f32,
+}
+
+impl Default for Multipliers {
+    fn default() -> Self {
+        Multipliers {
+            embedding: 1.0,
+            residual: 1.0,
+            attention: None,
+            logits: 1.0,
+        }
+    }
+}
+
+impl Multipliers {
+    /// Whether the weights upload as the checkpoint stores them (only the attention scale, a
+    /// kernel argument, may differ).
+    pub fn weights_unscaled(&self) -> bool {
+        self.embedding == 1.0 && self.residual == 1.0 && self.logits == 1.0
+    }
 }
 
 impl ModelConfig {

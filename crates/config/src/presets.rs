@@ -111,6 +111,9 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
                 ..ModelBehavior::default()
             },
         },
+        // Granite-3.x-Instruct calls tools as `<|tool_call|>` and a JSON list, which no parser
+        // here reads; no sampling defaults are published.
+        ModelFamily::Granite => ModelPresets::default(),
         // OLMoE-1B-7B(-Instruct) publishes no sampling defaults and no tool format.
         ModelFamily::Olmoe => ModelPresets::default(),
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.

@@ -58,7 +58,7 @@ pub enum ResidualFold {
 }
 
 /// Grouped-query self-attention over the paged KV cache, with RoPE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionSpec {
     /// Query heads.
     pub heads: usize,
@@ -82,6 +82,9 @@ pub struct AttentionSpec {
     /// attention output is multiplied by `sigmoid(gate)` per element before `o_proj`
     /// (Qwen3-Next, Qwen3.5).
     pub output_gate: bool,
+    /// The scores' scale: `1 / sqrt(head_dim)`, or the config's (Granite's
+    /// `attention_multiplier`).
+    pub scale: f32,
 }
 
 impl AttentionSpec {
@@ -255,6 +258,10 @@ impl LayerPlan {
             kind,
         };
         let attention = AttentionSpec {
+            scale: c
+                .multipliers
+                .attention
+                .unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
@@ -449,6 +456,7 @@ mod tests {
                     rotary_dim: 64,
                     qk_norm_unit_offset: false,
                     output_gate: false,
+                    scale: 1.0 / (64 as f32).sqrt(),
                 }),
                 BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 }),
             ]
@@ -504,6 +512,7 @@ mod tests {
             rotary_dim: 64,
             qk_norm_unit_offset: false,
             output_gate: false,
+            scale: 1.0 / (128 as f32).sqrt(),
         };
         assert!(attention.partial_rotary());
         let moe = MoeSpec {
@@ -577,6 +586,7 @@ mod hybrid_tests {
             rotary_dim: 64,
             qk_norm_unit_offset: true,
             output_gate: true,
+            scale: 1.0 / (256 as f32).sqrt(),
         };
         let moe = MlpKind::Moe(MoeSpec {
             experts: 512,

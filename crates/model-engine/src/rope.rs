@@ -135,6 +135,7 @@ mod tests {
             eos_token_ids: vec![],
             moe: None,
             hybrid: None,
+            multipliers: Default::default(),
         }
     }
 

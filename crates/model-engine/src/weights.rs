@@ -30,7 +30,8 @@
 
 use half::bf16;
 use metrale_config::{
-    Ffn, GatedDeltaNetConfig, GdnProjection, Mixer, ModelConfig, ModelFamily, QkNorm, RouterKind,
+    Ffn, GatedDeltaNetConfig, GdnProjection, Mixer, ModelConfig, ModelFamily, Multipliers, QkNorm,
+    RouterKind,
 };
 use metrale_core::DevicePtr;
 use metrale_gpu_runtime::GpuBackend;
@@ -637,6 +638,88 @@ impl WeightSource for Named<'_> {
     }
 }
 
+/// `source` with a model's constant multipliers ([`Multipliers`], Granite's) folded into the
+/// weights they meet, so that no kernel applies them: the embedding rows times `embedding` (the
+/// same bf16 values as transformers' product), the LM head divided by `logits` (a tied head is
+/// the embedding read again, divided), and every block's output product (`o_proj`, `down_proj`,
+/// the experts' down stacks, a mixer's `out_proj`) times `residual`, each rounded to bf16 once. A
+/// scaled tensor stored as FP8 reads as BF16 (its dequantised values, scaled).
+struct Scaled<'a> {
+    source: &'a dyn WeightSource,
+    multipliers: Multipliers,
+    tied: bool,
+}
+
+const EMBEDDING: &str = "model.embed_tokens.weight";
+const LM_HEAD: &str = "lm_head.weight";
+
+impl Scaled<'_> {
+    /// The factor `name`'s values are multiplied by.
+    fn factor(&self, name: &str) -> f32 {
+        let m = &self.multipliers;
+        let block_output = name.starts_with("model.layers.")
+            && [
+                ".o_proj.weight",
+                "down_proj.weight",
+                ".experts.down_proj",
+                ".out_proj.weight",
+            ]
+            .iter()
+            .any(|end| name.ends_with(end));
+        match name {
+            EMBEDDING => m.embedding,
+            LM_HEAD => 1.0 / m.logits,
+            _ if block_output => m.residual,
+            _ => 1.0,
+        }
+    }
+
+    /// The tensor `name` is read from: a tied LM head is the embedding.
+    fn stored(&self, name: &str) -> String {
+        if name == LM_HEAD && self.tied && self.source.shape(LM_HEAD).is_none() {
+            EMBEDDING.to_string()
+        } else {
+            name.to_string()
+        }
+    }
+}
+
+impl WeightSource for Scaled<'_> {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.source.shape(&self.stored(name))
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
+        let mut t = self.source.load(&self.stored(name))?;
+        let f = self.factor(name);
+        if f != 1.0 {
+            for x in &mut t.data {
+                *x = bf16::from_f32(x.to_f32() * f);
+            }
+        }
+        Ok(t)
+    }
+
+    fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
+        let (shape, mut values) = self.source.load_f32(&self.stored(name))?;
+        let f = self.factor(name);
+        values.iter_mut().for_each(|x| *x *= f);
+        Ok((shape, values))
+    }
+
+    fn is_e4m3(&self, name: &str) -> bool {
+        self.factor(name) == 1.0 && self.source.is_e4m3(&self.stored(name))
+    }
+
+    fn load_e4m3(&self, name: &str) -> Result<(Vec<usize>, Vec<u8>), WeightError> {
+        self.source.load_e4m3(&self.stored(name))
+    }
+
+    fn describe(&self) -> String {
+        self.source.describe()
+    }
+}
+
 /// `source` with its E4M3 tensors readable as BF16 (`e4m3 × scale`, the scale tensor beside each
 /// as the scheme names it), for the tensors that stay BF16 in part 1 (MoE experts, unconverted
 /// stacks' FP8 parts).
@@ -829,7 +912,17 @@ pub fn load_with(
         _ => None,
     };
     let dequantized = Dequantized { source, scheme };
-    let source = &Named(&dequantized);
+    let named = Named(&dequantized);
+    let scaled = Scaled {
+        source: &named,
+        multipliers: c.multipliers,
+        tied: c.tie_word_embeddings,
+    };
+    let source: &dyn WeightSource = if c.multipliers.weights_unscaled() {
+        &named
+    } else {
+        &scaled
+    };
     if scheme.is_some() {
         check_fp8_expert_layout(c, source)?;
     }
@@ -1500,7 +1593,8 @@ fn load_inner(
         layers.push(layer);
     }
     let final_norm = u.get_norm(TensorRole::FinalNorm)?;
-    let lm_head = if c.tie_word_embeddings {
+    // A tied head is the embedding, unless multipliers scale the two apart.
+    let lm_head = if c.tie_word_embeddings && c.multipliers.weights_unscaled() {
         embedding
     } else {
         u.get(TensorRole::LmHead)?
@@ -1575,7 +1669,8 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
         layers.push(w);
     }
     let final_norm = u.get(n(NemotronTensor::FinalNorm))?;
-    let lm_head = if c.tie_word_embeddings {
+    // A tied head is the embedding, unless multipliers scale the two apart.
+    let lm_head = if c.tie_word_embeddings && c.multipliers.weights_unscaled() {
         embedding
     } else {
         u.get(TensorRole::LmHead)?

@@ -340,6 +340,14 @@ fn a_tiny_glm4_moe_follows_transformers() {
     check("tiny-glm4-moe");
 }
 
+/// Granite (tests/fixtures/tiny-granite, dense): its embedding, residual, attention and logit
+/// multipliers, folded into the weights and the attention scale, with tied embeddings (the head
+/// uploads apart from the embedding, each scaled its own way).
+#[test]
+fn a_tiny_granite_follows_transformers() {
+    check("tiny-granite");
+}
+
 /// OLMoE (tests/fixtures/tiny-olmoe): q and k normalised over their whole projections, the top 4
 /// of 8 experts weighted by their softmax probabilities without renormalising.
 #[test]

@@ -352,7 +352,7 @@ impl Attention {
             max_blocks_per_seq: s.max_blocks_per_seq,
             keys_per_split: step.split.0,
             splits: step.split.1,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: self.spec.scale,
         }
     }
 
@@ -487,7 +487,7 @@ impl Attention {
             head_dim: hd,
             block_size: s.block_size,
             max_blocks_per_seq: s.max_blocks_per_seq,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: self.spec.scale,
         };
         let (k, label) = (&s.kernels, "prefill_attention");
         // The same arguments for every version; each its own launch geometry. Over an FP8 cache
