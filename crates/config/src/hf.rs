@@ -212,6 +212,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
         ModelFamily::Glm4Moe => return glm4_moe(obj).map(Some),
         ModelFamily::NemotronH => return nemotron_h_moe(obj),
+        ModelFamily::GraniteMoeHybrid => return granite_moe(obj),
         ModelFamily::Llama
         | ModelFamily::Mistral
         | ModelFamily::Granite
@@ -410,6 +411,30 @@ fn nemotron_h_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigE
     }))
 }
 
+/// Granite 4.0's experts, in every layer where `num_local_experts` is not 0: the top k of the
+/// router's logits weighted by their softmax (the softmax over every expert, renormalised over
+/// the top k: the same weights), experts of `intermediate_size`, and the ungated `shared_mlp` of
+/// `shared_intermediate_size` beside them. Without experts the shared MLP is each layer's dense
+/// MLP (`None` here).
+fn granite_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigError> {
+    let experts = opt_usize(obj, "num_local_experts")?.unwrap_or(0);
+    if experts == 0 {
+        return Ok(None);
+    }
+    Ok(Some(MoeConfig {
+        num_experts: experts,
+        top_k: usize_of(obj, "num_experts_per_tok")?,
+        expert_intermediate: usize_of(obj, "intermediate_size")?,
+        norm_topk_prob: true,
+        router: RouterKind::Softmax,
+        routed_scaling: 1.0,
+        shared_expert_intermediate: Some(usize_of(obj, "shared_intermediate_size")?),
+        shared_expert_gated: false,
+        sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+    }))
+}
+
 /// DeepSeek-V3's router restricts each token's experts to its best `topk_group` of `n_group`
 /// expert groups; with one group (GLM-4.5, Nemotron-H) that is no restriction. More are refused.
 fn ungrouped_routing(obj: &Map<String, Value>) -> Result<(), ConfigError> {
@@ -498,6 +523,45 @@ fn hybrid_config(
                 attention_output_gate: true,
                 attention_rope: true,
                 norm_unit_offset: true,
+                mlp_activation: MlpActivation::SwiGlu,
+            }))
+        }
+        ModelFamily::GraniteMoeHybrid => {
+            let rope = match obj.get("position_embedding_type") {
+                None | Some(Value::Null) => false,
+                Some(v) if v.as_str() == Some("nope") => false,
+                Some(v) if v.as_str() == Some("rope") => true,
+                Some(other) => {
+                    return Err(unsupported(
+                        "position_embedding_type",
+                        other,
+                        "Granite attention is implemented with rope or no position encoding",
+                    ));
+                }
+            };
+            let layers = hybrid::granite_layers(obj, num_layers)?
+                .into_iter()
+                .map(|mixer| HybridLayer {
+                    mixer: Some(mixer),
+                    ffn: Some(if moe.is_some() {
+                        Ffn::Sparse
+                    } else {
+                        Ffn::Dense
+                    }),
+                })
+                .collect::<Vec<_>>();
+            let mamba = layers
+                .iter()
+                .any(|l| l.mixer == Some(Mixer::Mamba2))
+                .then(|| hybrid::granite_mamba2(obj))
+                .transpose()?;
+            Ok(Some(HybridConfig {
+                layers,
+                gated_delta_net: None,
+                mamba2: mamba,
+                attention_output_gate: false,
+                attention_rope: rope,
+                norm_unit_offset: false,
                 mlp_activation: MlpActivation::SwiGlu,
             }))
         }
@@ -619,7 +683,7 @@ fn rotary_dim(
 
 /// Granite's multipliers (every other family: none). Each must be a positive number.
 fn multipliers(obj: &Map<String, Value>, family: ModelFamily) -> Result<Multipliers, ConfigError> {
-    if family != ModelFamily::Granite {
+    if !matches!(family, ModelFamily::Granite | ModelFamily::GraniteMoeHybrid) {
         return Ok(Multipliers::default());
     }
     let positive = |key: &'static str| -> Result<f32, ConfigError> {
@@ -757,6 +821,8 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
     };
     let moe = moe(obj, family)?;
     let intermediate_size = match (opt_usize(obj, "intermediate_size")?, &moe) {
+        // Granite 4.0's dense MLP is its shared MLP (the experts take `intermediate_size`).
+        _ if family == ModelFamily::GraniteMoeHybrid => usize_of(obj, "shared_intermediate_size")?,
         (Some(i), _) => i,
         // Qwen3.5 MoE has no dense MLP (every layer sparse) and no intermediate_size; the
         // experts' width stands in so that the field stays meaningful.
@@ -1118,6 +1184,68 @@ mod tests {
         let zero = GRANITE_33_8B.replace("\"logits_scaling\":16.0", "\"logits_scaling\":0");
         let err = from_config_json(&zero).unwrap_err().to_string();
         assert!(err.contains("logits_scaling"), "{err}");
+    }
+
+    /// Granite 4.0-H's keys as its hub configs spell them (`layer_types` of `mamba` /
+    /// `attention`, `mamba_d_head` "auto", `position_embedding_type` "nope"), at a made-up small
+    /// shape.
+    const GRANITE_4_H: &str = r#"{"architectures":["GraniteMoeHybridForCausalLM"],"model_type":"granitemoehybrid",
+      "hidden_size":1536,"num_hidden_layers":4,"layer_types":["mamba","mamba","attention","mamba"],
+      "num_attention_heads":12,"num_key_value_heads":4,"intermediate_size":512,"shared_intermediate_size":1024,
+      "num_local_experts":64,"num_experts_per_tok":6,"position_embedding_type":"nope","rms_norm_eps":1e-05,
+      "mamba_n_heads":48,"mamba_d_head":"auto","mamba_d_state":128,"mamba_n_groups":1,"mamba_d_conv":4,
+      "mamba_expand":2,"mamba_chunk_size":256,"mamba_conv_bias":true,"mamba_proj_bias":false,
+      "embedding_multiplier":12,"residual_multiplier":0.22,"attention_multiplier":0.0078125,
+      "logits_scaling":6,"max_position_embeddings":131072,"vocab_size":100352,"tie_word_embeddings":true,
+      "rope_theta":10000}"#;
+
+    #[test]
+    fn granite_4_h_is_mamba_and_attention_with_experts_and_a_shared_mlp() {
+        use crate::hybrid::{Ffn, Mixer};
+        let c = from_config_json(GRANITE_4_H).unwrap();
+        assert_eq!(c.family, ModelFamily::GraniteMoeHybrid);
+        let h = c.hybrid.as_ref().unwrap();
+        let mixers: Vec<_> = h.layers.iter().map(|l| l.mixer.unwrap()).collect();
+        assert_eq!(
+            mixers,
+            [
+                Mixer::Mamba2,
+                Mixer::Mamba2,
+                Mixer::Attention,
+                Mixer::Mamba2
+            ]
+        );
+        assert!(h.layers.iter().all(|l| l.ffn == Some(Ffn::Sparse)));
+        assert!(!h.attention_rope);
+        let m = h.mamba2.unwrap();
+        assert_eq!(
+            (m.heads, m.head_dim, m.state_size, m.groups),
+            (48, 64, 128, 1)
+        );
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (moe.num_experts, moe.top_k, moe.expert_intermediate),
+            (64, 6, 512)
+        );
+        assert_eq!(
+            (moe.shared_expert_intermediate, moe.shared_expert_gated),
+            (Some(1024), false)
+        );
+        assert!(moe.norm_topk_prob && moe.router == RouterKind::Softmax);
+        assert_eq!(c.multipliers.residual, 0.22);
+        // Without experts the shared MLP is every layer's dense MLP; RoPE where it says so.
+        let dense = GRANITE_4_H
+            .replace("\"num_local_experts\":64", "\"num_local_experts\":0")
+            .replace("\"nope\"", "\"rope\"");
+        let c = from_config_json(&dense).unwrap();
+        let h = c.hybrid.as_ref().unwrap();
+        assert!(c.moe.is_none() && h.attention_rope);
+        assert!(h.layers.iter().all(|l| l.ffn == Some(Ffn::Dense)));
+        assert_eq!(c.intermediate_size, 1024);
+        // Mamba-2 groups beyond one are refused (Granite's gated norm spans them all).
+        let groups = GRANITE_4_H.replace("\"mamba_n_groups\":1", "\"mamba_n_groups\":2");
+        let err = from_config_json(&groups).unwrap_err().to_string();
+        assert!(err.contains("mamba_n_groups"), "{err}");
     }
 
     /// Mixtral-8x7B-v0.1's config.json as the hub ships it.

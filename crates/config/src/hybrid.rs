@@ -182,6 +182,108 @@ impl HybridConfig {
     }
 }
 
+/// Granite 4.0's layer kinds: `layer_types` (or `layers_block_type`), each `mamba` /
+/// `linear_attention` (a Mamba-2 mixer) or `attention` / `full_attention`; without it every layer
+/// is Mamba-2, as transformers defaults it.
+pub(crate) fn granite_layers(
+    obj: &Map<String, Value>,
+    num_layers: usize,
+) -> Result<Vec<Mixer>, ConfigError> {
+    let Some((key, types)) = ["layer_types", "layers_block_type"]
+        .into_iter()
+        .find_map(|k| obj.get(k).filter(|v| !v.is_null()).map(|v| (k, v)))
+    else {
+        return Ok(vec![Mixer::Mamba2; num_layers]);
+    };
+    let list = types.as_array().ok_or_else(|| ConfigError::Invalid {
+        key: "layer_types",
+        message: format!("expected a list of layer kinds, got {types}"),
+    })?;
+    if list.len() != num_layers {
+        return Err(ConfigError::Invalid {
+            key: "layer_types",
+            message: format!("{} entries for num_hidden_layers {num_layers}", list.len()),
+        });
+    }
+    list.iter()
+        .map(|t| match t.as_str() {
+            Some("mamba" | "linear_attention") => Ok(Mixer::Mamba2),
+            Some("attention" | "full_attention") => Ok(Mixer::Attention),
+            _ => Err(unsupported(
+                key,
+                t,
+                "Granite layers are mamba (linear_attention) or attention (full_attention)",
+            )),
+        })
+        .collect()
+}
+
+/// Granite 4.0's Mamba-2 mixer, from its `mamba_*` keys (`mamba_d_head` "auto": the inner width
+/// `mamba_expand * hidden_size` over the heads). Its gated RMSNorm spans the whole inner width,
+/// which the kernels' group-wise norm equals only with one group: more are refused.
+pub(crate) fn granite_mamba2(obj: &Map<String, Value>) -> Result<Mamba2Config, ConfigError> {
+    let heads = usize_of(obj, "mamba_n_heads")?;
+    let head_dim = match obj.get("mamba_d_head") {
+        None | Some(Value::Null) => None,
+        Some(v) if v.as_str() == Some("auto") => None,
+        Some(_) => Some(usize_of(obj, "mamba_d_head")?),
+    };
+    let head_dim = match head_dim {
+        Some(d) => d,
+        None => {
+            let inner =
+                opt_usize(obj, "mamba_expand")?.unwrap_or(2) * usize_of(obj, "hidden_size")?;
+            if heads == 0 || !inner.is_multiple_of(heads) {
+                return Err(ConfigError::Invalid {
+                    key: "mamba_n_heads",
+                    message: format!("{heads} does not divide the inner width {inner}"),
+                });
+            }
+            inner / heads
+        }
+    };
+    let groups = opt_usize(obj, "mamba_n_groups")?.unwrap_or(1);
+    if groups != 1 {
+        return Err(unsupported(
+            "mamba_n_groups",
+            &obj["mamba_n_groups"],
+            "Granite's gated norm spans every group; implemented with one group",
+        ));
+    }
+    // The same mixer under Nemotron-H's key names.
+    let mut keys = obj.clone();
+    for (to, value) in [
+        ("mamba_num_heads", Value::from(heads)),
+        ("mamba_head_dim", Value::from(head_dim)),
+        (
+            "ssm_state_size",
+            obj.get("mamba_d_state")
+                .cloned()
+                .unwrap_or(Value::from(256)),
+        ),
+        ("n_groups", Value::from(groups)),
+        (
+            "conv_kernel",
+            obj.get("mamba_d_conv").cloned().unwrap_or(Value::from(4)),
+        ),
+        (
+            "use_conv_bias",
+            obj.get("mamba_conv_bias")
+                .cloned()
+                .unwrap_or(Value::from(true)),
+        ),
+        (
+            "chunk_size",
+            obj.get("mamba_chunk_size")
+                .cloned()
+                .unwrap_or(Value::from(256)),
+        ),
+    ] {
+        keys.insert(to.into(), value);
+    }
+    mamba2(&keys)
+}
+
 /// Qwen3-Next's and Qwen3.5's layer kinds: `layer_types` (`linear_attention` /
 /// `full_attention`), or, without it, a full-attention layer every `full_attention_interval`
 /// (4 when absent, as transformers defaults it), the rest Gated DeltaNet.

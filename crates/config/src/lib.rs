@@ -66,6 +66,10 @@ pub enum ModelFamily {
     /// projections stored split instead of grouped, every MLP sparse, and the config nested
     /// under `text_config` beside the vision tower's.
     Qwen35Moe,
+    /// Granite 4.0 (Granite-4.0-H-Small / -Tiny / -Micro, and the attention-only Granite-4.0-Micro):
+    /// Mamba-2 or attention (RoPE or none) then an MLP in every layer: experts with an ungated
+    /// shared expert, or the shared MLP alone; Granite's multipliers.
+    GraniteMoeHybrid,
     /// Nemotron-H: one block per layer from `hybrid_override_pattern`: Mamba-2, attention
     /// without position encoding, squared-ReLU MLPs or experts.
     NemotronH,
@@ -88,12 +92,13 @@ impl ModelFamily {
             ModelFamily::MiniMaxM2 => "minimax_m2",
             ModelFamily::Qwen3Next => "qwen3_next",
             ModelFamily::Qwen35Moe => "qwen3_5_moe",
+            ModelFamily::GraniteMoeHybrid => "granitemoehybrid",
             ModelFamily::NemotronH => "nemotron_h",
         }
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 14] = [
+    pub const ALL: [ModelFamily; 15] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Granite,
@@ -107,6 +112,7 @@ impl ModelFamily {
         ModelFamily::MiniMaxM2,
         ModelFamily::Qwen3Next,
         ModelFamily::Qwen35Moe,
+        ModelFamily::GraniteMoeHybrid,
         ModelFamily::NemotronH,
     ];
 
@@ -114,7 +120,10 @@ impl ModelFamily {
     pub fn hybrid(self) -> bool {
         matches!(
             self,
-            ModelFamily::Qwen3Next | ModelFamily::Qwen35Moe | ModelFamily::NemotronH
+            ModelFamily::Qwen3Next
+                | ModelFamily::Qwen35Moe
+                | ModelFamily::GraniteMoeHybrid
+                | ModelFamily::NemotronH
         )
     }
 
@@ -139,6 +148,7 @@ impl ModelFamily {
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral
+            | ModelFamily::GraniteMoeHybrid
             | ModelFamily::NemotronH => QkNorm::None,
             // Per head where the config's `use_qk_norm` says (GLM-4.5), else none.
             ModelFamily::Glm4Moe => QkNorm::None,

@@ -114,6 +114,15 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
         // Granite-3.x-Instruct calls tools as `<|tool_call|>` and a JSON list, which no parser
         // here reads; no sampling defaults are published.
         ModelFamily::Granite => ModelPresets::default(),
+        // Granite 4.0 calls tools in `<tool_call>` JSON blocks (IBM's vLLM instructions pass the
+        // hermes parser); no sampling defaults are published.
+        ModelFamily::GraniteMoeHybrid => ModelPresets {
+            sampling: SamplingPresets::default(),
+            behavior: ModelBehavior {
+                tool_call_parser: Some("hermes"),
+                ..ModelBehavior::default()
+            },
+        },
         // OLMoE-1B-7B(-Instruct) publishes no sampling defaults and no tool format.
         ModelFamily::Olmoe => ModelPresets::default(),
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.

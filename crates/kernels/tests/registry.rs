@@ -144,6 +144,9 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("glm4_moe", 4096)).unwrap().target.path(),
         "hopper/glm4_moe/bf16"
     );
+    let granite = pick(TARGETS, &q("granitemoehybrid", 4096)).unwrap();
+    assert_eq!(granite.target.path(), "hopper/granitemoehybrid/bf16");
+    assert!(granite.module("mamba2").is_some() && granite.module("moe").is_some());
     assert_eq!(
         pick(TARGETS, &q("minimax_m2", 3072)).unwrap().target.path(),
         "hopper/minimax_m2/bf16"

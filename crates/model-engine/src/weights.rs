@@ -133,6 +133,8 @@ pub enum TensorRole {
     SharedExpertGate(usize),
     /// A Gated DeltaNet layer's tensor (Qwen3-Next, Qwen3.5).
     GatedDeltaNet(usize, GdnTensor),
+    /// A Mamba-2 mixer's tensor under the decoder's names (Granite 4.0's `mamba.`).
+    Mamba(usize, MambaTensor),
     /// A Nemotron-H tensor: its layers name their one block `mixer` whatever it is.
     NemotronH(NemotronTensor),
 }
@@ -173,6 +175,7 @@ impl TensorRole {
             TensorRole::SharedDown(i) => layer(i, "mlp.shared_expert.down_proj.weight"),
             TensorRole::SharedExpertGate(i) => layer(i, "mlp.shared_expert_gate.weight"),
             TensorRole::GatedDeltaNet(i, t) => hybrid::gdn_name(i, t),
+            TensorRole::Mamba(i, t) => layer(i, &format!("mamba.{}", t.suffix())),
             TensorRole::NemotronH(t) => t.hf_name(),
         }
     }
@@ -203,6 +206,7 @@ impl TensorRole {
             TensorRole::Gate(_) | TensorRole::Up(_) => vec![i, h],
             TensorRole::Down(_) => vec![h, i],
             TensorRole::GatedDeltaNet(_, t) => hybrid::gdn_shape(t, c),
+            TensorRole::Mamba(_, t) => hybrid::mamba_shape(t, c),
             TensorRole::NemotronH(t) => t.shape(c),
             _ => moe_shape(self, c),
         }
@@ -597,40 +601,131 @@ pub fn deepseek_names(name: &str) -> Vec<String> {
 /// `backbone.`, Qwen3.5's `model.language_model.`); a name the file has wins.
 struct Named<'a>(&'a dyn WeightSource);
 
-impl Named<'_> {
-    /// The name `source` has the tensor under: `name`, or the first original name it has.
-    fn resolve(&self, name: &str) -> String {
-        match self.0.shape(name) {
-            Some(_) => name.to_string(),
-            None => original_names(name)
-                .into_iter()
-                .chain(deepseek_names(name))
-                .chain(hybrid::prefixed_names(name))
-                .find(|n| self.0.shape(n).is_some())
-                .unwrap_or_else(|| name.to_string()),
+/// The names Granite's checkpoints give the tensor this loader names `name`: the router, the
+/// experts' fused stacks and the shared MLP under `block_sparse_moe.` and `shared_mlp.`, whose
+/// `input_linear` holds the gate rows then the up rows (`.1`: which half this tensor is). The
+/// shared MLP is a sparse layer's shared expert, or a dense layer's MLP.
+pub fn granite_names(name: &str) -> Vec<(String, Option<usize>)> {
+    let Some((layer, rest)) = name.split_once(".mlp.") else {
+        return Vec::new();
+    };
+    let whole = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| (format!("{layer}.{n}"), None))
+            .collect::<Vec<_>>()
+    };
+    let input = |half| {
+        vec![(
+            format!("{layer}.shared_mlp.input_linear.weight"),
+            Some(half),
+        )]
+    };
+    match rest {
+        "gate.weight" => whole(&[
+            "block_sparse_moe.router.layer.weight",
+            "block_sparse_moe.router.weight",
+        ]),
+        "experts.gate_up_proj" => whole(&[
+            "block_sparse_moe.input_linear.weight",
+            "block_sparse_moe.experts.gate_up_proj",
+        ]),
+        "experts.down_proj" => whole(&[
+            "block_sparse_moe.output_linear.weight",
+            "block_sparse_moe.experts.down_proj",
+        ]),
+        "shared_expert.gate_proj.weight" | "gate_proj.weight" => input(0),
+        "shared_expert.up_proj.weight" | "up_proj.weight" => input(1),
+        "shared_expert.down_proj.weight" | "down_proj.weight" => {
+            whole(&["shared_mlp.output_linear.weight"])
         }
+        _ => Vec::new(),
     }
+}
+
+/// Where a tensor is stored: under `name`, whole or (`half`) one half of its rows.
+struct Found {
+    name: String,
+    half: Option<usize>,
+}
+
+impl Named<'_> {
+    /// Where `source` has the tensor: `name`, or the first original name it has.
+    fn find(&self, name: &str) -> Found {
+        if self.0.shape(name).is_some() {
+            return Found {
+                name: name.to_string(),
+                half: None,
+            };
+        }
+        original_names(name)
+            .into_iter()
+            .chain(deepseek_names(name))
+            .chain(hybrid::prefixed_names(name))
+            .map(|n| (n, None))
+            .chain(granite_names(name))
+            .find(|(n, _)| self.0.shape(n).is_some())
+            .map_or_else(
+                || Found {
+                    name: name.to_string(),
+                    half: None,
+                },
+                |(name, half)| Found { name, half },
+            )
+    }
+}
+
+/// Half `half` of a tensor's rows (its first axis).
+fn half_rows<T: Copy>(shape: &[usize], data: &[T], half: usize) -> (Vec<usize>, Vec<T>) {
+    let rows = shape[0] / 2;
+    let row: usize = shape[1..].iter().product();
+    let mut out = shape.to_vec();
+    out[0] = rows;
+    (
+        out,
+        data[half * rows * row..(half + 1) * rows * row].to_vec(),
+    )
 }
 
 impl WeightSource for Named<'_> {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.0.shape(&self.resolve(name))
+        let f = self.find(name);
+        let mut shape = self.0.shape(&f.name)?;
+        if f.half.is_some() {
+            shape[0] /= 2;
+        }
+        Some(shape)
     }
 
     fn load(&self, name: &str) -> Result<HostTensor, WeightError> {
-        self.0.load(&self.resolve(name))
+        let f = self.find(name);
+        let t = self.0.load(&f.name)?;
+        Ok(match f.half {
+            None => t,
+            Some(h) => {
+                let (shape, data) = half_rows(&t.shape, &t.data, h);
+                HostTensor { shape, data }
+            }
+        })
     }
 
     fn load_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), WeightError> {
-        self.0.load_f32(&self.resolve(name))
+        let f = self.find(name);
+        let (shape, values) = self.0.load_f32(&f.name)?;
+        Ok(match f.half {
+            None => (shape, values),
+            Some(h) => half_rows(&shape, &values, h),
+        })
     }
 
     fn is_e4m3(&self, name: &str) -> bool {
-        self.0.is_e4m3(&self.resolve(name))
+        // Half a stored FP8 tensor reads through `load` (dequantised).
+        let f = self.find(name);
+        f.half.is_none() && self.0.is_e4m3(&f.name)
     }
 
     fn load_e4m3(&self, name: &str) -> Result<(Vec<usize>, Vec<u8>), WeightError> {
-        self.0.load_e4m3(&self.resolve(name))
+        self.0.load_e4m3(&self.find(name).name)
     }
 
     fn describe(&self) -> String {
@@ -1541,10 +1636,9 @@ fn load_inner(
             Some(Ffn::Dense) => true,
             None => dense,
         };
-        let gdn_mixer = c
-            .hybrid
-            .as_ref()
-            .is_some_and(|h| h.layers[l].mixer == Some(Mixer::GatedDeltaNet));
+        let mixer = c.hybrid.as_ref().and_then(|h| h.layers[l].mixer);
+        let gdn_mixer = mixer == Some(Mixer::GatedDeltaNet);
+        let mamba_mixer = mixer == Some(Mixer::Mamba2);
         let input_norm = u.get_norm(TensorRole::InputNorm(l))?;
         let mut layer = LayerWeights::norms_only(input_norm, DevicePtr::NULL);
         if gdn_mixer {
@@ -1554,6 +1648,23 @@ fn load_inner(
                 .and_then(|h| h.gated_delta_net)
                 .expect("a Gated DeltaNet layer has its shape");
             layer.gdn = Some(u.gdn(&g, l)?);
+        } else if mamba_mixer {
+            let m = |t: MambaTensor| TensorRole::Mamba(l, t);
+            let bias = c
+                .hybrid
+                .as_ref()
+                .and_then(|h| h.mamba2)
+                .is_some_and(|s| s.conv_bias);
+            layer.mamba = Some(MambaWeights {
+                in_proj: u.linear(&[m(MambaTensor::InProj)])?,
+                conv: u.get(m(MambaTensor::Conv))?,
+                conv_bias: u.get_if(bias, m(MambaTensor::ConvBias))?,
+                dt_bias: u.get_f32(m(MambaTensor::DtBias))?,
+                a_log: u.get_f32(m(MambaTensor::ALog))?,
+                d: u.get_f32(m(MambaTensor::D))?,
+                norm: u.get(m(MambaTensor::Norm))?,
+                out: u.linear(&[m(MambaTensor::OutProj)])?,
+            });
         } else if gate {
             // q_proj holds, per head, head_dim query rows then head_dim gate rows: the query
             // rows stack with k and v into one product, the gate rows make their own.
@@ -1564,7 +1675,7 @@ fn load_inner(
             // q, k and v fused row-wise: one [(H + 2 KV) D, hidden] weight, one product.
             layer.qkv = u.linear(&[TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)])?;
         }
-        if !gdn_mixer {
+        if !gdn_mixer && !mamba_mixer {
             if c.attention_bias {
                 layer.qkv_bias = u.get_stacked(&[
                     TensorRole::QBias(l),

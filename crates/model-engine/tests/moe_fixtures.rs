@@ -371,6 +371,15 @@ fn a_tiny_qwen3_5_moe_follows_transformers() {
     check("tiny-qwen3-5-moe");
 }
 
+/// Granite 4.0-H (tests/fixtures/tiny-granite-4-h, scripts/gpu/tiny_hybrid_fixtures.py): Mamba-2
+/// and attention without RoPE, each followed by experts beside the ungated shared MLP, under
+/// Granite's names (the shared MLP's gate and up rows in one `input_linear`), with Granite's
+/// multipliers folded into the weights.
+#[test]
+fn a_tiny_granite_4_h_follows_transformers() {
+    check("tiny-granite-4-h");
+}
+
 /// Nemotron-H (tests/fixtures/tiny-nemotron-h): Mamba-2, attention without RoPE and squared-ReLU
 /// MLP layers, one block a layer, under Nemotron-H's own names.
 #[test]

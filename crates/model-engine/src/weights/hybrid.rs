@@ -64,7 +64,8 @@ impl GdnTensor {
     }
 }
 
-/// A Mamba-2 mixer's tensors (`model.layers.{l}.mixer.*`).
+/// A Mamba-2 mixer's tensors (Nemotron-H's `model.layers.{l}.mixer.*`, Granite's
+/// `model.layers.{l}.mamba.*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MambaTensor {
     /// `in_proj` `[inner + conv_channels + heads, hidden]`: z, then x|B|C, then dt.
@@ -86,7 +87,7 @@ pub enum MambaTensor {
 }
 
 impl MambaTensor {
-    fn suffix(self) -> &'static str {
+    pub(super) fn suffix(self) -> &'static str {
         match self {
             MambaTensor::InProj => "in_proj.weight",
             MambaTensor::Conv => "conv1d.weight",
@@ -231,7 +232,7 @@ pub(super) fn gdn_shape(t: GdnTensor, c: &ModelConfig) -> Vec<usize> {
     }
 }
 
-fn mamba_shape(t: MambaTensor, c: &ModelConfig) -> Vec<usize> {
+pub(super) fn mamba_shape(t: MambaTensor, c: &ModelConfig) -> Vec<usize> {
     let Some(m) = c.hybrid.as_ref().and_then(|h| h.mamba2) else {
         return Vec::new();
     };
@@ -274,8 +275,8 @@ pub(super) fn tensors(
     }
 }
 
-/// Qwen3-Next and Qwen3.5: the decoder's names, with a Gated DeltaNet mixer where the pattern
-/// has one.
+/// Qwen3-Next, Qwen3.5 and Granite 4.0: the decoder's names, with a Gated DeltaNet or Mamba-2
+/// mixer where the pattern has one.
 fn qwen_tensors(
     c: &ModelConfig,
     hybrid: &HybridConfig,
@@ -307,6 +308,23 @@ fn qwen_tensors(
                     gdn(l, GdnTensor::Norm),
                     gdn(l, GdnTensor::OutProj),
                 ]);
+            }
+            Some(Mixer::Mamba2) => {
+                let bias = hybrid.mamba2.is_some_and(|m| m.conv_bias);
+                for t in [
+                    MambaTensor::InProj,
+                    MambaTensor::Conv,
+                    MambaTensor::ConvBias,
+                    MambaTensor::DtBias,
+                    MambaTensor::ALog,
+                    MambaTensor::D,
+                    MambaTensor::Norm,
+                    MambaTensor::OutProj,
+                ] {
+                    if t != MambaTensor::ConvBias || bias {
+                        roles.push(TensorRole::Mamba(l, t));
+                    }
+                }
             }
             _ => {
                 roles.extend([TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)]);
