@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
 """Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (and of
 the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2, Mixtral-8x7B,
-GLM-4.5-Air, and OLMoE-1B-7B at full depth; and of the
+GLM-4.5-Air, and OLMoE-1B-7B at full depth; Granite-3.3-8B at reduced depth; and of the
 hybrid models: Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B at 4 layers, Qwen3.5-35B-A3B at full depth,
 Nemotron-H-8B at 4 layers and at full depth, NVIDIA-Nemotron-3-Nano-30B-A3B at 5 layers and at
 full depth).
@@ -346,6 +346,38 @@ MODELS = {
         "use_qk_norm": False,
         "vocab_size": 151552,
     },
+    # Granite-3.3-8B-Instruct's public config.json (granite: Llama's decoder with 32/8 heads of 128,
+    # tied embeddings, and its embedding / residual / attention / logit multipliers), 4 of its 40
+    # layers.
+    "granite-3.3-8b-4l": {
+        "architectures": ["GraniteForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attention_multiplier": 0.0078125,
+        "bos_token_id": 0,
+        "embedding_multiplier": 12.0,
+        "eos_token_id": 0,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 12800,
+        "logits_scaling": 16.0,
+        "max_position_embeddings": 131072,
+        "mlp_bias": False,
+        "model_type": "granite",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "pad_token_id": 0,
+        "residual_multiplier": 0.22,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 10000000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 49159,
+    },
     # SmolLM2-135M's widths (hidden 576, 9 query / 3 kv heads of 64, intermediate 1536, 30 layers,
     # tied embeddings, its eps and theta) with the Qwen3 tokenizer's vocabulary, so that the Qwen3
     # tokenizer the GPU machine is given fits it: the shapes the real GGUF runs on CUDA (k = 576,
@@ -649,6 +681,7 @@ TOKENIZER_FAMILY = {
     "mixtral-8x7b-4l": None,
     "olmoe-1b-7b": None,
     "glm-4.5-air-4l": None,
+    "granite-3.3-8b-4l": None,
     # Qwen3-Next's tokenizer is Qwen3's.
     "qwen3-next-80b-a3b-4l": "qwen3",
     # Qwen3.5's own tokenizer (248,320 rows) is not on the GPU machine, and Qwen3's does not hold
@@ -986,7 +1019,10 @@ def make_one(name: str, out_dir: Path, seed: int, max_shard_size: str, verify: b
     logits, stats = probe(model, probe_ids, device)
     print(f"[{name}] {n_params / 1e9:.3f} B params ({counts}), built in {t_build:.1f} s; probe: {json.dumps(stats)}", flush=True)
     lo, hi = LOGITS_STD_RANGE
-    if not stats["finite"] or not (lo <= stats["logits_std"] <= hi):
+    # Granite divides its logits by logits_scaling (16 for Granite-3.3-8B): the band holds for them
+    # before that division.
+    std = stats["logits_std"] * text_cfg.get("logits_scaling", 1.0)
+    if not stats["finite"] or not (lo <= std <= hi):
         raise SystemExit(f"[{name}] degenerate logits (std {stats['logits_std']}, finite {stats['finite']}); not saved")
 
     partial = out_dir / f"{name}.partial"

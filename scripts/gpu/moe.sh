@@ -8,8 +8,8 @@
 #   parity   MODELS (default "qwen3-30b-a3b-4l qwen1.5-moe-a2.7b-4l"): checkpoint, transformers'
 #            f32 and bf16 logits (reference_logits.py), met parity --json, and the expert
 #            choices that flip between transformers f32 and bf16 (moe_route_flips.py)
-#   families the parity phase on the MoE families first checked on the host only (Mixtral-8x7B and
-#            GLM-4.5-Air at 4 layers, OLMoE-1B-7B at full depth)
+#   families the parity phase on the families first checked on the host only (Mixtral-8x7B,
+#            GLM-4.5-Air and Granite-3.3-8B at 4 layers, OLMoE-1B-7B at full depth)
 #   bench    met bench-model on BENCH_MODEL (default qwen3-30b-a3b-4l) under each tuning of
 #            BENCH_VARIANTS (entries `name` or `name:key=value+key=value`, passed as --tune; a
 #            `q=fp8` entry passes --quantization fp8 instead), TTFT 128/1024/8192, decode batch
@@ -110,7 +110,7 @@ parity() {
 }
 
 families() {
-    MODELS="mixtral-8x7b-4l glm-4.5-air-4l olmoe-1b-7b" parity
+    MODELS="mixtral-8x7b-4l glm-4.5-air-4l olmoe-1b-7b granite-3.3-8b-4l" parity
 }
 
 bench() {
