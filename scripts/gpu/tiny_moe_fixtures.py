@@ -7,8 +7,8 @@ For each of qwen3_moe, qwen2_moe (with its shared expert), mixtral, olmoe (QK-no
 projections, the top k not renormalised), glm4_moe (a dense first layer, biased sigmoid routing,
 an ungated shared expert, q|k|v biases, per-head QK-norm, RoPE on half of each head), minimax_m2
 (sigmoid routing with a correction bias ~ N(0, 0.05), QK-norm over the whole projections, RoPE on
-half of each head), and the dense granite (its four multipliers, tied embeddings): a config at toy
-widths, weights
+half of each head), the dense granite (its four multipliers, tied embeddings) and granitemoeshared
+(experts beside a shared MLP, the multipliers): a config at toy widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
 margins at this size) and 1 + N(0, 0.1) for norms from torch.Generator(seed), saved by
 transformers (its own layout), then greedy decoding of fixed prompt ids in float32 with the
@@ -68,6 +68,14 @@ CONFIGS = {
     "tiny-granite": dict(COMMON, model_type="granite", architectures=["GraniteForCausalLM"],
                          tie_word_embeddings=True, embedding_multiplier=0.7, residual_multiplier=2.2,
                          attention_multiplier=0.09, logits_scaling=6.0),
+    # Granite-3.x MoE with its shared MLP (granitemoeshared): experts in every layer (the softmax of
+    # the top 2 logits), the shared MLP's gate and up rows in one input_linear, the multipliers.
+    "tiny-granite-moe": dict(COMMON, model_type="granitemoeshared",
+                             architectures=["GraniteMoeSharedForCausalLM"], intermediate_size=32,
+                             num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+                             shared_intermediate_size=48,
+                             embedding_multiplier=0.7, residual_multiplier=1.3,
+                             attention_multiplier=0.09, logits_scaling=3.0),
     # MiniMax-M2's shape at toy widths: experts of intermediate_size in every layer, the rotary
     # fraction inside rope_parameters as transformers 5 holds it (rotary_dim 32 of head_dim 64).
     "tiny-minimax-m2": dict(COMMON, model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"],
@@ -81,8 +89,10 @@ STEPS = 16
 MIN_ROUTER_MARGIN = 2e-3
 # tiny-olmoe's router logits are larger (hidden 256: a spread of ~1.6 against ~1.1) and reach the
 # router as bf16 rounding of values above 2, 1.6e-2 apart: its seed 8 had gaps of 5.9e-3 and
-# 1.4e-2 that the engine resolved the other way, so its fixtures need wider ones.
-MIN_ROUTER_MARGIN_OF = {"tiny-olmoe": 3e-2}
+# 1.4e-2 that the engine resolved the other way, so its fixtures need wider ones. tiny-granite-moe's
+# residual multiplier above 1 moves its router logits by up to 2e-2 under bf16 (two layers of four
+# experts, so that a seed with every gap above 3.5e-2 exists).
+MIN_ROUTER_MARGIN_OF = {"tiny-olmoe": 3e-2, "tiny-granite-moe": 3.5e-2}
 SEED_TRIES = 100
 
 
@@ -95,7 +105,9 @@ def router_margin(model, ids, k):
     gaps = []
 
     def hook(mod, args, out):
-        logits = out[0] if isinstance(out, tuple) else out
+        # Granite's router returns (ids, weights, logits); the others their logits first.
+        logits = (out[-1] if type(mod).__name__.startswith("Granite") else out[0]) \
+            if isinstance(out, tuple) else out
         logits = logits.float().reshape(-1, logits.shape[-1])
         # The correction bias sits beside the router (MiniMax-M2) or in it (GLM-4.5).
         bias = getattr(mod, "e_score_correction_bias", getattr(parents[mod], "e_score_correction_bias", None))
@@ -107,7 +119,7 @@ def router_margin(model, ids, k):
     hooks = []
     for n, m in model.named_modules():
         for child_name, child in m.named_children():
-            if child_name == "gate" and hasattr(child, "weight") and child.weight.shape[0] != 1:
+            if child_name in ("gate", "router") and hasattr(child, "weight") and child.weight.shape[0] != 1:
                 parents[child] = m
                 hooks.append(child.register_forward_hook(hook))
     with torch.no_grad():

@@ -212,7 +212,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         ModelFamily::MiniMaxM2 => return minimax_m2_moe(obj).map(Some),
         ModelFamily::Glm4Moe => return glm4_moe(obj).map(Some),
         ModelFamily::NemotronH => return nemotron_h_moe(obj),
-        ModelFamily::GraniteMoeHybrid => return granite_moe(obj),
+        ModelFamily::GraniteMoeHybrid | ModelFamily::GraniteMoe => return granite_moe(obj),
         ModelFamily::Llama
         | ModelFamily::Mistral
         | ModelFamily::Granite
@@ -411,16 +411,17 @@ fn nemotron_h_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigE
     }))
 }
 
-/// Granite 4.0's experts, in every layer where `num_local_experts` is not 0: the top k of the
-/// router's logits weighted by their softmax (the softmax over every expert, renormalised over
-/// the top k: the same weights), experts of `intermediate_size`, and the ungated `shared_mlp` of
-/// `shared_intermediate_size` beside them. Without experts the shared MLP is each layer's dense
-/// MLP (`None` here).
+/// Granite's experts (Granite-3.x MoE, and Granite 4.0 where `num_local_experts` is not 0): the
+/// top k of the router's logits weighted by their softmax (the softmax over every expert,
+/// renormalised over the top k: the same weights), experts of `intermediate_size`, and the
+/// ungated `shared_mlp` of `shared_intermediate_size` beside them where that is not 0. Granite
+/// 4.0 without experts has the shared MLP as each layer's dense MLP (`None` here).
 fn granite_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigError> {
     let experts = opt_usize(obj, "num_local_experts")?.unwrap_or(0);
     if experts == 0 {
         return Ok(None);
     }
+    let shared = opt_usize(obj, "shared_intermediate_size")?.filter(|&s| s > 0);
     Ok(Some(MoeConfig {
         num_experts: experts,
         top_k: usize_of(obj, "num_experts_per_tok")?,
@@ -428,7 +429,7 @@ fn granite_moe(obj: &Map<String, Value>) -> Result<Option<MoeConfig>, ConfigErro
         norm_topk_prob: true,
         router: RouterKind::Softmax,
         routed_scaling: 1.0,
-        shared_expert_intermediate: Some(usize_of(obj, "shared_intermediate_size")?),
+        shared_expert_intermediate: shared,
         shared_expert_gated: false,
         sparse_step: 1,
         mlp_only_layers: Vec::new(),
@@ -683,7 +684,10 @@ fn rotary_dim(
 
 /// Granite's multipliers (every other family: none). Each must be a positive number.
 fn multipliers(obj: &Map<String, Value>, family: ModelFamily) -> Result<Multipliers, ConfigError> {
-    if !matches!(family, ModelFamily::Granite | ModelFamily::GraniteMoeHybrid) {
+    if !matches!(
+        family,
+        ModelFamily::Granite | ModelFamily::GraniteMoe | ModelFamily::GraniteMoeHybrid
+    ) {
         return Ok(Multipliers::default());
     }
     let positive = |key: &'static str| -> Result<f32, ConfigError> {
@@ -1246,6 +1250,39 @@ mod tests {
         let groups = GRANITE_4_H.replace("\"mamba_n_groups\":1", "\"mamba_n_groups\":2");
         let err = from_config_json(&groups).unwrap_err().to_string();
         assert!(err.contains("mamba_n_groups"), "{err}");
+    }
+
+    #[test]
+    fn granite_moe_with_and_without_its_shared_mlp() {
+        let moe = GRANITE_33_8B
+            .replace("\"granite\"", "\"granitemoe\"")
+            .replace(
+                "\"intermediate_size\":12800",
+                "\"intermediate_size\":512,\"num_local_experts\":40,\"num_experts_per_tok\":8",
+            );
+        let c = from_config_json(&moe).unwrap();
+        assert_eq!(c.family, ModelFamily::GraniteMoe);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate),
+            (40, 8, 512)
+        );
+        assert!(m.norm_topk_prob && m.router == RouterKind::Softmax);
+        assert!(m.shared_expert_intermediate.is_none() && (0..40).all(|l| m.is_sparse(l)));
+        assert_eq!(c.multipliers.embedding, 12.0);
+        let shared = moe
+            .replace("\"granitemoe\"", "\"granitemoeshared\"")
+            .replace(
+                "\"num_local_experts\":40",
+                "\"num_local_experts\":40,\"shared_intermediate_size\":1024",
+            );
+        let c = from_config_json(&shared).unwrap();
+        assert_eq!(c.family, ModelFamily::GraniteMoe);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.shared_expert_intermediate, m.shared_expert_gated),
+            (Some(1024), false)
+        );
     }
 
     /// Mixtral-8x7B-v0.1's config.json as the hub ships it.

@@ -66,6 +66,10 @@ pub enum ModelFamily {
     /// projections stored split instead of grouped, every MLP sparse, and the config nested
     /// under `text_config` beside the vision tower's.
     Qwen35Moe,
+    /// Granite-3.x MoE (granitemoe: Granite-3.1-1B-A400M, 3B-A800M; granitemoeshared, the same
+    /// with a shared MLP): Llama's attention, experts in every layer (the top k of the router's
+    /// logits weighted by their softmax), Granite's multipliers.
+    GraniteMoe,
     /// Granite 4.0 (Granite-4.0-H-Small / -Tiny / -Micro, and the attention-only Granite-4.0-Micro):
     /// Mamba-2 or attention (RoPE or none) then an MLP in every layer: experts with an ungated
     /// shared expert, or the shared MLP alone; Granite's multipliers.
@@ -92,13 +96,14 @@ impl ModelFamily {
             ModelFamily::MiniMaxM2 => "minimax_m2",
             ModelFamily::Qwen3Next => "qwen3_next",
             ModelFamily::Qwen35Moe => "qwen3_5_moe",
+            ModelFamily::GraniteMoe => "granitemoe",
             ModelFamily::GraniteMoeHybrid => "granitemoehybrid",
             ModelFamily::NemotronH => "nemotron_h",
         }
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 15] = [
+    pub const ALL: [ModelFamily; 16] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Granite,
@@ -112,6 +117,7 @@ impl ModelFamily {
         ModelFamily::MiniMaxM2,
         ModelFamily::Qwen3Next,
         ModelFamily::Qwen35Moe,
+        ModelFamily::GraniteMoe,
         ModelFamily::GraniteMoeHybrid,
         ModelFamily::NemotronH,
     ];
@@ -148,6 +154,7 @@ impl ModelFamily {
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral
+            | ModelFamily::GraniteMoe
             | ModelFamily::GraniteMoeHybrid
             | ModelFamily::NemotronH => QkNorm::None,
             // Per head where the config's `use_qk_norm` says (GLM-4.5), else none.
@@ -166,6 +173,10 @@ impl ModelFamily {
     }
 
     fn parse(model_type: &str) -> Result<Self, ConfigError> {
+        // granitemoeshared is granitemoe with its shared MLP (`shared_intermediate_size`).
+        if model_type == "granitemoeshared" {
+            return Ok(ModelFamily::GraniteMoe);
+        }
         ModelFamily::ALL
             .into_iter()
             .find(|f| f.model_type() == model_type)

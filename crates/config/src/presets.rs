@@ -111,9 +111,9 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
                 ..ModelBehavior::default()
             },
         },
-        // Granite-3.x-Instruct calls tools as `<|tool_call|>` and a JSON list, which no parser
+        // Granite-3.x-Instruct (dense and MoE) calls tools as `<|tool_call|>` and a JSON list, which no parser
         // here reads; no sampling defaults are published.
-        ModelFamily::Granite => ModelPresets::default(),
+        ModelFamily::Granite | ModelFamily::GraniteMoe => ModelPresets::default(),
         // Granite 4.0 calls tools in `<tool_call>` JSON blocks (IBM's vLLM instructions pass the
         // hermes parser); no sampling defaults are published.
         ModelFamily::GraniteMoeHybrid => ModelPresets {

@@ -128,8 +128,8 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         pick(TARGETS, &q("qwen3_moe", 2048)).unwrap().target.path(),
         "hopper/qwen3/bf16"
     );
-    // Mistral, Granite and Mixtral take Llama's leaf.
-    for model_type in ["mistral", "granite", "mixtral"] {
+    // Mistral, Granite (dense and MoE) and Mixtral take Llama's leaf.
+    for model_type in ["mistral", "granite", "granitemoe", "mixtral"] {
         assert_eq!(
             pick(TARGETS, &q(model_type, 4096)).unwrap().target.path(),
             "hopper/llama/bf16"

@@ -348,6 +348,14 @@ fn a_tiny_granite_follows_transformers() {
     check("tiny-granite");
 }
 
+/// Granite-3.x MoE with its shared MLP (tests/fixtures/tiny-granite-moe, granitemoeshared): the
+/// softmax of the top 2 router logits, the experts' fused stacks and the shared MLP's halves
+/// under Granite's names, the multipliers folded into the weights.
+#[test]
+fn a_tiny_granite_moe_follows_transformers() {
+    check("tiny-granite-moe");
+}
+
 /// OLMoE (tests/fixtures/tiny-olmoe): q and k normalised over their whole projections, the top 4
 /// of 8 experts weighted by their softmax probabilities without renormalising.
 #[test]
