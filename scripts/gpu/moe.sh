@@ -8,7 +8,8 @@
 #   parity   MODELS (default "qwen3-30b-a3b-4l qwen1.5-moe-a2.7b-4l"): checkpoint, transformers'
 #            f32 and bf16 logits (reference_logits.py), met parity --json, and the expert
 #            choices that flip between transformers f32 and bf16 (moe_route_flips.py)
-#   families the parity phase on the families first checked on the host only (Mixtral-8x7B,
+#   families check-kernels attention (query groups split by their largest divisor up to 8), then
+#            the parity phase on the families first checked on the host only (Mixtral-8x7B,
 #            GLM-4.5-Air and Granite-3.3-8B at 4 layers, OLMoE-1B-7B at full depth)
 #   bench    met bench-model on BENCH_MODEL (default qwen3-30b-a3b-4l) under each tuning of
 #            BENCH_VARIANTS (entries `name` or `name:key=value+key=value`, passed as --tune; a
@@ -110,6 +111,11 @@ parity() {
 }
 
 families() {
+    # The decode attention now splits any query group wider than 8 (GLM-4.5-Air's 12) by its
+    # largest divisor up to 8: its cases first (24/2 heads among them).
+    log "check-kernels attention"
+    "$MET" check-kernels --kernel attention 2>&1 | tee "$RES/families-check-attention.txt" | \
+        grep -E 'cases pass|FAIL' | tail -6
     MODELS="mixtral-8x7b-4l glm-4.5-air-4l olmoe-1b-7b granite-3.3-8b-4l" parity
 }
 
