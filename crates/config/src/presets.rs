@@ -21,6 +21,86 @@ pub struct SamplingPresets {
     pub repetition_penalty: Option<f32>,
 }
 
+impl SamplingPresets {
+    /// The sampling defaults a checkpoint's `generation_config.json` sets (`temperature`,
+    /// `top_p`, `top_k`, `min_p`, `repetition_penalty`; a `top_k` of 0 or less is none), as
+    /// vLLM reads them (`do_sample` is not read). A value out of its range is an error naming
+    /// the key.
+    pub fn from_generation_config(
+        json: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<SamplingPresets, String> {
+        let number = |key: &str, ok: &dyn Fn(f64) -> bool, range: &str| match json.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && ok(x) => Ok(Some(x)),
+                _ => Err(format!("`{key}` is {v}; expected {range}")),
+            },
+        };
+        let f = |x: Option<f64>| x.map(|x| x as f32);
+        Ok(SamplingPresets {
+            temperature: f(number(
+                "temperature",
+                &|x| x >= 0.0,
+                "a number of at least 0",
+            )?),
+            top_p: f(number(
+                "top_p",
+                &|x| x > 0.0 && x <= 1.0,
+                "a number in (0, 1]",
+            )?),
+            top_k: number("top_k", &|x| x.fract() == 0.0, "an integer")?
+                .filter(|&k| k > 0.0)
+                .map(|k| k.min(u32::MAX as f64) as u32),
+            min_p: f(number(
+                "min_p",
+                &|x| (0.0..=1.0).contains(&x),
+                "a number in [0, 1]",
+            )?),
+            repetition_penalty: f(number(
+                "repetition_penalty",
+                &|x| x > 0.0,
+                "a positive number",
+            )?),
+        })
+    }
+
+    /// These presets, each unset one taken from `fallback`.
+    pub fn or(self, fallback: SamplingPresets) -> SamplingPresets {
+        SamplingPresets {
+            temperature: self.temperature.or(fallback.temperature),
+            top_p: self.top_p.or(fallback.top_p),
+            top_k: self.top_k.or(fallback.top_k),
+            min_p: self.min_p.or(fallback.min_p),
+            repetition_penalty: self.repetition_penalty.or(fallback.repetition_penalty),
+        }
+    }
+
+    /// What these presets set, for a log line (`none` when nothing is).
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(t) = self.temperature {
+            parts.push(format!("temperature {t}"));
+        }
+        if let Some(p) = self.top_p {
+            parts.push(format!("top_p {p}"));
+        }
+        if let Some(k) = self.top_k {
+            parts.push(format!("top_k {k}"));
+        }
+        if let Some(m) = self.min_p {
+            parts.push(format!("min_p {m}"));
+        }
+        if let Some(r) = self.repetition_penalty {
+            parts.push(format!("repetition_penalty {r}"));
+        }
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
 /// Parser and reasoning defaults.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct ModelBehavior {
@@ -139,6 +219,42 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generation_config_sets_the_defaults_it_names() {
+        // Qwen3-Next-80B-A3B-Instruct's kind of file: sampling keys beside token ids.
+        let json: serde_json::Value = serde_json::from_str(
+            r#"{"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643],
+                "temperature": 0.7, "top_k": 20, "top_p": 0.8, "transformers_version": "4.57.0"}"#,
+        )
+        .unwrap();
+        let file = SamplingPresets::from_generation_config(json.as_object().unwrap()).unwrap();
+        assert_eq!(
+            file,
+            SamplingPresets {
+                temperature: Some(0.7),
+                top_p: Some(0.8),
+                top_k: Some(20),
+                ..SamplingPresets::default()
+            }
+        );
+        // The file wins where it speaks; the family's presets fill the rest.
+        let merged = file.or(presets(ModelFamily::Qwen2).sampling);
+        assert_eq!(merged.temperature, Some(0.7));
+        assert_eq!(merged.repetition_penalty, Some(1.05));
+        assert_eq!(
+            merged.describe(),
+            "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05"
+        );
+        // top_k 0 is none; a value out of range names its key.
+        let zero = serde_json::json!({"top_k": 0});
+        let none = SamplingPresets::from_generation_config(zero.as_object().unwrap()).unwrap();
+        assert_eq!(none.top_k, None);
+        let bad = serde_json::json!({"top_p": 1.5});
+        let err = SamplingPresets::from_generation_config(bad.as_object().unwrap()).unwrap_err();
+        assert!(err.contains("top_p"), "{err}");
+        assert_eq!(SamplingPresets::default().describe(), "none");
+    }
 
     #[test]
     fn each_family_has_its_presets_and_moe_takes_the_dense_ones() {

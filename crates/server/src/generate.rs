@@ -167,7 +167,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let presets = metrale_config::presets(config.family).sampling;
+    let (presets, source) =
+        load::sampling_defaults(&checkpoint, &config, args.model.generation_config)?;
+    eprintln!(
+        "met: sampling defaults: {} (from {source})",
+        presets.describe()
+    );
     let params = SamplingParams {
         temperature: args.temperature.or(presets.temperature).unwrap_or(1.0),
         top_p: args.top_p.or(presets.top_p).unwrap_or(1.0),

@@ -101,6 +101,78 @@ pub struct ModelArgs {
     /// the pool holds twice the tokens. Head dims 64, 128 and 256.
     #[arg(long, value_name = "DTYPE", default_value = "auto", value_parser = parse_kv_cache_dtype)]
     pub kv_cache_dtype: KvCacheDtype,
+    /// Where the sampling a request leaves unset comes from (vLLM's flag). `auto`: the
+    /// checkpoint's generation_config.json (temperature, top_p, top_k, min_p,
+    /// repetition_penalty), then the model family's presets for what it leaves out; `off`: the
+    /// family's presets only. A GGUF file has no generation_config.json.
+    #[arg(long, value_enum, value_name = "SOURCE", default_value_t = GenerationConfig::Auto)]
+    pub generation_config: GenerationConfig,
+}
+
+/// `--generation-config`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenerationConfig {
+    /// The checkpoint's generation_config.json over the family's presets.
+    Auto,
+    /// The family's presets only.
+    Off,
+}
+
+/// The sampling defaults of requests: the checkpoint's generation_config.json (with
+/// `--generation-config auto`) over the family's presets, and a line saying where they came from.
+pub fn sampling_defaults(
+    checkpoint: &Checkpoint,
+    config: &ModelConfig,
+    source: GenerationConfig,
+) -> anyhow::Result<(metrale_config::SamplingPresets, String)> {
+    let dir = match checkpoint {
+        Checkpoint::Safetensors { dir, .. } => Some(dir.as_path()),
+        Checkpoint::Gguf(_) => None,
+    };
+    sampling_defaults_in(dir, config, source)
+}
+
+/// [`sampling_defaults`] for a checkpoint in `dir` (`None`: a GGUF file).
+fn sampling_defaults_in(
+    dir: Option<&Path>,
+    config: &ModelConfig,
+    source: GenerationConfig,
+) -> anyhow::Result<(metrale_config::SamplingPresets, String)> {
+    let family = metrale_config::presets(config.family).sampling;
+    let file = match (dir, source) {
+        (Some(dir), GenerationConfig::Auto) => {
+            Some(dir.join("generation_config.json")).filter(|p| p.is_file())
+        }
+        _ => None,
+    };
+    let Some(path) = file else {
+        return Ok((
+            family,
+            format!("the {} presets", config.family.model_type()),
+        ));
+    };
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let object = json
+        .as_object()
+        .with_context(|| format!("{} is not a JSON object", path.display()))?;
+    let from_file =
+        metrale_config::SamplingPresets::from_generation_config(object).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: {e} (--generation-config off ignores it)",
+                path.display()
+            )
+        })?;
+    Ok((
+        from_file.or(family),
+        format!(
+            "{} over the {} presets",
+            path.display(),
+            config.family.model_type()
+        ),
+    ))
 }
 
 /// `--kv-cache-dtype`: vLLM's names ([`KvCacheDtype`]'s `FromStr`); anything else is refused
@@ -347,6 +419,52 @@ fn host_capacity() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampling_defaults_come_from_generation_config_then_the_family() {
+        let config = metrale_config::from_config_json(
+            r#"{"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+                "num_attention_heads": 1, "num_key_value_heads": 1, "num_hidden_layers": 1,
+                "vocab_size": 32, "head_dim": 64}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // No file: Qwen2's presets.
+        let (p, from) =
+            sampling_defaults_in(Some(dir.path()), &config, GenerationConfig::Auto).unwrap();
+        assert_eq!(
+            (p.temperature, p.repetition_penalty),
+            (Some(0.7), Some(1.05))
+        );
+        assert!(from.contains("qwen2 presets"), "{from}");
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"temperature": 0.3, "top_k": 5, "eos_token_id": 2}"#,
+        )
+        .unwrap();
+        let (p, from) =
+            sampling_defaults_in(Some(dir.path()), &config, GenerationConfig::Auto).unwrap();
+        assert_eq!(
+            (p.temperature, p.top_k, p.top_p),
+            (Some(0.3), Some(5), Some(0.8))
+        );
+        assert!(from.contains("generation_config.json"), "{from}");
+        // `off`, or a GGUF file: the family's presets.
+        let (p, _) =
+            sampling_defaults_in(Some(dir.path()), &config, GenerationConfig::Off).unwrap();
+        assert_eq!(p.temperature, Some(0.7));
+        let (p, _) = sampling_defaults_in(None, &config, GenerationConfig::Auto).unwrap();
+        assert_eq!(p.temperature, Some(0.7));
+        // A value out of range is refused, naming the file, the key and the way around it.
+        std::fs::write(dir.path().join("generation_config.json"), r#"{"top_p": 2}"#).unwrap();
+        let err = sampling_defaults_in(Some(dir.path()), &config, GenerationConfig::Auto)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("generation_config.json") && err.contains("top_p") && err.contains("off"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn the_default_model_is_found_in_the_directory_or_beside_the_binary() {

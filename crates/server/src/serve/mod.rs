@@ -354,6 +354,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let (checkpoint, config, references) = load::open_checkpoint(&model_args)?;
     let tokenizer = Arc::new(tokenizer_for(&checkpoint)?);
+    let (sampling, sampling_source) =
+        load::sampling_defaults(&checkpoint, &config, model_args.generation_config)?;
+    tracing::info!(
+        "sampling defaults: {} (from {sampling_source})",
+        sampling.describe()
+    );
     let placement = load::place(&model_args, &config, references.clone())?;
     tracing::info!("backend: {}", placement.description);
     if let Some(t) = placement.target {
@@ -636,7 +642,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         max_seq_len,
         vocab_size: config.vocab_size,
         eos,
-        presets: presets.sampling,
+        presets: sampling,
         request_timeout: (args.request_timeout > 0)
             .then(|| Duration::from_secs(args.request_timeout)),
         metrics,
