@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! A GGUF file's embedded vocabulary, rebuilt as the `tokenizers` pipeline of the model's
 //! original `tokenizer.json`: byte-level BPE over the stored tokens and merges, the pre-tokenizer
-//! the `tokenizer.ggml.pre` name stands for ([`PreTokenizer`]), control and user-defined tokens as
-//! added tokens, and the BOS/EOS wrapping the file asks for.
+//! the `tokenizer.ggml.pre` name stands for ([`PreTokenizer`]), or SentencePiece BPE over the
+//! tokens and their scores (`spm_tokenizer`); control and user-defined tokens as added tokens,
+//! and the BOS/EOS wrapping the file asks for.
 
 use std::collections::BTreeMap;
 
@@ -68,6 +69,7 @@ impl Meta<'_> {
 impl Tokenizer {
     /// Builds the tokenizer a GGUF file embeds: byte-level BPE (`tokenizer.ggml.model = "gpt2"`)
     /// from `tokenizer.ggml.tokens` and `.merges`, the pre-tokenizer `tokenizer.ggml.pre` names,
+    /// or SentencePiece BPE (`"llama"`) from the tokens and `tokenizer.ggml.scores`,
     /// control and user-defined tokens as added tokens (matched whole), BOS/EOS/padding ids, and
     /// the chat template(s).
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
@@ -80,28 +82,39 @@ impl Tokenizer {
                     .into(),
             )
         })?;
-        if model != "gpt2" {
-            return Err(TokenizerError::Gguf(format!(
-                "tokenizer model `{model}` is not supported (supported: `gpt2`, byte-level BPE); \
-                 serve the model's Hugging Face checkpoint directory instead"
-            )));
-        }
-        let pre_name = meta.str("tokenizer.ggml.pre")?.unwrap_or("default");
-        let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
-            TokenizerError::Gguf(format!(
-                "pre-tokenizer `{pre_name}` (tokenizer.ggml.pre) is not supported (supported: \
-                 {SUPPORTED_PRE}); serve the model's Hugging Face checkpoint directory instead"
-            ))
-        })?;
         let tokens = meta
             .strings("tokenizer.ggml.tokens")?
             .ok_or_else(|| TokenizerError::Gguf("`tokenizer.ggml.tokens` is missing".into()))?;
-
-        let mut inner = bpe_tokenizer(&meta, pre, &tokens)?;
+        let (mut inner, bos_by_default) = match model {
+            "gpt2" => {
+                let pre_name = meta.str("tokenizer.ggml.pre")?.unwrap_or("default");
+                let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
+                    TokenizerError::Gguf(format!(
+                        "pre-tokenizer `{pre_name}` (tokenizer.ggml.pre) is not supported \
+                         (supported: {SUPPORTED_PRE}); serve the model's Hugging Face checkpoint \
+                         directory instead"
+                    ))
+                })?;
+                (
+                    bpe_tokenizer(&meta, pre, &tokens)?,
+                    pre.adds_bos_by_default(),
+                )
+            }
+            // SentencePiece BPE (Llama 2, Mistral, Mixtral, Phi-3): llama.cpp adds BOS unless
+            // told otherwise.
+            "llama" => (spm_tokenizer(&meta, &tokens)?, true),
+            _ => {
+                return Err(TokenizerError::Gguf(format!(
+                    "tokenizer model `{model}` is not supported (supported: `gpt2`, byte-level \
+                     BPE; `llama`, SentencePiece BPE); serve the model's Hugging Face checkpoint \
+                     directory instead"
+                )));
+            }
+        };
         let ids = SpecialIds::read(&meta, tokens.len())?;
         let add_bos = meta
             .bool("tokenizer.ggml.add_bos_token")
-            .unwrap_or(pre.adds_bos_by_default());
+            .unwrap_or(bos_by_default);
         let add_eos = meta.bool("tokenizer.ggml.add_eos_token").unwrap_or(false);
         let with_text = |id: u32| (tokens[id as usize], id);
         let wrap_bos = ids.bos.filter(|_| add_bos).map(with_text);
@@ -168,6 +181,124 @@ fn bpe_tokenizer(
     inner.with_decoder(Some(ByteLevelDecoder::default()));
     // Control tokens are special (skipped by `decode(.., true)`); user-defined ones (Qwen's
     // `<tool_call>`) are ordinary text that is still matched whole, as in their tokenizer.json.
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .filter_map(|(&token, &ty)| match ty {
+            TOKEN_TYPE_CONTROL => Some(AddedToken::from(token, true)),
+            TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(token, false).normalized(false)),
+            _ => None,
+        })
+        .collect();
+    inner.add_special_tokens(added).map_err(|e| {
+        TokenizerError::Gguf(format!(
+            "cannot add the control and user-defined tokens: {e}"
+        ))
+    })?;
+    Ok(inner)
+}
+
+/// A SentencePiece BPE vocabulary (`tokenizer.ggml.model = "llama"`) as the `tokenizers` pipeline
+/// transformers converts it to: spaces as `▁` and one `▁` before the text (and after each special
+/// token, as llama.cpp adds it, where `tokenizer.ggml.add_space_prefix` is not false), BPE whose
+/// merges are every split of a token into two tokens, ranked by the merged token's score (the
+/// piece SentencePiece merges first), characters outside the vocabulary as their `<0xXX>` byte
+/// tokens; control and user-defined tokens added whole.
+fn spm_tokenizer(
+    meta: &Meta<'_>,
+    tokens: &[&str],
+) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    use tokenizers::decoders::byte_fallback::ByteFallback;
+    use tokenizers::decoders::fuse::Fuse;
+    use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+    use tokenizers::decoders::strip::Strip;
+    use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+
+    let key = "tokenizer.ggml.scores";
+    let bad = || TokenizerError::Gguf(format!("`{key}` is not an array of numbers"));
+    let scores = meta
+        .get(key)
+        .ok_or_else(|| {
+            TokenizerError::Gguf(format!(
+                "`{key}` is missing (a SentencePiece vocabulary needs it)"
+            ))
+        })?
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|v| v.as_f64().ok_or_else(bad))
+        .collect::<Result<Vec<_>, _>>()?;
+    if scores.len() != tokens.len() {
+        return Err(TokenizerError::Gguf(format!(
+            "`{key}` has {} entries but `tokenizer.ggml.tokens` has {}",
+            scores.len(),
+            tokens.len()
+        )));
+    }
+    let types = token_types(meta, tokens.len())?;
+    let mut vocab = Vocab::default();
+    for (id, &token) in tokens.iter().enumerate() {
+        if let Some(first) = vocab.insert(token.to_string(), id as u32) {
+            return Err(TokenizerError::Gguf(format!(
+                "token `{token}` appears twice in `tokenizer.ggml.tokens` (ids {first} and {id})"
+            )));
+        }
+    }
+    // Every way a token splits into two tokens, the splits of one token by their parts' ids,
+    // the tokens by descending score (a stable sort: equal scores keep id order).
+    let mut merges: Vec<(f64, u32, u32, u32)> = Vec::new();
+    for (id, &token) in tokens.iter().enumerate() {
+        for (at, _) in token.char_indices().skip(1) {
+            let (l, r) = token.split_at(at);
+            if let (Some(&a), Some(&b)) = (vocab.get(l), vocab.get(r)) {
+                merges.push((scores[id], id as u32, a, b));
+            }
+        }
+    }
+    merges.sort_by(|x, y| {
+        y.0.total_cmp(&x.0)
+            .then(x.1.cmp(&y.1))
+            .then(x.2.cmp(&y.2))
+            .then(x.3.cmp(&y.3))
+    });
+    let merges: Merges = merges
+        .into_iter()
+        .map(|(_, _, a, b)| {
+            (
+                tokens[a as usize].to_string(),
+                tokens[b as usize].to_string(),
+            )
+        })
+        .collect();
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    let unk = meta.u32("tokenizer.ggml.unknown_token_id")?;
+    if let Some(unk) = unk.and_then(|u| tokens.get(u as usize)) {
+        builder = builder.unk_token(unk.to_string());
+    }
+    let bpe = builder.build().map_err(|e| {
+        TokenizerError::Gguf(format!("the SentencePiece vocabulary is inconsistent: {e}"))
+    })?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let space = Replace::new(" ", "▁")
+        .map_err(|e| TokenizerError::Gguf(format!("cannot build the normalizer: {e}")))?;
+    let normalizer = match meta.bool("tokenizer.ggml.add_space_prefix").unwrap_or(true) {
+        true => NormalizerSequence::new(vec![Prepend::new("▁".into()).into(), space.into()]),
+        false => NormalizerSequence::new(vec![space.into()]),
+    };
+    inner
+        .with_normalizer(Some(normalizer))
+        .map_err(|e| TokenizerError::Gguf(format!("cannot set the normalizer: {e}")))?;
+    let unspace = Replace::new("▁", " ")
+        .map_err(|e| TokenizerError::Gguf(format!("cannot build the decoder: {e}")))?;
+    inner.with_decoder(Some(DecoderSequence::new(vec![
+        unspace.into(),
+        ByteFallback::default().into(),
+        Fuse::default().into(),
+        Strip::new(' ', 1, 0).into(),
+    ])));
     let added: Vec<AddedToken> = tokens
         .iter()
         .zip(&types)
