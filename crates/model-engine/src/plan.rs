@@ -456,7 +456,7 @@ mod tests {
                     rotary_dim: 64,
                     qk_norm_unit_offset: false,
                     output_gate: false,
-                    scale: 1.0 / (64 as f32).sqrt(),
+                    scale: 1.0 / 64f32.sqrt(),
                 }),
                 BlockKind::Mlp(MlpKind::DenseSwiglu { intermediate: 512 }),
             ]
@@ -512,7 +512,7 @@ mod tests {
             rotary_dim: 64,
             qk_norm_unit_offset: false,
             output_gate: false,
-            scale: 1.0 / (128 as f32).sqrt(),
+            scale: 1.0 / 128f32.sqrt(),
         };
         assert!(attention.partial_rotary());
         let moe = MoeSpec {
@@ -586,7 +586,7 @@ mod hybrid_tests {
             rotary_dim: 64,
             qk_norm_unit_offset: true,
             output_gate: true,
-            scale: 1.0 / (256 as f32).sqrt(),
+            scale: 1.0 / 256f32.sqrt(),
         };
         let moe = MlpKind::Moe(MoeSpec {
             experts: 512,
