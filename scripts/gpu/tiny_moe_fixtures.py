@@ -7,8 +7,9 @@ For each of qwen3_moe, qwen2_moe (with its shared expert), mixtral, olmoe (QK-no
 projections, the top k not renormalised), glm4_moe (a dense first layer, biased sigmoid routing,
 an ungated shared expert, q|k|v biases, per-head QK-norm, RoPE on half of each head), minimax_m2
 (sigmoid routing with a correction bias ~ N(0, 0.05), QK-norm over the whole projections, RoPE on
-half of each head), the dense granite (its four multipliers, tied embeddings) and granitemoeshared
-(experts beside a shared MLP, the multipliers): a config at toy widths, weights
+half of each head), the dense granite (its four multipliers, tied embeddings), granitemoeshared
+(experts beside a shared MLP, the multipliers) and the dense smollm3 (a layer without RoPE): a
+config at toy widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
 margins at this size) and 1 + N(0, 0.1) for norms from torch.Generator(seed), saved by
 transformers (its own layout), then greedy decoding of fixed prompt ids in float32 with the
@@ -76,6 +77,10 @@ CONFIGS = {
                              shared_intermediate_size=48,
                              embedding_multiplier=0.7, residual_multiplier=1.3,
                              attention_multiplier=0.09, logits_scaling=3.0),
+    # SmolLM3's shape (dense): layer 1 of 3 without RoPE (no_rope_layers' 0), untied here (a tied
+    # random model only echoes its last token; SmolLM2's fixtures test the tied head).
+    "tiny-smollm3": dict(COMMON, model_type="smollm3", architectures=["SmolLM3ForCausalLM"],
+                         no_rope_layers=[1, 0, 1], pad_token_id=0),
     # MiniMax-M2's shape at toy widths: experts of intermediate_size in every layer, the rotary
     # fraction inside rope_parameters as transformers 5 holds it (rotary_dim 32 of head_dim 64).
     "tiny-minimax-m2": dict(COMMON, model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"],

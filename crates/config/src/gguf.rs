@@ -211,6 +211,7 @@ pub fn from_gguf_metadata(
         moe,
         hybrid: None,
         multipliers: Default::default(),
+        nope_layers: Vec::new(),
     };
     config.validate()?;
     Ok(config)

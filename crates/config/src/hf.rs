@@ -216,6 +216,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         ModelFamily::Llama
         | ModelFamily::Mistral
         | ModelFamily::Granite
+        | ModelFamily::SmolLm3
         | ModelFamily::Qwen2
         | ModelFamily::Qwen3 => {
             return Ok(None);
@@ -709,6 +710,55 @@ fn multipliers(obj: &Map<String, Value>, family: ModelFamily) -> Result<Multipli
     })
 }
 
+/// SmolLM3's layers without RoPE: the zeros of `no_rope_layers` (one 0/1 a layer), or without
+/// it every `no_rope_layer_interval`-th layer (4), as transformers fills it in. Other families:
+/// none.
+fn nope_layers(
+    obj: &Map<String, Value>,
+    family: ModelFamily,
+    num_layers: usize,
+) -> Result<Vec<usize>, ConfigError> {
+    if family != ModelFamily::SmolLm3 {
+        return Ok(Vec::new());
+    }
+    match obj.get("no_rope_layers").filter(|v| !v.is_null()) {
+        Some(v) => {
+            let list = v
+                .as_array()
+                .filter(|a| a.len() == num_layers)
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: "no_rope_layers",
+                    message: format!(
+                        "expected one 0 or 1 for each of {num_layers} layers, got {v}"
+                    ),
+                })?;
+            list.iter()
+                .enumerate()
+                .filter_map(|(l, x)| match x.as_u64() {
+                    Some(0) => Some(Ok(l)),
+                    Some(1) => None,
+                    _ => Some(Err(ConfigError::Invalid {
+                        key: "no_rope_layers",
+                        message: format!("entry {l} is {x}, not 0 or 1"),
+                    })),
+                })
+                .collect()
+        }
+        None => {
+            let interval = opt_usize(obj, "no_rope_layer_interval")?.unwrap_or(4);
+            if interval == 0 {
+                return Err(ConfigError::Invalid {
+                    key: "no_rope_layer_interval",
+                    message: "must be positive".into(),
+                });
+            }
+            Ok((0..num_layers)
+                .filter(|l| (l + 1).is_multiple_of(interval))
+                .collect())
+        }
+    }
+}
+
 /// Parses a `config.json` text.
 pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
     let value: Value =
@@ -863,6 +913,7 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
         moe,
         hybrid,
         multipliers: multipliers(obj, family)?,
+        nope_layers: nope_layers(obj, family, num_layers)?,
     };
     config.validate()?;
     Ok(config)
@@ -1283,6 +1334,37 @@ mod tests {
             (m.shared_expert_intermediate, m.shared_expert_gated),
             (Some(1024), false)
         );
+    }
+
+    #[test]
+    fn smollm3_leaves_every_fourth_layer_without_rope() {
+        // SmolLM3-3B's shape (transformers' SmolLM3Config defaults), the list left to its default.
+        let c = from_config_json(
+            r#"{"model_type":"smollm3","hidden_size":2048,"intermediate_size":11008,
+                "num_hidden_layers":36,"num_attention_heads":16,"num_key_value_heads":4,
+                "vocab_size":128256,"max_position_embeddings":65536,"rope_theta":5000000.0,
+                "tie_word_embeddings":true,"use_sliding_window":false}"#,
+        )
+        .unwrap();
+        assert_eq!(c.family, ModelFamily::SmolLm3);
+        assert_eq!(c.nope_layers, (3..36).step_by(4).collect::<Vec<_>>());
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((3.0..3.2).contains(&p), "{p}");
+        // Given explicitly, its zeros; other families have none.
+        let list = (0..36)
+            .map(|l| if l == 5 { "0" } else { "1" })
+            .collect::<Vec<_>>()
+            .join(",");
+        let explicit = format!(
+            r#"{{"model_type":"smollm3","hidden_size":2048,"intermediate_size":11008,
+                "num_hidden_layers":36,"num_attention_heads":16,"num_key_value_heads":4,
+                "vocab_size":128256,"no_rope_layers":[{list}]}}"#
+        );
+        assert_eq!(from_config_json(&explicit).unwrap().nope_layers, vec![5]);
+        assert!(from_config_json(QWEN3_8B).unwrap().nope_layers.is_empty());
+        let short = explicit.replace("[1,", "[");
+        let err = from_config_json(&short).unwrap_err().to_string();
+        assert!(err.contains("no_rope_layers"), "{err}");
     }
 
     /// Mixtral-8x7B-v0.1's config.json as the hub ships it.

@@ -28,6 +28,9 @@ pub use presets::{ModelBehavior, ModelPresets, SamplingPresets, presets};
 pub enum ModelFamily {
     /// Llama 2/3.x and Llama-architecture models (SmolLM2, ...).
     Llama,
+    /// SmolLM3: Llama's decoder with no position encoding in the attention of the layers
+    /// `no_rope_layers` marks 0 (every fourth by default).
+    SmolLm3,
     /// Granite (Granite-3.x dense): Llama's decoder with constant multipliers on the embedding,
     /// the blocks' outputs, the attention scores and the logits ([`Multipliers`]).
     Granite,
@@ -86,6 +89,7 @@ impl ModelFamily {
             ModelFamily::Llama => "llama",
             ModelFamily::Mistral => "mistral",
             ModelFamily::Granite => "granite",
+            ModelFamily::SmolLm3 => "smollm3",
             ModelFamily::Qwen2 => "qwen2",
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Qwen2Moe => "qwen2_moe",
@@ -103,10 +107,11 @@ impl ModelFamily {
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 16] = [
+    pub const ALL: [ModelFamily; 17] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Granite,
+        ModelFamily::SmolLm3,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
@@ -151,6 +156,7 @@ impl ModelFamily {
             ModelFamily::Llama
             | ModelFamily::Mistral
             | ModelFamily::Granite
+            | ModelFamily::SmolLm3
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral
@@ -338,6 +344,9 @@ pub struct ModelConfig {
     /// Granite's scalings of the embedding, the blocks' outputs, the attention scores and the
     /// logits (all 1, and the scores by `1 / sqrt(head_dim)`, for every other family).
     pub multipliers: Multipliers,
+    /// Layers whose attention applies no RoPE (SmolLM3's `no_rope_layers` zeros); empty for
+    /// every other family.
+    pub nope_layers: Vec<usize>,
 }
 
 /// Constant scalings a family applies around its blocks (Granite's `embedding_multiplier`,

@@ -203,6 +203,15 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
                 ..ModelBehavior::default()
             },
         },
+        // SmolLM3 reasons in `<think>` blocks by default (its chat template's enable_thinking);
+        // its sampling comes from its generation_config.json.
+        ModelFamily::SmolLm3 => ModelPresets {
+            sampling: SamplingPresets::default(),
+            behavior: ModelBehavior {
+                reasoning: true,
+                ..ModelBehavior::default()
+            },
+        },
         // OLMoE-1B-7B(-Instruct) publishes no sampling defaults and no tool format.
         ModelFamily::Olmoe => ModelPresets::default(),
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.

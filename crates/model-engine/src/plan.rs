@@ -303,6 +303,14 @@ impl LayerPlan {
                         (Some(m), Some(s)) if m.is_sparse(l) => s,
                         _ => dense,
                     };
+                    // SmolLM3's layers without position encoding.
+                    let attention = match c.nope_layers.contains(&l) {
+                        true => AttentionSpec {
+                            rotary_dim: 0,
+                            ..attention
+                        },
+                        false => attention,
+                    };
                     LayerSpec {
                         blocks: vec![
                             block(BlockKind::Attention(attention)),

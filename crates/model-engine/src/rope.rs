@@ -136,6 +136,7 @@ mod tests {
             moe: None,
             hybrid: None,
             multipliers: Default::default(),
+            nope_layers: Vec::new(),
         }
     }
 

@@ -356,6 +356,12 @@ fn a_tiny_granite_moe_follows_transformers() {
     check("tiny-granite-moe");
 }
 
+/// SmolLM3 (tests/fixtures/tiny-smollm3, dense): the attention of layer 1 without RoPE.
+#[test]
+fn a_tiny_smollm3_follows_transformers() {
+    check("tiny-smollm3");
+}
+
 /// OLMoE (tests/fixtures/tiny-olmoe): q and k normalised over their whole projections, the top 4
 /// of 8 experts weighted by their softmax probabilities without renormalising.
 #[test]
