@@ -8,8 +8,8 @@ projections, the top k not renormalised), glm4_moe (a dense first layer, biased 
 an ungated shared expert, q|k|v biases, per-head QK-norm, RoPE on half of each head), minimax_m2
 (sigmoid routing with a correction bias ~ N(0, 0.05), QK-norm over the whole projections, RoPE on
 half of each head), the dense granite (its four multipliers, tied embeddings), granitemoeshared
-(experts beside a shared MLP, the multipliers) and the dense smollm3 (a layer without RoPE): a
-config at toy widths, weights
+(experts beside a shared MLP, the multipliers), the dense smollm3 (a layer without RoPE) and phi3
+(fused q|k|v and gate|up, RoPE on 3/4 of each head): a config at toy widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
 margins at this size) and 1 + N(0, 0.1) for norms from torch.Generator(seed), saved by
 transformers (its own layout), then greedy decoding of fixed prompt ids in float32 with the
@@ -81,6 +81,11 @@ CONFIGS = {
     # random model only echoes its last token; SmolLM2's fixtures test the tied head).
     "tiny-smollm3": dict(COMMON, model_type="smollm3", architectures=["SmolLM3ForCausalLM"],
                          no_rope_layers=[1, 0, 1], pad_token_id=0),
+    # Phi-3 / Phi-4's shape (dense): q|k|v fused in qkv_proj, gate|up in gate_up_proj, RoPE on 3/4
+    # of each head (Phi-4-mini's partial_rotary_factor).
+    "tiny-phi3": dict(COMMON, model_type="phi3", architectures=["Phi3ForCausalLM"], pad_token_id=0,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                       "partial_rotary_factor": 0.75}),
     # MiniMax-M2's shape at toy widths: experts of intermediate_size in every layer, the rotary
     # fraction inside rope_parameters as transformers 5 holds it (rotary_dim 32 of head_dim 64).
     "tiny-minimax-m2": dict(COMMON, model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"],
@@ -88,7 +93,7 @@ CONFIGS = {
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                              "partial_rotary_factor": 0.5}),
 }
-ROTARY_DIM = {"tiny-minimax-m2": 32, "tiny-glm4-moe": 32}
+ROTARY_DIM = {"tiny-minimax-m2": 32, "tiny-glm4-moe": 32, "tiny-phi3": 48}
 PROMPT = [1, 17, 99, 3, 250, 42, 7, 128, 64, 200, 5, 33]
 STEPS = 16
 MIN_ROUTER_MARGIN = 2e-3

@@ -217,6 +217,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         | ModelFamily::Mistral
         | ModelFamily::Granite
         | ModelFamily::SmolLm3
+        | ModelFamily::Phi3
         | ModelFamily::Qwen2
         | ModelFamily::Qwen3 => {
             return Ok(None);
@@ -807,12 +808,12 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
             "sliding-window attention is not implemented",
         ));
     }
-    // Mistral's, Mixtral's and OLMoE's attention applies `sliding_window` whenever it is set (no
+    // Mistral's, Mixtral's, OLMoE's and Phi-3's attention applies `sliding_window` whenever it is set (no
     // `use_sliding_window` switch); a window at least as long as the context changes nothing.
     let context = opt_usize(obj, "max_position_embeddings")?.unwrap_or(4096) as u64;
     if matches!(
         family,
-        ModelFamily::Mistral | ModelFamily::Mixtral | ModelFamily::Olmoe
+        ModelFamily::Mistral | ModelFamily::Mixtral | ModelFamily::Olmoe | ModelFamily::Phi3
     ) && let Some(window) = obj.get("sliding_window").filter(|v| !v.is_null())
         && window.as_u64().is_none_or(|w| w < context)
     {
@@ -1365,6 +1366,39 @@ mod tests {
         let short = explicit.replace("[1,", "[");
         let err = from_config_json(&short).unwrap_err().to_string();
         assert!(err.contains("no_rope_layers"), "{err}");
+    }
+
+    /// Phi-4's config.json as the hub ships it.
+    const PHI_4: &str = r#"{"architectures":["Phi3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+      "bos_token_id":100257,"embd_pdrop":0.0,"eos_token_id":100265,"hidden_act":"silu","hidden_size":5120,
+      "initializer_range":0.02,"intermediate_size":17920,"max_position_embeddings":16384,"model_type":"phi3",
+      "num_attention_heads":40,"num_hidden_layers":40,"num_key_value_heads":10,
+      "original_max_position_embeddings":16384,"pad_token_id":100349,"resid_pdrop":0.0,"rms_norm_eps":1e-05,
+      "rope_scaling":null,"rope_theta":250000,"sliding_window":null,"tie_word_embeddings":false,
+      "torch_dtype":"bfloat16","use_cache":true,"vocab_size":100352}"#;
+
+    #[test]
+    fn phi4_is_llamas_decoder_with_fused_projections() {
+        let c = from_config_json(PHI_4).unwrap();
+        assert_eq!(c.family, ModelFamily::Phi3);
+        assert!(c.family.fused_projections());
+        assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (40, 10, 128));
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((14.6..14.7).contains(&p), "{p}");
+        // Phi-3-mini-4k's 2047-token window and Phi-3.5's longrope are refused by name.
+        let windowed = PHI_4.replace("\"sliding_window\":null", "\"sliding_window\":2047");
+        assert!(
+            from_config_json(&windowed)
+                .unwrap_err()
+                .to_string()
+                .contains("sliding_window")
+        );
+        let long = PHI_4.replace(
+            "\"rope_scaling\":null",
+            r#""rope_scaling":{"type":"longrope","long_factor":[1.0],"short_factor":[1.0]}"#,
+        );
+        let err = from_config_json(&long).unwrap_err().to_string();
+        assert!(err.contains("longrope"), "{err}");
     }
 
     /// Mixtral-8x7B-v0.1's config.json as the hub ships it.

@@ -28,6 +28,9 @@ pub use presets::{ModelBehavior, ModelPresets, SamplingPresets, presets};
 pub enum ModelFamily {
     /// Llama 2/3.x and Llama-architecture models (SmolLM2, ...).
     Llama,
+    /// Phi-3 / Phi-4 (phi3): Llama's decoder with q|k|v stored as one `qkv_proj` and gate|up as
+    /// one `gate_up_proj`, RoPE on a fraction of each head where the config says.
+    Phi3,
     /// SmolLM3: Llama's decoder with no position encoding in the attention of the layers
     /// `no_rope_layers` marks 0 (every fourth by default).
     SmolLm3,
@@ -90,6 +93,7 @@ impl ModelFamily {
             ModelFamily::Mistral => "mistral",
             ModelFamily::Granite => "granite",
             ModelFamily::SmolLm3 => "smollm3",
+            ModelFamily::Phi3 => "phi3",
             ModelFamily::Qwen2 => "qwen2",
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Qwen2Moe => "qwen2_moe",
@@ -107,11 +111,12 @@ impl ModelFamily {
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 17] = [
+    pub const ALL: [ModelFamily; 18] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Granite,
         ModelFamily::SmolLm3,
+        ModelFamily::Phi3,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
@@ -138,6 +143,12 @@ impl ModelFamily {
         )
     }
 
+    /// q|k|v and gate|up are stored fused (`qkv_proj`, `gate_up_proj`: Phi-3), in the order the
+    /// engine stacks them.
+    pub fn fused_projections(self) -> bool {
+        self == ModelFamily::Phi3
+    }
+
     /// The q, k and v products carry biases whatever the config says (the Qwen2 attention; other
     /// families by their `attention_bias`).
     pub fn qkv_bias(self) -> bool {
@@ -157,6 +168,7 @@ impl ModelFamily {
             | ModelFamily::Mistral
             | ModelFamily::Granite
             | ModelFamily::SmolLm3
+            | ModelFamily::Phi3
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral

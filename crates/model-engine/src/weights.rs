@@ -135,6 +135,10 @@ pub enum TensorRole {
     GatedDeltaNet(usize, GdnTensor),
     /// A Mamba-2 mixer's tensor under the decoder's names (Granite 4.0's `mamba.`).
     Mamba(usize, MambaTensor),
+    /// q, k and v stored as one `[(heads + 2 kv_heads) head_dim, hidden]` (Phi-3's `qkv_proj`).
+    Qkv(usize),
+    /// gate and up stored as one `[2 intermediate, hidden]` (Phi-3's `gate_up_proj`).
+    GateUp(usize),
     /// A Nemotron-H tensor: its layers name their one block `mixer` whatever it is.
     NemotronH(NemotronTensor),
 }
@@ -176,6 +180,8 @@ impl TensorRole {
             TensorRole::SharedExpertGate(i) => layer(i, "mlp.shared_expert_gate.weight"),
             TensorRole::GatedDeltaNet(i, t) => hybrid::gdn_name(i, t),
             TensorRole::Mamba(i, t) => layer(i, &format!("mamba.{}", t.suffix())),
+            TensorRole::Qkv(i) => layer(i, "self_attn.qkv_proj.weight"),
+            TensorRole::GateUp(i) => layer(i, "mlp.gate_up_proj.weight"),
             TensorRole::NemotronH(t) => t.hf_name(),
         }
     }
@@ -207,6 +213,8 @@ impl TensorRole {
             TensorRole::Down(_) => vec![h, i],
             TensorRole::GatedDeltaNet(_, t) => hybrid::gdn_shape(t, c),
             TensorRole::Mamba(_, t) => hybrid::mamba_shape(t, c),
+            TensorRole::Qkv(_) => vec![q + 2 * kv, h],
+            TensorRole::GateUp(_) => vec![2 * i, h],
             TensorRole::NemotronH(t) => t.shape(c),
             _ => moe_shape(self, c),
         }
@@ -264,11 +272,31 @@ impl ExpertLayout {
     }
 }
 
+/// Layer `l`'s q, k and v projections, stacked in this order: three tensors, or the one a
+/// family stores fused.
+pub(crate) fn qkv_roles(c: &ModelConfig, l: usize) -> Vec<TensorRole> {
+    match c.family.fused_projections() {
+        true => vec![TensorRole::Qkv(l)],
+        false => vec![TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)],
+    }
+}
+
+/// Layer `l`'s dense gate and up projections, stacked gate first: two tensors, or the one a family
+/// stores fused.
+fn gate_up_roles(c: &ModelConfig, l: usize) -> Vec<TensorRole> {
+    match c.family.fused_projections() {
+        true => vec![TensorRole::GateUp(l)],
+        false => vec![TensorRole::Gate(l), TensorRole::Up(l)],
+    }
+}
+
 /// Layer `l`'s MLP tensors: the dense ones, or a sparse layer's router, experts in `layout` and
 /// shared expert.
 fn mlp_roles(c: &ModelConfig, l: usize, layout: ExpertLayout) -> Vec<TensorRole> {
     let Some(m) = c.moe.as_ref().filter(|m| m.is_sparse(l)) else {
-        return vec![TensorRole::Gate(l), TensorRole::Up(l), TensorRole::Down(l)];
+        let mut roles = gate_up_roles(c, l);
+        roles.push(TensorRole::Down(l));
+        return roles;
     };
     let mut roles = vec![TensorRole::Router(l)];
     if m.router == RouterKind::SigmoidBias {
@@ -328,12 +356,8 @@ fn tensors_in(c: &ModelConfig, layout: &dyn Fn(usize) -> ExpertLayout) -> Vec<Te
     }
     let mut roles = vec![TensorRole::Embedding];
     for l in 0..c.num_layers {
-        roles.extend([
-            TensorRole::InputNorm(l),
-            TensorRole::Q(l),
-            TensorRole::K(l),
-            TensorRole::V(l),
-        ]);
+        roles.push(TensorRole::InputNorm(l));
+        roles.extend(qkv_roles(c, l));
         if c.attention_bias {
             roles.extend([
                 TensorRole::QBias(l),
@@ -1673,7 +1697,7 @@ fn load_inner(
             layer.attn_gate = attn_gate;
         } else {
             // q, k and v fused row-wise: one [(H + 2 KV) D, hidden] weight, one product.
-            layer.qkv = u.linear(&[TensorRole::Q(l), TensorRole::K(l), TensorRole::V(l)])?;
+            layer.qkv = u.linear(&qkv_roles(c, l))?;
         }
         if !gdn_mixer && !mamba_mixer {
             if c.attention_bias {
@@ -1696,7 +1720,7 @@ fn load_inner(
         layer.post_norm = u.get_norm(TensorRole::PostNorm(l))?;
         if dense {
             // gate and up fused row-wise: one [2I, H] weight, one GEMM.
-            layer.gate_up = u.linear(&[TensorRole::Gate(l), TensorRole::Up(l)])?;
+            layer.gate_up = u.linear(&gate_up_roles(c, l))?;
             layer.down = u.linear(&[TensorRole::Down(l)])?;
         } else if let Some(m) = &c.moe {
             layer.moe = Some(u.moe(m, l)?);

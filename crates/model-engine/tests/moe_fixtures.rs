@@ -362,6 +362,13 @@ fn a_tiny_smollm3_follows_transformers() {
     check("tiny-smollm3");
 }
 
+/// Phi-3 / Phi-4 (tests/fixtures/tiny-phi3, dense): q|k|v and gate|up read fused, RoPE on 48 of
+/// each head's 64 elements.
+#[test]
+fn a_tiny_phi3_follows_transformers() {
+    check("tiny-phi3");
+}
+
 /// OLMoE (tests/fixtures/tiny-olmoe): q and k normalised over their whole projections, the top 4
 /// of 8 experts weighted by their softmax probabilities without renormalising.
 #[test]
