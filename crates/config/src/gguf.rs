@@ -97,12 +97,13 @@ pub fn from_gguf_metadata(
             | ModelFamily::Qwen2Moe
             | ModelFamily::Qwen3Moe
             | ModelFamily::Mixtral
+            | ModelFamily::Phi3
     ) {
         return Err(ConfigError::Unsupported {
             key: "general.architecture".into(),
             value: arch.to_string(),
             why: "GGUF files are read for llama (with or without experts), qwen2, qwen3, \
-                  qwen2moe and qwen3moe; load this family from its HF checkpoint",
+                  qwen2moe, qwen3moe and phi3; load this family from its HF checkpoint",
         });
     }
     let uint = |k: &'static str| -> Result<usize, ConfigError> {
@@ -388,6 +389,29 @@ mod tests {
             err.contains("olmoe") && err.contains("HF checkpoint"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn phi3_from_metadata() {
+        // Phi-4-mini's shape as llama.cpp writes it: RoPE on 96 of each head's 128 elements.
+        let mut m = BTreeMap::new();
+        for (k, v) in [
+            ("embedding_length", 3072),
+            ("feed_forward_length", 8192),
+            ("block_count", 32),
+            ("attention.head_count", 24),
+            ("attention.head_count_kv", 8),
+            ("context_length", 131072),
+            ("rope.dimension_count", 96),
+            ("vocab_size", 200064),
+        ] {
+            m.insert(format!("phi3.{k}"), MetaValue::U64(v));
+        }
+        m.insert("general.architecture".into(), MetaValue::Str("phi3".into()));
+        let c = from_gguf_metadata(&m, false).unwrap();
+        assert_eq!(c.family, ModelFamily::Phi3);
+        assert_eq!((c.head_dim, c.rotary_dim), (128, 96));
+        assert!(c.tie_word_embeddings && c.moe.is_none());
     }
 
     #[test]

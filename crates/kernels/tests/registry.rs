@@ -129,7 +129,14 @@ fn typed_names_cover_every_module_and_the_real_checkpoints_resolve() {
         "hopper/qwen3/bf16"
     );
     // Mistral, Granite (dense and MoE) and Mixtral take Llama's leaf.
-    for model_type in ["mistral", "granite", "granitemoe", "smollm3", "phi3", "mixtral"] {
+    for model_type in [
+        "mistral",
+        "granite",
+        "granitemoe",
+        "smollm3",
+        "phi3",
+        "mixtral",
+    ] {
         assert_eq!(
             pick(TARGETS, &q(model_type, 4096)).unwrap().target.path(),
             "hopper/llama/bf16"

@@ -311,6 +311,10 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.k_proj" => "attn_k",
         "self_attn.v_proj" => "attn_v",
         "self_attn.o_proj" => "attn_output",
+        // Phi-3's fused q|k|v and gate|up (llama.cpp's `attn_qkv`, and `ffn_up` of twice the
+        // width, gate rows first).
+        "self_attn.qkv_proj" => "attn_qkv",
+        "mlp.gate_up_proj" => "ffn_up",
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
         "post_attention_layernorm" => "ffn_norm",

@@ -260,6 +260,15 @@ fn hf_names_map_to_llama_cpp_names() {
             "model.layers.5.mlp.shared_expert_gate.weight",
             "blk.5.ffn_gate_inp_shexp.weight",
         ),
+        // Phi-3's fused projections.
+        (
+            "model.layers.2.self_attn.qkv_proj.weight",
+            "blk.2.attn_qkv.weight",
+        ),
+        (
+            "model.layers.2.mlp.gate_up_proj.weight",
+            "blk.2.ffn_up.weight",
+        ),
     ] {
         assert_eq!(gguf_name(hf).unwrap(), gguf, "{hf}");
     }
