@@ -8,8 +8,9 @@ projections, the top k not renormalised), glm4_moe (a dense first layer, biased 
 an ungated shared expert, q|k|v biases, per-head QK-norm, RoPE on half of each head), minimax_m2
 (sigmoid routing with a correction bias ~ N(0, 0.05), QK-norm over the whole projections, RoPE on
 half of each head), the dense granite (its four multipliers, tied embeddings), granitemoeshared
-(experts beside a shared MLP, the multipliers), the dense smollm3 (a layer without RoPE) and phi3
-(fused q|k|v and gate|up, RoPE on 3/4 of each head): a config at toy widths, weights
+(experts beside a shared MLP, the multipliers), the dense smollm3 (a layer without RoPE), phi3
+(fused q|k|v and gate|up, RoPE on 3/4 of each head) and seed_oss (q|k|v biases, 10 query heads a
+kv head): a config at toy widths, weights
 ~ N(0, 0.1) for matrices (larger than make_checkpoints.py's 0.02 so that routing and logits have
 margins at this size) and 1 + N(0, 0.1) for norms from torch.Generator(seed), saved by
 transformers (its own layout), then greedy decoding of fixed prompt ids in float32 with the
@@ -86,6 +87,11 @@ CONFIGS = {
     "tiny-phi3": dict(COMMON, model_type="phi3", architectures=["Phi3ForCausalLM"], pad_token_id=0,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                        "partial_rotary_factor": 0.75}),
+    # Seed-OSS's shape (dense): q, k and v with biases, o without; 10 query heads a kv head (two
+    # decode attention blocks of 5 on the GPU).
+    "tiny-seed-oss": dict(COMMON, model_type="seed_oss", architectures=["SeedOssForCausalLM"],
+                          num_attention_heads=10, num_key_value_heads=1, pad_token_id=0,
+                          attention_bias=True, attention_out_bias=False),
     # MiniMax-M2's shape at toy widths: experts of intermediate_size in every layer, the rotary
     # fraction inside rope_parameters as transformers 5 holds it (rotary_dim 32 of head_dim 64).
     "tiny-minimax-m2": dict(COMMON, model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"],

@@ -218,6 +218,7 @@ fn moe(obj: &Map<String, Value>, family: ModelFamily) -> Result<Option<MoeConfig
         | ModelFamily::Granite
         | ModelFamily::SmolLm3
         | ModelFamily::Phi3
+        | ModelFamily::SeedOss
         | ModelFamily::Qwen2
         | ModelFamily::Qwen3 => {
             return Ok(None);
@@ -823,6 +824,13 @@ pub fn from_config_json(text: &str) -> Result<ModelConfig, ConfigError> {
             "sliding-window attention is not implemented",
         ));
     }
+    if bool_of(obj, "attention_out_bias", false)? {
+        return Err(unsupported(
+            "attention_out_bias",
+            &obj["attention_out_bias"],
+            "an output projection with bias is not implemented",
+        ));
+    }
     if let Some(clip) = obj.get("clip_qkv").filter(|v| !v.is_null()) {
         return Err(unsupported(
             "clip_qkv",
@@ -1399,6 +1407,28 @@ mod tests {
         );
         let err = from_config_json(&long).unwrap_err().to_string();
         assert!(err.contains("longrope"), "{err}");
+    }
+
+    #[test]
+    fn seed_oss_has_qkv_biases_and_groups_of_ten() {
+        // Seed-OSS-36B's widths.
+        let c = from_config_json(
+            r#"{"model_type":"seed_oss","hidden_size":5120,"intermediate_size":27648,
+                "num_hidden_layers":64,"num_attention_heads":80,"num_key_value_heads":8,
+                "head_dim":128,"vocab_size":155136,"max_position_embeddings":524288,
+                "rope_theta":10000000.0,"attention_bias":true,"attention_out_bias":false,
+                "mlp_bias":false,"tie_word_embeddings":false}"#,
+        )
+        .unwrap();
+        assert_eq!(c.family, ModelFamily::SeedOss);
+        assert!(c.attention_bias && c.qk_norm == QkNorm::None);
+        let p = c.parameter_count() as f64 / 1e9;
+        assert!((36.0..36.3).contains(&p), "{p}");
+        let out_bias = r#"{"model_type":"seed_oss","hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":1,"num_attention_heads":1,"vocab_size":32,
+            "attention_out_bias":true}"#;
+        let err = from_config_json(out_bias).unwrap_err().to_string();
+        assert!(err.contains("attention_out_bias"), "{err}");
     }
 
     /// Mixtral-8x7B-v0.1's config.json as the hub ships it.

@@ -28,6 +28,8 @@ pub use presets::{ModelBehavior, ModelPresets, SamplingPresets, presets};
 pub enum ModelFamily {
     /// Llama 2/3.x and Llama-architecture models (SmolLM2, ...).
     Llama,
+    /// Seed-OSS (seed_oss: Seed-OSS-36B): Llama's decoder with q, k and v biases.
+    SeedOss,
     /// Phi-3 / Phi-4 (phi3): Llama's decoder with q|k|v stored as one `qkv_proj` and gate|up as
     /// one `gate_up_proj`, RoPE on a fraction of each head where the config says.
     Phi3,
@@ -94,6 +96,7 @@ impl ModelFamily {
             ModelFamily::Granite => "granite",
             ModelFamily::SmolLm3 => "smollm3",
             ModelFamily::Phi3 => "phi3",
+            ModelFamily::SeedOss => "seed_oss",
             ModelFamily::Qwen2 => "qwen2",
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Qwen2Moe => "qwen2_moe",
@@ -111,12 +114,13 @@ impl ModelFamily {
     }
 
     /// Every supported family, for messages.
-    pub const ALL: [ModelFamily; 18] = [
+    pub const ALL: [ModelFamily; 19] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Granite,
         ModelFamily::SmolLm3,
         ModelFamily::Phi3,
+        ModelFamily::SeedOss,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2Moe,
@@ -169,6 +173,7 @@ impl ModelFamily {
             | ModelFamily::Granite
             | ModelFamily::SmolLm3
             | ModelFamily::Phi3
+            | ModelFamily::SeedOss
             | ModelFamily::Qwen2
             | ModelFamily::Qwen2Moe
             | ModelFamily::Mixtral

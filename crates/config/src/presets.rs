@@ -215,6 +215,9 @@ pub fn presets(family: ModelFamily) -> ModelPresets {
         // Phi-3 and Phi-4 publish no sampling defaults beyond their generation_config.json and
         // no tool format a parser here reads.
         ModelFamily::Phi3 => ModelPresets::default(),
+        // Seed-OSS thinks in `<seed:think>` blocks, which the reasoning splitter here does not
+        // read, and calls tools in its own XML: both stay the operator's to set.
+        ModelFamily::SeedOss => ModelPresets::default(),
         // OLMoE-1B-7B(-Instruct) publishes no sampling defaults and no tool format.
         ModelFamily::Olmoe => ModelPresets::default(),
         // Llama 3.x and Llama-architecture models (SmolLM2, ...): no sampling presets.

@@ -369,6 +369,12 @@ fn a_tiny_phi3_follows_transformers() {
     check("tiny-phi3");
 }
 
+/// Seed-OSS (tests/fixtures/tiny-seed-oss, dense): q|k|v biases, 10 query heads a kv head.
+#[test]
+fn a_tiny_seed_oss_follows_transformers() {
+    check("tiny-seed-oss");
+}
+
 /// OLMoE (tests/fixtures/tiny-olmoe): q and k normalised over their whole projections, the top 4
 /// of 8 experts weighted by their softmax probabilities without renormalising.
 #[test]
