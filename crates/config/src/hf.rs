@@ -1037,11 +1037,11 @@ mod tests {
         assert!(err.contains("use_sliding_window"), "{err}");
         let err = from_config_json(&QWEN3_8B.replace(
             "\"rope_scaling\":null",
-            r#""rope_scaling":{"rope_type":"yarn","factor":4}"#,
+            r#""rope_scaling":{"rope_type":"longrope","factor":4}"#,
         ))
         .unwrap_err()
         .to_string();
-        assert!(err.contains("yarn"), "{err}");
+        assert!(err.contains("longrope"), "{err}");
         let err = from_config_json(
             &QWEN3_8B.replace("\"num_key_value_heads\":8", "\"num_key_value_heads\":5"),
         )

@@ -195,27 +195,47 @@ pub(crate) fn granite_layers(
     else {
         return Ok(vec![Mixer::Mamba2; num_layers]);
     };
-    let list = types.as_array().ok_or_else(|| ConfigError::Invalid {
-        key: "layer_types",
-        message: format!("expected a list of layer kinds, got {types}"),
-    })?;
+    layer_kinds(key, types, num_layers, |t| match t {
+        "mamba" | "linear_attention" => Some(Mixer::Mamba2),
+        "attention" | "full_attention" => Some(Mixer::Attention),
+        _ => None,
+    })
+    .map_err(|bad| {
+        unsupported(
+            key,
+            &bad,
+            "Granite layers are mamba (linear_attention) or attention (full_attention)",
+        )
+    })?
+}
+
+/// A `layer_types`-style list under `key`: one kind a layer, each read by `kind`. The outer
+/// error is a malformed list; the inner one the first entry `kind` does not know.
+fn layer_kinds(
+    key: &'static str,
+    types: &Value,
+    num_layers: usize,
+    kind: impl Fn(&str) -> Option<Mixer>,
+) -> Result<Result<Vec<Mixer>, ConfigError>, Value> {
+    let list = match types.as_array() {
+        Some(list) => list,
+        None => {
+            return Ok(Err(ConfigError::Invalid {
+                key,
+                message: format!("expected a list of layer kinds, got {types}"),
+            }));
+        }
+    };
     if list.len() != num_layers {
-        return Err(ConfigError::Invalid {
-            key: "layer_types",
+        return Ok(Err(ConfigError::Invalid {
+            key,
             message: format!("{} entries for num_hidden_layers {num_layers}", list.len()),
-        });
+        }));
     }
     list.iter()
-        .map(|t| match t.as_str() {
-            Some("mamba" | "linear_attention") => Ok(Mixer::Mamba2),
-            Some("attention" | "full_attention") => Ok(Mixer::Attention),
-            _ => Err(unsupported(
-                key,
-                t,
-                "Granite layers are mamba (linear_attention) or attention (full_attention)",
-            )),
-        })
-        .collect()
+        .map(|t| t.as_str().and_then(&kind).ok_or_else(|| t.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Ok)
 }
 
 /// Granite 4.0's Mamba-2 mixer, from its `mamba_*` keys (`mamba_d_head` "auto": the inner width
@@ -292,28 +312,18 @@ pub(crate) fn qwen_mixers(
     num_layers: usize,
 ) -> Result<Vec<Mixer>, ConfigError> {
     if let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) {
-        let list = types.as_array().ok_or_else(|| ConfigError::Invalid {
-            key: "layer_types",
-            message: format!("expected a list of layer kinds, got {types}"),
+        return layer_kinds("layer_types", types, num_layers, |t| match t {
+            "linear_attention" => Some(Mixer::GatedDeltaNet),
+            "full_attention" => Some(Mixer::Attention),
+            _ => None,
+        })
+        .map_err(|bad| {
+            unsupported(
+                "layer_types",
+                &bad,
+                "Qwen3-Next layers are linear_attention or full_attention",
+            )
         })?;
-        if list.len() != num_layers {
-            return Err(ConfigError::Invalid {
-                key: "layer_types",
-                message: format!("{} entries for num_hidden_layers {num_layers}", list.len()),
-            });
-        }
-        return list
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("linear_attention") => Ok(Mixer::GatedDeltaNet),
-                Some("full_attention") => Ok(Mixer::Attention),
-                _ => Err(unsupported(
-                    "layer_types",
-                    t,
-                    "Qwen3-Next layers are linear_attention or full_attention",
-                )),
-            })
-            .collect();
     }
     let interval = opt_usize(obj, "full_attention_interval")?.unwrap_or(4);
     if interval == 0 {

@@ -1330,6 +1330,29 @@ impl Uploader<'_> {
         }
     }
 
+    /// A Mamba-2 mixer's weights, `role` naming each of its tensors (Nemotron-H's or Granite's).
+    fn mamba(
+        &mut self,
+        c: &ModelConfig,
+        role: &dyn Fn(MambaTensor) -> TensorRole,
+    ) -> Result<MambaWeights, ModelError> {
+        let bias = c
+            .hybrid
+            .as_ref()
+            .and_then(|h| h.mamba2)
+            .is_some_and(|s| s.conv_bias);
+        Ok(MambaWeights {
+            in_proj: self.linear(&[role(MambaTensor::InProj)])?,
+            conv: self.get(role(MambaTensor::Conv))?,
+            conv_bias: self.get_if(bias, role(MambaTensor::ConvBias))?,
+            dt_bias: self.get_f32(role(MambaTensor::DtBias))?,
+            a_log: self.get_f32(role(MambaTensor::ALog))?,
+            d: self.get_f32(role(MambaTensor::D))?,
+            norm: self.get(role(MambaTensor::Norm))?,
+            out: self.linear(&[role(MambaTensor::OutProj)])?,
+        })
+    }
+
     /// Layer `l`'s sparse MLP, its experts stacked as the kernels read them whatever the layout,
     /// and its shared expert if the config has one.
     fn moe(&mut self, m: &metrale_config::MoeConfig, l: usize) -> Result<MoeWeights, ModelError> {
@@ -1673,22 +1696,7 @@ fn load_inner(
                 .expect("a Gated DeltaNet layer has its shape");
             layer.gdn = Some(u.gdn(&g, l)?);
         } else if mamba_mixer {
-            let m = |t: MambaTensor| TensorRole::Mamba(l, t);
-            let bias = c
-                .hybrid
-                .as_ref()
-                .and_then(|h| h.mamba2)
-                .is_some_and(|s| s.conv_bias);
-            layer.mamba = Some(MambaWeights {
-                in_proj: u.linear(&[m(MambaTensor::InProj)])?,
-                conv: u.get(m(MambaTensor::Conv))?,
-                conv_bias: u.get_if(bias, m(MambaTensor::ConvBias))?,
-                dt_bias: u.get_f32(m(MambaTensor::DtBias))?,
-                a_log: u.get_f32(m(MambaTensor::ALog))?,
-                d: u.get_f32(m(MambaTensor::D))?,
-                norm: u.get(m(MambaTensor::Norm))?,
-                out: u.linear(&[m(MambaTensor::OutProj)])?,
-            });
+            layer.mamba = Some(u.mamba(c, &|t| TensorRole::Mamba(l, t))?);
         } else if gate {
             // q_proj holds, per head, head_dim query rows then head_dim gate rows: the query
             // rows stack with k and v into one product, the gate rows make their own.
@@ -1765,18 +1773,7 @@ fn nemotron(c: &ModelConfig, mut u: Uploader) -> Result<DeviceWeights, ModelErro
         let mut w = LayerWeights::norms_only(norm, norm);
         match (layer.mixer, layer.ffn) {
             (Some(Mixer::Mamba2), _) => {
-                let m = |t: MambaTensor| n(NemotronTensor::Mamba(l, t));
-                let bias = hybrid.mamba2.is_some_and(|s| s.conv_bias);
-                w.mamba = Some(MambaWeights {
-                    in_proj: u.linear(&[m(MambaTensor::InProj)])?,
-                    conv: u.get(m(MambaTensor::Conv))?,
-                    conv_bias: u.get_if(bias, m(MambaTensor::ConvBias))?,
-                    dt_bias: u.get_f32(m(MambaTensor::DtBias))?,
-                    a_log: u.get_f32(m(MambaTensor::ALog))?,
-                    d: u.get_f32(m(MambaTensor::D))?,
-                    norm: u.get(m(MambaTensor::Norm))?,
-                    out: u.linear(&[m(MambaTensor::OutProj)])?,
-                });
+                w.mamba = Some(u.mamba(c, &|t| n(NemotronTensor::Mamba(l, t)))?);
             }
             (Some(Mixer::Attention), _) => {
                 w.qkv = u.linear(&[

@@ -146,14 +146,7 @@ fn bpe_tokenizer(
     })?;
     let types = token_types(meta, tokens.len())?;
 
-    let mut vocab = Vocab::default();
-    for (id, &token) in tokens.iter().enumerate() {
-        if let Some(first) = vocab.insert(token.to_string(), id as u32) {
-            return Err(TokenizerError::Gguf(format!(
-                "token `{token}` appears twice in `tokenizer.ggml.tokens` (ids {first} and {id})"
-            )));
-        }
-    }
+    let vocab = vocab_of(tokens)?;
     let merges = merges
         .iter()
         .enumerate()
@@ -179,22 +172,7 @@ fn bpe_tokenizer(
     }
     inner.with_pre_tokenizer(Some(pre.build()?));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
-    // Control tokens are special (skipped by `decode(.., true)`); user-defined ones (Qwen's
-    // `<tool_call>`) are ordinary text that is still matched whole, as in their tokenizer.json.
-    let added: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&types)
-        .filter_map(|(&token, &ty)| match ty {
-            TOKEN_TYPE_CONTROL => Some(AddedToken::from(token, true)),
-            TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(token, false).normalized(false)),
-            _ => None,
-        })
-        .collect();
-    inner.add_special_tokens(added).map_err(|e| {
-        TokenizerError::Gguf(format!(
-            "cannot add the control and user-defined tokens: {e}"
-        ))
-    })?;
+    add_typed_tokens(&mut inner, tokens, &types)?;
     Ok(inner)
 }
 
@@ -236,14 +214,7 @@ fn spm_tokenizer(
         )));
     }
     let types = token_types(meta, tokens.len())?;
-    let mut vocab = Vocab::default();
-    for (id, &token) in tokens.iter().enumerate() {
-        if let Some(first) = vocab.insert(token.to_string(), id as u32) {
-            return Err(TokenizerError::Gguf(format!(
-                "token `{token}` appears twice in `tokenizer.ggml.tokens` (ids {first} and {id})"
-            )));
-        }
-    }
+    let vocab = vocab_of(tokens)?;
     // Every way a token splits into two tokens, the splits of one token by their parts' ids,
     // the tokens by descending score (a stable sort: equal scores keep id order).
     let mut merges: Vec<(f64, u32, u32, u32)> = Vec::new();
@@ -299,9 +270,34 @@ fn spm_tokenizer(
         Fuse::default().into(),
         Strip::new(' ', 1, 0).into(),
     ])));
+    add_typed_tokens(&mut inner, tokens, &types)?;
+    Ok(inner)
+}
+
+/// Token to id, refusing a token that appears twice.
+fn vocab_of(tokens: &[&str]) -> Result<Vocab, TokenizerError> {
+    let mut vocab = Vocab::default();
+    for (id, &token) in tokens.iter().enumerate() {
+        if let Some(first) = vocab.insert(token.to_string(), id as u32) {
+            return Err(TokenizerError::Gguf(format!(
+                "token `{token}` appears twice in `tokenizer.ggml.tokens` (ids {first} and {id})"
+            )));
+        }
+    }
+    Ok(vocab)
+}
+
+/// Control tokens as special added tokens (skipped by `decode(.., true)`); user-defined ones
+/// (Qwen's `<tool_call>`) as ordinary text that is still matched whole, as in their
+/// tokenizer.json.
+fn add_typed_tokens(
+    inner: &mut tokenizers::Tokenizer,
+    tokens: &[&str],
+    types: &[u64],
+) -> Result<(), TokenizerError> {
     let added: Vec<AddedToken> = tokens
         .iter()
-        .zip(&types)
+        .zip(types)
         .filter_map(|(&token, &ty)| match ty {
             TOKEN_TYPE_CONTROL => Some(AddedToken::from(token, true)),
             TOKEN_TYPE_USER_DEFINED => Some(AddedToken::from(token, false).normalized(false)),
@@ -313,7 +309,7 @@ fn spm_tokenizer(
             "cannot add the control and user-defined tokens: {e}"
         ))
     })?;
-    Ok(inner)
+    Ok(())
 }
 
 /// The token ids the metadata names, each checked against the vocabulary.
