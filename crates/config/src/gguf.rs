@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::{ConfigError, ModelConfig, ModelFamily, MoeConfig, RopeScaling, RouterKind};
+use crate::{
+    ConfigError, ModelConfig, ModelFamily, MoeConfig, Multipliers, RopeScaling, RouterKind,
+};
 
 /// A GGUF metadata value, widened: every integer type to `U64`/`I64`, every float to `F64`.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,12 +100,13 @@ pub fn from_gguf_metadata(
             | ModelFamily::Qwen3Moe
             | ModelFamily::Mixtral
             | ModelFamily::Phi3
+            | ModelFamily::Granite
     ) {
         return Err(ConfigError::Unsupported {
             key: "general.architecture".into(),
             value: arch.to_string(),
             why: "GGUF files are read for llama (with or without experts), qwen2, qwen3, \
-                  qwen2moe, qwen3moe and phi3; load this family from its HF checkpoint",
+                  qwen2moe, qwen3moe, phi3 and granite; load this family from its HF checkpoint",
         });
     }
     let uint = |k: &'static str| -> Result<usize, ConfigError> {
@@ -211,7 +214,19 @@ pub fn from_gguf_metadata(
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
         moe,
         hybrid: None,
-        multipliers: Default::default(),
+        // Granite's multipliers, as llama.cpp names them (1 where absent).
+        multipliers: match family {
+            ModelFamily::Granite => Multipliers {
+                embedding: float("embedding_scale", 1.0),
+                residual: float("residual_scale", 1.0),
+                attention: meta
+                    .get(&key("attention.scale"))
+                    .and_then(MetaValue::as_f64)
+                    .map(|s| s as f32),
+                logits: float("logit_scale", 1.0),
+            },
+            _ => Default::default(),
+        },
         nope_layers: Vec::new(),
     };
     config.validate()?;
@@ -412,6 +427,37 @@ mod tests {
         assert_eq!(c.family, ModelFamily::Phi3);
         assert_eq!((c.head_dim, c.rotary_dim), (128, 96));
         assert!(c.tie_word_embeddings && c.moe.is_none());
+    }
+
+    #[test]
+    fn granite_from_metadata_carries_its_multipliers() {
+        let mut m: BTreeMap<String, MetaValue> = smollm2()
+            .into_iter()
+            .map(|(k, v)| (k.replace("llama.", "granite."), v))
+            .collect();
+        m.insert(
+            "general.architecture".into(),
+            MetaValue::Str("granite".into()),
+        );
+        for (k, v) in [
+            ("embedding_scale", 12.0),
+            ("residual_scale", 0.22),
+            ("attention.scale", 0.0078125),
+            ("logit_scale", 16.0),
+        ] {
+            m.insert(format!("granite.{k}"), MetaValue::F64(v));
+        }
+        let c = from_gguf_metadata(&m, false).unwrap();
+        assert_eq!(c.family, ModelFamily::Granite);
+        assert_eq!(
+            c.multipliers,
+            Multipliers {
+                embedding: 12.0,
+                residual: 0.22,
+                attention: Some(0.0078125),
+                logits: 16.0
+            }
+        );
     }
 
     #[test]

@@ -252,6 +252,7 @@ impl GgufFile {
             .and_then(MetaValue::as_str)?
         {
             "llama" => Some(ModelFamily::Llama),
+            "granite" => Some(ModelFamily::Granite),
             "qwen2" => Some(ModelFamily::Qwen2),
             "qwen3" => Some(ModelFamily::Qwen3),
             _ => None,
@@ -378,7 +379,12 @@ impl WeightSource for GgufFile {
         let mut values = Vec::with_capacity(t.elements() as usize);
         dequantize(t.ggml_type, &self.map[range], &mut values);
         let shape = shape_as_hf(name, t.hf_shape());
-        if self.family() == Some(ModelFamily::Llama) {
+        // llama.cpp's converter permutes Q/K rows for Llama and the architectures built on its
+        // converter (Granite).
+        if matches!(
+            self.family(),
+            Some(ModelFamily::Llama | ModelFamily::Granite)
+        ) {
             let (heads, kv_heads) = self.head_counts();
             let cols = if shape.len() == 2 { shape[1] } else { 1 };
             if gname.ends_with("attn_q.weight") || gname.ends_with("attn_q.bias") {
