@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
 """Random-weight checkpoints at the real configs of Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B (and of
 the MoE models, some at reduced depth: Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, MiniMax-M2, Mixtral-8x7B,
-GLM-4.5-Air, and OLMoE-1B-7B at full depth; Granite-3.3-8B at reduced depth; and of the
+GLM-4.5-Air, and OLMoE-1B-7B at full depth; Granite-3.3-8B, Phi-4 and Seed-OSS-36B at reduced
+depth, SmolLM3-3B at full depth; and of the
 hybrid models: Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B at 4 layers, Qwen3.5-35B-A3B at full depth,
 Nemotron-H-8B at 4 layers and at full depth, NVIDIA-Nemotron-3-Nano-30B-A3B at 5 layers and at
 full depth).
@@ -378,6 +379,93 @@ MODELS = {
         "use_cache": True,
         "vocab_size": 49159,
     },
+    # Phi-4's public config.json (phi3: 40/10 heads of 128, q|k|v and gate|up stored fused),
+    # 4 of its 40 layers.
+    "phi-4-4l": {
+        "architectures": ["Phi3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 100257,
+        "embd_pdrop": 0.0,
+        "eos_token_id": 100265,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "intermediate_size": 17920,
+        "max_position_embeddings": 16384,
+        "model_type": "phi3",
+        "num_attention_heads": 40,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 10,
+        "original_max_position_embeddings": 16384,
+        "pad_token_id": 100349,
+        "resid_pdrop": 0.0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 250000,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 100352,
+    },
+    # Seed-OSS-36B's widths (seed_oss: q|k|v biases, 80 query heads over 8 kv heads, whose groups
+    # of 10 the decode attention splits into two blocks of 5), 4 of its 64 layers.
+    "seed-oss-36b-4l": {
+        "architectures": ["SeedOssForCausalLM"],
+        "attention_bias": True,
+        "attention_out_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "intermediate_size": 27648,
+        "max_position_embeddings": 524288,
+        "mlp_bias": False,
+        "model_type": "seed_oss",
+        "num_attention_heads": 80,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "pad_token_id": 1,
+        "residual_dropout": 0.0,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 155136,
+    },
+    # SmolLM3-3B's widths (smollm3: 16/4 heads of 128, every fourth layer without RoPE, tied
+    # embeddings), at its full depth (36 layers, 3.1B parameters).
+    "smollm3-3b": {
+        "architectures": ["SmolLM3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128012,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 11008,
+        "max_position_embeddings": 65536,
+        "mlp_bias": False,
+        "model_type": "smollm3",
+        "no_rope_layer_interval": 4,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 4,
+        "pad_token_id": 128004,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 5000000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 128256,
+    },
     # SmolLM2-135M's widths (hidden 576, 9 query / 3 kv heads of 64, intermediate 1536, 30 layers,
     # tied embeddings, its eps and theta) with the Qwen3 tokenizer's vocabulary, so that the Qwen3
     # tokenizer the GPU machine is given fits it: the shapes the real GGUF runs on CUDA (k = 576,
@@ -682,6 +770,11 @@ TOKENIZER_FAMILY = {
     "olmoe-1b-7b": None,
     "glm-4.5-air-4l": None,
     "granite-3.3-8b-4l": None,
+    # Phi-4's (100,352 rows), Seed-OSS's (155,136) and SmolLM3's (Llama 3's, 128,256) vocabularies
+    # are not Qwen3's: none is copied (parity feeds ids).
+    "phi-4-4l": None,
+    "seed-oss-36b-4l": None,
+    "smollm3-3b": None,
     # Qwen3-Next's tokenizer is Qwen3's.
     "qwen3-next-80b-a3b-4l": "qwen3",
     # Qwen3.5's own tokenizer (248,320 rows) is not on the GPU machine, and Qwen3's does not hold
