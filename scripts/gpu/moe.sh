@@ -9,9 +9,9 @@
 #            f32 and bf16 logits (reference_logits.py), met parity --json, and the expert
 #            choices that flip between transformers f32 and bf16 (moe_route_flips.py)
 #   families check-kernels attention (query groups split by their largest divisor up to 8), then
-#            the parity phase on the families first checked on the host only (Mixtral-8x7B,
-#            GLM-4.5-Air, Granite-3.3-8B, Phi-4 and Seed-OSS-36B at 4 layers, OLMoE-1B-7B and
-#            SmolLM3-3B at full depth)
+#            the parity phase on FAMILIES, the families first checked on the host only (default:
+#            Mixtral-8x7B and GLM-4.5-Air at 4 layers, OLMoE-1B-7B; a second call:
+#            FAMILIES="granite-3.3-8b-4l phi-4-4l seed-oss-36b-4l smollm3-3b")
 #   bench    met bench-model on BENCH_MODEL (default qwen3-30b-a3b-4l) under each tuning of
 #            BENCH_VARIANTS (entries `name` or `name:key=value+key=value`, passed as --tune; a
 #            `q=fp8` entry passes --quantization fp8 instead), TTFT 128/1024/8192, decode batch
@@ -117,7 +117,7 @@ families() {
     log "check-kernels attention"
     "$MET" check-kernels --kernel attention 2>&1 | tee "$RES/families-check-attention.txt" | \
         grep -E 'cases pass|FAIL' | tail -6
-    MODELS="mixtral-8x7b-4l glm-4.5-air-4l olmoe-1b-7b granite-3.3-8b-4l phi-4-4l seed-oss-36b-4l smollm3-3b" parity
+    MODELS="${FAMILIES:-mixtral-8x7b-4l glm-4.5-air-4l olmoe-1b-7b}" parity
 }
 
 bench() {
