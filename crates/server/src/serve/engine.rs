@@ -180,19 +180,20 @@ pub fn start(
     metrics: Arc<Metrics>,
 ) -> (EngineHandle, std::thread::JoinHandle<()>) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let engine = Engine {
+        model,
+        scheduler,
+        tokenizer,
+        metrics,
+        active: HashMap::new(),
+        next_id: 0,
+    };
+    // The pool's gauges are in /metrics before the server can answer, not whenever the engine
+    // thread first runs (a scrape right after start-up read 0 state slots).
+    engine.publish_stats();
     let thread = std::thread::Builder::new()
         .name("met-engine".into())
-        .spawn(move || {
-            Engine {
-                model,
-                scheduler,
-                tokenizer,
-                metrics,
-                active: HashMap::new(),
-                next_id: 0,
-            }
-            .run(rx)
-        })
+        .spawn(move || engine.run(rx))
         .expect("spawn the engine thread");
     (EngineHandle { tx }, thread)
 }
@@ -252,7 +253,6 @@ fn logprobs_of(row: &[f32], token: u32, k: usize) -> TokenLogprob {
 
 impl Engine {
     fn run(mut self, rx: std::sync::mpsc::Receiver<Command>) {
-        self.publish_stats();
         let mut shutting_down = false;
         loop {
             // Block for work only when there is nothing to run.
